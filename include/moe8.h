@@ -1,0 +1,244 @@
+/*
+** moe8.h — the one public header of moe8, a quantized Mixture-of-Experts
+** runtime for CPUs.
+**
+** What is here, in the order a user meets it:
+**   1. status codes and the per-thread last-error message;
+**   2. number formats (f32, bf16, f8e4m3, f8e5m2, i8) and bulk conversion;
+**   3. quantization: scales and quantized values for every granularity of
+**      SPEC §2, and the inverse;
+**   4. quantization rule sets (JSON, SPEC §3);
+**   5. ISA selection (the kernel table chosen once at first use);
+**   6. MoE building blocks: router, dispatch sort, gather, grouped matmul,
+**      transposed grouped matmul, combine.
+**
+** Conventions.  Every call returns a moe8_status; MOE8_OK is 0.  On an error
+** moe8_last_error() returns a message for the calling thread that names what
+** was wrong (the tensor, the shape, the file and byte offset).  The library
+** never aborts the process on caller input.  The caller owns every buffer it
+** passes in; the library frees only what it allocated, through the matching
+** destroy call, and destroy(NULL) is a no-op.  Arrays are dense and
+** row-major; sizes are int64_t and must be non-negative.
+*/
+#ifndef MOE8_H
+#define MOE8_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE8_VERSION_MAJOR 0
+#define MOE8_VERSION_MINOR 1
+#define MOE8_VERSION_PATCH 0
+#define MOE8_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------
+** 1. Status
+*/
+typedef enum moe8_status {
+  MOE8_OK = 0,
+  MOE8_ERR_INVALID_ARG,  /* a NULL pointer, a negative size, a bad enum     */
+  MOE8_ERR_SHAPE,        /* shapes that do not fit together                 */
+  MOE8_ERR_DTYPE,        /* a dtype or dtype pair that is not supported     */
+  MOE8_ERR_NONFINITE,    /* NaN or inf in an input; the message has a count */
+  MOE8_ERR_NOMEM,        /* an allocation failed                            */
+  MOE8_ERR_IO,           /* open/read/write/rename failed                   */
+  MOE8_ERR_FORMAT,       /* a file whose bytes contradict its header        */
+  MOE8_ERR_PARSE,        /* malformed or unknown content in JSON            */
+  MOE8_ERR_UNSUPPORTED,  /* valid but not implemented (e.g. a forced ISA)   */
+  MOE8_ERR_INTERNAL      /* a bug in moe8; please report it                 */
+} moe8_status;
+
+/* A fixed English string for a status; never NULL. */
+const char *moe8_status_str(moe8_status status);
+
+/* The detail of the last error on the calling thread: "" when none.  The
+** pointer stays valid until the next moe8 call on the same thread. */
+const char *moe8_last_error(void);
+
+/* Clears the calling thread's last-error message. */
+void moe8_clear_error(void);
+
+/* ------------------------------------------------------------------------
+** 2. Number formats
+*/
+typedef enum moe8_dtype {
+  MOE8_DTYPE_NONE = 0,   /* "not quantized" in rules and specs */
+  MOE8_DTYPE_F32,
+  MOE8_DTYPE_BF16,
+  MOE8_DTYPE_F8E4M3,     /* float8_e4m3fn: no inf, max ±448, NaN 0x7F/0xFF    */
+  MOE8_DTYPE_F8E5M2,     /* IEEE-like: inf 0x7C/0xFC, max ±57344              */
+  MOE8_DTYPE_I8,         /* symmetric two's complement, values in [-127, 127] */
+  MOE8_DTYPE_COUNT
+} moe8_dtype;
+
+typedef struct moe8_dtype_traits {
+  const char *name;       /* "f32", "bf16", "f8e4m3", "f8e5m2", "i8"          */
+  uint32_t    bits;       /* storage bits                                      */
+  bool        is_float;
+  float       finite_max; /* largest finite value; qmax for quantized types   */
+} moe8_dtype_traits;
+
+/* Traits of a dtype; NULL for MOE8_DTYPE_NONE or an out-of-range value. */
+const moe8_dtype_traits *moe8_dtype_info(moe8_dtype dtype);
+
+/* Parses "f32", "bf16", "f8e4m3", "float8_e4m3fn", "f8e5m2", "float8_e5m2",
+** "i8", "int8", "bfloat16", "float32".  Returns MOE8_DTYPE_NONE if unknown. */
+moe8_dtype moe8_dtype_from_name(const char *name);
+
+/* Conversion flags. */
+#define MOE8_CONVERT_NOSAT 1u  /* FP8: overflow to NaN (e4m3) or ±inf (e5m2) */
+
+/* Converts count elements between any two of f32, bf16, f8e4m3, f8e5m2 and
+** i8.  Every conversion is a single rounding of the exact source value:
+**   to bf16  round to nearest even, NaN stays a quiet NaN;
+**   to FP8   round to nearest even on the full grid including subnormals,
+**            saturating to ±max unless MOE8_CONVERT_NOSAT; a NaN input
+**            becomes 0x7F (SPEC §1);
+**   to i8    round half to even, clamped to [-127, 127]; NaN becomes 0 and
+**            the call returns MOE8_ERR_NONFINITE after converting the rest.
+** FP8 -> f32/bf16 and i8 -> f32/bf16 are exact.  dst and src must not
+** overlap unless they are the same pointer with equal element sizes. */
+moe8_status moe8_convert(void *dst, moe8_dtype dst_type, const void *src,
+                         moe8_dtype src_type, size_t count, unsigned flags);
+
+/* Scalar conversions, the ground truth every kernel is tested against. */
+uint8_t  moe8_f32_to_f8e4m3(float x, bool saturate);
+uint8_t  moe8_f32_to_f8e5m2(float x, bool saturate);
+float    moe8_f8e4m3_to_f32(uint8_t x);
+float    moe8_f8e5m2_to_f32(uint8_t x);
+uint16_t moe8_f32_to_bf16(float x);
+float    moe8_bf16_to_f32(uint16_t x);
+
+/* ------------------------------------------------------------------------
+** 3. Quantization (SPEC §2)
+**
+** A quantized array is a qvalue array of a quantized dtype and an f32 scale
+** array with x ≈ qvalue · scale under broadcasting.  The input is viewed as
+** x[E, R, C]; what E, R and C mean depends on the granularity:
+**
+**   granularity          input          scale shape
+**   TENSOR               x[1, R, C]     [1]
+**   ROW                  x[1, T, K]     [T, 1]
+**   ROW_TILE             x[1, T, K]     [T, ceil(K/tile)]
+**   CHANNEL              w[E, K, N]     [E, 1, 1, N]
+**   CHANNEL_TILE         w[E, K, N]     [E, ceil(K/tile), 1, N]
+**   BLOCK2D              w[E, N, K]     [E, ceil(N/block_n), ceil(K/tile)]
+**
+** BLOCK2D is DeepSeek-V3's layout: the weight is stored out×in.  A last,
+** partial tile or block takes its scale from the values it has.
+*/
+typedef enum moe8_granularity {
+  MOE8_GRAN_TENSOR = 0,
+  MOE8_GRAN_ROW,
+  MOE8_GRAN_ROW_TILE,
+  MOE8_GRAN_CHANNEL,
+  MOE8_GRAN_CHANNEL_TILE,
+  MOE8_GRAN_BLOCK2D
+} moe8_granularity;
+
+typedef enum moe8_calibration {
+  MOE8_CALIB_ABSMAX = 0  /* s = clip · max|x| / qmax */
+} moe8_calibration;
+
+typedef struct moe8_quant_spec {
+  moe8_dtype       qtype;    /* F8E4M3, F8E5M2 or I8                          */
+  moe8_granularity gran;
+  int64_t          tile;     /* K tile for *_TILE and BLOCK2D (> 0)           */
+  int64_t          block_n;  /* N block for BLOCK2D (> 0)                     */
+  moe8_calibration calib;
+  float            clip;     /* in (0, 1e30]; 1 = plain absmax; 0 means 1    */
+  bool             pow2;     /* round the scale up to a power of two (UE8M0) */
+} moe8_quant_spec;
+
+/* Number of f32 scale elements the spec yields for x[E, R, C]; 0 and
+** MOE8_ERR_* in *status when the spec or sizes are invalid. */
+size_t moe8_quant_scale_count(const moe8_quant_spec *spec, int64_t E, int64_t R,
+                              int64_t C, moe8_status *status);
+
+/* The scale of one block from its absolute maximum (SPEC §2): clip, divide by
+** qmax in f32, 1 when zero or below 2^-126, then optionally a power of two. */
+float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool pow2);
+
+/* Quantizes x[E, R, C] (f32).  q receives E·R·C bytes (one per element),
+** scale receives moe8_quant_scale_count() floats.  Values are
+** convert(x / s) with an IEEE f32 division and the saturating conversion;
+** i8 rounds half to even and clamps to [-127, 127].  If x holds NaN or inf,
+** returns MOE8_ERR_NONFINITE, stores the count in *nonfinite (may be NULL)
+** and leaves q and scale unspecified. */
+moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E,
+                          int64_t R, int64_t C, void *q, float *scale,
+                          size_t *nonfinite);
+
+/* The inverse: y = q · s, exact in f32 up to the one rounding of the product. */
+moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q,
+                            const float *scale, int64_t E, int64_t R, int64_t C,
+                            float *y);
+
+/* ------------------------------------------------------------------------
+** 4. Quantization rules (SPEC §3)
+*/
+typedef struct moe8_rule {
+  const char      *module_path;      /* POSIX extended regex                  */
+  moe8_dtype       weight_qtype;     /* MOE8_DTYPE_NONE: not quantized        */
+  moe8_dtype       act_qtype;
+  moe8_dtype       bwd_qtype;
+  int64_t          tile_size;        /* 0: per-channel / per-token            */
+  float            weight_clip;      /* from "absmax,c"; 1 when absent        */
+  bool             weight_pow2;      /* "absmax_pow2"                         */
+  float            act_clip;
+  bool             act_pow2;
+} moe8_rule;
+
+typedef struct moe8_rules moe8_rules;
+
+/* Parses a rule set from JSON text; name is used in messages (a file name).
+** Errors name the field, its JSON path and its line:column. */
+moe8_status moe8_rules_parse(const char *json, size_t len, const char *name,
+                             moe8_rules **out);
+moe8_status moe8_rules_load(const char *path, moe8_rules **out);
+void        moe8_rules_destroy(moe8_rules *rules);
+
+/* The first rule whose module_path matches (regexec, unanchored), or NULL. */
+const moe8_rule *moe8_rules_match(const moe8_rules *rules, const char *module_path);
+size_t           moe8_rules_count(const moe8_rules *rules);
+const moe8_rule *moe8_rules_at(const moe8_rules *rules, size_t i);
+bool             moe8_rules_quantize_before_ep_all_gather(const moe8_rules *rules);
+
+/* The quant spec a rule implies for a weight w[E, K, N] or an activation
+** x[T, K]; false when that operand is not quantized by the rule. */
+bool moe8_rule_weight_spec(const moe8_rule *rule, moe8_quant_spec *spec);
+bool moe8_rule_act_spec(const moe8_rule *rule, moe8_quant_spec *spec);
+
+/* ------------------------------------------------------------------------
+** 5. ISA selection
+**
+** The kernel table is chosen once, at the first call that needs it: the best
+** ISA that the build enabled, CPUID reports and XGETBV says the OS saves.
+** MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni in the environment forces one
+** (an unavailable one is refused with a message on stderr and the best one is
+** used); MOE8_DEBUG=1 prints the choice on stderr.
+*/
+typedef enum moe8_isa {
+  MOE8_ISA_REF = 0,      /* portable scalar C                               */
+  MOE8_ISA_AVX512,       /* AVX-512 F/BW/VL/DQ                              */
+  MOE8_ISA_AVX512_BF16,  /* + vdpbf16ps                                     */
+  MOE8_ISA_AVX512_VNNI,  /* + vdpbf16ps and vpdpbusd                        */
+  MOE8_ISA_COUNT
+} moe8_isa;
+
+const char *moe8_isa_name(moe8_isa isa);
+bool        moe8_isa_supported(moe8_isa isa); /* built, CPUID and XGETBV    */
+moe8_isa    moe8_isa_active(void);
+/* Forces the ISA for the whole process (tests, benchmarks).  Not to be
+** called while other threads run moe8 calls. */
+moe8_status moe8_isa_set(moe8_isa isa);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE8_H */

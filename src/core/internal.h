@@ -1,0 +1,79 @@
+/*
+** internal.h — what the library's own files share and users do not see.
+**
+** Error reporting: every failing path calls moe8__fail(status, fmt, ...),
+** which formats the per-thread message and returns the status, so that
+** "return moe8__fail(MOE8_ERR_SHAPE, "x: expected [%lld, %lld] ...", ...)"
+** is the one idiom for errors.
+**
+** The kernel table: one struct of function pointers per ISA, filled once
+** from the reference kernels and overridden by what an ISA has
+** (moe8__kernels()).  Tests reach each ISA's table via moe8__kernels_for().
+*/
+#ifndef MOE8_INTERNAL_H
+#define MOE8_INTERNAL_H
+
+#include "moe8.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define MOE8__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define MOE8__PRINTF(a, b)
+#endif
+
+moe8_status moe8__fail(moe8_status status, const char *fmt, ...) MOE8__PRINTF(2, 3);
+
+/* ---- kernel table ---------------------------------------------------- */
+typedef struct moe8__ktable {
+  moe8_isa    isa;
+  /* dst[i] = f32 -> FP8 of src[i]; type is F8E4M3 or F8E5M2. */
+  void (*cvt_f32_f8)(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
+  void (*cvt_f8_f32)(float *dst, const uint8_t *src, size_t n, moe8_dtype type);
+  void (*cvt_f32_bf16)(uint16_t *dst, const float *src, size_t n);
+  void (*cvt_bf16_f32)(float *dst, const uint16_t *src, size_t n);
+  /* Round half even, clamp to [-127, 127], NaN -> 0; returns the NaN count. */
+  size_t (*cvt_f32_i8)(int8_t *dst, const float *src, size_t n);
+  /* max |x| over the finite elements; *nonfinite += count of NaN/inf. */
+  float (*absmax)(const float *x, size_t n, size_t *nonfinite);
+  /* amax[i] = max(amax[i], |x[i]|) (finite only); returns the non-finite count. */
+  size_t (*absmax_acc)(float *amax, const float *x, size_t n);
+  /* q[i] = quantize(x[i] / s[i * s_step]), s_step 0 or 1, saturating. */
+  void (*quant_div)(void *q, const float *x, const float *s, size_t s_step,
+                    size_t n, moe8_dtype qtype);
+} moe8__ktable;
+
+const moe8__ktable *moe8__kernels(void);
+const moe8__ktable *moe8__kernels_for(moe8_isa isa); /* NULL if unsupported */
+
+void moe8__kernels_init_ref(moe8__ktable *k);
+#ifdef MOE8_HAVE_AVX512
+void moe8__kernels_init_avx512(moe8__ktable *k);
+#endif
+
+/* ---- numeric helpers shared by the kernels ---------------------------- */
+static inline uint32_t moe8__f32_bits(float f) {
+  union { float f; uint32_t u; } v; v.f = f; return v.u;
+}
+static inline float moe8__bits_f32(uint32_t u) {
+  union { float f; uint32_t u; } v; v.u = u; return v.f;
+}
+static inline size_t moe8__dtype_size(moe8_dtype t) {
+  switch (t) {
+    case MOE8_DTYPE_F32: return 4;
+    case MOE8_DTYPE_BF16: return 2;
+    case MOE8_DTYPE_F8E4M3: case MOE8_DTYPE_F8E5M2: case MOE8_DTYPE_I8: return 1;
+    default: return 0;
+  }
+}
+static inline bool moe8__is_qtype(moe8_dtype t) {
+  return t == MOE8_DTYPE_F8E4M3 || t == MOE8_DTYPE_F8E5M2 || t == MOE8_DTYPE_I8;
+}
+static inline int64_t moe8__cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Scalar f32 -> i8 as the quantizer needs it: round half even, clamp. */
+int8_t moe8__f32_to_i8(float x);
+
+#endif /* MOE8_INTERNAL_H */

@@ -1,0 +1,21 @@
+/*
+** ref.h — the reference kernels: scalar C, the ground truth every ISA's
+** kernels are tested against.  Their contracts are those of the kernel
+** table entries in core/internal.h.
+*/
+#ifndef MOE8_REF_H
+#define MOE8_REF_H
+
+#include "../../core/internal.h"
+
+void   moe8__ref_cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
+void   moe8__ref_cvt_f8_f32(float *dst, const uint8_t *src, size_t n, moe8_dtype type);
+void   moe8__ref_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n);
+void   moe8__ref_cvt_bf16_f32(float *dst, const uint16_t *src, size_t n);
+size_t moe8__ref_cvt_f32_i8(int8_t *dst, const float *src, size_t n);
+float  moe8__ref_absmax(const float *x, size_t n, size_t *nonfinite);
+size_t moe8__ref_absmax_acc(float *amax, const float *x, size_t n);
+void   moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n,
+                           moe8_dtype qtype);
+
+#endif

@@ -1,0 +1,18 @@
+/*
+** table_ref.c — fills a kernel table with the reference (scalar) kernels.
+** Every ISA's table starts from this one and overrides what it has, so an
+** entry an ISA lacks still works, at reference speed.
+*/
+#include "ref.h"
+
+void moe8__kernels_init_ref(moe8__ktable *k) {
+  k->isa          = MOE8_ISA_REF;
+  k->cvt_f32_f8   = moe8__ref_cvt_f32_f8;
+  k->cvt_f8_f32   = moe8__ref_cvt_f8_f32;
+  k->cvt_f32_bf16 = moe8__ref_cvt_f32_bf16;
+  k->cvt_bf16_f32 = moe8__ref_cvt_bf16_f32;
+  k->cvt_f32_i8   = moe8__ref_cvt_f32_i8;
+  k->absmax       = moe8__ref_absmax;
+  k->absmax_acc   = moe8__ref_absmax_acc;
+  k->quant_div    = moe8__ref_quant_div;
+}

@@ -1,0 +1,220 @@
+/*
+** quant_avx512.c — AVX-512 (F/BW/VL/DQ) conversions and quantizer inner
+** loops.  Built with its own ISA flags and reached only through the kernel
+** table, so a portable binary never executes it on a CPU without AVX-512.
+**
+** Each kernel is the reference algorithm sixteen lanes wide, on the same
+** integer bit patterns: f32 -> FP8 classifies and rounds to nearest even
+** from the discarded bits exactly as formats.c does, with a per-lane
+** variable shift for target subnormals.  Tails use masked loads and stores;
+** nothing is read or written past n.  The tests compare every kernel here
+** with the reference byte for byte, exhaustively for the conversions.
+*/
+#include "../ref/ref.h"
+
+#include <immintrin.h>
+
+typedef struct fp8_vparams {
+  int      mbits, bias;
+  uint32_t half_min, overflow, min_normal;
+  uint32_t max_code, overflow_code;
+} fp8_vparams;
+
+static const fp8_vparams g_e4m3 = {3, 7, 0x3A800000u, 0x43E80000u, 0x3C800000u, 0x7E, 0x7F};
+static const fp8_vparams g_e5m2 = {2, 15, 0x37000000u, 0x476FFFFFu, 0x38800000u, 0x7B, 0x7C};
+
+/* 16 f32 -> 16 FP8 codes in the low byte of each 32-bit lane. */
+static inline __m512i f32_to_fp8_16(__m512 x, const fp8_vparams *p, bool sat) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+  const int drop = 23 - p->mbits;
+  const __m512i one = _mm512_set1_epi32(1);
+
+  /* Normal target: add (half - 1) plus the kept LSB, then shift: round to
+  ** nearest even with the carry running into the exponent. */
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, drop), one);
+  const __m512i rn = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (drop - 1)) - 1)), lsb);
+  const __m512i res_n = _mm512_sub_epi32(_mm512_srli_epi32(rn, drop), _mm512_set1_epi32((127 - p->bias) << p->mbits));
+
+  /* Subnormal target: shift the full significand by drop + 1 - exp8. */
+  const __m512i exp8 = _mm512_sub_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(127 - p->bias));
+  __m512i s = _mm512_sub_epi32(_mm512_set1_epi32(drop + 1), exp8);
+  s = _mm512_min_epi32(s, _mm512_set1_epi32(31));
+  const __m512i m = _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF)), _mm512_set1_epi32(0x800000));
+  __m512i res_s = _mm512_srlv_epi32(m, s);
+  const __m512i half = _mm512_sllv_epi32(one, _mm512_sub_epi32(s, one));
+  const __m512i rem = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_sllv_epi32(one, s), one));
+  const __mmask16 up = _mm512_cmpgt_epu32_mask(rem, half) |
+                       (_mm512_cmpeq_epi32_mask(rem, half) & _mm512_test_epi32_mask(res_s, one));
+  res_s = _mm512_mask_add_epi32(res_s, up, res_s, one);
+
+  const __mmask16 normal = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32((int)p->min_normal));
+  __m512i r = _mm512_mask_blend_epi32(normal, res_s, res_n);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmple_epu32_mask(a, _mm512_set1_epi32((int)p->half_min)), _mm512_setzero_si512());
+  r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32((int)p->overflow)),
+                            _mm512_set1_epi32((int)(sat ? p->max_code : p->overflow_code)));
+  r = _mm512_or_si512(r, sign);
+  return _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
+}
+
+static void cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat) {
+  const fp8_vparams *p = type == MOE8_DTYPE_F8E4M3 ? &g_e4m3 : &g_e5m2;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(f32_to_fp8_16(_mm512_loadu_ps(src + i), p, sat)));
+  if (i < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, f32_to_fp8_16(_mm512_maskz_loadu_ps(k, src + i), p, sat));
+  }
+}
+
+static inline __m512 fp8_to_f32_16(__m128i bytes, moe8_dtype type) {
+  const __m512i x = _mm512_cvtepu8_epi32(bytes);
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  const bool e4 = type == MOE8_DTYPE_F8E4M3;
+  const int mb = e4 ? 3 : 2;
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(x, mb), _mm512_set1_epi32(e4 ? 15 : 31));
+  const __m512i m = _mm512_and_si512(x, _mm512_set1_epi32(e4 ? 7 : 3));
+  __m512i r = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(e4 ? 120 : 112)), 23),
+                              _mm512_slli_epi32(m, 23 - mb));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(e4 ? 0x1p-9f : 0x1p-16f));
+  r = _mm512_mask_mov_epi32(r, _mm512_testn_epi32_mask(e, e), _mm512_castps_si512(sub));
+  if (e4) {
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC00000));
+  } else {
+    const __mmask16 special = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(31));
+    const __mmask16 nan = special & _mm512_test_epi32_mask(m, m);
+    r = _mm512_mask_mov_epi32(r, special, _mm512_set1_epi32(0x7F800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC00000));
+  }
+  return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
+}
+
+static void cvt_f8_f32(float *dst, const uint8_t *src, size_t n, moe8_dtype type) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, fp8_to_f32_16(_mm_loadu_si128((const __m128i *)(src + i)), type));
+  if (i < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(dst + i, k, fp8_to_f32_16(_mm_maskz_loadu_epi8(k, src + i), type));
+  }
+}
+
+static inline __m256i f32_to_bf16_16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+static void cvt_f32_bf16(uint16_t *dst, const float *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(dst + i), f32_to_bf16_16(_mm512_loadu_ps(src + i)));
+  if (i < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(dst + i, k, f32_to_bf16_16(_mm512_maskz_loadu_ps(k, src + i)));
+  }
+}
+
+static void cvt_bf16_f32(float *dst, const uint16_t *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16));
+  if (i < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_epi32(dst + i, k, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, src + i)), 16));
+  }
+}
+
+static inline __m512i f32_to_i8_16(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  __m512 r = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  r = _mm512_mask_mov_ps(r, nan, _mm512_setzero_ps());
+  return _mm512_cvtps_epi32(r);
+}
+
+static size_t cvt_f32_i8(int8_t *dst, const float *src, size_t n) {
+  size_t i = 0, nan = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    nan += (size_t)__builtin_popcount(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q));
+    _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(f32_to_i8_16(x)));
+  }
+  if (i < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(k, src + i);
+    nan += (size_t)__builtin_popcount(_mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q));
+    _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, f32_to_i8_16(x));
+  }
+  return nan;
+}
+
+/* |x| as integers: finite iff the bits are <= 0x7F7FFFFF, and for
+** non-negative floats integer order is float order, so max stays exact. */
+static float absmax(const float *x, size_t n, size_t *nonfinite) {
+  __m512i m = _mm512_setzero_si512();
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), fmax = _mm512_set1_epi32(0x7F7FFFFF);
+  size_t bad = 0, i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(x + i), absmask);
+    const __mmask16 fin = _mm512_cmple_epu32_mask(a, fmax);
+    bad += 16 - (size_t)__builtin_popcount(fin);
+    m = _mm512_mask_max_epu32(m, fin, m, a);
+  }
+  if (i < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    const __m512i a = _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), absmask);
+    const __mmask16 fin = _mm512_mask_cmple_epu32_mask(k, a, fmax);
+    bad += (size_t)__builtin_popcount(k) - (size_t)__builtin_popcount(fin);
+    m = _mm512_mask_max_epu32(m, fin, m, a);
+  }
+  *nonfinite += bad;
+  return moe8__bits_f32(_mm512_reduce_max_epu32(m));
+}
+
+static size_t absmax_acc(float *amax, const float *x, size_t n) {
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), fmax = _mm512_set1_epi32(0x7F7FFFFF);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m512i a = _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), absmask);
+    const __mmask16 fin = _mm512_mask_cmple_epu32_mask(k, a, fmax);
+    bad += (size_t)__builtin_popcount(k) - (size_t)__builtin_popcount(fin);
+    const __m512i cur = _mm512_maskz_loadu_epi32(k, amax + i);
+    _mm512_mask_storeu_epi32(amax + i, k, _mm512_mask_max_epu32(cur, fin, cur, a));
+  }
+  return bad;
+}
+
+static void quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
+  const __m512 s0 = _mm512_set1_ps(s[0]);
+  int8_t *o = q;
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    /* Masked-off lanes divide 0 by 1, never by an unloaded 0. */
+    const __m512 sv = s_step ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, s + i) : s0;
+    const __m512 y = _mm512_div_ps(v, sv);
+    __m512i r;
+    if (qtype == MOE8_DTYPE_I8) r = f32_to_i8_16(y);
+    else r = f32_to_fp8_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &g_e4m3 : &g_e5m2, true);
+    _mm512_mask_cvtepi32_storeu_epi8(o + i, k, r);
+  }
+}
+
+void moe8__kernels_init_avx512(moe8__ktable *k) {
+  k->cvt_f32_f8   = cvt_f32_f8;
+  k->cvt_f8_f32   = cvt_f8_f32;
+  k->cvt_f32_bf16 = cvt_f32_bf16;
+  k->cvt_bf16_f32 = cvt_bf16_f32;
+  k->cvt_f32_i8   = cvt_f32_i8;
+  k->absmax       = absmax;
+  k->absmax_acc   = absmax_acc;
+  k->quant_div    = quant_div;
+}

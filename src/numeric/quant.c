@@ -1,0 +1,268 @@
+/*
+** quant.c — quantization and dequantization for every granularity of
+** SPEC §2, and the reference kernels they are built from.
+**
+** Order of work in moe8_quantize(): validate the spec and sizes; for each
+** scale block, take the absolute maximum over its finite values (counting
+** the non-finite ones); if any value was non-finite, fail with the count and
+** the first position; else turn each block maximum into a scale
+** (moe8_scale_from_absmax) and write q = convert(x / s).  The block loops
+** live here; the inner loops are kernel-table entries (absmax, absmax_acc,
+** quant_div), so the AVX-512 quantizer is the same algorithm with a wider
+** inner loop, and equal to this one byte for byte.
+*/
+#include "../kernels/ref/ref.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- reference inner loops ------------------------------------------- */
+float moe8__ref_absmax(const float *x, size_t n, size_t *nonfinite) {
+  float m = 0.0f;
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    const float a = fabsf(x[i]);
+    if (!(a <= 3.40282347e38f)) { bad++; continue; }
+    if (a > m) m = a;
+  }
+  *nonfinite += bad;
+  return m;
+}
+
+size_t moe8__ref_absmax_acc(float *amax, const float *x, size_t n) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    const float a = fabsf(x[i]);
+    if (!(a <= 3.40282347e38f)) { bad++; continue; }
+    if (a > amax[i]) amax[i] = a;
+  }
+  return bad;
+}
+
+void moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n,
+                         moe8_dtype qtype) {
+  if (qtype == MOE8_DTYPE_I8) {
+    int8_t *o = q;
+    for (size_t i = 0; i < n; i++) o[i] = moe8__f32_to_i8(x[i] / s[i * s_step]);
+  } else if (qtype == MOE8_DTYPE_F8E4M3) {
+    uint8_t *o = q;
+    for (size_t i = 0; i < n; i++) o[i] = moe8_f32_to_f8e4m3(x[i] / s[i * s_step], true);
+  } else {
+    uint8_t *o = q;
+    for (size_t i = 0; i < n; i++) o[i] = moe8_f32_to_f8e5m2(x[i] / s[i * s_step], true);
+  }
+}
+
+/* ---- scales ---------------------------------------------------------- */
+float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool pow2) {
+  const moe8_dtype_traits *t = moe8_dtype_info(qtype);
+  const float qmax = t ? t->finite_max : 1.0f;
+  if (clip > 0.0f && clip != 1.0f) absmax *= clip;
+  float s = absmax / qmax;
+  if (!(s >= 0x1p-126f) || !(s <= 3.40282347e38f)) return 1.0f;
+  if (pow2) {
+    int e;
+    const float m = frexpf(s, &e); /* s = m · 2^e, m in [0.5, 1) */
+    if (m != 0.5f) s = ldexpf(1.0f, e);
+  }
+  return s;
+}
+
+/* ---- spec validation ------------------------------------------------- */
+static moe8_status check_spec(const moe8_quant_spec *spec, int64_t E, int64_t R, int64_t C) {
+  if (!spec) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: NULL spec");
+  if (!moe8__is_qtype(spec->qtype))
+    return moe8__fail(MOE8_ERR_DTYPE, "quantize: qtype %s is not f8e4m3, f8e5m2 or i8",
+                      moe8_dtype_info(spec->qtype) ? moe8_dtype_info(spec->qtype)->name : "(none)");
+  if (E < 0 || R < 0 || C < 0)
+    return moe8__fail(MOE8_ERR_SHAPE, "quantize: negative size [%lld, %lld, %lld]",
+                      (long long)E, (long long)R, (long long)C);
+  if (!(spec->clip >= 0.0f && spec->clip <= 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: clip %g is not in (0, 1e30]", (double)spec->clip);
+  switch (spec->gran) {
+    case MOE8_GRAN_TENSOR: case MOE8_GRAN_CHANNEL: break;
+    case MOE8_GRAN_ROW:
+      if (E != 1) return moe8__fail(MOE8_ERR_SHAPE, "quantize: per-row activation must have E = 1, got %lld", (long long)E);
+      break;
+    case MOE8_GRAN_ROW_TILE:
+      if (E != 1) return moe8__fail(MOE8_ERR_SHAPE, "quantize: per-row activation must have E = 1, got %lld", (long long)E);
+      /* fallthrough */
+    case MOE8_GRAN_CHANNEL_TILE:
+      if (spec->tile <= 0) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: tile %lld must be > 0", (long long)spec->tile);
+      break;
+    case MOE8_GRAN_BLOCK2D:
+      if (spec->tile <= 0 || spec->block_n <= 0)
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: 2-D block %lldx%lld must be positive",
+                          (long long)spec->block_n, (long long)spec->tile);
+      break;
+    default:
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: unknown granularity %d", (int)spec->gran);
+  }
+  return MOE8_OK;
+}
+
+size_t moe8_quant_scale_count(const moe8_quant_spec *spec, int64_t E, int64_t R, int64_t C,
+                              moe8_status *status) {
+  moe8_status st = check_spec(spec, E, R, C);
+  if (status) *status = st;
+  if (st != MOE8_OK) return 0;
+  switch (spec->gran) {
+    case MOE8_GRAN_TENSOR:       return 1;
+    case MOE8_GRAN_ROW:          return (size_t)R;
+    case MOE8_GRAN_ROW_TILE:     return (size_t)(R * moe8__cdiv(C, spec->tile));
+    case MOE8_GRAN_CHANNEL:      return (size_t)(E * C);
+    case MOE8_GRAN_CHANNEL_TILE: return (size_t)(E * moe8__cdiv(R, spec->tile) * C);
+    case MOE8_GRAN_BLOCK2D:      return (size_t)(E * moe8__cdiv(R, spec->block_n) * moe8__cdiv(C, spec->tile));
+  }
+  return 0;
+}
+
+/* On the error path only: where is the first non-finite value? */
+static moe8_status nonfinite_error(const float *x, int64_t E, int64_t R, int64_t C, size_t count,
+                                   size_t *nonfinite) {
+  if (nonfinite) *nonfinite = count;
+  const size_t n = (size_t)(E * R * C);
+  size_t i = 0;
+  while (i < n && isfinite(x[i])) i++;
+  const size_t e = i / (size_t)(R * C), r = (i / (size_t)C) % (size_t)R, c = i % (size_t)C;
+  return moe8__fail(MOE8_ERR_NONFINITE,
+                    "quantize: %zu non-finite value(s) in input [%lld, %lld, %lld], first at [%zu, %zu, %zu] (%g)",
+                    count, (long long)E, (long long)R, (long long)C, e, r, c, (double)x[i < n ? i : 0]);
+}
+
+moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E, int64_t R,
+                          int64_t C, void *q, float *scale, size_t *nonfinite) {
+  moe8_status st = check_spec(spec, E, R, C);
+  if (st != MOE8_OK) return st;
+  if (nonfinite) *nonfinite = 0;
+  const size_t n = (size_t)(E * R * C);
+  if ((n && (!x || !q)) || !scale) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: NULL buffer");
+  const moe8__ktable *k = moe8__kernels();
+  const moe8_dtype qt = spec->qtype;
+  const float clip = spec->clip;
+  const bool p2 = spec->pow2;
+  uint8_t *qb = q;
+  size_t bad = 0;
+
+  switch (spec->gran) {
+    case MOE8_GRAN_TENSOR: {
+      const float amax = k->absmax(x, n, &bad);
+      if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
+      scale[0] = moe8_scale_from_absmax(amax, qt, clip, p2);
+      k->quant_div(q, x, scale, 0, n, qt);
+      return MOE8_OK;
+    }
+    case MOE8_GRAN_ROW:
+    case MOE8_GRAN_ROW_TILE: {
+      const int64_t tile = spec->gran == MOE8_GRAN_ROW ? (C > 0 ? C : 1) : spec->tile;
+      const int64_t nt = moe8__cdiv(C, tile);
+      const int64_t ns = spec->gran == MOE8_GRAN_ROW ? 1 : nt;
+      /* One pass per row: its scales, then its values while it is in cache. */
+      #pragma omp parallel for reduction(+ : bad) schedule(static)
+      for (int64_t r = 0; r < R; r++) {
+        if (C == 0) { scale[r] = 1.0f; continue; }
+        for (int64_t j = 0; j < nt; j++) {
+          const int64_t c0 = j * tile, len = C - c0 < tile ? C - c0 : tile;
+          size_t b = 0;
+          const float amax = k->absmax(x + r * C + c0, (size_t)len, &b);
+          bad += b;
+          scale[r * ns + j] = moe8_scale_from_absmax(amax, qt, clip, p2);
+          k->quant_div(qb + r * C + c0, x + r * C + c0, &scale[r * ns + j], 0, (size_t)len, qt);
+        }
+      }
+      if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
+      return MOE8_OK;
+    }
+    case MOE8_GRAN_CHANNEL:
+    case MOE8_GRAN_CHANNEL_TILE: {
+      /* w[E, K=R, N=C]; the scale row of block kb is scale[e, kb, :]. */
+      const int64_t tile = spec->gran == MOE8_GRAN_CHANNEL ? (R > 0 ? R : 1) : spec->tile;
+      const int64_t nb = spec->gran == MOE8_GRAN_CHANNEL ? 1 : moe8__cdiv(R, tile);
+      #pragma omp parallel for collapse(2) reduction(+ : bad) schedule(static)
+      for (int64_t e = 0; e < E; e++)
+        for (int64_t b = 0; b < nb; b++) {
+          float *s = scale + (e * nb + b) * C;
+          for (int64_t c = 0; c < C; c++) s[c] = 0.0f;
+          const int64_t k1 = (b + 1) * tile < R ? (b + 1) * tile : R;
+          for (int64_t kk = b * tile; kk < k1; kk++) bad += k->absmax_acc(s, x + (e * R + kk) * C, (size_t)C);
+          for (int64_t c = 0; c < C; c++) s[c] = moe8_scale_from_absmax(s[c], qt, clip, p2);
+        }
+      if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
+      #pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t e = 0; e < E; e++)
+        for (int64_t kk = 0; kk < R; kk++)
+          k->quant_div(qb + (e * R + kk) * C, x + (e * R + kk) * C, scale + (e * nb + kk / tile) * C, 1,
+                       (size_t)C, qt);
+      return MOE8_OK;
+    }
+    case MOE8_GRAN_BLOCK2D: {
+      /* w[E, N=R, K=C]; scale[e, R/bn, C/bk]. */
+      const int64_t bn = spec->block_n, bk = spec->tile;
+      const int64_t nbr = moe8__cdiv(R, bn), nbc = moe8__cdiv(C, bk);
+      #pragma omp parallel for collapse(2) reduction(+ : bad) schedule(static)
+      for (int64_t e = 0; e < E; e++)
+        for (int64_t br = 0; br < nbr; br++)
+          for (int64_t bc = 0; bc < nbc; bc++) {
+            const int64_t r1 = (br + 1) * bn < R ? (br + 1) * bn : R;
+            const int64_t c0 = bc * bk, len = C - c0 < bk ? C - c0 : bk;
+            float amax = 0.0f;
+            size_t b = 0;
+            for (int64_t r = br * bn; r < r1; r++) {
+              const float m = k->absmax(x + (e * R + r) * C + c0, (size_t)len, &b);
+              if (m > amax) amax = m;
+            }
+            bad += b;
+            scale[(e * nbr + br) * nbc + bc] = moe8_scale_from_absmax(amax, qt, clip, p2);
+          }
+      if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
+      #pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t e = 0; e < E; e++)
+        for (int64_t r = 0; r < R; r++)
+          for (int64_t bc = 0; bc < nbc; bc++) {
+            const int64_t c0 = bc * bk, len = C - c0 < bk ? C - c0 : bk;
+            const size_t off = (size_t)((e * R + r) * C + c0);
+            k->quant_div(qb + off, x + off, &scale[(e * nbr + r / bn) * nbc + bc], 0, (size_t)len, qt);
+          }
+      return MOE8_OK;
+    }
+  }
+  return moe8__fail(MOE8_ERR_INTERNAL, "quantize: unreachable granularity");
+}
+
+static inline float qval(const void *q, size_t i, moe8_dtype t) {
+  const uint8_t v = ((const uint8_t *)q)[i];
+  switch (t) {
+    case MOE8_DTYPE_F8E4M3: return moe8_f8e4m3_to_f32(v);
+    case MOE8_DTYPE_F8E5M2: return moe8_f8e5m2_to_f32(v);
+    default: return (float)(int8_t)v;
+  }
+}
+
+moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q, const float *scale,
+                            int64_t E, int64_t R, int64_t C, float *y) {
+  moe8_status st = check_spec(spec, E, R, C);
+  if (st != MOE8_OK) return st;
+  const size_t n = (size_t)(E * R * C);
+  if (n && (!q || !scale || !y)) return moe8__fail(MOE8_ERR_INVALID_ARG, "dequantize: NULL buffer");
+  const moe8_dtype t = spec->qtype;
+  #pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t c = 0; c < C; c++) {
+        const size_t i = (size_t)((e * R + r) * C + c);
+        size_t si = 0;
+        switch (spec->gran) {
+          case MOE8_GRAN_TENSOR: si = 0; break;
+          case MOE8_GRAN_ROW: si = (size_t)r; break;
+          case MOE8_GRAN_ROW_TILE: si = (size_t)(r * moe8__cdiv(C, spec->tile) + c / spec->tile); break;
+          case MOE8_GRAN_CHANNEL: si = (size_t)(e * C + c); break;
+          case MOE8_GRAN_CHANNEL_TILE: si = (size_t)((e * moe8__cdiv(R, spec->tile) + r / spec->tile) * C + c); break;
+          case MOE8_GRAN_BLOCK2D:
+            si = (size_t)((e * moe8__cdiv(R, spec->block_n) + r / spec->block_n) * moe8__cdiv(C, spec->tile) +
+                          c / spec->tile);
+            break;
+        }
+        y[i] = qval(q, i, t) * scale[si];
+      }
+  return MOE8_OK;
+}

@@ -1,0 +1,27 @@
+/*
+** cli.h — shared pieces of the moe8 command: each subcommand is one file
+** with one entry point, int cmd_NAME(int argc, char **argv), returning the
+** process exit code (0 ok, 1 failure, 2 usage error).
+*/
+#ifndef MOE8_CLI_H
+#define MOE8_CLI_H
+
+#include "moe8.h"
+
+#include <stdio.h>
+
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* Prints "moe8: <status>: <detail>" on stderr and returns EXIT_FAIL. */
+int cli_report(moe8_status st, const char *what);
+
+/* Wall-clock seconds from a monotonic clock. */
+double cli_now(void);
+
+/* True when argv[i] is -h or --help. */
+int cli_is_help(const char *arg);
+
+#endif

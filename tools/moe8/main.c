@@ -1,0 +1,55 @@
+/*
+** main.c — the moe8 command: dispatch to one subcommand per file.
+**
+** Exit codes (all subcommands): 0 success, 1 failure (bad input file,
+** non-finite data, a failed check), 2 usage error.
+*/
+#include "cli.h"
+
+#include <string.h>
+#include <time.h>
+
+static const struct {
+  const char *name, *summary;
+  int (*run)(int, char **);
+} g_cmds[] = {
+  {"demo",  "quantization error of every format and granularity on random data", cmd_demo},
+  {"bench", "benchmarks: 'moe8 bench quant' (quantizer throughput vs memory bandwidth)", cmd_bench},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "moe8 %s — a quantized Mixture-of-Experts runtime (FP8 E4M3/E5M2, INT8)\n\n"
+          "usage: moe8 <command> [options]     moe8 <command> --help\n\ncommands:\n",
+          MOE8_VERSION_STRING);
+  for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
+    fprintf(f, "  %-8s %s\n", g_cmds[i].name, g_cmds[i].summary);
+  fprintf(f,
+          "\nenvironment: MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni forces a kernel table,\n"
+          "             MOE8_DEBUG=1 prints the choice, OMP_NUM_THREADS sets threads.\n"
+          "exit codes:  0 success, 1 failure, 2 usage error.\n");
+}
+
+int cli_report(moe8_status st, const char *what) {
+  fprintf(stderr, "moe8: %s: %s: %s\n", what, moe8_status_str(st), moe8_last_error());
+  return EXIT_FAIL;
+}
+
+double cli_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }
+
+int main(int argc, char **argv) {
+  if (argc < 2) { usage(stderr); return EXIT_USAGE; }
+  if (cli_is_help(argv[1]) || strcmp(argv[1], "help") == 0) { usage(stdout); return EXIT_OK; }
+  if (strcmp(argv[1], "--version") == 0) { printf("moe8 %s\n", MOE8_VERSION_STRING); return EXIT_OK; }
+  for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
+    if (strcmp(argv[1], g_cmds[i].name) == 0) return g_cmds[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "moe8: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return EXIT_USAGE;
+}
