@@ -1,1 +1,340 @@
-int main(void){return 0;}
+/*
+** test_quant.c — SPEC §2: scales, quantize/dequantize at every granularity.
+**
+** Proven here: the round-trip error bound per type and block; all-zero and
+** tiny blocks give scale 1 and zeros; partial last tiles; power-of-two and
+** clipped scales; non-finite input is reported with a count; every ISA's
+** quantizer equals the reference byte for byte on random and adversarial
+** data; and quantizing then gathering rows equals gathering then
+** quantizing, byte for byte, for per-token and per-token-tiled scales.
+*/
+#include "testutil.h"
+#include "core/internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tolerance table: the largest |x - dequant(quant(x))| as a fraction of its
+** block's max|x|.  FP8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits, so the
+** relative rounding error is at most 2^-4 / 2^-3 of the value; i8 rounds
+** to half a step of bmax/127.  The extra 2^-20 covers the f32 division and
+** the product in dequantize. */
+static double bound_frac(moe8_dtype t) {
+  switch (t) {
+    case MOE8_DTYPE_F8E4M3: return 1.0 / 16;
+    case MOE8_DTYPE_F8E5M2: return 1.0 / 8;
+    default: return 1.0 / 254;
+  }
+}
+
+/* Independent block index: which scale element covers x[e, r, c]. */
+static size_t block_of(const moe8_quant_spec *s, int64_t R, int64_t C, int64_t e, int64_t r, int64_t c) {
+  switch (s->gran) {
+    case MOE8_GRAN_TENSOR: return 0;
+    case MOE8_GRAN_ROW: return (size_t)r;
+    case MOE8_GRAN_ROW_TILE: return (size_t)(r * ((C + s->tile - 1) / s->tile) + c / s->tile);
+    case MOE8_GRAN_CHANNEL: return (size_t)(e * C + c);
+    case MOE8_GRAN_CHANNEL_TILE: return (size_t)((e * ((R + s->tile - 1) / s->tile) + r / s->tile) * C + c);
+    default: {
+      const int64_t nbc = (C + s->tile - 1) / s->tile;
+      return (size_t)((e * ((R + s->block_n - 1) / s->block_n) + r / s->block_n) * nbc + c / s->tile);
+    }
+  }
+}
+
+typedef struct shape { int64_t E, R, C; } shape;
+
+static shape shape_for(moe8_granularity g, int64_t a, int64_t b) {
+  shape s = {1, a, b};
+  if (g == MOE8_GRAN_CHANNEL || g == MOE8_GRAN_CHANNEL_TILE || g == MOE8_GRAN_BLOCK2D) s.E = 3;
+  return s;
+}
+
+static const moe8_granularity k_grans[] = {MOE8_GRAN_TENSOR, MOE8_GRAN_ROW, MOE8_GRAN_ROW_TILE,
+                                           MOE8_GRAN_CHANNEL, MOE8_GRAN_CHANNEL_TILE, MOE8_GRAN_BLOCK2D};
+static const moe8_dtype k_types[] = {MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E5M2, MOE8_DTYPE_I8};
+
+static void test_error_bounds(void **state) {
+  (void)state;
+  const int64_t sizes[] = {1, 7, 130, 257};
+  const int64_t tiles[] = {16, 128};
+  tu_rng_reset(11);
+  for (size_t ti = 0; ti < 3; ti++)
+    for (size_t gi = 0; gi < 6; gi++)
+      for (size_t a = 0; a < 4; a++)
+        for (size_t b = 0; b < 4; b++)
+          for (size_t tl = 0; tl < 2; tl++) {
+            const moe8_quant_spec spec = {.qtype = k_types[ti], .gran = k_grans[gi], .tile = tiles[tl],
+                                          .block_n = tiles[1 - tl] + 3, .clip = 1.0f};
+            const shape sh = shape_for(spec.gran, sizes[a], sizes[b]);
+            const size_t n = (size_t)(sh.E * sh.R * sh.C);
+            moe8_status st;
+            const size_t ns = moe8_quant_scale_count(&spec, sh.E, sh.R, sh.C, &st);
+            assert_int_equal(st, MOE8_OK);
+            float *x = malloc(n * 4), *y = malloc(n * 4), *bmax = calloc(ns, 4);
+            uint8_t *q = tu_alloc(n);
+            float *s = tu_alloc(ns * 4);
+            /* Wide dynamic range: magnitudes 2^-20 .. 2^20 by block. */
+            for (size_t i = 0; i < n; i++) x[i] = tu_normal() * ldexpf(1.0f, (int)(tu_u64() % 41) - 20);
+            for (int64_t e = 0; e < sh.E; e++)
+              for (int64_t r = 0; r < sh.R; r++)
+                for (int64_t c = 0; c < sh.C; c++) {
+                  const size_t bi = block_of(&spec, sh.R, sh.C, e, r, c);
+                  const float v = fabsf(x[(e * sh.R + r) * sh.C + c]);
+                  if (v > bmax[bi]) bmax[bi] = v;
+                }
+            assert_int_equal(moe8_quantize(&spec, x, sh.E, sh.R, sh.C, q, s, NULL), MOE8_OK);
+            assert_true(tu_guard_ok(q, n));
+            assert_true(tu_guard_ok(s, ns * 4));
+            for (size_t i = 0; i < ns; i++) {
+              /* The scale is exactly absmax / qmax, or 1 for a zero block. */
+              const float want = bmax[i] / moe8_dtype_info(spec.qtype)->finite_max;
+              if (s[i] != (want >= 0x1p-126f ? want : 1.0f))
+                TU_FAIL("%s gran %d [%lld,%lld,%lld]: scale %zu = %g, want %g", moe8_dtype_info(spec.qtype)->name,
+                        spec.gran, (long long)sh.E, (long long)sh.R, (long long)sh.C, i, (double)s[i], (double)want);
+            }
+            assert_int_equal(moe8_dequantize(&spec, q, s, sh.E, sh.R, sh.C, y), MOE8_OK);
+            for (int64_t e = 0; e < sh.E; e++)
+              for (int64_t r = 0; r < sh.R; r++)
+                for (int64_t c = 0; c < sh.C; c++) {
+                  const size_t i = (size_t)((e * sh.R + r) * sh.C + c);
+                  const double bm = bmax[block_of(&spec, sh.R, sh.C, e, r, c)];
+                  const double err = fabs((double)x[i] - (double)y[i]);
+                  if (!(err <= bm * bound_frac(spec.qtype) * (1 + 0x1p-20) + DBL_MIN))
+                    TU_FAIL("%s gran %d [%lld,%lld,%lld] tile %lld: |x-x^| = %g > bound at [%lld,%lld,%lld] (bmax %g)",
+                            moe8_dtype_info(spec.qtype)->name, spec.gran, (long long)sh.E, (long long)sh.R,
+                            (long long)sh.C, (long long)spec.tile, err, (long long)e, (long long)r, (long long)c, bm);
+                }
+            free(x); free(y); free(bmax); free(q); free(s);
+          }
+}
+
+static void test_zero_and_tiny_blocks(void **state) {
+  (void)state;
+  for (size_t ti = 0; ti < 3; ti++) {
+    const moe8_quant_spec spec = {.qtype = k_types[ti], .gran = MOE8_GRAN_ROW_TILE, .tile = 4, .clip = 1.0f};
+    /* Row 0: zeros; row 1: f32 subnormals; row 2: tiny normals whose scale
+    ** would fall below 2^-126; then one ordinary tile. */
+    float x[3 * 8] = {0, -0.0f, 0, 0, 0, 0, 0, 0,
+                      1e-40f, -3e-41f, 1e-45f, 0, 2e-39f, 0, 0, -1e-39f,
+                      1e-37f, -2e-37f, 5e-37f, 1e-38f, 1.0f, -2.0f, 0.5f, 3.0f};
+    uint8_t q[24];
+    float s[6], y[24];
+    assert_int_equal(moe8_quantize(&spec, x, 1, 3, 8, q, s, NULL), MOE8_OK);
+    for (int b = 0; b < 5; b++) assert_true(s[b] == 1.0f);
+    assert_true(s[5] == 3.0f / moe8_dtype_info(spec.qtype)->finite_max);
+    assert_int_equal(moe8_dequantize(&spec, q, s, 1, 3, 8, y), MOE8_OK);
+    for (int i = 0; i < 20; i++) {
+      assert_false(isnan(y[i]));
+      assert_true(y[i] == 0.0f);
+    }
+  }
+}
+
+static void test_partial_tile_and_options(void **state) {
+  (void)state;
+  enum { T = 3, K = 200 };
+  float x[T * K];
+  uint8_t q[T * K];
+  float s[T * 2];
+  tu_rng_reset(3);
+  tu_fill_normal(x, T * K, 1.0f);
+  x[1 * K + 150] = 9.0f; /* only in the partial tile of row 1 */
+  const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_ROW_TILE, .tile = 128, .clip = 1.0f};
+  assert_int_equal(moe8_quantize(&spec, x, 1, T, K, q, s, NULL), MOE8_OK);
+  for (int r = 0; r < T; r++) {
+    float m0 = 0, m1 = 0;
+    for (int c = 0; c < 128; c++) m0 = fmaxf(m0, fabsf(x[r * K + c]));
+    for (int c = 128; c < K; c++) m1 = fmaxf(m1, fabsf(x[r * K + c]));
+    assert_true(s[r * 2] == m0 / 448.0f);
+    assert_true(s[r * 2 + 1] == m1 / 448.0f);
+  }
+  assert_true(s[3] == 9.0f / 448.0f);
+  assert_int_equal(q[1 * K + 150], 0x7E); /* the block max is ±max exactly */
+
+  /* Power-of-two scales: s = 2^ceil(log2(absmax/qmax)). */
+  moe8_quant_spec p2 = spec;
+  p2.pow2 = true;
+  assert_int_equal(moe8_quantize(&p2, x, 1, T, K, q, s, NULL), MOE8_OK);
+  assert_true(s[3] == 0.03125f); /* 9/448 = 0.0201 -> 2^-5 */
+  for (int i = 0; i < T * 2; i++) {
+    int e;
+    assert_true(frexpf(s[i], &e) == 0.5f);
+  }
+  assert_true(moe8_scale_from_absmax(448.0f, MOE8_DTYPE_F8E4M3, 1.0f, true) == 1.0f);
+  assert_true(moe8_scale_from_absmax(449.0f, MOE8_DTYPE_F8E4M3, 1.0f, true) == 2.0f);
+
+  /* Clip: s = c·absmax/qmax and values beyond saturate to ±qmax. */
+  moe8_quant_spec cl = spec;
+  cl.clip = 0.5f;
+  assert_int_equal(moe8_quantize(&cl, x, 1, T, K, q, s, NULL), MOE8_OK);
+  assert_true(s[3] == 4.5f / 448.0f);
+  assert_int_equal(q[1 * K + 150], 0x7E);
+  cl.qtype = MOE8_DTYPE_I8;
+  x[0] = -100.0f;
+  assert_int_equal(moe8_quantize(&cl, x, 1, T, K, q, s, NULL), MOE8_OK);
+  assert_int_equal((int8_t)q[0], -127);
+  assert_true(moe8_scale_from_absmax(0.0f, MOE8_DTYPE_I8, 1.0f, false) == 1.0f);
+  assert_true(moe8_scale_from_absmax(1e-37f, MOE8_DTYPE_I8, 1.0f, false) == 1.0f);
+}
+
+static void test_nonfinite_reported(void **state) {
+  (void)state;
+  float x[4 * 10];
+  uint8_t q[40];
+  float s[40];
+  for (int i = 0; i < 40; i++) x[i] = (float)i;
+  x[23] = NAN; x[31] = INFINITY; x[39] = -INFINITY;
+  for (size_t gi = 0; gi < 6; gi++) {
+    const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = k_grans[gi], .tile = 3, .block_n = 3, .clip = 1};
+    size_t nf = 0;
+    assert_int_equal(moe8_quantize(&spec, x, 1, 4, 10, q, s, &nf), MOE8_ERR_NONFINITE);
+    assert_int_equal(nf, 3);
+    assert_non_null(strstr(moe8_last_error(), "3 non-finite"));
+    assert_non_null(strstr(moe8_last_error(), "first at [0, 2, 3]"));
+  }
+}
+
+/* Adversarial values: FP8 midpoints (ties), the overflow edges, subnormal
+** targets, f32 subnormals, signed zeros, and huge magnitudes. */
+static void fill_adversarial(float *x, size_t n, uint64_t salt) {
+  tu_rng_reset(salt);
+  for (size_t i = 0; i < n; i++) {
+    switch (tu_u64() % 8) {
+      case 0: x[i] = ldexpf(1.0f + (float)(2 * (tu_u64() % 8) + 1) / 16.0f, (int)(tu_u64() % 16) - 8); break;
+      case 1: x[i] = 448.0f * (tu_u64() & 1 ? 1 : -1); break;
+      case 2: x[i] = ldexpf((float)(tu_u64() % 16) + 0.5f, -10); break;
+      case 3: x[i] = moe8__bits_f32((uint32_t)(tu_u64() % 0x800000)); break;
+      case 4: x[i] = tu_u64() & 1 ? 0.0f : -0.0f; break;
+      case 5: x[i] = tu_normal() * 1e30f; break;
+      case 6: x[i] = (float)((int64_t)(tu_u64() % 255) - 127) + 0.5f; break;
+      default: x[i] = tu_normal(); break;
+    }
+  }
+}
+
+static void test_isas_equal_reference(void **state) {
+  (void)state;
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  const int64_t shapes[][2] = {{1, 1}, {3, 17}, {5, 128}, {2, 129}, {33, 250}, {4, 1000}};
+  for (size_t ti = 0; ti < 3; ti++)
+    for (size_t gi = 0; gi < 6; gi++)
+      for (size_t si = 0; si < 6; si++)
+        for (int adv = 0; adv < 2; adv++)
+          for (int p2 = 0; p2 < 2; p2++) {
+            const moe8_quant_spec spec = {.qtype = k_types[ti], .gran = k_grans[gi], .tile = 32, .block_n = 5,
+                                          .clip = p2 ? 0.9f : 1.0f, .pow2 = p2};
+            const shape sh = shape_for(spec.gran, shapes[si][0], shapes[si][1]);
+            const size_t n = (size_t)(sh.E * sh.R * sh.C);
+            const size_t ns = moe8_quant_scale_count(&spec, sh.E, sh.R, sh.C, NULL);
+            float *x = malloc(n * 4);
+            if (adv) fill_adversarial(x, n, si * 100 + gi);
+            else { tu_rng_reset(si * 7 + gi); tu_fill_normal(x, n, 3.0f); }
+            uint8_t *q0 = malloc(n), *q1 = tu_alloc(n);
+            float *s0 = malloc(ns * 4), *s1 = tu_alloc(ns * 4);
+            assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
+            assert_int_equal(moe8_quantize(&spec, x, sh.E, sh.R, sh.C, q0, s0, NULL), MOE8_OK);
+            for (int t = 1; t < nisa; t++) {
+              assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
+              memset(q1, 0x5A, n);
+              assert_int_equal(moe8_quantize(&spec, x, sh.E, sh.R, sh.C, q1, s1, NULL), MOE8_OK);
+              if (memcmp(q0, q1, n) != 0 || memcmp(s0, s1, ns * 4) != 0)
+                TU_FAIL("ISA %s differs from ref: %s gran %d [%lld,%lld,%lld] adversarial=%d",
+                        moe8_isa_name(isas[t]), moe8_dtype_info(spec.qtype)->name, spec.gran, (long long)sh.E,
+                        (long long)sh.R, (long long)sh.C, adv);
+              assert_true(tu_guard_ok(q1, n));
+              assert_true(tu_guard_ok(s1, ns * 4));
+            }
+            free(x); free(q0); free(q1); free(s0); free(s1);
+          }
+  moe8_isa_set(isas[nisa - 1]);
+}
+
+/* SPEC §2: row-wise scales commute with selection, repetition and
+** permutation of rows. */
+static void test_gather_commutes(void **state) {
+  (void)state;
+  enum { T = 37, K = 300, M = 80 };
+  float *x = malloc(T * K * 4), *xg = malloc(M * K * 4);
+  uint8_t *q = malloc(T * K), *qg = malloc(M * K), *qx = malloc(M * K);
+  float *s = malloc(T * 3 * 4), *sg = malloc(M * 3 * 4), *sx = malloc(M * 3 * 4);
+  for (int trial = 0; trial < 40; trial++) {
+    tu_rng_reset(1000 + trial);
+    tu_fill_normal(x, T * K, trial % 2 ? 1e-3f : 50.0f);
+    int idx[M];
+    const int m = trial % 3 == 0 ? T : (int)(tu_u64() % M) + 1;
+    if (trial % 3 == 0) { /* a permutation */
+      for (int i = 0; i < T; i++) idx[i] = i;
+      for (int i = T - 1; i > 0; i--) { int j = (int)(tu_u64() % (uint64_t)(i + 1)), t = idx[i]; idx[i] = idx[j]; idx[j] = t; }
+    } else { /* selection with repetition */
+      for (int i = 0; i < m; i++) idx[i] = (int)(tu_u64() % T);
+    }
+    for (int gi = 0; gi < 2; gi++)
+      for (size_t ti = 0; ti < 3; ti++) {
+        const moe8_quant_spec spec = {.qtype = k_types[ti], .gran = gi ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW,
+                                      .tile = 128, .clip = 1.0f};
+        const int ns = gi ? 3 : 1;
+        assert_int_equal(moe8_quantize(&spec, x, 1, T, K, q, s, NULL), MOE8_OK);
+        for (int i = 0; i < m; i++) {
+          memcpy(qg + i * K, q + idx[i] * K, K);
+          memcpy(sg + i * ns, s + idx[i] * ns, ns * 4);
+          memcpy(xg + i * K, x + idx[i] * K, K * 4);
+        }
+        assert_int_equal(moe8_quantize(&spec, xg, 1, m, K, qx, sx, NULL), MOE8_OK);
+        if (memcmp(qg, qx, (size_t)m * K) != 0 || memcmp(sg, sx, (size_t)(m * ns) * 4) != 0)
+          TU_FAIL("trial %d: quantize-then-gather differs from gather-then-quantize (%s, %s)", trial,
+                  moe8_dtype_info(spec.qtype)->name, gi ? "1x128" : "per-token");
+      }
+  }
+  free(x); free(xg); free(q); free(qg); free(qx); free(s); free(sg); free(sx);
+}
+
+static void test_bad_specs(void **state) {
+  (void)state;
+  float x[4] = {1, 2, 3, 4}, s[4];
+  uint8_t q[4];
+  moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F32, .gran = MOE8_GRAN_ROW, .clip = 1};
+  assert_int_equal(moe8_quantize(&spec, x, 1, 2, 2, q, s, NULL), MOE8_ERR_DTYPE);
+  spec.qtype = MOE8_DTYPE_I8;
+  assert_int_equal(moe8_quantize(&spec, x, 2, 1, 2, q, s, NULL), MOE8_ERR_SHAPE);
+  assert_int_equal(moe8_quantize(&spec, x, 1, -1, 2, q, s, NULL), MOE8_ERR_SHAPE);
+  spec.gran = MOE8_GRAN_ROW_TILE;
+  assert_int_equal(moe8_quantize(&spec, x, 1, 2, 2, q, s, NULL), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "tile"));
+  spec.gran = (moe8_granularity)77;
+  assert_int_equal(moe8_quantize(&spec, x, 1, 2, 2, q, s, NULL), MOE8_ERR_INVALID_ARG);
+  spec.gran = MOE8_GRAN_TENSOR;
+  assert_int_equal(moe8_quantize(NULL, x, 1, 2, 2, q, s, NULL), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_quantize(&spec, NULL, 1, 2, 2, q, s, NULL), MOE8_ERR_INVALID_ARG);
+  spec.clip = -1;
+  assert_int_equal(moe8_quantize(&spec, x, 1, 2, 2, q, s, NULL), MOE8_ERR_INVALID_ARG);
+  /* Zero rows are fine: nothing to write. */
+  spec.clip = 1;
+  spec.gran = MOE8_GRAN_ROW;
+  assert_int_equal(moe8_quantize(&spec, x, 1, 0, 2, q, s, NULL), MOE8_OK);
+  /* Scale counts per granularity. */
+  moe8_quant_spec c = {.qtype = MOE8_DTYPE_F8E4M3, .tile = 64, .block_n = 128, .clip = 1};
+  c.gran = MOE8_GRAN_TENSOR;       assert_int_equal(moe8_quant_scale_count(&c, 1, 10, 256, NULL), 1);
+  c.gran = MOE8_GRAN_ROW;          assert_int_equal(moe8_quant_scale_count(&c, 1, 10, 256, NULL), 10);
+  c.gran = MOE8_GRAN_ROW_TILE;     assert_int_equal(moe8_quant_scale_count(&c, 1, 10, 257, NULL), 50);
+  c.gran = MOE8_GRAN_CHANNEL;      assert_int_equal(moe8_quant_scale_count(&c, 4, 256, 96, NULL), 4 * 96);
+  c.gran = MOE8_GRAN_CHANNEL_TILE; assert_int_equal(moe8_quant_scale_count(&c, 4, 256, 96, NULL), 4 * 4 * 96);
+  c.gran = MOE8_GRAN_BLOCK2D;      assert_int_equal(moe8_quant_scale_count(&c, 2, 300, 130, NULL), 2 * 3 * 3);
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_bad_specs),
+    cmocka_unit_test(test_zero_and_tiny_blocks),
+    cmocka_unit_test(test_partial_tile_and_options),
+    cmocka_unit_test(test_nonfinite_reported),
+    cmocka_unit_test(test_error_bounds),
+    cmocka_unit_test(test_isas_equal_reference),
+    cmocka_unit_test(test_gather_commutes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
