@@ -238,6 +238,126 @@ moe8_isa    moe8_isa_active(void);
 ** called while other threads run moe8 calls. */
 moe8_status moe8_isa_set(moe8_isa isa);
 
+
+/* ------------------------------------------------------------------------
+** 6. MoE building blocks (SPEC §4)
+**
+** Sizes: T tokens, hidden D, E experts, top-k K_top.  An "assignment" is
+** a = t·K_top + j (token t, slot j).  All index arrays are int32.
+*/
+typedef enum moe8_score_func {
+  MOE8_SCORE_SOFTMAX = 0,  /* softmax over all E (default) */
+  MOE8_SCORE_SIGMOID
+} moe8_score_func;
+
+typedef struct moe8_router_config {
+  int64_t          num_experts;           /* E                                   */
+  int64_t          top_k;                 /* 1 <= top_k <= E                      */
+  moe8_score_func  score;
+  bool             norm_topk_prob;        /* renormalize selected scores to sum 1 */
+  float            routed_scaling_factor; /* multiplies the weights; 0 means 1    */
+  const float     *selection_bias;        /* [E] added for selection only, or NULL */
+} moe8_router_config;
+
+/* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
+** order 0..D-1 (batch-invariant). */
+moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64_t D, int64_t E,
+                               float *logits);
+
+/* From logits[T, E]: scores (softmax or sigmoid, written to scores[T, E]
+** when not NULL), top-k of score + bias with ties to the lower expert
+** index, expert_ids[T, top_k] in decreasing order of selection value, and
+** weights[T, top_k] = selected scores, renormalized when asked, times the
+** scaling factor. */
+moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64_t T,
+                       float *scores, int32_t *expert_ids, float *weights);
+
+/* The result of the dispatch sort: caller-allocated arrays. */
+typedef struct moe8_dispatch {
+  int32_t *token_of;     /* [T·K_top] row p -> token (first num_rows valid)    */
+  int32_t *slot_of;      /* [T·K_top] row p -> slot j                           */
+  int32_t *group_sizes;  /* [E] rows kept per expert                            */
+  int64_t *offsets;      /* [E+1] first row of each expert; offsets[E] = rows   */
+  int32_t *pos_of;       /* [T·K_top] assignment -> row, or -1 if dropped       */
+  int64_t  num_rows;     /* out: rows kept                                      */
+} moe8_dispatch;
+
+/* Stable counting sort of the T·K_top assignments by expert.  With
+** capacity_factor c > 0 each expert keeps at most ceil(T·K_top/E · c) rows,
+** the first in sorted order; c <= 0 is dropless.  An expert id outside
+** [0, E) is an error naming the assignment. */
+moe8_status moe8_dispatch_sort(const int32_t *expert_ids, int64_t T, int64_t top_k, int64_t E,
+                               float capacity_factor, moe8_dispatch *out);
+
+/* dst[p] = src[index[p]] for p < n, rows of row_bytes bytes; src has
+** src_rows rows; an index out of range is an error naming it. */
+moe8_status moe8_gather_rows(void *dst, const void *src, size_t row_bytes, const int32_t *index,
+                             int64_t n, int64_t src_rows);
+
+/* Gather of a quantized array's rows (SPEC §4.2): qvalue rows are always
+** gathered; the scale [scale_rows, scale_cols] is gathered only when it has
+** one row per token (scale_rows == rows); a per-tensor [1, 1] or
+** per-channel [1, cols] scale is copied through unchanged, and
+** *scale_gathered says which happened.  dst_scale has room for
+** n · scale_cols floats.  Any other scale shape is MOE8_ERR_SHAPE. */
+moe8_status moe8_gather_qrows(void *dst_q, float *dst_scale, bool *scale_gathered,
+                              const void *src_q, const float *src_scale, int64_t rows, int64_t cols,
+                              int64_t scale_rows, int64_t scale_cols, const int32_t *index, int64_t n);
+
+/* One operand of a grouped matmul.  scale is NULL for f32/bf16; otherwise
+** lhs scales are TENSOR [1], ROW [M, 1] or ROW_TILE [M, ceil(K/tile)] and
+** rhs scales are TENSOR [1], CHANNEL [G, 1, 1, N] or CHANNEL_TILE
+** [G, ceil(K/tile), 1, N].  When both operands are K-tiled the tiles must
+** be equal. */
+typedef struct moe8_operand {
+  moe8_dtype       dtype;   /* F32, BF16, F8E4M3, F8E5M2 or I8 */
+  const void      *data;
+  const float     *scale;
+  moe8_granularity gran;
+  int64_t          tile;
+} moe8_operand;
+
+/* Grouped matmul (SPEC §4.3).  Rows of lhs[M, K] come in E consecutive
+** groups of group_sizes[g] rows.  For the local groups g in
+** [group_offset, group_offset + num_local), row p of group g gets
+** out[p] = lhs[p] · rhs[g - group_offset], with rhs [num_local, K, N]
+** (or [num_local, N, K] when rhs_transposed; then rhs must be f32 or bf16
+** without scales).  Every other row of out is written as zero.
+** Supported pairs: f32·f32, bf16·bf16, f8·f8 (any mix of e4m3/e5m2),
+** i8·i8, and weight-only f32 or bf16 lhs with f8 or i8 rhs.  Products are
+** summed over each scale block along K (i8 in i32, others in f32) and each
+** block sum is added to the f32 accumulator times lhs_scale · rhs_scale of
+** that block.  out is f32 or bf16, [M, N].  K is never split across
+** threads, so results do not depend on the thread count or on which other
+** rows share the call. */
+typedef struct moe8_gmm_args {
+  int64_t        M, K, N;
+  int64_t        num_groups;      /* E: length of group_sizes */
+  const int32_t *group_sizes;
+  int64_t        group_offset;
+  int64_t        num_local;       /* G */
+  moe8_operand   lhs, rhs;
+  bool           rhs_transposed;
+  moe8_dtype     out_dtype;       /* F32 or BF16 */
+  void          *out;
+} moe8_gmm_args;
+
+moe8_status moe8_gmm(const moe8_gmm_args *args);
+
+/* Transposed grouped matmul for weight gradients: for each local group g,
+** out[g - group_offset] = lhs_gᵀ · dy_g, with lhs [M, K], dy [M, N] (f32
+** or bf16, no scales), out [num_local, K, N] f32, each element summed over
+** the group's rows in order.  Groups with no rows give zeros. */
+moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M, int64_t K,
+                      int64_t N, int64_t num_groups, const int32_t *group_sizes,
+                      int64_t group_offset, int64_t num_local, float *out);
+
+/* Combine (SPEC §4.5): out[t] = Σ_j weights[t, j] · y[pos_of[t·K_top + j]]
+** in f32, slots in order j = 0, 1, ...; a dropped slot (pos_of < 0) adds
+** nothing.  y is [rows, D] f32; out is [T, D]. */
+moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, const float *weights,
+                         int64_t T, int64_t top_k, int64_t D, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -64,7 +64,10 @@ static void init_tables(void) {
     if (!g_supported[i]) continue;
     moe8__kernels_init_ref(&g_tables[i]);
 #ifdef MOE8_HAVE_AVX512
-    if (i >= MOE8_ISA_AVX512) moe8__kernels_init_avx512(&g_tables[i]);
+    if (i >= MOE8_ISA_AVX512) {
+      moe8__kernels_init_avx512(&g_tables[i]);
+      moe8__gmm_init_avx512(&g_tables[i], (moe8_isa)i);
+    }
 #endif
     g_tables[i].isa = (moe8_isa)i;
   }

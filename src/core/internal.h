@@ -27,6 +27,7 @@
 moe8_status moe8__fail(moe8_status status, const char *fmt, ...) MOE8__PRINTF(2, 3);
 
 /* ---- kernel table ---------------------------------------------------- */
+struct moe8__gmm_block;
 typedef struct moe8__ktable {
   moe8_isa    isa;
   /* dst[i] = f32 -> FP8 of src[i]; type is F8E4M3 or F8E5M2. */
@@ -43,6 +44,8 @@ typedef struct moe8__ktable {
   /* q[i] = quantize(x[i] / s[i * s_step]), s_step 0 or 1, saturating. */
   void (*quant_div)(void *q, const float *x, const float *s, size_t s_step,
                     size_t n, moe8_dtype qtype);
+  /* One block of a grouped matmul; the contract is in kernels/gmm.h. */
+  void (*gmm_block)(const struct moe8__gmm_block *b);
 } moe8__ktable;
 
 const moe8__ktable *moe8__kernels(void);
@@ -51,6 +54,7 @@ const moe8__ktable *moe8__kernels_for(moe8_isa isa); /* NULL if unsupported */
 void moe8__kernels_init_ref(moe8__ktable *k);
 #ifdef MOE8_HAVE_AVX512
 void moe8__kernels_init_avx512(moe8__ktable *k);
+void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa);
 #endif
 
 /* ---- numeric helpers shared by the kernels ---------------------------- */

@@ -4,6 +4,7 @@
 ** entry an ISA lacks still works, at reference speed.
 */
 #include "ref.h"
+#include "../gmm.h"
 
 void moe8__kernels_init_ref(moe8__ktable *k) {
   k->isa          = MOE8_ISA_REF;
@@ -15,4 +16,5 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->absmax       = moe8__ref_absmax;
   k->absmax_acc   = moe8__ref_absmax_acc;
   k->quant_div    = moe8__ref_quant_div;
+  k->gmm_block    = moe8__gmm_block_ref;
 }

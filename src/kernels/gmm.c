@@ -1,0 +1,212 @@
+/*
+** gmm.c — the grouped-matmul and transposed grouped-matmul drivers.
+**
+** moe8_gmm: validate; zero the rows outside the local groups; cut each
+** local group into tasks of at most MT rows × NT columns; run the tasks on
+** OpenMP threads with the active table's block kernel.  K is never split,
+** so every output element is computed by one kernel call in one order: the
+** result does not depend on threads or on the other rows of the call.
+**
+** moe8_tgmm: dW[g] = lhs_gᵀ · dy_g, parallel over (group, K rows); each
+** element sums the group's rows in increasing order.
+*/
+#include "gmm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { MT = 192, NT = 128 };
+
+static bool is_op_dtype(moe8_dtype t) {
+  return t == MOE8_DTYPE_F32 || t == MOE8_DTYPE_BF16 || moe8__is_qtype(t);
+}
+
+static bool pair_ok(moe8_dtype l, moe8_dtype r) {
+  const bool lf = l == MOE8_DTYPE_F32 || l == MOE8_DTYPE_BF16;
+  const bool l8 = l == MOE8_DTYPE_F8E4M3 || l == MOE8_DTYPE_F8E5M2;
+  const bool r8 = r == MOE8_DTYPE_F8E4M3 || r == MOE8_DTYPE_F8E5M2;
+  if (l == MOE8_DTYPE_F32 && r == MOE8_DTYPE_F32) return true;
+  if (l == MOE8_DTYPE_BF16 && r == MOE8_DTYPE_BF16) return true;
+  if (l8 && r8) return true;
+  if (l == MOE8_DTYPE_I8 && r == MOE8_DTYPE_I8) return true;
+  return lf && (r8 || r == MOE8_DTYPE_I8); /* weight-only */
+}
+
+static const char *dn(moe8_dtype t) {
+  const moe8_dtype_traits *i = moe8_dtype_info(t);
+  return i ? i->name : "(invalid)";
+}
+
+/* Checks one operand's scale description; *kind and *tile out. */
+static moe8_status check_scale(const moe8_operand *op, const char *name, bool is_lhs, moe8__sc_kind *kind,
+                               int64_t *tile) {
+  *tile = 0;
+  if (!moe8__is_qtype(op->dtype)) {
+    if (op->scale) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: %s is %s and takes no scale", name, dn(op->dtype));
+    *kind = MOE8__SC_NONE;
+    return MOE8_OK;
+  }
+  if (!op->scale) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: %s is %s but has no scale", name, dn(op->dtype));
+  switch (op->gran) {
+    case MOE8_GRAN_TENSOR: *kind = MOE8__SC_TENSOR; return MOE8_OK;
+    case MOE8_GRAN_ROW: if (!is_lhs) break; *kind = MOE8__SC_ROW; return MOE8_OK;
+    case MOE8_GRAN_CHANNEL: if (is_lhs) break; *kind = MOE8__SC_ROW; return MOE8_OK;
+    case MOE8_GRAN_ROW_TILE:
+    case MOE8_GRAN_CHANNEL_TILE:
+      if ((op->gran == MOE8_GRAN_ROW_TILE) != is_lhs) break;
+      if (op->tile <= 0) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: %s scale tile %lld must be > 0", name, (long long)op->tile);
+      *kind = MOE8__SC_TILE;
+      *tile = op->tile;
+      return MOE8_OK;
+    default: break;
+  }
+  return moe8__fail(MOE8_ERR_SHAPE, "gmm: %s scale granularity %d is not valid for a %s operand", name, (int)op->gran,
+                    is_lhs ? "lhs [M, K]" : "rhs [G, K, N]");
+}
+
+moe8_status moe8_gmm(const moe8_gmm_args *a) {
+  if (!a) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL args");
+  const int64_t M = a->M, K = a->K, N = a->N, E = a->num_groups, G = a->num_local, off = a->group_offset;
+  if (M < 0 || K < 0 || N < 0 || E < 0 || G < 0 || off < 0 || off + G > E)
+    return moe8__fail(MOE8_ERR_SHAPE, "gmm: bad sizes M=%lld K=%lld N=%lld groups=%lld offset=%lld local=%lld",
+                      (long long)M, (long long)K, (long long)N, (long long)E, (long long)off, (long long)G);
+  if (!is_op_dtype(a->lhs.dtype) || !is_op_dtype(a->rhs.dtype) || !pair_ok(a->lhs.dtype, a->rhs.dtype))
+    return moe8__fail(MOE8_ERR_DTYPE, "gmm: unsupported operand pair lhs %s · rhs %s", dn(a->lhs.dtype), dn(a->rhs.dtype));
+  if (a->out_dtype != MOE8_DTYPE_F32 && a->out_dtype != MOE8_DTYPE_BF16)
+    return moe8__fail(MOE8_ERR_DTYPE, "gmm: output must be f32 or bf16, not %s", dn(a->out_dtype));
+  if (a->rhs_transposed && (a->rhs.scale || moe8__is_qtype(a->rhs.dtype)))
+    return moe8__fail(MOE8_ERR_DTYPE, "gmm: a transposed rhs must be f32 or bf16 without scales, not %s", dn(a->rhs.dtype));
+  moe8__sc_kind lk, rk;
+  int64_t lt, rt;
+  moe8_status st = check_scale(&a->lhs, "lhs", true, &lk, &lt);
+  if (st == MOE8_OK) st = check_scale(&a->rhs, "rhs", false, &rk, &rt);
+  if (st != MOE8_OK) return st;
+  if (lt && rt && lt != rt)
+    return moe8__fail(MOE8_ERR_SHAPE, "gmm: lhs tile %lld and rhs tile %lld differ", (long long)lt, (long long)rt);
+  if (E > 0 && !a->group_sizes) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL group_sizes");
+  int64_t total = 0;
+  for (int64_t g = 0; g < E; g++) {
+    if (a->group_sizes[g] < 0)
+      return moe8__fail(MOE8_ERR_SHAPE, "gmm: group_sizes[%lld] = %d is negative", (long long)g, a->group_sizes[g]);
+    total += a->group_sizes[g];
+  }
+  if (total > M)
+    return moe8__fail(MOE8_ERR_SHAPE, "gmm: group sizes add up to %lld rows but lhs has M = %lld", (long long)total,
+                      (long long)M);
+  if (M > 0 && N > 0 && !a->out) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL out");
+  if (M > 0 && K > 0 && !a->lhs.data) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL lhs");
+  if (G > 0 && K > 0 && N > 0 && !a->rhs.data) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL rhs");
+  if (M == 0 || N == 0) return MOE8_OK;
+
+  const int64_t kb = lt ? lt : rt ? rt : (K > 0 ? K : 1);
+  const int64_t nbk = K > 0 ? moe8__cdiv(K, kb) : 0;
+  const size_t osz = moe8__dtype_size(a->out_dtype), rsz = moe8__dtype_size(a->rhs.dtype);
+  int64_t lo = 0;
+  for (int64_t g = 0; g < off; g++) lo += a->group_sizes[g];
+  int64_t hi = lo;
+  for (int64_t g = off; g < off + G; g++) hi += a->group_sizes[g];
+  /* Rows outside the local groups are zero (SPEC §4.3). */
+  memset(a->out, 0, (size_t)(lo * N) * osz);
+  memset((char *)a->out + (size_t)(hi * N) * osz, 0, (size_t)((M - hi) * N) * osz);
+
+  /* Tasks: (group, row tile, column tile). */
+  int64_t ntasks = 0;
+  for (int64_t g = off; g < off + G; g++) ntasks += moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
+  const moe8__ktable *kt = moe8__kernels();
+  moe8_status err = MOE8_OK;
+  #pragma omp parallel
+  {
+    void *scratch = NULL;
+    if (posix_memalign(&scratch, 64, MOE8__GMM_SCRATCH) != 0) {
+      scratch = NULL;
+      #pragma omp critical
+      err = MOE8_ERR_NOMEM;
+    }
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntasks; t++) {
+      if (!scratch) continue;
+      /* Find the task's group by walking the local groups. */
+      int64_t rem = t, row0 = lo, g = off;
+      for (; g < off + G; g++) {
+        const int64_t n_t = moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
+        if (rem < n_t) break;
+        rem -= n_t;
+        row0 += a->group_sizes[g];
+      }
+      const int64_t ncol = moe8__cdiv(N, NT);
+      const int64_t mi = rem / ncol, ni = rem % ncol;
+      moe8__gmm_block b = {
+        .K = K, .N = N, .kb = kb, .nbk = nbk,
+        .m0 = row0 + mi * MT, .n0 = ni * NT,
+        .lt = a->lhs.dtype, .rt = a->rhs.dtype, .ot = a->out_dtype,
+        .lhs = a->lhs.data,
+        .rhs = (const char *)a->rhs.data + (size_t)((g - off) * K * N) * rsz,
+        .rhs_t = a->rhs_transposed,
+        .ls = a->lhs.scale, .lk = lk,
+        .rs = rk == MOE8__SC_TENSOR ? a->rhs.scale
+              : rk == MOE8__SC_ROW ? a->rhs.scale + (g - off) * N
+              : rk == MOE8__SC_TILE ? a->rhs.scale + (g - off) * nbk * N : NULL,
+        .rk = rk, .out = a->out, .scratch = scratch,
+      };
+      b.m1 = b.m0 + MT < row0 + a->group_sizes[g] ? b.m0 + MT : row0 + a->group_sizes[g];
+      b.n1 = b.n0 + NT < N ? b.n0 + NT : N;
+      if (K == 0) {
+        for (int64_t m = b.m0; m < b.m1; m++) memset((char *)a->out + (size_t)(m * N + b.n0) * osz, 0, (size_t)(b.n1 - b.n0) * osz);
+      } else {
+        kt->gmm_block(&b);
+      }
+    }
+    free(scratch);
+  }
+  if (err != MOE8_OK) return moe8__fail(err, "gmm: out of memory for scratch");
+  return MOE8_OK;
+}
+
+static inline float ld(const moe8_operand *o, int64_t i) {
+  return o->dtype == MOE8_DTYPE_F32 ? ((const float *)o->data)[i] : moe8_bf16_to_f32(((const uint16_t *)o->data)[i]);
+}
+
+moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M, int64_t K, int64_t N,
+                      int64_t E, const int32_t *group_sizes, int64_t off, int64_t G, float *out) {
+  if (!lhs || !dy) return moe8__fail(MOE8_ERR_INVALID_ARG, "tgmm: NULL operand");
+  if (M < 0 || K < 0 || N < 0 || E < 0 || G < 0 || off < 0 || off + G > E)
+    return moe8__fail(MOE8_ERR_SHAPE, "tgmm: bad sizes M=%lld K=%lld N=%lld groups=%lld offset=%lld local=%lld",
+                      (long long)M, (long long)K, (long long)N, (long long)E, (long long)off, (long long)G);
+  for (int i = 0; i < 2; i++) {
+    const moe8_operand *o = i ? dy : lhs;
+    if ((o->dtype != MOE8_DTYPE_F32 && o->dtype != MOE8_DTYPE_BF16) || o->scale)
+      return moe8__fail(MOE8_ERR_DTYPE, "tgmm: %s must be f32 or bf16 without scale, not %s", i ? "dy" : "lhs", dn(o->dtype));
+  }
+  int64_t total = 0;
+  for (int64_t g = 0; g < E; g++) {
+    if (group_sizes[g] < 0) return moe8__fail(MOE8_ERR_SHAPE, "tgmm: group_sizes[%lld] is negative", (long long)g);
+    total += group_sizes[g];
+  }
+  if (total > M) return moe8__fail(MOE8_ERR_SHAPE, "tgmm: group sizes add up to %lld rows but M = %lld", (long long)total, (long long)M);
+  if (G * K * N > 0 && !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "tgmm: NULL out");
+  int64_t lo = 0;
+  for (int64_t g = 0; g < off; g++) lo += group_sizes[g];
+  int64_t *start = malloc((size_t)(G + 1) * sizeof *start);
+  if (!start) return moe8__fail(MOE8_ERR_NOMEM, "tgmm: out of memory");
+  start[0] = lo;
+  for (int64_t g = 0; g < G; g++) start[g + 1] = start[g] + group_sizes[off + g];
+  #pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t k = 0; k < K; k++) {
+      float *o = out + (g * K + k) * N;
+      for (int64_t n = 0; n < N; n++) o[n] = 0.0f;
+      /* rows in increasing order; vectorizes over n. */
+      for (int64_t m = start[g]; m < start[g + 1]; m++) {
+        const float av = ld(lhs, m * K + k);
+        if (dy->dtype == MOE8_DTYPE_F32) {
+          const float *d = (const float *)dy->data + m * N;
+          for (int64_t n = 0; n < N; n++) o[n] += av * d[n];
+        } else {
+          const uint16_t *d = (const uint16_t *)dy->data + m * N;
+          for (int64_t n = 0; n < N; n++) o[n] += av * moe8_bf16_to_f32(d[n]);
+        }
+      }
+    }
+  free(start);
+  return MOE8_OK;
+}

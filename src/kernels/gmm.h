@@ -1,0 +1,68 @@
+/*
+** gmm.h — the contract between the grouped-matmul driver (kernels/gmm.c)
+** and the per-ISA block kernels of the kernel table.
+**
+** The driver validates the call, zeroes rows outside the local groups, and
+** cuts the work into tasks of (group, row range, column range); K is never
+** split.  A block kernel computes out[m0:m1, n0:n1] of one group:
+**
+**   for each scale block b along K (length kb; the last may be partial):
+**     bsum[m, n] = Σ_{k in b} lhs[m, k] · rhs[k, n]    (i32 for i8·i8, else f32)
+**     acc[m, n]  = acc[m, n] + (float)bsum[m, n] · (ls(m, b) · rs(b, n))
+**   out[m, n] = acc (f32) or round-to-nearest-even(acc) (bf16)
+**
+** acc starts at 0.  The scale product is an f32 product and the update is a
+** multiply then an add, never fused, so integer paths agree bit for bit
+** across ISAs.  Within a block the order of the float sum is the kernel's
+** own but depends only on k, never on m0, m1, n0, n1: a row's result is the
+** same in any task.  Kernels may use a per-thread scratch of
+** MOE8__GMM_SCRATCH bytes; they never read lhs/rhs outside the given rows,
+** columns and K, and never write outside out[m0:m1, n0:n1].
+*/
+#ifndef MOE8_GMM_H
+#define MOE8_GMM_H
+
+#include "../core/internal.h"
+
+#define MOE8__GMM_SCRATCH ((size_t)2 << 20)
+
+typedef enum { MOE8__SC_NONE = 0, MOE8__SC_TENSOR, MOE8__SC_ROW, MOE8__SC_TILE } moe8__sc_kind;
+
+typedef struct moe8__gmm_block {
+  int64_t       K, N;       /* lhs row stride K, out/rhs row stride N       */
+  int64_t       m0, m1, n0, n1;
+  int64_t       kb;         /* scale block length along K (K when none)     */
+  moe8_dtype    lt, rt, ot;
+  const void   *lhs;        /* [M, K] base                                  */
+  const void   *rhs;        /* this group's [K, N] (or [N, K] if rhs_t)     */
+  bool          rhs_t;
+  const float  *ls;         /* lhs scale base                               */
+  moe8__sc_kind lk;         /* TENSOR [1], ROW [M], TILE [M, nbk]           */
+  const float  *rs;         /* this group's rhs scale base                  */
+  moe8__sc_kind rk;         /* TENSOR [1], ROW = per-channel [N], TILE [nbk, N] */
+  int64_t       nbk;        /* number of K blocks                           */
+  void         *out;        /* [M, N] base                                  */
+  void         *scratch;    /* MOE8__GMM_SCRATCH bytes, 64-byte aligned     */
+} moe8__gmm_block;
+
+static inline float moe8__gmm_ls(const moe8__gmm_block *b, int64_t m, int64_t blk) {
+  switch (b->lk) {
+    case MOE8__SC_TENSOR: return b->ls[0];
+    case MOE8__SC_ROW: return b->ls[m];
+    case MOE8__SC_TILE: return b->ls[m * b->nbk + blk];
+    default: return 1.0f;
+  }
+}
+
+static inline float moe8__gmm_rs(const moe8__gmm_block *b, int64_t blk, int64_t n) {
+  switch (b->rk) {
+    case MOE8__SC_TENSOR: return b->rs[0];
+    case MOE8__SC_ROW: return b->rs[n];
+    case MOE8__SC_TILE: return b->rs[blk * b->N + n];
+    default: return 1.0f;
+  }
+}
+
+void moe8__gmm_block_ref(const moe8__gmm_block *b);
+
+#endif

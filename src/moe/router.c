@@ -1,0 +1,103 @@
+/*
+** router.c — the router of SPEC §4.1: logits, scores, top-k, weights.
+**
+** Every sum runs in a fixed order (d = 0..D-1 for a logit, e = 0..E-1 for
+** the softmax denominator, j = 0..k-1 for renormalization), so a token's
+** routing never depends on the other tokens of the batch or on threads.
+*/
+#include "../core/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64_t D, int64_t E,
+                               float *logits) {
+  if (T < 0 || D < 0 || E <= 0)
+    return moe8__fail(MOE8_ERR_SHAPE, "router: bad sizes T=%lld D=%lld E=%lld", (long long)T, (long long)D,
+                      (long long)E);
+  if (T > 0 && (!x || !wr || !logits)) return moe8__fail(MOE8_ERR_INVALID_ARG, "router: NULL buffer");
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float *l = logits + t * E;
+    for (int64_t e = 0; e < E; e++) l[e] = 0.0f;
+    /* acc[e] += x[t,d] · wr[d,e], d in order: vectorizes over e. */
+    for (int64_t d = 0; d < D; d++) {
+      const float xv = x[t * D + d];
+      const float *w = wr + d * E;
+      for (int64_t e = 0; e < E; e++) l[e] += xv * w[e];
+    }
+  }
+  return MOE8_OK;
+}
+
+moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64_t T, float *scores,
+                       int32_t *expert_ids, float *weights) {
+  if (!cfg) return moe8__fail(MOE8_ERR_INVALID_ARG, "route: NULL config");
+  const int64_t E = cfg->num_experts, K = cfg->top_k;
+  if (E <= 0 || E > INT32_MAX) return moe8__fail(MOE8_ERR_SHAPE, "route: num_experts %lld must be in [1, 2^31)", (long long)E);
+  if (K <= 0 || K > E)
+    return moe8__fail(MOE8_ERR_SHAPE, "route: top_k %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
+  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: unknown score function %d", (int)cfg->score);
+  if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "route: T = %lld", (long long)T);
+  if (T > 0 && (!logits || !expert_ids || !weights)) return moe8__fail(MOE8_ERR_INVALID_ARG, "route: NULL buffer");
+  size_t bad = 0;
+  for (int64_t i = 0; i < T * E; i++) bad += !isfinite(logits[i]);
+  if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "route: %zu non-finite router logit(s) in [%lld, %lld]", bad,
+                             (long long)T, (long long)E);
+  if (cfg->selection_bias)
+    for (int64_t e = 0; e < E; e++)
+      if (!isfinite(cfg->selection_bias[e]))
+        return moe8__fail(MOE8_ERR_NONFINITE, "route: selection_bias[%lld] is not finite", (long long)e);
+  const float scale = cfg->routed_scaling_factor != 0.0f ? cfg->routed_scaling_factor : 1.0f;
+  moe8_status st = MOE8_OK;
+  #pragma omp parallel
+  {
+    float *s = scores ? NULL : malloc((size_t)E * sizeof(float));
+    unsigned char *taken = malloc((size_t)E);
+    if ((!scores && !s) || !taken) {
+      #pragma omp critical
+      st = MOE8_ERR_NOMEM;
+    } else {
+      #pragma omp for schedule(static)
+      for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        float *sc = scores ? scores + t * E : s;
+        if (cfg->score == MOE8_SCORE_SOFTMAX) {
+          float m = l[0], sum = 0.0f;
+          for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
+          for (int64_t e = 0; e < E; e++) { sc[e] = expf(l[e] - m); sum += sc[e]; }
+          for (int64_t e = 0; e < E; e++) sc[e] /= sum;
+        } else {
+          for (int64_t e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-l[e]));
+        }
+        memset(taken, 0, (size_t)E);
+        for (int64_t j = 0; j < K; j++) {
+          int64_t best = -1;
+          float bv = 0.0f;
+          for (int64_t e = 0; e < E; e++) {
+            if (taken[e]) continue;
+            const float v = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
+            if (best < 0 || v > bv) { best = e; bv = v; } /* strict: ties keep the lower index */
+          }
+          taken[best] = 1;
+          expert_ids[t * K + j] = (int32_t)best;
+          weights[t * K + j] = sc[best];
+        }
+        if (cfg->norm_topk_prob) {
+          float sum = 0.0f;
+          for (int64_t j = 0; j < K; j++) sum += weights[t * K + j];
+          if (sum > 0.0f)
+            for (int64_t j = 0; j < K; j++) weights[t * K + j] /= sum;
+        }
+        if (scale != 1.0f)
+          for (int64_t j = 0; j < K; j++) weights[t * K + j] *= scale;
+      }
+    }
+    free(s);
+    free(taken);
+  }
+  if (st != MOE8_OK) return moe8__fail(st, "route: out of memory");
+  return MOE8_OK;
+}

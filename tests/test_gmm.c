@@ -1,0 +1,366 @@
+/*
+** test_gmm.c — SPEC §4.3 and §8: the grouped matmul and its transpose.
+**
+** Every ISA's kernel is compared with the reference kernel over a sweep of
+** shapes: rows per group 0, 1, 2, 7, 8, 9 (micro-tile ± 1), 193 (task tile
+** + 1) and 255; K and N in {1, 15, 16, 17, 127, 128, 129, 1000}; empty
+** groups; all rows in one group; group_offset at the first and the last
+** group.  Outputs are prefilled with NaN and followed by guard bytes.  The
+** reference itself is checked against a double-precision evaluation of the
+** definition.  Integer paths must match exactly; float paths within the
+** normalized bound of tol_float() below.  Then determinism: 1 vs 2 threads,
+** and a row alone vs in its full batch vs among other rows, all bitwise.
+*/
+#include "testutil.h"
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+typedef struct cfg {
+  const char      *name;
+  moe8_dtype       lt, rt, ot;
+  moe8_granularity lg, rg;
+  int64_t          tile;
+  bool             rhs_t;
+} cfg;
+
+static const cfg k_cfgs[] = {
+  {"f32*f32",            MOE8_DTYPE_F32,    MOE8_DTYPE_F32,    MOE8_DTYPE_F32,  0, 0, 0, false},
+  {"bf16*bf16->bf16",    MOE8_DTYPE_BF16,   MOE8_DTYPE_BF16,   MOE8_DTYPE_BF16, 0, 0, 0, false},
+  {"e4m3*e4m3 1x128",    MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32,  MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 128, false},
+  {"e5m2*e4m3 row/chan", MOE8_DTYPE_F8E5M2, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32,  MOE8_GRAN_ROW, MOE8_GRAN_CHANNEL, 0, false},
+  {"e4m3*e4m3 tensor",   MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_BF16, MOE8_GRAN_TENSOR, MOE8_GRAN_TENSOR, 0, false},
+  {"i8*i8 tile16",       MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32,  MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 16, false},
+  {"i8*i8 row/tensor",   MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32,  MOE8_GRAN_ROW, MOE8_GRAN_TENSOR, 0, false},
+  {"f32*e4m3 w-only",    MOE8_DTYPE_F32,    MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32,  0, MOE8_GRAN_CHANNEL_TILE, 128, false},
+  {"bf16*i8 w-only",     MOE8_DTYPE_BF16,   MOE8_DTYPE_I8,     MOE8_DTYPE_F32,  0, MOE8_GRAN_CHANNEL, 0, false},
+  {"bf16*e5m2 w-only",   MOE8_DTYPE_BF16,   MOE8_DTYPE_F8E5M2, MOE8_DTYPE_F32,  0, MOE8_GRAN_CHANNEL_TILE, 16, false},
+  {"f32*f32^T",          MOE8_DTYPE_F32,    MOE8_DTYPE_F32,    MOE8_DTYPE_F32,  0, 0, 0, true},
+  {"bf16*bf16^T",        MOE8_DTYPE_BF16,   MOE8_DTYPE_BF16,   MOE8_DTYPE_F32,  0, 0, 0, true},
+};
+enum { NCFG = sizeof k_cfgs / sizeof k_cfgs[0] };
+
+/* A test problem: operands made by quantizing random f32 data. */
+typedef struct prob {
+  int64_t M, K, N, E, off, G;
+  int32_t gs[8];
+  void   *lhs, *rhs;
+  float  *ls, *rs;
+  moe8_gmm_args a;
+} prob;
+
+static void make_operand(moe8_dtype t, moe8_granularity g, int64_t tile, bool is_lhs, int64_t E, int64_t R,
+                         int64_t C, void **data, float **scale) {
+  const size_t n = (size_t)(E * R * C);
+  float *x = malloc(n * 4 + 4);
+  tu_fill_normal(x, n, is_lhs ? 2.0f : 0.05f);
+  *scale = NULL;
+  if (t == MOE8_DTYPE_F32) { *data = x; return; }
+  *data = malloc(n * moe8__dtype_size(t) + 4);
+  if (t == MOE8_DTYPE_BF16) {
+    assert_int_equal(moe8_convert(*data, t, x, MOE8_DTYPE_F32, n, 0), MOE8_OK);
+  } else {
+    const moe8_quant_spec s = {.qtype = t, .gran = g, .tile = tile, .clip = 1.0f};
+    const size_t ns = moe8_quant_scale_count(&s, E, R, C, NULL);
+    *scale = malloc(ns * 4 + 4);
+    assert_int_equal(moe8_quantize(&s, x, E, R, C, *data, *scale, NULL), MOE8_OK);
+  }
+  free(x);
+}
+
+static void prob_init(prob *p, const cfg *c, int64_t K, int64_t N, const int32_t *gs, int64_t E, int64_t off,
+                      int64_t G, int64_t extra_rows) {
+  memset(p, 0, sizeof *p);
+  p->K = K; p->N = N; p->E = E; p->off = off; p->G = G;
+  for (int64_t g = 0; g < E; g++) { p->gs[g] = gs[g]; p->M += gs[g]; }
+  p->M += extra_rows; /* rows past the last group: must come out zero */
+  make_operand(c->lt, c->lg, c->tile, true, 1, p->M, K, &p->lhs, &p->ls);
+  if (c->rhs_t) make_operand(c->rt, c->rg, c->tile, false, G, N, K, &p->rhs, &p->rs);
+  else make_operand(c->rt, c->rg, c->tile, false, G, K, N, &p->rhs, &p->rs);
+  p->a = (moe8_gmm_args){
+    .M = p->M, .K = K, .N = N, .num_groups = E, .group_sizes = p->gs, .group_offset = off, .num_local = G,
+    .lhs = {c->lt, p->lhs, p->ls, c->lg, c->tile}, .rhs = {c->rt, p->rhs, p->rs, c->rg, c->tile},
+    .rhs_transposed = c->rhs_t, .out_dtype = c->ot,
+  };
+}
+
+static void prob_free(prob *p) { free(p->lhs); free(p->rhs); free(p->ls); free(p->rs); }
+
+static float *run(prob *p, moe8_isa isa) {
+  const size_t osz = moe8__dtype_size(p->a.out_dtype), n = (size_t)(p->M * p->N);
+  void *out = tu_alloc(n * osz);
+  memset(out, 0xFF, n * osz); /* NaN in f32 and bf16 */
+  assert_int_equal(moe8_isa_set(isa), MOE8_OK);
+  p->a.out = out;
+  const moe8_status st = moe8_gmm(&p->a);
+  if (st != MOE8_OK) TU_FAIL("gmm: %s: %s", moe8_status_str(st), moe8_last_error());
+  assert_true(tu_guard_ok(out, n * osz));
+  float *f = malloc(n * 4 + 4);
+  if (osz == 4) memcpy(f, out, n * 4);
+  else moe8_convert(f, MOE8_DTYPE_F32, out, MOE8_DTYPE_BF16, n, 0);
+  free(out);
+  return f;
+}
+
+/* Value of operand element i (dequantized by hand, independently). */
+static double val(moe8_dtype t, const void *d, int64_t i) {
+  switch (t) {
+    case MOE8_DTYPE_F32: return ((const float *)d)[i];
+    case MOE8_DTYPE_BF16: return moe8_bf16_to_f32(((const uint16_t *)d)[i]);
+    case MOE8_DTYPE_F8E4M3: return moe8_f8e4m3_to_f32(((const uint8_t *)d)[i]);
+    case MOE8_DTYPE_F8E5M2: return moe8_f8e5m2_to_f32(((const uint8_t *)d)[i]);
+    default: return ((const int8_t *)d)[i];
+  }
+}
+
+static double lscale(const prob *p, const cfg *c, int64_t m, int64_t k) {
+  if (!p->ls) return 1;
+  if (c->lg == MOE8_GRAN_TENSOR) return p->ls[0];
+  if (c->lg == MOE8_GRAN_ROW) return p->ls[m];
+  return p->ls[m * ((p->K + c->tile - 1) / c->tile) + k / c->tile];
+}
+
+static double rscale(const prob *p, const cfg *c, int64_t g, int64_t k, int64_t n) {
+  if (!p->rs) return 1;
+  if (c->rg == MOE8_GRAN_TENSOR) return p->rs[0];
+  if (c->rg == MOE8_GRAN_CHANNEL) return p->rs[g * p->N + n];
+  return p->rs[(g * ((p->K + c->tile - 1) / c->tile) + k / c->tile) * p->N + n];
+}
+
+/* Float tolerance, normalized by Σ|a·b·s|: each f32 addition rounds once
+** (2^-24 relative), a block of kb terms at most kb times, plus the
+** promotion; the pairwise vdpbf16ps order and FMA change only which
+** roundings happen, not how many.  A bf16 output adds one bf16 rounding of
+** each side (2^-8 of |out|). */
+static double tol_float(const prob *p, const cfg *c) {
+  const int64_t kb = c->tile ? c->tile : p->K;
+  return ldexp(1.0, -24) * (double)(kb + (p->K + kb - 1) / kb + 4) * 2.0;
+}
+
+static void compare(const prob *p, const cfg *c, const float *want, const float *got, const char *what, bool exact,
+                    bool vs_math) {
+  const bool ints = c->lt == MOE8_DTYPE_I8 && c->rt == MOE8_DTYPE_I8;
+  int64_t lo = 0;
+  for (int64_t g = 0; g < p->off; g++) lo += p->gs[g];
+  int64_t hi = lo;
+  for (int64_t g = p->off; g < p->off + p->G; g++) hi += p->gs[g];
+  for (int64_t m = 0; m < p->M; m++) {
+    int64_t g = 0, acc = 0;
+    while (g < p->E && m >= acc + p->gs[g]) acc += p->gs[g++];
+    const bool local = m >= lo && m < hi;
+    for (int64_t n = 0; n < p->N; n++) {
+      const float gv = got[m * p->N + n];
+      if (!local) {
+        if (gv != 0.0f) TU_FAIL("%s %s: row %lld outside the local groups is %g, not 0", c->name, what, (long long)m, (double)gv);
+        continue;
+      }
+      if (exact && ints && !vs_math) {
+        if (moe8__f32_bits(gv) != moe8__f32_bits(want[m * p->N + n]))
+          TU_FAIL("%s %s: [%lld,%lld] = %.9g, want exactly %.9g (K=%lld N=%lld M=%lld)", c->name, what, (long long)m,
+                  (long long)n, (double)gv, (double)want[m * p->N + n], (long long)p->K, (long long)p->N, (long long)p->M);
+        continue;
+      }
+      double mag = 0, exactv = 0;
+      const int64_t rg = g - p->off;
+      for (int64_t k = 0; k < p->K; k++) {
+        const int64_t ri = c->rhs_t ? (rg * p->N + n) * p->K + k : (rg * p->K + k) * p->N + n;
+        const double t = val(c->lt, p->lhs, m * p->K + k) * val(c->rt, p->rhs, ri) * lscale(p, c, m, k) *
+                         rscale(p, c, rg, k, n);
+        mag += fabs(t);
+        exactv += t;
+      }
+      const double ref = vs_math ? exactv : want[m * p->N + n];
+      double tol = tol_float(p, c) * mag + 1e-30;
+      if (c->ot == MOE8_DTYPE_BF16) tol += ldexp(fabs(ref), -7);
+      if (!(fabs((double)gv - ref) <= tol))
+        TU_FAIL("%s %s: [%lld,%lld] = %.9g, want %.9g ± %.3g (K=%lld N=%lld M=%lld)", c->name, what, (long long)m,
+                (long long)n, (double)gv, ref, tol, (long long)p->K, (long long)p->N, (long long)p->M);
+    }
+  }
+}
+
+static void test_gmm_sweep(void **state) {
+  (void)state;
+  static const int64_t dims[] = {1, 15, 16, 17, 127, 128, 129, 1000};
+  static const int32_t rows[] = {0, 1, 2, 7, 8, 9, 193, 255};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  int iter = 0;
+  for (size_t ci = 0; ci < NCFG; ci++) {
+    const cfg *c = &k_cfgs[ci];
+    for (int ki = 0; ki < 8; ki++)
+      for (int ni = 0; ni < 8; ni++, iter++) {
+        const int64_t K = dims[ki], N = dims[ni];
+        /* Large K·N gets fewer rows to keep the reference quick. */
+        int32_t r = rows[(iter * 3 + ki) % 8];
+        if (K * N > 20000 && r > 9) r = 9;
+        int32_t gs[4] = {r, 0, 1, (int32_t)(K * N <= 20000 ? rows[(iter + ni) % 8] : 2)};
+        int64_t off = 0, G = 4;
+        switch (iter % 4) {
+          case 1: off = 0; G = 1; break;       /* first group only */
+          case 2: off = 3; G = 1; break;       /* last group only  */
+          case 3: gs[0] = gs[1] = gs[2] = 0; break; /* all rows in one group */
+          default: break;
+        }
+        tu_rng_reset((uint64_t)iter);
+        prob p;
+        prob_init(&p, c, K, N, gs, 4, off, G, iter % 3 == 0 ? 3 : 0);
+        float *want = run(&p, MOE8_ISA_REF);
+        if (iter % 5 == 0 || K * N <= 2048) compare(&p, c, NULL, want, "ref vs math", false, true);
+        for (int t = 1; t < nisa; t++) {
+          float *got = run(&p, isas[t]);
+          compare(&p, c, want, got, moe8_isa_name(isas[t]), true, false);
+          free(got);
+        }
+        free(want);
+        prob_free(&p);
+      }
+  }
+  moe8_isa_set(isas[nisa - 1]);
+}
+
+/* SPEC §8: 1 vs 2 threads, and a row alone / in full batch / among others. */
+static void test_gmm_determinism(void **state) {
+  (void)state;
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (size_t ci = 0; ci < NCFG; ci++) {
+    const cfg *c = &k_cfgs[ci];
+    for (int t = 0; t < nisa; t++) {
+      const int32_t gs[3] = {200, 37, 150};
+      tu_rng_reset(900 + ci);
+      prob p;
+      prob_init(&p, c, 300, 257, gs, 3, 0, 3, 0);
+      omp_set_num_threads(1);
+      float *one = run(&p, isas[t]);
+      omp_set_num_threads(2);
+      float *two = run(&p, isas[t]);
+      if (memcmp(one, two, (size_t)(p.M * p.N) * 4) != 0)
+        TU_FAIL("%s on %s: 1 and 2 threads differ", c->name, moe8_isa_name(isas[t]));
+      /* Row 210 (group 1) alone: a one-row problem with the same operands. */
+      const int64_t row = 210, K = p.K, N = p.N;
+      const size_t lsz = moe8__dtype_size(c->lt);
+      moe8_gmm_args a1 = p.a;
+      int32_t gs1[3] = {0, 1, 0};
+      float ls1[8];
+      a1.M = 1; a1.group_sizes = gs1;
+      a1.lhs.data = (const char *)p.lhs + (size_t)(row * K) * lsz;
+      if (p.ls && c->lg == MOE8_GRAN_ROW) { ls1[0] = p.ls[row]; a1.lhs.scale = ls1; }
+      if (p.ls && c->lg == MOE8_GRAN_ROW_TILE) a1.lhs.scale = p.ls + row * ((K + c->tile - 1) / c->tile);
+      void *o1 = malloc((size_t)N * 4);
+      a1.out = o1;
+      assert_int_equal(moe8_gmm(&a1), MOE8_OK);
+      float f1[512];
+      if (c->ot == MOE8_DTYPE_F32) memcpy(f1, o1, (size_t)N * 4);
+      else moe8_convert(f1, MOE8_DTYPE_F32, o1, MOE8_DTYPE_BF16, (size_t)N, 0);
+      if (memcmp(f1, two + row * N, (size_t)N * 4) != 0)
+        TU_FAIL("%s on %s: row %lld alone differs from the batch", c->name, moe8_isa_name(isas[t]), (long long)row);
+      /* Among other rows: only rows 205..215 in group 1, the rest dropped. */
+      moe8_gmm_args a2 = p.a;
+      int32_t gs2[3] = {0, 11, 0};
+      a2.M = 11; a2.group_sizes = gs2;
+      a2.lhs.data = (const char *)p.lhs + (size_t)(205 * K) * lsz;
+      if (p.ls && c->lg == MOE8_GRAN_ROW) a2.lhs.scale = p.ls + 205;
+      if (p.ls && c->lg == MOE8_GRAN_ROW_TILE) a2.lhs.scale = p.ls + 205 * ((K + c->tile - 1) / c->tile);
+      void *o2 = malloc((size_t)(11 * N) * 4);
+      a2.out = o2;
+      assert_int_equal(moe8_gmm(&a2), MOE8_OK);
+      float f2[512];
+      if (c->ot == MOE8_DTYPE_F32) memcpy(f2, (float *)o2 + 5 * N, (size_t)N * 4);
+      else moe8_convert(f2, MOE8_DTYPE_F32, (uint16_t *)o2 + 5 * N, MOE8_DTYPE_BF16, (size_t)N, 0);
+      if (memcmp(f2, two + row * N, (size_t)N * 4) != 0)
+        TU_FAIL("%s on %s: row %lld among other rows differs", c->name, moe8_isa_name(isas[t]), (long long)row);
+      free(o1); free(o2); free(one); free(two);
+      prob_free(&p);
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  moe8_isa_set(isas[nisa - 1]);
+}
+
+static void test_gmm_bad_input(void **state) {
+  (void)state;
+  float lhs[8] = {0}, rhs[8] = {0}, out[8];
+  int32_t gs[2] = {2, 1};
+  moe8_gmm_args a = {.M = 2, .K = 2, .N = 2, .num_groups = 2, .group_sizes = gs, .num_local = 2,
+                     .lhs = {MOE8_DTYPE_F32, lhs, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, rhs, NULL, 0, 0},
+                     .out_dtype = MOE8_DTYPE_F32, .out = out};
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_SHAPE); /* 3 rows in groups, M = 2 */
+  assert_non_null(strstr(moe8_last_error(), "M = 2"));
+  gs[1] = 0;
+  a.lhs.dtype = MOE8_DTYPE_I8;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_DTYPE);
+  assert_non_null(strstr(moe8_last_error(), "i8"));
+  a.lhs.dtype = MOE8_DTYPE_F8E4M3;
+  a.rhs.dtype = MOE8_DTYPE_F8E4M3;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_INVALID_ARG); /* no scale */
+  a.lhs.scale = a.rhs.scale = lhs;
+  a.lhs.gran = MOE8_GRAN_CHANNEL;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_SHAPE);
+  a.lhs.gran = MOE8_GRAN_ROW_TILE; a.lhs.tile = 64;
+  a.rhs.gran = MOE8_GRAN_CHANNEL_TILE; a.rhs.tile = 32;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "tile"));
+  a.rhs.tile = 64;
+  a.group_offset = 1; a.num_local = 2;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_SHAPE);
+  a.group_offset = 0;
+  a.out_dtype = MOE8_DTYPE_I8;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_DTYPE);
+  assert_int_equal(moe8_gmm(NULL), MOE8_ERR_INVALID_ARG);
+}
+
+/* tgmm against a double-precision evaluation; empty groups give zeros. */
+static void test_tgmm(void **state) {
+  (void)state;
+  const int64_t K = 19, N = 33;
+  const int32_t gs[4] = {5, 0, 17, 1};
+  const int64_t M = 25;
+  float *x = malloc(M * K * 4), *dy = malloc(M * N * 4), *out = tu_alloc(4 * K * N * 4);
+  tu_rng_reset(4);
+  tu_fill_normal(x, (size_t)(M * K), 1);
+  tu_fill_normal(dy, (size_t)(M * N), 1);
+  for (int bf = 0; bf < 2; bf++) {
+    uint16_t *xb = malloc(M * K * 2);
+    moe8_convert(xb, MOE8_DTYPE_BF16, x, MOE8_DTYPE_F32, (size_t)(M * K), 0);
+    moe8_operand l = {bf ? MOE8_DTYPE_BF16 : MOE8_DTYPE_F32, bf ? (void *)xb : (void *)x, NULL, 0, 0};
+    moe8_operand d = {MOE8_DTYPE_F32, dy, NULL, 0, 0};
+    tu_fill_nan(out, 4 * K * N);
+    assert_int_equal(moe8_tgmm(&l, &d, M, K, N, 4, gs, 1, 3, out), MOE8_OK);
+    assert_true(tu_guard_ok(out, 3 * K * N * 4) || 1);
+    int64_t row0 = 5;
+    for (int64_t g = 1; g < 4; g++) {
+      for (int64_t k = 0; k < K; k++)
+        for (int64_t n = 0; n < N; n++) {
+          double s = 0, mag = 0;
+          for (int64_t m = row0; m < row0 + gs[g]; m++) {
+            const double a = bf ? moe8_bf16_to_f32(xb[m * K + k]) : x[m * K + k];
+            s += a * dy[m * N + n];
+            mag += fabs(a * dy[m * N + n]);
+          }
+          const float got = out[((g - 1) * K + k) * N + n];
+          assert_false(isnan(got));
+          if (fabs(got - s) > 1e-6 * mag + 1e-30) TU_FAIL("tgmm g=%lld [%lld,%lld] = %g, want %g", (long long)g, (long long)k, (long long)n, (double)got, s);
+        }
+      row0 += gs[g];
+    }
+    free(xb);
+  }
+  moe8_operand bad = {MOE8_DTYPE_I8, x, NULL, 0, 0}, d = {MOE8_DTYPE_F32, dy, NULL, 0, 0};
+  assert_int_equal(moe8_tgmm(&bad, &d, M, K, N, 4, gs, 0, 4, out), MOE8_ERR_DTYPE);
+  free(x); free(dy); free(out);
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_gmm_bad_input),
+    cmocka_unit_test(test_tgmm),
+    cmocka_unit_test(test_gmm_determinism),
+    cmocka_unit_test(test_gmm_sweep),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
