@@ -1,1 +1,217 @@
-int main(void){return 0;}
+/*
+** test_moe_ops.c — SPEC §4.1, 4.2, 4.5: router, dispatch sort, gathers and
+** combine, with the MoE edges: an expert with no tokens, all tokens on one
+** expert, T = 0, T = 1, k = 1 and k = E.
+*/
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+static void test_router_ties_and_options(void **state) {
+  (void)state;
+  /* Equal logits: softmax ties, lower index wins. */
+  float logits[2 * 4] = {1, 1, 1, 1, 0, 3, 3, 1};
+  int32_t ids[8];
+  float w[8], sc[8];
+  moe8_router_config cfg = {.num_experts = 4, .top_k = 2};
+  assert_int_equal(moe8_route(&cfg, logits, 2, sc, ids, w), MOE8_OK);
+  assert_int_equal(ids[0], 0); assert_int_equal(ids[1], 1);
+  assert_int_equal(ids[2], 1); assert_int_equal(ids[3], 2);
+  assert_true(fabsf(w[0] - 0.25f) < 1e-7f);
+  float s = 0;
+  for (int e = 0; e < 4; e++) s += sc[4 + e];
+  assert_true(fabsf(s - 1.0f) < 1e-6f);
+  /* Renormalization and scaling factor. */
+  cfg.norm_topk_prob = true;
+  cfg.routed_scaling_factor = 2.5f;
+  assert_int_equal(moe8_route(&cfg, logits, 2, NULL, ids, w), MOE8_OK);
+  assert_true(fabsf(w[0] + w[1] - 2.5f) < 1e-6f);
+  assert_true(fabsf(w[2] - 1.25f) < 1e-6f);
+  /* Sigmoid with a selection bias: the bias picks, the weight ignores it. */
+  float bias[4] = {0, 0, 0, 10};
+  moe8_router_config sg = {.num_experts = 4, .top_k = 1, .score = MOE8_SCORE_SIGMOID, .selection_bias = bias};
+  assert_int_equal(moe8_route(&sg, logits, 2, NULL, ids, w), MOE8_OK);
+  assert_int_equal(ids[0], 3);
+  assert_true(w[0] == 1.0f / (1.0f + expf(-1.0f)));
+  assert_int_equal(ids[1], 3);
+  /* k = E selects every expert once, in decreasing score. */
+  moe8_router_config all = {.num_experts = 4, .top_k = 4, .norm_topk_prob = true};
+  assert_int_equal(moe8_route(&all, logits, 2, NULL, ids, w), MOE8_OK);
+  int seen = 0;
+  for (int j = 0; j < 4; j++) seen |= 1 << ids[4 + j];
+  assert_int_equal(seen, 15);
+  assert_int_equal(ids[4], 1); assert_int_equal(ids[5], 2); assert_int_equal(ids[6], 3); assert_int_equal(ids[7], 0);
+  /* T = 0 is fine; bad configs are errors naming the value. */
+  assert_int_equal(moe8_route(&cfg, NULL, 0, NULL, NULL, NULL), MOE8_OK);
+  moe8_router_config bad = {.num_experts = 4, .top_k = 5};
+  assert_int_equal(moe8_route(&bad, logits, 2, NULL, ids, w), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "top_k 5"));
+  bad.top_k = 0;
+  assert_int_equal(moe8_route(&bad, logits, 2, NULL, ids, w), MOE8_ERR_SHAPE);
+  logits[3] = NAN;
+  assert_int_equal(moe8_route(&cfg, logits, 2, NULL, ids, w), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "1 non-finite"));
+}
+
+static void test_router_logits(void **state) {
+  (void)state;
+  const int64_t T = 5, D = 37, E = 6;
+  float x[5 * 37], wr[37 * 6], l[30], l1[6];
+  tu_rng_reset(8);
+  tu_fill_normal(x, T * D, 1);
+  tu_fill_normal(wr, D * E, 1);
+  assert_int_equal(moe8_router_logits(x, wr, T, D, E, l), MOE8_OK);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t e = 0; e < E; e++) {
+      double s = 0;
+      for (int64_t d = 0; d < D; d++) s += (double)x[t * D + d] * wr[d * E + e];
+      assert_true(fabs(l[t * E + e] - s) < 1e-5);
+    }
+  /* Batch invariance: token 3 alone gives the same bytes. */
+  assert_int_equal(moe8_router_logits(x + 3 * D, wr, 1, D, E, l1), MOE8_OK);
+  assert_memory_equal(l1, l + 3 * E, E * 4);
+}
+
+static void test_dispatch_sort(void **state) {
+  (void)state;
+  /* T = 4, k = 2, E = 4; expert 2 gets nothing. */
+  const int32_t ids[8] = {3, 0, 0, 1, 3, 0, 1, 3};
+  int32_t tok[8], slot[8], gsz[4], pos[8];
+  int64_t offs[5];
+  moe8_dispatch d = {tok, slot, gsz, offs, pos, 0};
+  assert_int_equal(moe8_dispatch_sort(ids, 4, 2, 4, 0.0f, &d), MOE8_OK);
+  const int32_t want_gs[4] = {3, 2, 0, 3};
+  assert_memory_equal(gsz, want_gs, sizeof want_gs);
+  assert_int_equal(d.num_rows, 8);
+  /* Stable: expert 0 rows are assignments 1, 2, 5 in that order. */
+  const int32_t want_tok[8] = {0, 1, 2, 1, 3, 0, 2, 3};
+  const int32_t want_slot[8] = {1, 0, 1, 1, 0, 0, 0, 1};
+  assert_memory_equal(tok, want_tok, sizeof want_tok);
+  assert_memory_equal(slot, want_slot, sizeof want_slot);
+  for (int a = 0; a < 8; a++) {
+    assert_int_equal(tok[pos[a]], a / 2);
+    assert_int_equal(slot[pos[a]], a % 2);
+  }
+  assert_int_equal(offs[4], 8);
+  /* Capacity 1.0: cap = ceil(8/4) = 2 per expert; the third of expert 0 and 3 drop. */
+  assert_int_equal(moe8_dispatch_sort(ids, 4, 2, 4, 1.0f, &d), MOE8_OK);
+  assert_int_equal(d.num_rows, 6);
+  assert_int_equal(pos[5], -1); /* third assignment to expert 0 */
+  assert_int_equal(pos[7], -1); /* third assignment to expert 3 */
+  assert_true(pos[0] >= 0 && pos[1] >= 0);
+  /* All tokens on one expert; T = 1; T = 0. */
+  const int32_t one[6] = {2, 2, 2, 2, 2, 2};
+  assert_int_equal(moe8_dispatch_sort(one, 6, 1, 4, 0.0f, &d), MOE8_OK);
+  assert_int_equal(gsz[2], 6);
+  assert_int_equal(offs[2], 0);
+  assert_int_equal(offs[3], 6);
+  assert_int_equal(moe8_dispatch_sort(one, 1, 1, 4, 0.0f, &d), MOE8_OK);
+  assert_int_equal(d.num_rows, 1);
+  assert_int_equal(moe8_dispatch_sort(NULL, 0, 2, 4, 0.0f, &d), MOE8_OK);
+  assert_int_equal(d.num_rows, 0);
+  /* An id out of range names the assignment. */
+  const int32_t badids[2] = {1, 7};
+  assert_int_equal(moe8_dispatch_sort(badids, 1, 2, 4, 0.0f, &d), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "expert_ids[1]"));
+  /* A random large case: stability and inverse map. */
+  enum { T = 1000, K = 3, E = 16 };
+  int32_t *r = malloc(T * K * 4), *t2 = malloc(T * K * 4), *s2 = malloc(T * K * 4), *p2 = malloc(T * K * 4);
+  int32_t g2[E];
+  int64_t o2[E + 1];
+  tu_rng_reset(12);
+  for (int a = 0; a < T * K; a++) r[a] = (int32_t)(tu_u64() % E);
+  moe8_dispatch d2 = {t2, s2, g2, o2, p2, 0};
+  assert_int_equal(moe8_dispatch_sort(r, T, K, E, 0.0f, &d2), MOE8_OK);
+  for (int e = 0; e < E; e++)
+    for (int64_t p = o2[e]; p < o2[e + 1]; p++) {
+      const int a = t2[p] * K + s2[p];
+      assert_int_equal(r[a], e);
+      assert_int_equal(p2[a], p);
+      if (p > o2[e]) assert_true(t2[p - 1] * K + s2[p - 1] < a); /* stable */
+    }
+  free(r); free(t2); free(s2); free(p2);
+}
+
+static void test_gather_scale_rule(void **state) {
+  (void)state;
+  enum { T = 6, K = 10 };
+  uint8_t q[T * K], gq[4 * K];
+  float s_row[T], s_tile[T * 3], s_tensor[1] = {0.5f}, s_chan[K], gs[4 * K];
+  for (int i = 0; i < T * K; i++) q[i] = (uint8_t)i;
+  for (int i = 0; i < T; i++) s_row[i] = (float)i;
+  for (int i = 0; i < T * 3; i++) s_tile[i] = (float)(100 + i);
+  for (int i = 0; i < K; i++) s_chan[i] = (float)(200 + i);
+  const int32_t idx[4] = {5, 0, 5, 2};
+  bool gathered;
+  /* per-token */
+  assert_int_equal(moe8_gather_qrows(gq, gs, &gathered, q, s_row, T, K, T, 1, idx, 4), MOE8_OK);
+  assert_true(gathered);
+  for (int p = 0; p < 4; p++) {
+    assert_memory_equal(gq + p * K, q + idx[p] * K, K);
+    assert_true(gs[p] == s_row[idx[p]]);
+  }
+  /* per-token tiled */
+  assert_int_equal(moe8_gather_qrows(gq, gs, &gathered, q, s_tile, T, K, T, 3, idx, 4), MOE8_OK);
+  assert_true(gathered);
+  for (int p = 0; p < 4; p++) assert_memory_equal(gs + p * 3, s_tile + idx[p] * 3, 12);
+  /* per-tensor passes through */
+  assert_int_equal(moe8_gather_qrows(gq, gs, &gathered, q, s_tensor, T, K, 1, 1, idx, 4), MOE8_OK);
+  assert_false(gathered);
+  assert_true(gs[0] == 0.5f);
+  /* per-channel passes through */
+  assert_int_equal(moe8_gather_qrows(gq, gs, &gathered, q, s_chan, T, K, 1, K, idx, 4), MOE8_OK);
+  assert_false(gathered);
+  assert_memory_equal(gs, s_chan, K * 4);
+  /* anything else is an error, not a crash */
+  assert_int_equal(moe8_gather_qrows(gq, gs, &gathered, q, s_tile, T, K, 3, 3, idx, 4), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "scale shape [3, 3]"));
+  const int32_t bad[1] = {6};
+  assert_int_equal(moe8_gather_rows(gq, q, K, bad, 1, T), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "index[0] = 6"));
+}
+
+static void test_combine(void **state) {
+  (void)state;
+  enum { T = 7, K = 3, D = 33, R = 21 };
+  float y[R * D], w[T * K], out[T * D], out1[T * D], out2[D];
+  int32_t pos[T * K];
+  tu_rng_reset(21);
+  tu_fill_normal(y, R * D, 1);
+  tu_fill_normal(w, T * K, 1);
+  for (int a = 0; a < T * K; a++) pos[a] = (int32_t)((a * 5) % R);
+  pos[4] = -1; /* a dropped slot */
+  omp_set_num_threads(2);
+  assert_int_equal(moe8_combine(y, R, pos, w, T, K, D, out), MOE8_OK);
+  for (int t = 0; t < T; t++)
+    for (int d = 0; d < D; d++) {
+      float s = 0.0f; /* slot order j = 0, 1, 2 */
+      for (int j = 0; j < K; j++)
+        if (pos[t * K + j] >= 0) s += w[t * K + j] * y[pos[t * K + j] * D + d];
+      assert_true(out[t * D + d] == s);
+    }
+  /* 1 thread, and T = 1 with more threads than rows: identical bytes. */
+  omp_set_num_threads(1);
+  assert_int_equal(moe8_combine(y, R, pos, w, T, K, D, out1), MOE8_OK);
+  assert_memory_equal(out, out1, sizeof out);
+  omp_set_num_threads(2);
+  assert_int_equal(moe8_combine(y, R, pos + 3 * K, w + 3 * K, 1, K, D, out2), MOE8_OK);
+  assert_memory_equal(out2, out + 3 * D, D * 4);
+  assert_int_equal(moe8_combine(y, R, pos, w, 0, K, D, out), MOE8_OK);
+  pos[0] = R;
+  assert_int_equal(moe8_combine(y, R, pos, w, T, K, D, out), MOE8_ERR_SHAPE);
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_router_ties_and_options),
+    cmocka_unit_test(test_router_logits),
+    cmocka_unit_test(test_dispatch_sort),
+    cmocka_unit_test(test_gather_scale_rule),
+    cmocka_unit_test(test_combine),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
