@@ -5,16 +5,26 @@
 **                      in GB/s, against the machine's measured memory read
 **                      bandwidth (one pass of glibc memchr over 512 MiB, a
 **                      pure streaming read), for 1 and 2 threads.
+**   moe8 bench gmm     the grouped matmul x[T·k, D] · Wg[E, D, F] per dtype
+**                      (f32, bf16, f8e4m3 1x128/128-tile, i8 1x128/128-tile)
+**                      at a prefill and a decode shape, 1 and 2 threads, in
+**                      GFLOP/s, % of the measured peak, and against a
+**                      per-expert OpenBLAS cblas_sgemm loop when present.
 **
 ** Each figure is the min and median of several runs over buffers larger
 ** than the caches.
 */
 #include "cli.h"
+#include "peak.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef MOE8_HAVE_OPENBLAS
+#include <cblas.h>
 #endif
 
 static int cmp_double(const void *a, const void *b) {
@@ -91,14 +101,177 @@ static int bench_quant(void) {
   return EXIT_OK;
 }
 
+
+/* ---- moe8 bench gmm ------------------------------------------------------ */
+typedef struct gmm_case {
+  const char *name;
+  moe8_dtype  t;
+  peak_kind   peak;
+} gmm_case;
+
+static uint64_t g_rng = 88172645463325252ULL;
+static uint64_t rnd(void) { g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17; return g_rng; }
+
+/* Expert group sizes for T tokens routed top-k to E experts uniformly. */
+static void route_sizes(int64_t T, int64_t k, int64_t E, int32_t *gs) {
+  for (int64_t e = 0; e < E; e++) gs[e] = 0;
+  for (int64_t t = 0; t < T; t++) {
+    uint64_t used = 0;
+    for (int64_t j = 0; j < k; j++) {
+      int64_t e;
+      do e = (int64_t)(rnd() % (uint64_t)E); while (used >> e & 1);
+      used |= 1ull << e;
+      gs[e]++;
+    }
+  }
+}
+
+static void fill_rand(float *x, size_t n, float scale) {
+  for (size_t i = 0; i < n; i++) x[i] = ((float)(rnd() >> 40) * 0x1p-24f - 0.5f) * scale;
+}
+
+/* Operands of one dtype made from f32 data; nrot copies of the weights. */
+typedef struct gmm_ops {
+  void  *lhs, *rhs[4];
+  float *ls, *rs[4];
+  moe8_operand l, r;
+} gmm_ops;
+
+static moe8_status make_ops(gmm_ops *o, moe8_dtype t, const float *x, const float *w, int64_t M, int64_t D, int64_t E,
+                            int64_t F, int nrot) {
+  memset(o, 0, sizeof *o);
+  const size_t es = t == MOE8_DTYPE_F32 ? 4 : t == MOE8_DTYPE_BF16 ? 2 : 1;
+  const bool q = t != MOE8_DTYPE_F32 && t != MOE8_DTYPE_BF16;
+  const moe8_quant_spec ls = {.qtype = t, .gran = MOE8_GRAN_ROW_TILE, .tile = 128, .clip = 1.0f};
+  const moe8_quant_spec ws = {.qtype = t, .gran = MOE8_GRAN_CHANNEL_TILE, .tile = 128, .clip = 1.0f};
+  o->lhs = malloc((size_t)(M * D) * es + 64);
+  if (!o->lhs) return MOE8_ERR_NOMEM;
+  moe8_status st = q ? (o->ls = malloc(sizeof(float) * (size_t)(M * (D / 128 + 1))),
+                        moe8_quantize(&ls, x, 1, M, D, o->lhs, o->ls, NULL))
+                     : moe8_convert(o->lhs, t, x, MOE8_DTYPE_F32, (size_t)(M * D), 0);
+  for (int r = 0; r < nrot && st == MOE8_OK; r++) {
+    o->rhs[r] = malloc((size_t)(E * D * F) * es + 64);
+    if (!o->rhs[r]) return MOE8_ERR_NOMEM;
+    if (q) {
+      o->rs[r] = malloc(sizeof(float) * (size_t)(E * (D / 128 + 1) * F));
+      st = moe8_quantize(&ws, w, E, D, F, o->rhs[r], o->rs[r], NULL);
+    } else {
+      st = moe8_convert(o->rhs[r], t, w, MOE8_DTYPE_F32, (size_t)(E * D * F), 0);
+    }
+  }
+  o->l = (moe8_operand){t, o->lhs, o->ls, q ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_TENSOR, q ? 128 : 0};
+  o->r = (moe8_operand){t, NULL, NULL, q ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_TENSOR, q ? 128 : 0};
+  return st;
+}
+
+static void free_ops(gmm_ops *o) {
+  free(o->lhs); free(o->ls);
+  for (int r = 0; r < 4; r++) { free(o->rhs[r]); free(o->rs[r]); }
+}
+
+static int bench_gmm(void) {
+  const int64_t E = 8, k = 2, D = 2048, F = 1408;
+  const int64_t Ts[2] = {2048, 4};
+  const int nth = max_threads() < 2 ? 1 : 2;
+  const double bw = read_bandwidth();
+  const bool avx = moe8_isa_supported(MOE8_ISA_AVX512_VNNI);
+  double pk[3] = {0, 0, 0};
+  if (avx) { pk[0] = peak_gops(PEAK_F32_FMA); pk[1] = peak_gops(PEAK_BF16_DP); pk[2] = peak_gops(PEAK_I8_DP); }
+  printf("moe8 bench gmm: kernels %s\n", moe8_isa_name(moe8_isa_active()));
+  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; "
+         "memory read %.1f GB/s\n", pk[0], pk[1], pk[2], bw);
+  printf("(%% of peak uses peak x threads; OPENBLAS_CORETYPE=%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
+  const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA}, {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP},
+                            {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP}, {"i8", MOE8_DTYPE_I8, PEAK_I8_DP}};
+  for (int si = 0; si < 2; si++) {
+    const int64_t T = Ts[si], M = T * k;
+    int32_t gs[8];
+    route_sizes(T, k, E, gs);
+    float *x = malloc(sizeof(float) * (size_t)(M * D)), *w = malloc(sizeof(float) * (size_t)(E * D * F));
+    float *out = malloc(sizeof(float) * (size_t)(M * F));
+    if (!x || !w || !out) { fprintf(stderr, "moe8 bench: out of memory\n"); return EXIT_FAIL; }
+    fill_rand(x, (size_t)(M * D), 4.0f);
+    fill_rand(w, (size_t)(E * D * F), 0.1f);
+    const double flop = 2.0 * (double)M * (double)D * (double)F;
+    const int runs = si == 0 ? 5 : 40, nrot = si == 0 ? 1 : 4;
+    printf("\n%s: T=%lld top_k=%lld E=%lld D=%lld F=%lld -> x[%lld, %lld] . Wg[%lld, %lld, %lld], %.2f GFLOP%s\n",
+           si == 0 ? "prefill" : "decode", (long long)T, (long long)k, (long long)E, (long long)D, (long long)F,
+           (long long)M, (long long)D, (long long)E, (long long)D, (long long)F, flop / 1e9,
+           si ? ", weights rotated over 4 copies (read from memory)" : "");
+    printf("%-8s %3s %10s %10s %10s %9s %11s %9s\n", "dtype", "thr", "min ms", "median ms", "GFLOP/s", "% peak",
+           si ? "weight GB/s" : "", si ? "% mem bw" : "vs BLAS");
+    for (int th = 1; th <= nth; th++) {
+      set_threads(th);
+      double blas_best = 0;
+#ifdef MOE8_HAVE_OPENBLAS
+      {
+        openblas_set_num_threads(th);
+        double t[64];
+        for (int r = 0; r < runs; r++) {
+          const double t0 = cli_now();
+          int64_t row = 0;
+          for (int64_t e = 0; e < E; e++) {
+            if (gs[e])
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, gs[e], (int)F, (int)D, 1.0f, x + row * D, (int)D,
+                          w + e * D * F, (int)F, 0.0f, out + row * F, (int)F);
+            row += gs[e];
+          }
+          t[r] = cli_now() - t0;
+        }
+        qsort(t, (size_t)runs, sizeof t[0], cmp_double);
+        blas_best = t[0];
+        printf("%-8s %3d %10.2f %10.2f %10.1f %8.0f%% %11s %9s\n", "OpenBLAS", th, t[0] * 1e3, t[runs / 2] * 1e3,
+               flop / t[0] / 1e9, avx ? 100.0 * flop / t[0] / 1e9 / (pk[0] * th) : 0.0, "", "1.00x");
+      }
+#endif
+      for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        gmm_ops o;
+        moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, nrot);
+        if (st != MOE8_OK) return cli_report(st, "bench gmm");
+        moe8_gmm_args a = {.M = M, .K = D, .N = F, .num_groups = E, .group_sizes = gs, .num_local = E,
+                           .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out};
+        double t[64];
+        for (int r = 0; r < runs; r++) {
+          a.rhs.data = o.rhs[r % nrot];
+          a.rhs.scale = o.rs[r % nrot];
+          const double t0 = cli_now();
+          st = moe8_gmm(&a);
+          t[r] = cli_now() - t0;
+          if (st != MOE8_OK) return cli_report(st, "bench gmm");
+        }
+        qsort(t, (size_t)runs, sizeof t[0], cmp_double);
+        const double gf = flop / t[0] / 1e9;
+        const double pct = avx ? 100.0 * gf / (pk[cases[ci].peak] * th) : 0.0;
+        char extra[2][32] = {"", ""};
+        if (si) {
+          const double wbytes = (double)(E * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
+          snprintf(extra[0], 32, "%.1f", wbytes / t[0] / 1e9);
+          snprintf(extra[1], 32, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / bw);
+        } else if (blas_best > 0) {
+          snprintf(extra[1], 32, "%.2fx", blas_best / t[0]);
+        }
+        printf("%-8s %3d %10.2f %10.2f %10.1f %8.0f%% %11s %9s\n", cases[ci].name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf,
+               pct, extra[0], extra[1]);
+        free_ops(&o);
+      }
+    }
+    free(x); free(w); free(out);
+  }
+  set_threads(max_threads());
+  return EXIT_OK;
+}
+
 int cmd_bench(int argc, char **argv) {
   if (argc < 2 || cli_is_help(argv[1])) {
-    printf("usage: moe8 bench quant\n\n"
+    printf("usage: moe8 bench quant|gmm\n\n"
            "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB, as GB/s and\n"
-           "          percent of the measured memory read bandwidth, 1 and 2 threads\n");
+           "          percent of the measured memory read bandwidth, 1 and 2 threads\n"
+           "  gmm     grouped matmul per dtype at prefill (T=2048) and decode (T=4) shapes,\n"
+           "          E=8 top_k=2 D=2048 F=1408: GFLOP/s, %% of measured peak, vs OpenBLAS\n");
     return argc < 2 ? EXIT_USAGE : EXIT_OK;
   }
   if (strcmp(argv[1], "quant") == 0) return bench_quant();
+  if (strcmp(argv[1], "gmm") == 0) return bench_gmm();
   fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[1]);
   return EXIT_USAGE;
 }
