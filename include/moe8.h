@@ -346,8 +346,10 @@ moe8_status moe8_gmm(const moe8_gmm_args *args);
 
 /* Transposed grouped matmul for weight gradients: for each local group g,
 ** out[g - group_offset] = lhs_gᵀ · dy_g, with lhs [M, K], dy [M, N] (f32
-** or bf16, no scales), out [num_local, K, N] f32, each element summed over
-** the group's rows in order.  Groups with no rows give zeros. */
+** or bf16, no scales), out [num_local, K, N] f32.  It runs the gmm
+** kernels with the group's rows as the contraction axis, so its sums have
+** the gmm's fixed order and do not depend on threads.  Groups with no rows
+** give zeros. */
 moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M, int64_t K,
                       int64_t N, int64_t num_groups, const int32_t *group_sizes,
                       int64_t group_offset, int64_t num_local, float *out);

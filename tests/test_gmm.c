@@ -330,7 +330,8 @@ static void test_tgmm(void **state) {
     moe8_operand d = {MOE8_DTYPE_F32, dy, NULL, 0, 0};
     tu_fill_nan(out, 4 * K * N);
     assert_int_equal(moe8_tgmm(&l, &d, M, K, N, 4, gs, 1, 3, out), MOE8_OK);
-    assert_true(tu_guard_ok(out, 3 * K * N * 4) || 1);
+    assert_true(tu_guard_ok(out, 4 * K * N * 4));
+    for (int64_t i = 3 * K * N; i < 4 * K * N; i++) assert_true(isnan(out[i])); /* past 3 local groups: untouched */
     int64_t row0 = 5;
     for (int64_t g = 1; g < 4; g++) {
       for (int64_t k = 0; k < K; k++)
@@ -349,6 +350,21 @@ static void test_tgmm(void **state) {
     }
     free(xb);
   }
+  /* Every ISA, 1 and 2 threads: bitwise equal across threads. */
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  float *o1 = malloc(4 * K * N * 4), *o2 = malloc(4 * K * N * 4);
+  moe8_operand l = {MOE8_DTYPE_F32, x, NULL, 0, 0}, dd = {MOE8_DTYPE_F32, dy, NULL, 0, 0};
+  for (int t = 0; t < nisa; t++) {
+    moe8_isa_set(isas[t]);
+    omp_set_num_threads(1);
+    assert_int_equal(moe8_tgmm(&l, &dd, M, K, N, 4, gs, 0, 4, o1), MOE8_OK);
+    omp_set_num_threads(2);
+    assert_int_equal(moe8_tgmm(&l, &dd, M, K, N, 4, gs, 0, 4, o2), MOE8_OK);
+    assert_memory_equal(o1, o2, (size_t)(4 * K * N) * 4);
+  }
+  moe8_isa_set(isas[nisa - 1]);
+  free(o1); free(o2);
   moe8_operand bad = {MOE8_DTYPE_I8, x, NULL, 0, 0}, d = {MOE8_DTYPE_F32, dy, NULL, 0, 0};
   assert_int_equal(moe8_tgmm(&bad, &d, M, K, N, 4, gs, 0, 4, out), MOE8_ERR_DTYPE);
   free(x); free(dy); free(out);

@@ -7,8 +7,8 @@
 ** so every output element is computed by one kernel call in one order: the
 ** result does not depend on threads or on the other rows of the call.
 **
-** moe8_tgmm: dW[g] = lhs_gᵀ · dy_g, parallel over (group, K rows); each
-** element sums the group's rows in increasing order.
+** moe8_tgmm: dW[g] = lhs_gᵀ · dy_g as a one-group gmm over the transposed
+** rows of the group, so it runs on the same per-ISA kernels.
 */
 #include "gmm.h"
 
@@ -162,10 +162,6 @@ moe8_status moe8_gmm(const moe8_gmm_args *a) {
   return MOE8_OK;
 }
 
-static inline float ld(const moe8_operand *o, int64_t i) {
-  return o->dtype == MOE8_DTYPE_F32 ? ((const float *)o->data)[i] : moe8_bf16_to_f32(((const uint16_t *)o->data)[i]);
-}
-
 moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M, int64_t K, int64_t N,
                       int64_t E, const int32_t *group_sizes, int64_t off, int64_t G, float *out) {
   if (!lhs || !dy) return moe8__fail(MOE8_ERR_INVALID_ARG, "tgmm: NULL operand");
@@ -177,36 +173,45 @@ moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M
     if ((o->dtype != MOE8_DTYPE_F32 && o->dtype != MOE8_DTYPE_BF16) || o->scale)
       return moe8__fail(MOE8_ERR_DTYPE, "tgmm: %s must be f32 or bf16 without scale, not %s", i ? "dy" : "lhs", dn(o->dtype));
   }
-  int64_t total = 0;
+  if (E > 0 && !group_sizes) return moe8__fail(MOE8_ERR_INVALID_ARG, "tgmm: NULL group_sizes");
+  int64_t total = 0, lo = 0;
   for (int64_t g = 0; g < E; g++) {
     if (group_sizes[g] < 0) return moe8__fail(MOE8_ERR_SHAPE, "tgmm: group_sizes[%lld] is negative", (long long)g);
     total += group_sizes[g];
+    if (g < off) lo += group_sizes[g];
   }
   if (total > M) return moe8__fail(MOE8_ERR_SHAPE, "tgmm: group sizes add up to %lld rows but M = %lld", (long long)total, (long long)M);
   if (G * K * N > 0 && !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "tgmm: NULL out");
-  int64_t lo = 0;
-  for (int64_t g = 0; g < off; g++) lo += group_sizes[g];
-  int64_t *start = malloc((size_t)(G + 1) * sizeof *start);
-  if (!start) return moe8__fail(MOE8_ERR_NOMEM, "tgmm: out of memory");
-  start[0] = lo;
-  for (int64_t g = 0; g < G; g++) start[g + 1] = start[g] + group_sizes[off + g];
-  #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t g = 0; g < G; g++)
-    for (int64_t k = 0; k < K; k++) {
-      float *o = out + (g * K + k) * N;
-      for (int64_t n = 0; n < N; n++) o[n] = 0.0f;
-      /* rows in increasing order; vectorizes over n. */
-      for (int64_t m = start[g]; m < start[g + 1]; m++) {
-        const float av = ld(lhs, m * K + k);
-        if (dy->dtype == MOE8_DTYPE_F32) {
-          const float *d = (const float *)dy->data + m * N;
-          for (int64_t n = 0; n < N; n++) o[n] += av * d[n];
-        } else {
-          const uint16_t *d = (const uint16_t *)dy->data + m * N;
-          for (int64_t n = 0; n < N; n++) o[n] += av * moe8_bf16_to_f32(d[n]);
-        }
+  /* dW[g] = lhs_gᵀ · dy_g is a one-group gmm whose contraction runs over the
+  ** group's rows: transpose lhs_g to [K, rows] and reuse the gmm kernels.
+  ** Mixed f32/bf16 operands meet in f32 (bf16 -> f32 is exact). */
+  const moe8_dtype ct = lhs->dtype == dy->dtype ? lhs->dtype : MOE8_DTYPE_F32;
+  const size_t cs = moe8__dtype_size(ct);
+  int64_t maxr = 0;
+  for (int64_t g = off; g < off + G; g++) maxr = group_sizes[g] > maxr ? group_sizes[g] : maxr;
+  void *lt = malloc((size_t)(K * maxr) * cs + 64), *dc = NULL;
+  if (ct != dy->dtype) dc = malloc((size_t)(maxr * N) * cs + 64);
+  if (!lt || (ct != dy->dtype && !dc)) { free(lt); free(dc); return moe8__fail(MOE8_ERR_NOMEM, "tgmm: out of memory"); }
+  moe8_status st = MOE8_OK;
+  int64_t row0 = lo;
+  for (int64_t g = off; g < off + G && st == MOE8_OK; g++) {
+    const int64_t r = group_sizes[g];
+    for (int64_t m = 0; m < r; m++)
+      for (int64_t k = 0; k < K; k++) {
+        const int64_t si = (row0 + m) * K + k, di = k * r + m;
+        if (ct == lhs->dtype) memcpy((char *)lt + (size_t)di * cs, (const char *)lhs->data + (size_t)si * cs, cs);
+        else ((float *)lt)[di] = moe8_bf16_to_f32(((const uint16_t *)lhs->data)[si]);
       }
-    }
-  free(start);
-  return MOE8_OK;
+    const void *dyg = (const char *)dy->data + (size_t)(row0 * N) * moe8__dtype_size(dy->dtype);
+    if (dc) { st = moe8_convert(dc, ct, dyg, dy->dtype, (size_t)(r * N), 0); dyg = dc; }
+    const int32_t gsz[1] = {(int32_t)K};
+    const moe8_gmm_args a = {.M = K, .K = r, .N = N, .num_groups = 1, .group_sizes = gsz, .num_local = 1,
+                             .lhs = {ct, lt, NULL, MOE8_GRAN_TENSOR, 0}, .rhs = {ct, dyg, NULL, MOE8_GRAN_TENSOR, 0},
+                             .out_dtype = MOE8_DTYPE_F32, .out = out + (g - off) * K * N};
+    if (st == MOE8_OK) st = moe8_gmm(&a);
+    row0 += r;
+  }
+  free(lt);
+  free(dc);
+  return st;
 }
