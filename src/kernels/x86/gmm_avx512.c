@@ -35,8 +35,7 @@ enum { MT = 192, NT = 128, KC = 256, MR = 8, NR = 32 };
 
 /* ---- conversions of one row to f32 ------------------------------------ */
 static void row_to_f32(float *dst, const void *src, moe8_dtype t, int64_t n) {
-  static const moe8__ktable *k;
-  if (!k) k = moe8__kernels_for(MOE8_ISA_AVX512);
+  const moe8__ktable *k = moe8__kernels_for(MOE8_ISA_AVX512);
   switch (t) {
     case MOE8_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
     case MOE8_DTYPE_BF16: k->cvt_bf16_f32(dst, src, (size_t)n); break;
