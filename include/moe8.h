@@ -245,6 +245,9 @@ moe8_status moe8_isa_set(moe8_isa isa);
 ** Sizes: T tokens, hidden D, E experts, top-k K_top.  An "assignment" is
 ** a = t·K_top + j (token t, slot j).  All index arrays are int32.
 */
+/* Routing keeps per-token scratch on the stack; E is at most this. */
+#define MOE8_MAX_EXPERTS 4096
+
 typedef enum moe8_score_func {
   MOE8_SCORE_SOFTMAX = 0,  /* softmax over all E (default) */
   MOE8_SCORE_SIGMOID
@@ -359,6 +362,125 @@ moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M
 ** nothing.  y is [rows, D] f32; out is [T, D]. */
 moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, const float *weights,
                          int64_t T, int64_t top_k, int64_t D, float *out);
+
+/* ------------------------------------------------------------------------
+** 7. The MoE layer (SPEC §4–6)
+**
+** One object holds the config, the f32 master weights (router Wr[D, E];
+** gate Wg[E, D, F]; up Wu[E, D, F]; down Wd[E, F, D]; selection bias [E])
+** and the quantization rule that matched its module path.  Order of calls:
+** create, write the weights (moe8_layer_weight), then any number of
+**   forward -> backward            (training: weights re-quantized per call)
+** or
+**   prepare -> forward_fused ...   (inference: weights quantized once)
+** Scratch is the caller's: moe8_layer_workspace_size(T) bytes, 64-byte
+** aligned, passed to forward and then, unchanged, to backward, which reads
+** what forward saved there.
+*/
+typedef struct moe8_layer_config {
+  int64_t         num_experts;            /* E                                    */
+  int64_t         top_k;
+  int64_t         hidden;                 /* D                                    */
+  int64_t         ffn;                    /* F: expert FFN width                  */
+  moe8_score_func score;
+  bool            norm_topk_prob;
+  float           routed_scaling_factor;  /* 0 means 1                            */
+  bool            use_selection_bias;     /* the layer holds a bias [E], zeros    */
+  float           capacity_factor;        /* <= 0: dropless                       */
+  float           aux_loss_weight;        /* α of α·E·Σ f_e·P_e; 0: no aux loss   */
+} moe8_layer_config;
+
+typedef enum moe8_weight_id {
+  MOE8_W_ROUTER = 0,  /* [D, E]    */
+  MOE8_W_GATE,        /* [E, D, F] */
+  MOE8_W_UP,          /* [E, D, F] */
+  MOE8_W_DOWN,        /* [E, F, D] */
+  MOE8_W_BIAS,        /* [E]       */
+  MOE8_W_COUNT
+} moe8_weight_id;
+
+typedef struct moe8_layer moe8_layer;
+
+/* rules may be NULL (no quantization); module_path selects the rule (the
+** first match of moe8_rules_match), e.g. "model.layers.0.mlp.experts". */
+moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
+                              moe8_layer **out);
+void        moe8_layer_destroy(moe8_layer *layer);
+
+/* The writable f32 master weight and its element count; NULL for an
+** unknown id (or the bias when the layer has none). */
+float      *moe8_layer_weight(moe8_layer *layer, moe8_weight_id id, size_t *count);
+
+/* Fills the weights from a seeded generator (N(0, 1/fan_in)). */
+moe8_status moe8_layer_init_random(moe8_layer *layer, uint64_t seed);
+
+/* Seed A at one process: quantize the activations before the token sort
+** (true) or after it (false).  Defaults to the rule set's
+** quantize_before_ep_all_gather.  The output is bitwise the same. */
+void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool before);
+
+/* The rule the layer uses (NULL: none) and a one-line description of what
+** is quantized, e.g. "weights f8e4m3 [E,16,1,N], activations f8e4m3 1x128". */
+const moe8_rule *moe8_layer_rule(const moe8_layer *layer);
+const char      *moe8_layer_describe(const moe8_layer *layer);
+
+size_t      moe8_layer_workspace_size(const moe8_layer *layer, int64_t T);
+
+/* out[T, D] = the layer applied to x[T, D]; *aux_loss (may be NULL) gets
+** the auxiliary loss.  Non-finite values in x or the weights are an error
+** naming the tensor and the count. */
+moe8_status moe8_layer_forward(moe8_layer *layer, const float *x, int64_t T, float *out, float *aux_loss,
+                               void *ws, size_t ws_size);
+
+/* Gradients of L = Σ dout ⊙ out + aux_loss at the last forward (same x, T
+** and ws).  Each pointer may be NULL to skip that gradient; the others are
+** overwritten: dx[T, D], dwr[D, E], dwg[E, D, F], dwu[E, D, F], dwd[E, F, D].
+** Quantizers are straight-through; with the rule's bwd_qtype, dout-like
+** operands are quantized per row for the input gradients and per column
+** for the weight gradients. */
+typedef struct moe8_layer_grads {
+  float *dx, *dwr, *dwg, *dwu, *dwd;
+} moe8_layer_grads;
+
+moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
+                                size_t ws_size, const moe8_layer_grads *grads);
+
+/* Inference (SPEC §6, seed B): quantize [Wg|Wu] ([E, D, 2F]) and Wd once
+** per the rule to [E, ceil(K/tile), 1, N] scales (one block when the rule
+** has no tile size) and keep them.  A rule with no weight_qtype, or a
+** weight type moe8 does not pre-quantize (f8e5m2), leaves the weights as
+** they are; the latter with a notice in moe8_layer_describe().  Call again
+** after changing the weights. */
+moe8_status moe8_layer_prepare(moe8_layer *layer);
+
+/* The forward over the prepared weights: route, dispatch, gmm, SwiGLU, gmm,
+** combine, with no allocation and no re-quantization.  Bitwise equal to
+** moe8_layer_forward on the same weights. */
+moe8_status moe8_layer_forward_fused(moe8_layer *layer, const float *x, int64_t T, float *out, void *ws,
+                                     size_t ws_size);
+
+/* The prepared expert weights as the kernels consume them: gate|up fused
+** [E, D, 2F] and down [E, F, D], with dtype and scale (NULL when not
+** quantized; scale shape [E, nb, 1, N]).  Valid until the next prepare. */
+typedef struct moe8_prepared {
+  moe8_dtype   dtype;
+  int64_t      tile;          /* 0: per-channel                    */
+  const void  *w_gate_up;     /* [E, D, 2F]                        */
+  const float *s_gate_up;     /* [E, ceil(D/tile) or 1, 1, 2F]     */
+  const void  *w_down;        /* [E, F, D]                         */
+  const float *s_down;        /* [E, ceil(F/tile) or 1, 1, D]      */
+} moe8_prepared;
+
+moe8_status moe8_layer_prepared(const moe8_layer *layer, moe8_prepared *out);
+
+/* Seed B's weight preparation for one expert weight w of shape[ndim]; it
+** must be 3-D [E, K, N] (a 2-D weight is MOE8_ERR_SHAPE).  With no rule, no
+** weight_qtype, or a weight type that is not pre-quantized (f8e5m2), the
+** weight is left as it is: spec->qtype = MOE8_DTYPE_NONE, nothing written,
+** and *notice (may be NULL) says why.  Otherwise q gets E·K·N bytes, scale
+** gets [E, ceil(K/tile) or 1, 1, N] floats and *spec the spec used. */
+moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, int ndim, const int64_t *shape,
+                                        void *q, float *scale, moe8_quant_spec *spec, const char **notice);
 
 #ifdef __cplusplus
 }

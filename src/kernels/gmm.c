@@ -14,6 +14,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 enum { MT = 192, NT = 128 };
 
@@ -64,7 +67,17 @@ static moe8_status check_scale(const moe8_operand *op, const char *name, bool is
                     is_lhs ? "lhs [M, K]" : "rhs [G, K, N]");
 }
 
-moe8_status moe8_gmm(const moe8_gmm_args *a) {
+moe8_status moe8_gmm(const moe8_gmm_args *a) { return moe8__gmm(a, NULL, 0); }
+
+int moe8__max_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   if (!a) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL args");
   const int64_t M = a->M, K = a->K, N = a->N, E = a->num_groups, G = a->num_local, off = a->group_offset;
   if (M < 0 || K < 0 || N < 0 || E < 0 || G < 0 || off < 0 || off + G > E)
@@ -114,10 +127,23 @@ moe8_status moe8_gmm(const moe8_gmm_args *a) {
   for (int64_t g = off; g < off + G; g++) ntasks += moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
   const moe8__ktable *kt = moe8__kernels();
   moe8_status err = MOE8_OK;
-  #pragma omp parallel
+  int nth = moe8__max_threads();
+  if (ws) {
+    /* Caller scratch: one MOE8__GMM_SCRATCH slice per thread, no allocation. */
+    const int fit = (int)(ws_bytes / MOE8__GMM_SCRATCH);
+    if (fit < 1) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes is smaller than one thread's scratch", ws_bytes);
+    if (nth > fit) nth = fit;
+  }
+  #pragma omp parallel num_threads(nth)
   {
     void *scratch = NULL;
-    if (posix_memalign(&scratch, 64, MOE8__GMM_SCRATCH) != 0) {
+    if (ws) {
+#ifdef _OPENMP
+      scratch = (char *)ws + (size_t)omp_get_thread_num() * MOE8__GMM_SCRATCH;
+#else
+      scratch = ws;
+#endif
+    } else if (posix_memalign(&scratch, 64, MOE8__GMM_SCRATCH) != 0) {
       scratch = NULL;
       #pragma omp critical
       err = MOE8_ERR_NOMEM;
@@ -156,7 +182,7 @@ moe8_status moe8_gmm(const moe8_gmm_args *a) {
         kt->gmm_block(&b);
       }
     }
-    free(scratch);
+    if (!ws) free(scratch);
   }
   if (err != MOE8_OK) return moe8__fail(err, "gmm: out of memory for scratch");
   return MOE8_OK;

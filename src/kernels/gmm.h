@@ -65,4 +65,10 @@ static inline float moe8__gmm_rs(const moe8__gmm_block *b, int64_t blk, int64_t 
 
 void moe8__gmm_block_ref(const moe8__gmm_block *b);
 
+/* moe8_gmm with caller scratch: ws holds ws_bytes (64-byte aligned), at
+** least one MOE8__GMM_SCRATCH slice; threads are capped at the slices.
+** With ws == NULL each thread allocates its own (the public call). */
+moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes);
+int         moe8__max_threads(void);
+
 #endif

@@ -35,14 +35,14 @@ moe8_status moe8_dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t
   d->offsets[0] = 0;
   for (int64_t e = 0; e < E; e++) d->offsets[e + 1] = d->offsets[e] + d->group_sizes[e];
   d->num_rows = d->offsets[E];
-  /* Second pass: place in order; group_sizes doubles as a fill counter. */
-  int64_t *fill = malloc((size_t)E * sizeof *fill);
-  if (!fill) return moe8__fail(MOE8_ERR_NOMEM, "dispatch: out of memory");
-  for (int64_t e = 0; e < E; e++) fill[e] = d->offsets[e];
+  /* Second pass: place in order; group_sizes doubles as the fill counter
+  ** (no allocation) and ends equal to the kept counts again. */
+  for (int64_t e = 0; e < E; e++) d->group_sizes[e] = 0;
   for (int64_t a = 0; a < A; a++) {
     const int32_t e = ids[a];
-    if (fill[e] < d->offsets[e + 1]) {
-      const int64_t p = fill[e]++;
+    const int64_t p = d->offsets[e] + d->group_sizes[e];
+    if (p < d->offsets[e + 1]) {
+      d->group_sizes[e]++;
       d->token_of[p] = (int32_t)(a / K);
       d->slot_of[p] = (int32_t)(a % K);
       d->pos_of[a] = (int32_t)p;
@@ -50,7 +50,6 @@ moe8_status moe8_dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t
       d->pos_of[a] = -1;
     }
   }
-  free(fill);
   return MOE8_OK;
 }
 

@@ -8,7 +8,6 @@
 #include "../core/internal.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64_t D, int64_t E,
@@ -35,7 +34,8 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
                        int32_t *expert_ids, float *weights) {
   if (!cfg) return moe8__fail(MOE8_ERR_INVALID_ARG, "route: NULL config");
   const int64_t E = cfg->num_experts, K = cfg->top_k;
-  if (E <= 0 || E > INT32_MAX) return moe8__fail(MOE8_ERR_SHAPE, "route: num_experts %lld must be in [1, 2^31)", (long long)E);
+  if (E <= 0 || E > MOE8_MAX_EXPERTS)
+    return moe8__fail(MOE8_ERR_SHAPE, "route: num_experts %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
   if (K <= 0 || K > E)
     return moe8__fail(MOE8_ERR_SHAPE, "route: top_k %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
   if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
@@ -51,53 +51,43 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
       if (!isfinite(cfg->selection_bias[e]))
         return moe8__fail(MOE8_ERR_NONFINITE, "route: selection_bias[%lld] is not finite", (long long)e);
   const float scale = cfg->routed_scaling_factor != 0.0f ? cfg->routed_scaling_factor : 1.0f;
-  moe8_status st = MOE8_OK;
-  #pragma omp parallel
-  {
-    float *s = scores ? NULL : malloc((size_t)E * sizeof(float));
-    unsigned char *taken = malloc((size_t)E);
-    if ((!scores && !s) || !taken) {
-      #pragma omp critical
-      st = MOE8_ERR_NOMEM;
+  /* Per-token scratch lives on the stack: E is capped at MOE8_MAX_EXPERTS,
+  ** so routing never allocates (the fused forward relies on that). */
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float sbuf[MOE8_MAX_EXPERTS];
+    uint64_t taken[MOE8_MAX_EXPERTS / 64];
+    const float *l = logits + t * E;
+    float *sc = scores ? scores + t * E : sbuf;
+    if (cfg->score == MOE8_SCORE_SOFTMAX) {
+      float m = l[0], sum = 0.0f;
+      for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
+      for (int64_t e = 0; e < E; e++) { sc[e] = expf(l[e] - m); sum += sc[e]; }
+      for (int64_t e = 0; e < E; e++) sc[e] /= sum;
     } else {
-      #pragma omp for schedule(static)
-      for (int64_t t = 0; t < T; t++) {
-        const float *l = logits + t * E;
-        float *sc = scores ? scores + t * E : s;
-        if (cfg->score == MOE8_SCORE_SOFTMAX) {
-          float m = l[0], sum = 0.0f;
-          for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
-          for (int64_t e = 0; e < E; e++) { sc[e] = expf(l[e] - m); sum += sc[e]; }
-          for (int64_t e = 0; e < E; e++) sc[e] /= sum;
-        } else {
-          for (int64_t e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-l[e]));
-        }
-        memset(taken, 0, (size_t)E);
-        for (int64_t j = 0; j < K; j++) {
-          int64_t best = -1;
-          float bv = 0.0f;
-          for (int64_t e = 0; e < E; e++) {
-            if (taken[e]) continue;
-            const float v = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
-            if (best < 0 || v > bv) { best = e; bv = v; } /* strict: ties keep the lower index */
-          }
-          taken[best] = 1;
-          expert_ids[t * K + j] = (int32_t)best;
-          weights[t * K + j] = sc[best];
-        }
-        if (cfg->norm_topk_prob) {
-          float sum = 0.0f;
-          for (int64_t j = 0; j < K; j++) sum += weights[t * K + j];
-          if (sum > 0.0f)
-            for (int64_t j = 0; j < K; j++) weights[t * K + j] /= sum;
-        }
-        if (scale != 1.0f)
-          for (int64_t j = 0; j < K; j++) weights[t * K + j] *= scale;
-      }
+      for (int64_t e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-l[e]));
     }
-    free(s);
-    free(taken);
+    memset(taken, 0, sizeof(uint64_t) * (size_t)((E + 63) / 64));
+    for (int64_t j = 0; j < K; j++) {
+      int64_t best = -1;
+      float bv = 0.0f;
+      for (int64_t e = 0; e < E; e++) {
+        if (taken[e >> 6] >> (e & 63) & 1) continue;
+        const float v = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
+        if (best < 0 || v > bv) { best = e; bv = v; } /* strict: ties keep the lower index */
+      }
+      taken[best >> 6] |= 1ull << (best & 63);
+      expert_ids[t * K + j] = (int32_t)best;
+      weights[t * K + j] = sc[best];
+    }
+    if (cfg->norm_topk_prob) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < K; j++) sum += weights[t * K + j];
+      if (sum > 0.0f)
+        for (int64_t j = 0; j < K; j++) weights[t * K + j] /= sum;
+    }
+    if (scale != 1.0f)
+      for (int64_t j = 0; j < K; j++) weights[t * K + j] *= scale;
   }
-  if (st != MOE8_OK) return moe8__fail(st, "route: out of memory");
   return MOE8_OK;
 }

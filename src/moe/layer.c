@@ -1,0 +1,594 @@
+/*
+** layer.c — the MoE layer: forward, backward, prepare and the fused forward
+** (SPEC §4–6).
+**
+** Forward, in order, each step into the caller's workspace:
+**   1. logits = x · Wr, scores, top-k, weights (router.c);
+**   2. the stable dispatch sort (dispatch.c);
+**   3. the expert input rows: x gathered by token_of and, when the rule
+**      quantizes activations, quantized per token (or 1×tile) either before
+**      the gather (quantize x[T, D], gather q and scale rows) or after it
+**      (gather f32 rows, quantize) — byte-identical by SPEC §2;
+**   4. gu = xs · [Wg | Wu] ([E, D, 2F], one gmm), h = silu(g) ⊙ u in f32,
+**      h quantized per row for the down matmul when activations are;
+**   5. y = h · Wd, then the combine into out.
+** The unfused forward quantizes the weights from the f32 masters on every
+** call (training); prepare() does it once and forward_fused() reuses it.
+** Both then run the same code, so they agree bit for bit, and neither
+** allocates: gmm scratch is a slice of the workspace.
+**
+** Backward reads what forward saved (routing, rows, gu, h, y) and follows
+** the straight-through rule: every quantizer is the identity for gradients,
+** and the matmuls of the backward use the dequantized values the forward
+** consumed.  Its temporaries are allocated per call.
+**
+** When a rule quantizes activations but the pair (activation type, weight
+** type) has no kernel (e.g. f8 activations with i8 or f32 weights), the
+** activations are quantized and dequantized ("fake quantization") and the
+** matmul runs on f32 activations: the numbers are those of the quantized
+** matmul up to f32 summation order.
+*/
+#include "../core/internal.h"
+#include "../kernels/gmm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct moe8_layer {
+  moe8_layer_config cfg;
+  moe8_rule         rule;           /* a copy; has_rule says if valid          */
+  bool              has_rule;
+  char              module_path[256];
+  moe8_quant_spec   wspec, aspec;   /* weight / activation specs               */
+  bool              wq, aq;         /* weights / activations quantized         */
+  bool              before_sort;
+  bool              prepared;
+  char              describe[256];
+  /* f32 masters */
+  float *w[MOE8_W_COUNT];
+  size_t n[MOE8_W_COUNT];
+  /* expert weights as the kernels consume them */
+  float   *wgu_f32;                 /* [E, D, 2F] fused masters               */
+  uint8_t *wgu_q, *wd_q;            /* quantized values                        */
+  float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static int64_t nblocks(int64_t K, int64_t tile) { return tile > 0 ? moe8__cdiv(K, tile) : 1; }
+
+static size_t count_nonfinite(const float *x, size_t n) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+  return bad;
+}
+
+static bool kernel_pair(moe8_dtype a, moe8_dtype w) {
+  const bool a8 = a == MOE8_DTYPE_F8E4M3 || a == MOE8_DTYPE_F8E5M2;
+  const bool w8 = w == MOE8_DTYPE_F8E4M3 || w == MOE8_DTYPE_F8E5M2;
+  return (a8 && w8) || (a == MOE8_DTYPE_I8 && w == MOE8_DTYPE_I8);
+}
+
+/* ---- create / destroy ------------------------------------------------------ */
+moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
+                              moe8_layer **out) {
+  if (!cfg || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
+  *out = NULL;
+  const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn;
+  if (E <= 0 || E > MOE8_MAX_EXPERTS)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: num_experts = %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
+  if (K <= 0 || K > E)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: top_k = %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
+  if (D <= 0 || F <= 0)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld and ffn = %lld must be positive", (long long)D, (long long)F);
+  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d", (int)cfg->score);
+  if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
+  moe8_layer *L = calloc(1, sizeof *L);
+  if (!L) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
+  L->cfg = *cfg;
+  snprintf(L->module_path, sizeof L->module_path, "%s", module_path ? module_path : "experts");
+  const moe8_rule *r = rules ? moe8_rules_match(rules, L->module_path) : NULL;
+  if (r) { L->rule = *r; L->has_rule = true; L->rule.module_path = NULL; }
+  L->before_sort = moe8_rules_quantize_before_ep_all_gather(rules);
+  /* Weights: f8e4m3 and i8 are pre-quantized (seed B); f8e5m2 weights are
+  ** left as they are, with a notice. */
+  char notice[96] = "";
+  if (r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8)) {
+    L->wq = moe8_rule_weight_spec(r, &L->wspec);
+  } else if (r && r->weight_qtype == MOE8_DTYPE_F8E5M2) {
+    snprintf(notice, sizeof notice, "; notice: weight_qtype f8e5m2 is not pre-quantized, weights stay f32");
+  }
+  L->aq = r && moe8_rule_act_spec(r, &L->aspec);
+  snprintf(L->describe, sizeof L->describe, "weights %s%s%s, activations %s%s%s%s",
+           L->wq ? moe8_dtype_info(L->wspec.qtype)->name : "f32",
+           L->wq ? (L->wspec.tile ? " [E,K/tile,1,N]" : " [E,1,1,N]") : "", "",
+           L->aq ? moe8_dtype_info(L->aspec.qtype)->name : "f32",
+           L->aq ? (L->aspec.tile ? " 1xtile" : " per-token") : "",
+           r && r->bwd_qtype ? ", gradients " : "", r && r->bwd_qtype ? moe8_dtype_info(r->bwd_qtype)->name : "");
+  strncat(L->describe, notice, sizeof L->describe - strlen(L->describe) - 1);
+
+  L->n[MOE8_W_ROUTER] = (size_t)(D * E);
+  L->n[MOE8_W_GATE] = L->n[MOE8_W_UP] = (size_t)(E * D * F);
+  L->n[MOE8_W_DOWN] = (size_t)(E * F * D);
+  L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)E : 0;
+  bool ok = true;
+  for (int i = 0; i < MOE8_W_COUNT; i++)
+    if (L->n[i]) ok &= (L->w[i] = calloc(L->n[i], sizeof(float))) != NULL;
+  ok &= (L->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * 2 * F))) != NULL;
+  if (L->wq) {
+    ok &= (L->wgu_q = malloc((size_t)(E * D * 2 * F))) != NULL;
+    ok &= (L->wd_q = malloc((size_t)(E * F * D))) != NULL;
+    ok &= (L->wgu_s = malloc(sizeof(float) * (size_t)(E * nblocks(D, L->wspec.tile) * 2 * F))) != NULL;
+    ok &= (L->wd_s = malloc(sizeof(float) * (size_t)(E * nblocks(F, L->wspec.tile) * D))) != NULL;
+  }
+  if (!ok) { moe8_layer_destroy(L); return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for weights"); }
+  *out = L;
+  return MOE8_OK;
+}
+
+void moe8_layer_destroy(moe8_layer *L) {
+  if (!L) return;
+  for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
+  free(L->wgu_f32); free(L->wgu_q); free(L->wd_q); free(L->wgu_s); free(L->wd_s);
+  free(L);
+}
+
+float *moe8_layer_weight(moe8_layer *L, moe8_weight_id id, size_t *count) {
+  if (!L || (unsigned)id >= MOE8_W_COUNT || !L->n[id]) return NULL;
+  L->prepared = false;
+  if (count) *count = L->n[id];
+  return L->w[id];
+}
+
+moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+  const float fan[MOE8_W_COUNT] = {(float)L->cfg.hidden, (float)L->cfg.hidden, (float)L->cfg.hidden,
+                                   (float)L->cfg.ffn, 1.0f};
+  for (int i = 0; i < MOE8_W_BIAS; i++) {
+    const float sd = 1.0f / sqrtf(fan[i]);
+    for (size_t j = 0; j < L->n[i]; j++) {
+      /* Box-Muller on a splitmix64 stream. */
+      double u[2];
+      for (int k = 0; k < 2; k++) {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        u[k] = (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+      }
+      L->w[i][j] = sd * (float)(sqrt(-2.0 * log(u[0] + 0x1p-60)) * cos(6.283185307179586 * u[1]));
+    }
+  }
+  L->prepared = false;
+  return MOE8_OK;
+}
+
+void moe8_layer_set_quantize_before_sort(moe8_layer *L, bool before) { if (L) L->before_sort = before; }
+const moe8_rule *moe8_layer_rule(const moe8_layer *L) { return L && L->has_rule ? &L->rule : NULL; }
+const char *moe8_layer_describe(const moe8_layer *L) { return L ? L->describe : ""; }
+
+/* ---- workspace ---------------------------------------------------------------- */
+typedef struct ws_layout {
+  float   *logits, *scores, *w, *xs, *gu, *h, *y, *sx, *sxs, *sh;
+  int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
+  int64_t *offs;
+  uint8_t *xq, *xsq, *hq;
+  void    *scratch;
+  size_t   scratch_bytes, total;
+} ws_layout;
+
+static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  const int64_t nbD = L->aq ? nblocks(D, L->aspec.tile) : 0, nbF = L->aq ? nblocks(F, L->aspec.tile) : 0;
+  size_t off = 0;
+#define TAKE(field, type, count) do { o->field = (type *)(base ? base + off : NULL); off += al64(sizeof(type) * (size_t)(count)); } while (0)
+  TAKE(logits, float, T * E);
+  TAKE(scores, float, T * E);
+  TAKE(ids, int32_t, A);
+  TAKE(w, float, A);
+  TAKE(token_of, int32_t, A);
+  TAKE(slot_of, int32_t, A);
+  TAKE(pos_of, int32_t, A);
+  TAKE(gsz, int32_t, E);
+  TAKE(offs, int64_t, E + 1);
+  TAKE(xs, float, A * D);
+  TAKE(xq, uint8_t, L->aq ? T * D : 0);
+  TAKE(sx, float, T * nbD);
+  TAKE(xsq, uint8_t, L->aq ? A * D : 0);
+  TAKE(sxs, float, A * nbD);
+  TAKE(gu, float, A * 2 * F);
+  TAKE(h, float, A * F);
+  TAKE(hq, uint8_t, L->aq ? A * F : 0);
+  TAKE(sh, float, A * nbF);
+  TAKE(y, float, A * D);
+#undef TAKE
+  o->scratch_bytes = (size_t)moe8__max_threads() * MOE8__GMM_SCRATCH;
+  o->scratch = base ? base + off : NULL;
+  off += o->scratch_bytes;
+  o->total = off;
+}
+
+size_t moe8_layer_workspace_size(const moe8_layer *L, int64_t T) {
+  if (!L || T < 0) return 0;
+  ws_layout o;
+  layout(L, T, NULL, &o);
+  return o.total;
+}
+
+/* ---- weights as the kernels consume them ---------------------------------------- */
+moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, int ndim, const int64_t *shape,
+                                        void *q, float *scale, moe8_quant_spec *spec, const char **notice) {
+  if (!spec || (ndim > 0 && !shape)) return moe8__fail(MOE8_ERR_INVALID_ARG, "expert weight: NULL argument");
+  memset(spec, 0, sizeof *spec);
+  if (notice) *notice = "";
+  if (ndim != 3) {
+    char dims[96] = "";
+    for (int i = 0; i < ndim && i < 6; i++)
+      snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", i ? ", " : "", (long long)shape[i]);
+    return moe8__fail(MOE8_ERR_SHAPE, "expert weight: must be 3-D [E, K, N], got %d-D [%s]", ndim, dims);
+  }
+  if (!rule || rule->weight_qtype == MOE8_DTYPE_NONE) {
+    if (notice) *notice = rule ? "rule has no weight_qtype: weights left unquantized" : "no rule: weights left unquantized";
+    return MOE8_OK;
+  }
+  if (rule->weight_qtype != MOE8_DTYPE_F8E4M3 && rule->weight_qtype != MOE8_DTYPE_I8) {
+    if (notice) *notice = "weight_qtype is not pre-quantized (only f8e4m3 and i8 are): weights left unquantized";
+    return MOE8_OK;
+  }
+  moe8_quant_spec s;
+  moe8_rule_weight_spec(rule, &s);
+  const moe8_status st = moe8_quantize(&s, w, shape[0], shape[1], shape[2], q, scale, NULL);
+  if (st == MOE8_OK) *spec = s;
+  return st;
+}
+
+static moe8_status check_weights(const moe8_layer *L) {
+  static const char *const names[MOE8_W_COUNT] = {"router weight Wr", "gate weight Wg", "up weight Wu",
+                                                  "down weight Wd", "selection bias"};
+  for (int i = 0; i < MOE8_W_COUNT; i++) {
+    const size_t bad = L->n[i] ? count_nonfinite(L->w[i], L->n[i]) : 0;
+    if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: %s has %zu non-finite value(s)", names[i], bad);
+  }
+  return MOE8_OK;
+}
+
+static moe8_status quantize_weights(moe8_layer *L) {
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
+  moe8_status st = check_weights(L);
+  if (st != MOE8_OK) return st;
+  /* [Wg | Wu] -> [E, D, 2F]; per-column scales make this equal to
+  ** quantizing the two separately. */
+  #pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t d = 0; d < D; d++) {
+      float *dst = L->wgu_f32 + (e * D + d) * 2 * F;
+      memcpy(dst, L->w[MOE8_W_GATE] + (e * D + d) * F, sizeof(float) * (size_t)F);
+      memcpy(dst + F, L->w[MOE8_W_UP] + (e * D + d) * F, sizeof(float) * (size_t)F);
+    }
+  if (!L->wq) return MOE8_OK;
+  st = moe8_quantize(&L->wspec, L->wgu_f32, E, D, 2 * F, L->wgu_q, L->wgu_s, NULL);
+  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, L->w[MOE8_W_DOWN], E, F, D, L->wd_q, L->wd_s, NULL);
+  return st;
+}
+
+moe8_status moe8_layer_prepare(moe8_layer *L) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  moe8_status st = quantize_weights(L);
+  L->prepared = st == MOE8_OK;
+  return st;
+}
+
+moe8_status moe8_layer_prepared(const moe8_layer *L, moe8_prepared *o) {
+  if (!L || !o) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  if (!L->prepared) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: not prepared (call moe8_layer_prepare)");
+  o->dtype = L->wq ? L->wspec.qtype : MOE8_DTYPE_F32;
+  o->tile = L->wq ? L->wspec.tile : 0;
+  o->w_gate_up = L->wq ? (const void *)L->wgu_q : (const void *)L->wgu_f32;
+  o->s_gate_up = L->wq ? L->wgu_s : NULL;
+  o->w_down = L->wq ? (const void *)L->wd_q : (const void *)L->w[MOE8_W_DOWN];
+  o->s_down = L->wq ? L->wd_s : NULL;
+  return MOE8_OK;
+}
+
+static moe8_operand weight_operand(const moe8_layer *L, bool down) {
+  if (!L->wq) return (moe8_operand){MOE8_DTYPE_F32, down ? L->w[MOE8_W_DOWN] : L->wgu_f32, NULL, MOE8_GRAN_TENSOR, 0};
+  return (moe8_operand){L->wspec.qtype, down ? (const void *)L->wd_q : (const void *)L->wgu_q, down ? L->wd_s : L->wgu_s,
+                        L->wspec.tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, L->wspec.tile};
+}
+
+/* The activation operand of a gmm: quantized rows (q, s) when the pair has
+** a kernel, else the f32 rows, dequantized in place when quantized. */
+static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, const float *s, int64_t rows,
+                               int64_t cols, moe8_operand *op) {
+  const moe8_dtype wt = L->wq ? L->wspec.qtype : MOE8_DTYPE_F32;
+  if (L->aq && kernel_pair(L->aspec.qtype, wt)) {
+    *op = (moe8_operand){L->aspec.qtype, q, s, L->aspec.tile ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, L->aspec.tile};
+    return MOE8_OK;
+  }
+  if (L->aq) {
+    moe8_status st = moe8_dequantize(&L->aspec, q, s, 1, rows, cols, f);
+    if (st != MOE8_OK) return st;
+  }
+  *op = (moe8_operand){MOE8_DTYPE_F32, f, NULL, MOE8_GRAN_TENSOR, 0};
+  return MOE8_OK;
+}
+
+static inline float silu(float g) { return g / (1.0f + expf(-g)); }
+
+/* ---- forward ---------------------------------------------------------------------- */
+static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "layer: x has T = %lld rows", (long long)T);
+  if (aux) *aux = 0.0f;
+  if (T == 0) return MOE8_OK;
+  if (!x || !out || !ws) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL x, out or workspace");
+  ws_layout w;
+  layout(L, T, ws, &w);
+  if (ws_size < w.total)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: workspace of %zu bytes, need %zu for T = %lld (moe8_layer_workspace_size)",
+                      ws_size, w.total, (long long)T);
+  if ((uintptr_t)ws & 63) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: workspace must be 64-byte aligned");
+  const size_t bad = count_nonfinite(x, (size_t)(T * D));
+  if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
+
+  /* 1. router */
+  moe8_status st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, w.logits);
+  const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
+                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL};
+  if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
+  /* 2. dispatch */
+  moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
+  if (st == MOE8_OK) st = moe8_dispatch_sort(w.ids, T, K, E, L->cfg.capacity_factor, &d);
+  if (st != MOE8_OK) return st;
+  const int64_t rows = d.num_rows;
+  if (aux && L->cfg.aux_loss_weight != 0.0f) {
+    double s = 0.0;
+    for (int64_t e = 0; e < E; e++) {
+      int64_t cnt = 0;
+      double P = 0.0;
+      for (int64_t a = 0; a < A; a++) cnt += w.ids[a] == e;
+      for (int64_t t = 0; t < T; t++) P += w.scores[t * E + e];
+      s += (double)cnt / (double)A * (P / (double)T);
+    }
+    *aux = (float)(L->cfg.aux_loss_weight * (double)E * s);
+  }
+  /* 3. expert input rows */
+  const int64_t nbD = L->aq ? nblocks(D, L->aspec.tile) : 1;
+  if (L->aq && L->before_sort) {
+    st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
+    bool gathered;
+    if (st == MOE8_OK)
+      st = moe8_gather_qrows(w.xsq, w.sxs, &gathered, w.xq, w.sx, T, D, T, nbD, w.token_of, rows);
+  } else {
+    st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
+    if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
+  }
+  if (st != MOE8_OK) return st;
+  /* 4. gate|up, SwiGLU */
+  moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
+                     .rhs = weight_operand(L, false), .out_dtype = MOE8_DTYPE_F32, .out = w.gu};
+  st = act_operand(L, w.xs, w.xsq, w.sxs, rows, D, &g.lhs);
+  if (st == MOE8_OK) st = moe8__gmm(&g, w.scratch, w.scratch_bytes);
+  if (st != MOE8_OK) return st;
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t f = 0; f < F; f++) w.h[p * F + f] = silu(w.gu[p * 2 * F + f]) * w.gu[p * 2 * F + F + f];
+  if (L->aq) st = moe8_quantize(&L->aspec, w.h, 1, rows, F, w.hq, w.sh, NULL);
+  if (st != MOE8_OK) return st;
+  /* 5. down, combine */
+  moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
+                      .rhs = weight_operand(L, true), .out_dtype = MOE8_DTYPE_F32, .out = w.y};
+  st = act_operand(L, w.h, w.hq, w.sh, rows, F, &g2.lhs);
+  if (st == MOE8_OK) st = moe8__gmm(&g2, w.scratch, w.scratch_bytes);
+  if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, w.w, T, K, D, out);
+  return st;
+}
+
+moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
+                               size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  moe8_status st = quantize_weights(L);
+  if (st != MOE8_OK) return st;
+  L->prepared = false; /* the buffers now hold this call's weights */
+  return forward(L, x, T, out, aux_loss, ws, ws_size);
+}
+
+moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, float *out, void *ws, size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  if (!L->prepared) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare");
+  return forward(L, x, T, out, NULL, ws, ws_size);
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+/* Fake quantization of rows (per row, tiled by tile) or of columns, in
+** place, for bwd_qtype. */
+static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64_t cols, bool per_column) {
+  const moe8_dtype bt = L->has_rule ? L->rule.bwd_qtype : MOE8_DTYPE_NONE;
+  if (!moe8__is_qtype(bt) || rows == 0 || cols == 0) return MOE8_OK;
+  moe8_quant_spec s = {.qtype = bt, .clip = 1.0f};
+  if (per_column) s.gran = MOE8_GRAN_CHANNEL;
+  else if (L->rule.tile_size > 0) { s.gran = MOE8_GRAN_ROW_TILE; s.tile = L->rule.tile_size; }
+  else s.gran = MOE8_GRAN_ROW;
+  const size_t ns = moe8_quant_scale_count(&s, 1, rows, cols, NULL);
+  uint8_t *q = malloc((size_t)(rows * cols));
+  float *sc = malloc(sizeof(float) * (ns ? ns : 1));
+  moe8_status st = q && sc ? moe8_quantize(&s, v, 1, rows, cols, q, sc, NULL) : MOE8_ERR_NOMEM;
+  if (st == MOE8_OK) st = moe8_dequantize(&s, q, sc, 1, rows, cols, v);
+  free(q); free(sc);
+  if (st == MOE8_ERR_NOMEM) return moe8__fail(st, "layer backward: out of memory");
+  return st;
+}
+
+moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const float *dout, void *ws, size_t ws_size,
+                                const moe8_layer_grads *gr) {
+  if (!L || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL argument");
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
+  if (T > 0 && (!x || !dout || !ws)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL x, dout or workspace");
+  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
+  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
+  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (T == 0) return MOE8_OK;
+  ws_layout w;
+  layout(L, T, ws, &w);
+  if (ws_size < w.total) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: workspace too small");
+  const size_t bad = count_nonfinite(dout, (size_t)(T * D));
+  if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
+  const int64_t rows = w.offs[E];
+  const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
+  float *dy = malloc(sizeof(float) * (RD + 1)), *dyr = malloc(sizeof(float) * (RD + 1));
+  float *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
+  float *dgu = malloc(sizeof(float) * (2 * RF + 1)), *dgur = malloc(sizeof(float) * (2 * RF + 1));
+  float *dxs = malloc(sizeof(float) * (RD + 1)), *xh = malloc(sizeof(float) * (RD + 1));
+  float *dw = calloc((size_t)A + 1, sizeof(float)), *ds = calloc((size_t)(T * E) + 1, sizeof(float));
+  float *wgu = L->wq ? malloc(sizeof(float) * (size_t)(E * D * 2 * F)) : L->wgu_f32;
+  float *wd = L->wq ? malloc(sizeof(float) * (size_t)(E * F * D)) : L->w[MOE8_W_DOWN];
+  float *dwgu = malloc(sizeof(float) * (size_t)(E * D * 2 * F));
+  float *tmp = malloc(sizeof(float) * (size_t)(T * D + D * E) + 4);
+  moe8_status st = MOE8_OK;
+  if (!dy || !dyr || !dh || !hh || !dgu || !dgur || !dxs || !xh || !dw || !ds || !wgu || !wd || !dwgu || !tmp) {
+    st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+    goto done;
+  }
+  /* Straight-through: the dequantized weights the forward used. */
+  if (L->wq) {
+    st = moe8_dequantize(&L->wspec, L->wgu_q, L->wgu_s, E, D, 2 * F, wgu);
+    if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, L->wd_q, L->wd_s, E, F, D, wd);
+    if (st != MOE8_OK) goto done;
+  }
+  /* ... and the dequantized activations. */
+  if (L->aq) {
+    st = moe8_dequantize(&L->aspec, w.xsq, w.sxs, 1, rows, D, xh);
+    if (st == MOE8_OK) st = moe8_dequantize(&L->aspec, w.hq, w.sh, 1, rows, F, hh);
+    if (st != MOE8_OK) goto done;
+  } else {
+    memcpy(xh, w.xs, sizeof(float) * RD);
+    memcpy(hh, w.h, sizeof(float) * RF);
+  }
+  /* dy[p] = w[t,j] · dout[t]; dw[t,j] = dout[t] · y[p]. */
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    const int64_t t = w.token_of[p], j = w.slot_of[p];
+    const float wt = w.w[t * K + j];
+    float s = 0.0f;
+    for (int64_t c = 0; c < D; c++) {
+      dy[p * D + c] = wt * dout[t * D + c];
+      s += dout[t * D + c] * w.y[p * D + c];
+    }
+    dw[t * K + j] = s;
+  }
+  memcpy(dyr, dy, sizeof(float) * RD);
+  if ((st = fake_quant(L, dy, rows, D, false)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dyr, rows, D, true)) != MOE8_OK) goto done;
+  /* dh = dy · Ŵdᵀ; dWd = ĥᵀ · dy */
+  {
+    const moe8_gmm_args a = {.M = rows, .K = D, .N = F, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
+                             .lhs = {MOE8_DTYPE_F32, dy, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wd, NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dh};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    if (gr->dwd) {
+      const moe8_operand l = {MOE8_DTYPE_F32, hh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dyr, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, rows, F, D, E, w.gsz, 0, E, gr->dwd)) != MOE8_OK) goto done;
+    }
+  }
+  /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g). */
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t f = 0; f < F; f++) {
+      const float gv = w.gu[p * 2 * F + f], uv = w.gu[p * 2 * F + F + f], d = dh[p * F + f];
+      const float sg = 1.0f / (1.0f + expf(-gv));
+      dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
+      dgu[p * 2 * F + F + f] = d * gv * sg;
+    }
+  memcpy(dgur, dgu, sizeof(float) * 2 * RF);
+  if ((st = fake_quant(L, dgu, rows, 2 * F, false)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dgur, rows, 2 * F, true)) != MOE8_OK) goto done;
+  /* dxs = dgu · Ŵguᵀ; dWgu = x̂sᵀ · dgu */
+  {
+    const moe8_gmm_args a = {.M = rows, .K = 2 * F, .N = D, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
+                             .lhs = {MOE8_DTYPE_F32, dgu, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wgu, NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dxs};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    if (gr->dwg || gr->dwu) {
+      const moe8_operand l = {MOE8_DTYPE_F32, xh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dgur, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, rows, D, 2 * F, E, w.gsz, 0, E, dwgu)) != MOE8_OK) goto done;
+      #pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t e = 0; e < E; e++)
+        for (int64_t d = 0; d < D; d++) {
+          const float *src = dwgu + (e * D + d) * 2 * F;
+          if (gr->dwg) memcpy(gr->dwg + (e * D + d) * F, src, sizeof(float) * (size_t)F);
+          if (gr->dwu) memcpy(gr->dwu + (e * D + d) * F, src + F, sizeof(float) * (size_t)F);
+        }
+    }
+  }
+  /* dx from the experts: Σ_j dxs[pos(t, j)], slots in order. */
+  if (gr->dx) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < K; j++) {
+        const int32_t p = w.pos_of[t * K + j];
+        if (p < 0) continue;
+        for (int64_t c = 0; c < D; c++) gr->dx[t * D + c] += dxs[(int64_t)p * D + c];
+      }
+  }
+  /* Router: dw -> d scores (renormalization, scaling), + aux, -> d logits. */
+  {
+    const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+    double f_aux[MOE8_MAX_EXPERTS];
+    const bool use_aux = L->cfg.aux_loss_weight != 0.0f;
+    if (use_aux)
+      for (int64_t e = 0; e < E; e++) {
+        int64_t cnt = 0;
+        for (int64_t a = 0; a < A; a++) cnt += w.ids[a] == e;
+        f_aux[e] = (double)L->cfg.aux_loss_weight * (double)E * ((double)cnt / (double)A) / (double)T;
+      }
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      const float *s = w.scores + t * E;
+      float *dst = ds + t * E;
+      if (L->cfg.norm_topk_prob) {
+        float S = 0.0f, dot = 0.0f;
+        for (int64_t j = 0; j < K; j++) S += s[w.ids[t * K + j]];
+        for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[w.ids[t * K + j]];
+        for (int64_t j = 0; j < K; j++) dst[w.ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
+      } else {
+        for (int64_t j = 0; j < K; j++) dst[w.ids[t * K + j]] += c * dw[t * K + j];
+      }
+      if (use_aux)
+        for (int64_t e = 0; e < E; e++) dst[e] += (float)f_aux[e];
+      if (L->cfg.score == MOE8_SCORE_SOFTMAX) {
+        float dot = 0.0f;
+        for (int64_t e = 0; e < E; e++) dot += s[e] * dst[e];
+        for (int64_t e = 0; e < E; e++) dst[e] = s[e] * (dst[e] - dot);
+      } else {
+        for (int64_t e = 0; e < E; e++) dst[e] = dst[e] * s[e] * (1.0f - s[e]);
+      }
+    }
+    /* dWr = xᵀ · dlogits; dx += dlogits · Wrᵀ */
+    const int32_t one[1] = {(int32_t)T};
+    if (gr->dwr) {
+      const moe8_operand l = {MOE8_DTYPE_F32, x, NULL, 0, 0}, r = {MOE8_DTYPE_F32, ds, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, T, D, E, 1, one, 0, 1, gr->dwr)) != MOE8_OK) goto done;
+    }
+    if (gr->dx) {
+      const moe8_gmm_args a = {.M = T, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
+                               .lhs = {MOE8_DTYPE_F32, ds, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
+                               .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
+      if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+      for (int64_t i = 0; i < T * D; i++) gr->dx[i] += tmp[i];
+    }
+  }
+done:
+  free(dy); free(dyr); free(dh); free(hh); free(dgu); free(dgur); free(dxs); free(xh); free(dw); free(ds);
+  if (L->wq) { free(wgu); free(wd); }
+  free(dwgu); free(tmp);
+  return st;
+}

@@ -1,0 +1,502 @@
+/*
+** test_layer.c — SPEC §4–6: the MoE layer.
+**
+** 1. f32 mode: every gradient matches central finite differences of an
+**    independent double-precision reference (normalized error <= 1e-4),
+**    with an expert that gets no tokens, top_k = E, sigmoid + bias, aux loss.
+** 2. Quantized mode: the gradients equal the straight-through reference,
+**    i.e. the gradient of the same double reference in which the quantizers
+**    are replaced by constant offsets (x̂ - x, ĥ - h, Ŵ as the weights).
+** 3. Seed A: activations quantized before vs after the token sort give the
+**    same bytes for output, aux loss and every gradient.
+** 4. The fused prepared forward equals the unfused forward bit for bit and
+**    makes no allocation (malloc & co. are wrapped by the linker).
+** 5. Seed B's table for weight preparation.
+** 6. Bad input.
+*/
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- counting allocator (linked with --wrap) --------------------------- */
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t a, size_t b);
+void *__real_realloc(void *p, size_t n);
+int   __real_posix_memalign(void **p, size_t a, size_t n);
+static int g_count_allocs, g_allocs;
+void *__wrap_malloc(size_t n) { g_allocs += g_count_allocs; return __real_malloc(n); }
+void *__wrap_calloc(size_t a, size_t b) { g_allocs += g_count_allocs; return __real_calloc(a, b); }
+void *__wrap_realloc(void *p, size_t n) { g_allocs += g_count_allocs; return __real_realloc(p, n); }
+int   __wrap_posix_memalign(void **p, size_t a, size_t n) { g_allocs += g_count_allocs; return __real_posix_memalign(p, a, n); }
+
+/* ---- the double-precision reference -------------------------------------- */
+typedef struct ref {
+  int64_t T, D, F, E, K;
+  moe8_score_func score;
+  bool norm;
+  double scale, aux_w;
+  const double *bias;                 /* [E] or NULL                          */
+  double *x, *wr, *wg, *wu, *wd;      /* parameters (perturbed by the FD)     */
+  const double *xoff, *hoff;          /* straight-through offsets or NULL     */
+  double *h_out;                      /* [T*K, F]: h before its offset        */
+} ref;
+
+static double ref_loss(const ref *p, const double *r) {
+  const int64_t T = p->T, D = p->D, F = p->F, E = p->E, K = p->K;
+  double loss = 0.0, f[64] = {0}, P[64] = {0};
+  for (int64_t t = 0; t < T; t++) {
+    double s[64], l[64], mx = -1e300, sum = 0.0;
+    for (int64_t e = 0; e < E; e++) {
+      l[e] = 0.0;
+      for (int64_t d = 0; d < D; d++) l[e] += p->x[t * D + d] * p->wr[d * E + e];
+      mx = l[e] > mx ? l[e] : mx;
+    }
+    for (int64_t e = 0; e < E; e++) {
+      s[e] = p->score == MOE8_SCORE_SOFTMAX ? exp(l[e] - mx) : 1.0 / (1.0 + exp(-l[e]));
+      sum += s[e];
+    }
+    if (p->score == MOE8_SCORE_SOFTMAX)
+      for (int64_t e = 0; e < E; e++) s[e] /= sum;
+    int64_t id[64];
+    double wsel[64], wsum = 0.0;
+    bool taken[64] = {false};
+    for (int64_t j = 0; j < K; j++) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; e++) {
+        if (taken[e]) continue;
+        const double v = s[e] + (p->bias ? p->bias[e] : 0.0), bv = best < 0 ? 0 : s[best] + (p->bias ? p->bias[best] : 0.0);
+        if (best < 0 || v > bv) best = e;
+      }
+      taken[best] = true;
+      id[j] = best;
+      wsel[j] = s[best];
+      wsum += s[best];
+      f[best] += 1.0 / (double)(T * K);
+    }
+    for (int64_t e = 0; e < E; e++) P[e] += s[e] / (double)T;
+    for (int64_t j = 0; j < K; j++) {
+      const int64_t e = id[j], a = t * K + j;
+      const double wt = (p->norm ? wsel[j] / wsum : wsel[j]) * p->scale;
+      double h[64];
+      for (int64_t c = 0; c < F; c++) {
+        double g = 0.0, u = 0.0;
+        for (int64_t d = 0; d < D; d++) {
+          const double xe = p->x[t * D + d] + (p->xoff ? p->xoff[t * D + d] : 0.0);
+          g += xe * p->wg[(e * D + d) * F + c];
+          u += xe * p->wu[(e * D + d) * F + c];
+        }
+        h[c] = g / (1.0 + exp(-g)) * u;
+        if (p->h_out) p->h_out[a * F + c] = h[c];
+        if (p->hoff) h[c] += p->hoff[a * F + c];
+      }
+      for (int64_t d = 0; d < D; d++) {
+        double y = 0.0;
+        for (int64_t c = 0; c < F; c++) y += h[c] * p->wd[(e * F + c) * D + d];
+        loss += r[t * D + d] * wt * y;
+      }
+    }
+  }
+  /* f_e counts selections: piecewise constant, so the aux gradient flows
+  ** through P_e only (the same convention as the layer). */
+  double aux = 0.0;
+  for (int64_t e = 0; e < E; e++) aux += f[e] * P[e];
+  return loss + p->aux_w * (double)E * aux;
+}
+
+/* Normalized error of g against central differences of ref_loss wrt v. */
+static double fd_error(ref *p, const double *r, double *v, size_t n, const float *g) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const double keep = v[i], eps = 1e-6 * (fabs(keep) > 1.0 ? fabs(keep) : 1.0);
+    v[i] = keep + eps;
+    const double lp = ref_loss(p, r);
+    v[i] = keep - eps;
+    const double lm = ref_loss(p, r);
+    v[i] = keep;
+    const double fd = (lp - lm) / (2.0 * eps);
+    num += (g[i] - fd) * (g[i] - fd);
+    den += fd * fd;
+  }
+  return sqrt(num) / (sqrt(den) > 1e-30 ? sqrt(den) : 1e-30);
+}
+
+static double *to_double(const float *f, size_t n) {
+  double *d = malloc(n * sizeof(double));
+  for (size_t i = 0; i < n; i++) d[i] = f[i];
+  return d;
+}
+
+/* A layer, its input, forward and backward, all buffers owned here. */
+typedef struct run {
+  moe8_layer *L;
+  int64_t T, D, F, E, K;
+  float *x, *out, *r, *dx, *dwr, *dwg, *dwu, *dwd, aux;
+  void *ws;
+  size_t ws_size;
+} run;
+
+static void run_init(run *u, const moe8_layer_config *c, const moe8_rules *rules, int64_t T, uint64_t seed) {
+  memset(u, 0, sizeof *u);
+  u->T = T; u->D = c->hidden; u->F = c->ffn; u->E = c->num_experts; u->K = c->top_k;
+  assert_int_equal(moe8_layer_create(c, rules, "model.layers.0.mlp.experts", &u->L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(u->L, seed), MOE8_OK);
+  const size_t TD = (size_t)(T * u->D), EDF = (size_t)(u->E * u->D * u->F);
+  u->x = malloc(TD * 4 + 4); u->out = malloc(TD * 4 + 4); u->r = malloc(TD * 4 + 4); u->dx = malloc(TD * 4 + 4);
+  u->dwr = malloc((size_t)(u->D * u->E) * 4); u->dwg = malloc(EDF * 4); u->dwu = malloc(EDF * 4); u->dwd = malloc(EDF * 4);
+  tu_rng_reset(seed + 17);
+  tu_fill_normal(u->x, TD, 1.0f);
+  tu_fill_normal(u->r, TD, 1.0f);
+  u->ws_size = moe8_layer_workspace_size(u->L, T);
+  assert_int_equal(posix_memalign(&u->ws, 64, u->ws_size), 0);
+}
+
+static void run_fwd_bwd(run *u) {
+  moe8_status st = moe8_layer_forward(u->L, u->x, u->T, u->out, &u->aux, u->ws, u->ws_size);
+  if (st != MOE8_OK) TU_FAIL("forward: %s", moe8_last_error());
+  const moe8_layer_grads g = {u->dx, u->dwr, u->dwg, u->dwu, u->dwd};
+  st = moe8_layer_backward(u->L, u->x, u->T, u->r, u->ws, u->ws_size, &g);
+  if (st != MOE8_OK) TU_FAIL("backward: %s", moe8_last_error());
+}
+
+static void run_free(run *u) {
+  moe8_layer_destroy(u->L);
+  free(u->x); free(u->out); free(u->r); free(u->dx); free(u->dwr); free(u->dwg); free(u->dwu); free(u->dwd); free(u->ws);
+}
+
+/* Checks all five gradients of u against the reference p; tol normalized. */
+static void check_grads(run *u, ref *p, double tol, const char *what) {
+  const size_t TD = (size_t)(u->T * u->D), EDF = (size_t)(u->E * u->D * u->F);
+  double *rr = to_double(u->r, TD);
+  const struct { const char *name; double *v; size_t n; const float *g; } t[] = {
+    {"dx", p->x, TD, u->dx}, {"dWr", p->wr, (size_t)(u->D * u->E), u->dwr}, {"dWg", p->wg, EDF, u->dwg},
+    {"dWu", p->wu, EDF, u->dwu}, {"dWd", p->wd, EDF, u->dwd},
+  };
+  for (int i = 0; i < 5; i++) {
+    const double err = fd_error(p, rr, t[i].v, t[i].n, t[i].g);
+    if (!(err <= tol)) TU_FAIL("%s: %s normalized error %.3g > %.1g", what, t[i].name, err, tol);
+  }
+  free(rr);
+}
+
+static void test_f32_gradients_vs_finite_differences(void **state) {
+  (void)state;
+  static const struct { const char *name; moe8_layer_config c; int dead_expert; } cases[] = {
+    {"softmax top2 norm aux, expert 3 unused", {4, 2, 8, 6, MOE8_SCORE_SOFTMAX, true, 0, true, 0, 0.01f}, 3},
+    {"softmax top_k = E, scaled", {4, 4, 8, 6, MOE8_SCORE_SOFTMAX, false, 2.0f, false, 0, 0}, -1},
+    {"sigmoid top2 norm, bias, scaled", {5, 2, 7, 5, MOE8_SCORE_SIGMOID, true, 1.5f, true, 0, 0}, -1},
+    {"softmax top1", {3, 1, 9, 4, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0.02f}, -1},
+  };
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    run u;
+    run_init(&u, &cases[ci].c, NULL, 6, 100 + ci);
+    double bias[8] = {0};
+    if (cases[ci].c.use_selection_bias) {
+      float *b = moe8_layer_weight(u.L, MOE8_W_BIAS, NULL);
+      for (int64_t e = 0; e < u.E; e++) b[e] = bias[e] = 0.05 * (double)((e * 7) % 5) - 0.1;
+      if (cases[ci].dead_expert >= 0) b[cases[ci].dead_expert] = (float)(bias[cases[ci].dead_expert] = -100.0);
+    }
+    run_fwd_bwd(&u);
+    if (cases[ci].dead_expert >= 0) /* the unused expert gets zero gradients */
+      for (int64_t i = 0; i < u.D * u.F; i++) assert_true(u.dwg[cases[ci].dead_expert * u.D * u.F + i] == 0.0f);
+    ref p = {u.T, u.D, u.F, u.E, u.K, cases[ci].c.score, cases[ci].c.norm_topk_prob,
+             cases[ci].c.routed_scaling_factor != 0 ? cases[ci].c.routed_scaling_factor : 1.0, cases[ci].c.aux_loss_weight,
+             cases[ci].c.use_selection_bias ? bias : NULL,
+             to_double(u.x, (size_t)(u.T * u.D)), to_double(moe8_layer_weight(u.L, MOE8_W_ROUTER, NULL), (size_t)(u.D * u.E)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_GATE, NULL), (size_t)(u.E * u.D * u.F)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_UP, NULL), (size_t)(u.E * u.D * u.F)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_DOWN, NULL), (size_t)(u.E * u.F * u.D)), NULL, NULL, NULL};
+    /* The forward itself agrees with the reference. */
+    double *rr = to_double(u.r, (size_t)(u.T * u.D));
+    double lf = u.aux;
+    for (int64_t i = 0; i < u.T * u.D; i++) lf += (double)u.r[i] * u.out[i];
+    const double lr = ref_loss(&p, rr);
+    if (fabs(lf - lr) > 1e-4 * (1.0 + fabs(lr))) TU_FAIL("%s: forward loss %.9g vs reference %.9g", cases[ci].name, lf, lr);
+    check_grads(&u, &p, 1e-4, cases[ci].name);
+    free(rr); free(p.x); free(p.wr); free(p.wg); free(p.wu); free(p.wd);
+    run_free(&u);
+  }
+}
+
+/* A rule set with FP8 weights and activations (tile 4 when tiled). */
+static moe8_rules *fp8_rules(const char *bwd, int tile, bool before) {
+  char txt[512];
+  snprintf(txt, sizeof txt,
+           "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", "
+           "\"act_qtype\": \"float8_e4m3fn\"%s%s%s %s}], \"quantize_before_ep_all_gather\": %s}",
+           bwd ? ", \"bwd_qtype\": \"" : "", bwd ? bwd : "", bwd ? "\"" : "", tile ? ", \"tile_size\": 4" : "",
+           before ? "true" : "false");
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(txt, strlen(txt), "inline", &rs), MOE8_OK);
+  return rs;
+}
+
+/* Straight-through reference: Ŵ as the weights, x̂ - x and ĥ - h offsets. */
+static void build_st_ref(run *u, const moe8_rules *rs, ref *p, double **keep) {
+  moe8_quant_spec as;
+  assert_true(moe8_rule_act_spec(moe8_layer_rule(u->L), &as));
+  (void)rs;
+  const int64_t T = u->T, D = u->D, F = u->F, E = u->E, K = u->K;
+  assert_int_equal(moe8_layer_prepare(u->L), MOE8_OK);
+  moe8_prepared pr;
+  assert_int_equal(moe8_layer_prepared(u->L, &pr), MOE8_OK);
+  moe8_quant_spec ws = {.qtype = pr.dtype, .gran = pr.tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, .tile = pr.tile, .clip = 1};
+  float *gu = malloc(sizeof(float) * (size_t)(E * D * 2 * F)), *wd = malloc(sizeof(float) * (size_t)(E * F * D));
+  assert_int_equal(moe8_dequantize(&ws, pr.w_gate_up, pr.s_gate_up, E, D, 2 * F, gu), MOE8_OK);
+  assert_int_equal(moe8_dequantize(&ws, pr.w_down, pr.s_down, E, F, D, wd), MOE8_OK);
+  double *wg = malloc(sizeof(double) * (size_t)(E * D * F)), *wu = malloc(sizeof(double) * (size_t)(E * D * F));
+  for (int64_t i = 0; i < E * D; i++)
+    for (int64_t c = 0; c < F; c++) { wg[i * F + c] = gu[i * 2 * F + c]; wu[i * F + c] = gu[i * 2 * F + F + c]; }
+  /* x̂ per token */
+  uint8_t *q = malloc((size_t)(T * K * (D > F ? D : F)));
+  float *s = malloc(sizeof(float) * (size_t)(T * K * (D > F ? D : F))), *xh = malloc(sizeof(float) * (size_t)(T * D));
+  assert_int_equal(moe8_quantize(&as, u->x, 1, T, D, q, s, NULL), MOE8_OK);
+  assert_int_equal(moe8_dequantize(&as, q, s, 1, T, D, xh), MOE8_OK);
+  double *xoff = malloc(sizeof(double) * (size_t)(T * D));
+  for (int64_t i = 0; i < T * D; i++) xoff[i] = (double)xh[i] - (double)u->x[i];
+  *p = (ref){T, D, F, E, K, MOE8_SCORE_SOFTMAX, true, 1.0, 0.0, NULL,
+             to_double(u->x, (size_t)(T * D)), to_double(moe8_layer_weight(u->L, MOE8_W_ROUTER, NULL), (size_t)(D * E)),
+             wg, wu, to_double(wd, (size_t)(E * F * D)), xoff, NULL, NULL};
+  /* ĥ per assignment row, from h at the base point. */
+  double *h = malloc(sizeof(double) * (size_t)(T * K * F)), *hoff = malloc(sizeof(double) * (size_t)(T * K * F));
+  float *hf = malloc(sizeof(float) * (size_t)(T * K * F)), *hh = malloc(sizeof(float) * (size_t)(T * K * F));
+  p->h_out = h;
+  double *rr = to_double(u->r, (size_t)(T * D));
+  ref_loss(p, rr);
+  p->h_out = NULL;
+  for (int64_t i = 0; i < T * K * F; i++) hf[i] = (float)h[i];
+  assert_int_equal(moe8_quantize(&as, hf, 1, T * K, F, q, s, NULL), MOE8_OK);
+  assert_int_equal(moe8_dequantize(&as, q, s, 1, T * K, F, hh), MOE8_OK);
+  for (int64_t i = 0; i < T * K * F; i++) hoff[i] = (double)hh[i] - h[i];
+  p->hoff = hoff;
+  keep[0] = xoff; keep[1] = hoff; keep[2] = h;
+  free(gu); free(wd); free(q); free(s); free(xh); free(hf); free(hh); free(rr);
+}
+
+static void free_ref(ref *p, double **keep) {
+  free(p->x); free(p->wr); free(p->wg); free(p->wu); free(p->wd);
+  for (int i = 0; i < 3; i++) free(keep[i]);
+}
+
+static void test_quantized_gradients_straight_through(void **state) {
+  (void)state;
+  const moe8_layer_config c = {4, 2, 8, 6, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+  for (int tile = 0; tile < 2; tile++) {
+    moe8_rules *rs = fp8_rules(NULL, tile, true);
+    run u;
+    run_init(&u, &c, rs, 6, 300 + tile);
+    run_fwd_bwd(&u);
+    ref p;
+    double *keep[3];
+    build_st_ref(&u, rs, &p, keep);
+    /* 1e-3, not 1e-4: the reference computes h in double, and an element
+    ** within 1e-6 of an FP8 rounding boundary may quantize differently from
+    ** the layer's f32 h; everything else agrees to f32 rounding. */
+    check_grads(&u, &p, 1e-3, tile ? "fp8 1x4 straight-through" : "fp8 per-token straight-through");
+    free_ref(&p, keep);
+    run_free(&u);
+    moe8_rules_destroy(rs);
+  }
+  /* With bwd_qtype the gradients carry e5m2 noise: close, but not equal. */
+  moe8_rules *rs = fp8_rules("float8_e5m2", 1, true);
+  run u;
+  run_init(&u, &c, rs, 6, 300);
+  run_fwd_bwd(&u);
+  ref p;
+  double *keep[3];
+  build_st_ref(&u, rs, &p, keep);
+  double *rr = to_double(u.r, (size_t)(u.T * u.D));
+  const double err = fd_error(&p, rr, p.wd, (size_t)(u.E * u.F * u.D), u.dwd);
+  if (!(err > 1e-6 && err < 0.25)) TU_FAIL("bwd_qtype e5m2: dWd normalized error %.3g not in (1e-6, 0.25)", err);
+  free(rr);
+  free_ref(&p, keep);
+  run_free(&u);
+  moe8_rules_destroy(rs);
+}
+
+static void test_seed_a_quantize_before_sort(void **state) {
+  (void)state;
+  const moe8_layer_config c = {8, 2, 64, 40, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0.01f};
+  for (int tile = 0; tile < 2; tile++) {
+    moe8_rules *rs = fp8_rules(NULL, tile, false);
+    run a, b;
+    run_init(&a, &c, rs, 37, 7);
+    run_init(&b, &c, rs, 37, 7);
+    moe8_layer_set_quantize_before_sort(a.L, true);
+    moe8_layer_set_quantize_before_sort(b.L, false);
+    run_fwd_bwd(&a);
+    run_fwd_bwd(&b);
+    const size_t TD = (size_t)(a.T * a.D) * 4, EDF = (size_t)(a.E * a.D * a.F) * 4;
+    assert_memory_equal(a.out, b.out, TD);
+    assert_memory_equal(&a.aux, &b.aux, 4);
+    assert_memory_equal(a.dx, b.dx, TD);
+    assert_memory_equal(a.dwr, b.dwr, (size_t)(a.D * a.E) * 4);
+    assert_memory_equal(a.dwg, b.dwg, EDF);
+    assert_memory_equal(a.dwu, b.dwu, EDF);
+    assert_memory_equal(a.dwd, b.dwd, EDF);
+    run_free(&a); run_free(&b);
+    moe8_rules_destroy(rs);
+  }
+}
+
+static void test_fused_equals_unfused_no_alloc(void **state) {
+  (void)state;
+  const char *rules_txt[] = {
+    NULL,
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\"}]}",
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"float8_e4m3fn\"}]}",
+  };
+  const moe8_layer_config c = {6, 2, 48, 40, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+  for (size_t i = 0; i < sizeof rules_txt / sizeof rules_txt[0]; i++) {
+    moe8_rules *rs = NULL;
+    if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
+    run u;
+    run_init(&u, &c, rs, 29, 50 + i);
+    assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size), MOE8_OK);
+    float *o2 = malloc(sizeof(float) * (size_t)(u.T * u.D));
+    assert_int_equal(moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size), MOE8_ERR_INVALID_ARG); /* not prepared */
+    assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
+    g_allocs = 0;
+    g_count_allocs = 1;
+    const moe8_status st = moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size);
+    g_count_allocs = 0;
+    assert_int_equal(st, MOE8_OK);
+    if (g_allocs != 0) TU_FAIL("rules %zu: the fused forward made %d allocation(s)", i, g_allocs);
+    assert_memory_equal(o2, u.out, sizeof(float) * (size_t)(u.T * u.D));
+    free(o2);
+    run_free(&u);
+    moe8_rules_destroy(rs);
+  }
+}
+
+static moe8_layer *layer_with(const char *rule_json, int64_t D, int64_t F) {
+  moe8_rules *rs = NULL;
+  if (rule_json) assert_int_equal(moe8_rules_parse(rule_json, strlen(rule_json), "inline", &rs), MOE8_OK);
+  const moe8_layer_config c = {3, 1, D, F, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
+  moe8_rules_destroy(rs);
+  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  return L;
+}
+
+static void test_seed_b_table(void **state) {
+  (void)state;
+  moe8_prepared p;
+  /* Weights untouched: no rule, no weight_qtype, e5m2. */
+  const char *untouched[] = {NULL, "{\"rules\": [{\"module_path\": \"experts\", \"act_qtype\": \"int8\"}]}",
+                             "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e5m2\"}]}"};
+  for (int i = 0; i < 3; i++) {
+    moe8_layer *L = layer_with(untouched[i], 32, 16);
+    assert_int_equal(moe8_layer_prepared(L, &p), MOE8_OK);
+    assert_int_equal(p.dtype, MOE8_DTYPE_F32);
+    assert_null(p.s_gate_up);
+    assert_memory_equal(p.w_down, moe8_layer_weight(L, MOE8_W_DOWN, NULL), sizeof(float) * 3 * 32 * 16);
+    if (i == 2) assert_non_null(strstr(moe8_layer_describe(L), "notice"));
+    moe8_layer_destroy(L);
+  }
+  /* e4m3 per-channel [E,1,1,N], tile 64 on K = 256 -> [E,4,1,N], i8 [E,1,1,N]:
+  ** scales equal an independent column absmax, values within the bound. */
+  static const struct { const char *json; moe8_dtype t; int64_t tile, nb_gu; double bound; } q[] = {
+    {"{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\"}]}", MOE8_DTYPE_F8E4M3, 0, 1, 1.0 / 16},
+    {"{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 64}]}", MOE8_DTYPE_F8E4M3, 64, 4, 1.0 / 16},
+    {"{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\"}]}", MOE8_DTYPE_I8, 0, 1, 1.0 / 254},
+  };
+  const int64_t E = 3, D = 256, F = 24, N = 2 * F;
+  for (int i = 0; i < 3; i++) {
+    moe8_layer *L = layer_with(q[i].json, D, F);
+    assert_int_equal(moe8_layer_prepared(L, &p), MOE8_OK);
+    assert_int_equal(p.dtype, q[i].t);
+    assert_int_equal(p.tile, q[i].tile);
+    const float *wg = moe8_layer_weight(L, MOE8_W_GATE, NULL), *wu = moe8_layer_weight(L, MOE8_W_UP, NULL);
+    const int64_t kb = q[i].tile ? q[i].tile : D;
+    for (int64_t e = 0; e < E; e++)
+      for (int64_t b = 0; b < q[i].nb_gu; b++)
+        for (int64_t n = 0; n < N; n++) {
+          float amax = 0;
+          for (int64_t k = b * kb; k < (b + 1) * kb; k++) {
+            const float v = n < F ? wg[(e * D + k) * F + n] : wu[(e * D + k) * F + n - F];
+            amax = fabsf(v) > amax ? fabsf(v) : amax;
+          }
+          const float s = p.s_gate_up[(e * q[i].nb_gu + b) * N + n];
+          assert_true(s == amax / moe8_dtype_info(q[i].t)->finite_max);
+          for (int64_t k = b * kb; k < (b + 1) * kb; k++) {
+            const float v = n < F ? wg[(e * D + k) * F + n] : wu[(e * D + k) * F + n - F];
+            const uint8_t c = ((const uint8_t *)p.w_gate_up)[(e * D + k) * N + n];
+            const float dq = (q[i].t == MOE8_DTYPE_I8 ? (float)(int8_t)c : moe8_f8e4m3_to_f32(c)) * s;
+            assert_true(fabs((double)v - dq) <= amax * q[i].bound * (1 + 1e-6));
+          }
+        }
+    moe8_layer_destroy(L);
+  }
+  /* The seed's function: a 2-D weight is an error naming its shape. */
+  float w[16] = {0};
+  uint8_t qq[16];
+  float sc[16];
+  moe8_quant_spec spec;
+  const int64_t shape2[2] = {4, 4}, shape3[3] = {1, 4, 4};
+  moe8_rule r = {.module_path = "experts", .weight_qtype = MOE8_DTYPE_F8E4M3, .weight_clip = 1, .act_clip = 1};
+  assert_int_equal(moe8_expert_weight_quantize(&r, w, 2, shape2, qq, sc, &spec, NULL), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "2-D [4, 4]"));
+  const char *notice;
+  assert_int_equal(moe8_expert_weight_quantize(&r, w, 3, shape3, qq, sc, &spec, &notice), MOE8_OK);
+  assert_int_equal(spec.qtype, MOE8_DTYPE_F8E4M3);
+  assert_true(sc[0] == 1.0f); /* all-zero weight: scale 1 */
+  r.weight_qtype = MOE8_DTYPE_F8E5M2;
+  assert_int_equal(moe8_expert_weight_quantize(&r, w, 3, shape3, qq, sc, &spec, &notice), MOE8_OK);
+  assert_int_equal(spec.qtype, MOE8_DTYPE_NONE);
+  assert_non_null(strstr(notice, "not pre-quantized"));
+  assert_int_equal(moe8_expert_weight_quantize(NULL, w, 3, shape3, qq, sc, &spec, &notice), MOE8_OK);
+  assert_int_equal(spec.qtype, MOE8_DTYPE_NONE);
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  moe8_layer *L = NULL;
+  moe8_layer_config c = {4, 5, 8, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+  assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "top_k = 5"));
+  c.top_k = 0;
+  assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  c.top_k = 2; c.hidden = 0;
+  assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  c.hidden = 8;
+  run u;
+  run_init(&u, &c, NULL, 5, 1);
+  u.x[7] = NAN; u.x[9] = INFINITY;
+  for (int i = 0; i < u.T * u.D; i++) u.out[i] = 123.0f;
+  assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "input x [5, 8] has 2 non-finite"));
+  assert_true(u.out[0] == 123.0f); /* nothing written */
+  u.x[7] = u.x[9] = 0.0f;
+  moe8_layer_weight(u.L, MOE8_W_GATE, NULL)[3] = -INFINITY;
+  assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "gate weight Wg has 1 non-finite"));
+  assert_int_equal(moe8_layer_prepare(u.L), MOE8_ERR_NONFINITE);
+  moe8_layer_weight(u.L, MOE8_W_GATE, NULL)[3] = 0.0f;
+  assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size - 64), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "workspace"));
+  assert_int_equal(moe8_layer_forward(u.L, u.x, 0, u.out, NULL, u.ws, u.ws_size), MOE8_OK); /* T = 0 */
+  assert_int_equal(moe8_layer_forward(u.L, u.x, 1, u.out, NULL, u.ws, u.ws_size), MOE8_OK); /* T = 1 */
+  assert_null(moe8_layer_weight(u.L, MOE8_W_BIAS, NULL));
+  run_free(&u);
+  moe8_layer_destroy(NULL);
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_bad_input),
+    cmocka_unit_test(test_seed_b_table),
+    cmocka_unit_test(test_fused_equals_unfused_no_alloc),
+    cmocka_unit_test(test_seed_a_quantize_before_sort),
+    cmocka_unit_test(test_f32_gradients_vs_finite_differences),
+    cmocka_unit_test(test_quantized_gradients_straight_through),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
