@@ -422,6 +422,7 @@ void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool before);
 /* The rule the layer uses (NULL: none) and a one-line description of what
 ** is quantized, e.g. "weights f8e4m3 [E,16,1,N], activations f8e4m3 1x128". */
 const moe8_rule *moe8_layer_rule(const moe8_layer *layer);
+const moe8_layer_config *moe8_layer_get_config(const moe8_layer *layer);
 const char      *moe8_layer_describe(const moe8_layer *layer);
 
 size_t      moe8_layer_workspace_size(const moe8_layer *layer, int64_t T);
@@ -481,6 +482,24 @@ moe8_status moe8_layer_prepared(const moe8_layer *layer, moe8_prepared *out);
 ** gets [E, ceil(K/tile) or 1, 1, N] floats and *spec the spec used. */
 moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, int ndim, const int64_t *shape,
                                         void *q, float *scale, moe8_quant_spec *spec, const char **notice);
+
+/* ------------------------------------------------------------------------
+** 8. Training
+**
+** A trainer holds Adam's moments for a layer's router, gate, up and down
+** weights.  Each step runs forward on x[T, D], takes the loss
+**   mean((out - target)²) + aux_loss,
+** runs backward (straight-through for quantized rules) and updates the f32
+** masters.  The caller's workspace is moe8_layer_workspace_size(T).
+*/
+typedef struct moe8_trainer moe8_trainer;
+
+moe8_status moe8_trainer_create(moe8_layer *layer, float lr, moe8_trainer **out);
+void        moe8_trainer_destroy(moe8_trainer *tr);
+/* Changes the learning rate for the next steps (schedules). */
+moe8_status moe8_trainer_set_lr(moe8_trainer *tr, float lr);
+moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *target, int64_t T, float *loss,
+                              void *ws, size_t ws_size);
 
 #ifdef __cplusplus
 }

@@ -171,6 +171,7 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
 void moe8_layer_set_quantize_before_sort(moe8_layer *L, bool before) { if (L) L->before_sort = before; }
 const moe8_rule *moe8_layer_rule(const moe8_layer *L) { return L && L->has_rule ? &L->rule : NULL; }
 const char *moe8_layer_describe(const moe8_layer *L) { return L ? L->describe : ""; }
+const moe8_layer_config *moe8_layer_get_config(const moe8_layer *L) { return L ? &L->cfg : NULL; }
 
 /* ---- workspace ---------------------------------------------------------------- */
 typedef struct ws_layout {

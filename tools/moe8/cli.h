@@ -14,6 +14,7 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 /* Prints "moe8: <status>: <detail>" on stderr and returns EXIT_FAIL. */
 int cli_report(moe8_status st, const char *what);

@@ -14,6 +14,7 @@ static const struct {
   int (*run)(int, char **);
 } g_cmds[] = {
   {"demo",  "quantization error of every format and granularity on random data", cmd_demo},
+  {"train", "a student layer learns a random teacher (f32 or FP8 quantization-aware)", cmd_train},
   {"bench", "benchmarks: 'moe8 bench quant' (quantizer throughput vs memory bandwidth)", cmd_bench},
 };
 
