@@ -501,6 +501,115 @@ moe8_status moe8_trainer_set_lr(moe8_trainer *tr, float lr);
 moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *target, int64_t T, float *loss,
                               void *ws, size_t ws_size);
 
+/* ------------------------------------------------------------------------
+** 9. Files (SPEC §9)
+**
+** safetensors: read by mmap, every offset, size, dtype and shape checked
+** against the file before a tensor is handed out; written to a temporary
+** name and renamed.  .npy: v1/v2, little-endian.  Errors name the file,
+** the tensor and the byte offset.
+*/
+typedef enum moe8_file_dtype {
+  MOE8_FDT_F32 = 0, MOE8_FDT_F16, MOE8_FDT_BF16, MOE8_FDT_F8_E4M3, MOE8_FDT_F8_E5M2,
+  MOE8_FDT_I8, MOE8_FDT_U8, MOE8_FDT_I32, MOE8_FDT_I64, MOE8_FDT_COUNT
+} moe8_file_dtype;
+
+#define MOE8_MAX_DIMS 8
+
+typedef struct moe8_tensor_view {
+  const char     *name;
+  moe8_file_dtype dtype;
+  int             ndim;
+  int64_t         shape[MOE8_MAX_DIMS];
+  const void     *data;      /* inside the mapping: may be unaligned */
+  size_t          nbytes;
+  size_t          offset;    /* byte offset of the data in the file  */
+} moe8_tensor_view;
+
+const char *moe8_file_dtype_name(moe8_file_dtype t);   /* "F32", "BF16", ... */
+size_t      moe8_file_dtype_size(moe8_file_dtype t);
+
+typedef struct moe8_st_file moe8_st_file;
+
+/* Maps and validates a whole safetensors file (header capped at 100 MiB). */
+moe8_status moe8_st_open(const char *path, moe8_st_file **out);
+/* The same validation on bytes in memory (name is used in messages); the
+** buffer must outlive the handle. */
+moe8_status moe8_st_parse(const void *buf, size_t len, const char *name, moe8_st_file **out);
+void        moe8_st_close(moe8_st_file *f);
+size_t      moe8_st_count(const moe8_st_file *f);
+const moe8_tensor_view *moe8_st_at(const moe8_st_file *f, size_t i);   /* sorted by name */
+const moe8_tensor_view *moe8_st_find(const moe8_st_file *f, const char *name);
+const char *moe8_st_path(const moe8_st_file *f);
+
+/* Writes tensors (data pointers are the caller's) as one safetensors file
+** through path.tmp and a rename; on failure nothing is left at path. */
+moe8_status moe8_st_write(const char *path, const moe8_tensor_view *tensors, size_t count);
+
+/* Reads a whole .npy (v1/v2, C order, little-endian <f4, <f2, <u2 read as
+** bf16, |i1, |u1).  *data is malloc'ed (free it). */
+moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int *ndim, int64_t shape[MOE8_MAX_DIMS],
+                          void **data);
+moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_file_dtype *dtype, int *ndim,
+                           int64_t shape[MOE8_MAX_DIMS], size_t *data_offset);
+/* Writes a v1 .npy (F32 as <f4, BF16 as <u2, F16 as <f2, I8, U8) via a rename. */
+moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, const int64_t *shape, const void *data);
+
+/* Writes the parts, in order, to path.tmp, flushes and renames it over
+** path; on any failure the temporary file is removed and path is untouched. */
+moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, const size_t *lens, size_t nparts);
+
+/* Any of F32, F16, BF16, F8_E4M3, F8_E5M2, I8, U8 to f32 (exact). */
+moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dtype t, size_t count);
+
+/* Hugging Face config.json of an MoE model. */
+typedef enum moe8_arch {
+  MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3
+} moe8_arch;
+
+typedef struct moe8_hf_config {
+  moe8_arch         arch;
+  char              model_type[64];
+  int64_t           num_layers;
+  moe8_layer_config layer;          /* E, top_k, D, F, score, norm, scaling */
+  bool              fp8;            /* quantization_config quant_method fp8   */
+  int64_t           block_n, block_k; /* weight_block_size                    */
+  bool              has_bias;       /* DeepSeek e_score_correction_bias       */
+} moe8_hf_config;
+
+moe8_status moe8_hf_config_load(const char *path, moe8_hf_config *out);
+moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name, moe8_hf_config *out);
+const char *moe8_arch_name(moe8_arch a);
+
+/* A model directory: config.json and one or more *.safetensors shards. */
+typedef struct moe8_model moe8_model;
+
+moe8_status moe8_model_open(const char *dir, moe8_model **out);
+void        moe8_model_close(moe8_model *m);
+const moe8_hf_config   *moe8_model_config(const moe8_model *m);
+size_t                  moe8_model_tensor_count(const moe8_model *m);
+const moe8_tensor_view *moe8_model_tensor_at(const moe8_model *m, size_t i);
+const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name);
+/* The checkpoint's expert-weight format: "f32/bf16/f16 (unquantized)",
+** "deepseek f8e4m3 128x128 blocks" or "moe8 f8e4m3 [E,16,1,N]" and so on. */
+const char *moe8_model_format(const moe8_model *m, int64_t layer);
+
+/* The tensor-name prefix of layer L's MoE block: "model.layers.L.mlp." or,
+** for Mixtral, "model.layers.L.block_sparse_moe.". */
+void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap);
+
+/* A layer from layer L of the model, with the rule that matches
+** "<prefix>experts".  f32/bf16/f16 weights are converted to the f32
+** masters; DeepSeek FP8 blocks and moe8's [E, nb, 1, N] weights are
+** installed as the prepared weights as they are (no re-quantization), and
+** the layer is then ready for moe8_layer_forward_fused.  Every tensor's
+** presence, dtype and shape is checked against the config. */
+moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, moe8_layer **out);
+
+/* Installs already-quantized expert weights as a layer's prepared weights
+** (copied); the masters become their dequantized values. */
+moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -296,6 +296,45 @@ moe8_status moe8_layer_prepared(const moe8_layer *L, moe8_prepared *o) {
   return MOE8_OK;
 }
 
+moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
+  if (!L || !p) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
+  if (p->dtype != MOE8_DTYPE_F8E4M3 && p->dtype != MOE8_DTYPE_I8)
+    return moe8__fail(MOE8_ERR_DTYPE, "layer: prepared weights must be f8e4m3 or i8");
+  if (p->tile < 0) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: prepared tile %lld", (long long)p->tile);
+  if (L->aq && L->aspec.tile && p->tile && L->aspec.tile != p->tile)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: the activation tile %lld does not match the weights' block %lld along K",
+                      (long long)L->aspec.tile, (long long)p->tile);
+  const moe8_quant_spec s = {.qtype = p->dtype, .gran = p->tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, .tile = p->tile, .clip = 1.0f};
+  const size_t ngu = moe8_quant_scale_count(&s, E, D, 2 * F, NULL), nd = moe8_quant_scale_count(&s, E, F, D, NULL);
+  uint8_t *gq = realloc(L->wgu_q, (size_t)(E * D * 2 * F)), *dq = gq ? realloc(L->wd_q, (size_t)(E * F * D)) : NULL;
+  if (gq) L->wgu_q = gq;
+  if (dq) L->wd_q = dq;
+  float *gs = dq ? realloc(L->wgu_s, ngu * sizeof(float)) : NULL, *ds = gs ? realloc(L->wd_s, nd * sizeof(float)) : NULL;
+  if (gs) L->wgu_s = gs;
+  if (ds) L->wd_s = ds;
+  if (!ds) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for prepared weights");
+  memcpy(L->wgu_q, p->w_gate_up, (size_t)(E * D * 2 * F));
+  memcpy(L->wd_q, p->w_down, (size_t)(E * F * D));
+  memcpy(L->wgu_s, p->s_gate_up, ngu * sizeof(float));
+  memcpy(L->wd_s, p->s_down, nd * sizeof(float));
+  L->wq = true;
+  L->wspec = s;
+  /* Masters: the dequantized values, split back into Wg and Wu. */
+  moe8_status st = moe8_dequantize(&s, L->wgu_q, L->wgu_s, E, D, 2 * F, L->wgu_f32);
+  if (st == MOE8_OK) st = moe8_dequantize(&s, L->wd_q, L->wd_s, E, F, D, L->w[MOE8_W_DOWN]);
+  if (st != MOE8_OK) return st;
+  for (int64_t i = 0; i < E * D; i++) {
+    memcpy(L->w[MOE8_W_GATE] + i * F, L->wgu_f32 + i * 2 * F, sizeof(float) * (size_t)F);
+    memcpy(L->w[MOE8_W_UP] + i * F, L->wgu_f32 + i * 2 * F + F, sizeof(float) * (size_t)F);
+  }
+  snprintf(L->describe, sizeof L->describe, "weights %s [E,%s,1,N] (loaded pre-quantized), activations %s%s",
+           moe8_dtype_info(p->dtype)->name, p->tile ? "K/tile" : "1", L->aq ? moe8_dtype_info(L->aspec.qtype)->name : "f32",
+           L->aq ? (L->aspec.tile ? " 1xtile" : " per-token") : "");
+  L->prepared = true;
+  return MOE8_OK;
+}
+
 static moe8_operand weight_operand(const moe8_layer *L, bool down) {
   if (!L->wq) return (moe8_operand){MOE8_DTYPE_F32, down ? L->w[MOE8_W_DOWN] : L->wgu_f32, NULL, MOE8_GRAN_TENSOR, 0};
   return (moe8_operand){L->wspec.qtype, down ? (const void *)L->wd_q : (const void *)L->wgu_q, down ? L->wd_s : L->wgu_s,

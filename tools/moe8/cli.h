@@ -15,6 +15,18 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_init(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+struct cJSON;
+/* Pretty-prints JSON to path through a temporary file and a rename. */
+int cli_write_json(const char *path, struct cJSON *root);
+/* Creates a directory (an existing one is fine). */
+int cli_mkdir(const char *dir);
+/* Parses a positive integer; 0 when it is not one. */
+int cli_parse_i64(const char *s, int64_t *v);
 
 /* Prints "moe8: <status>: <detail>" on stderr and returns EXIT_FAIL. */
 int cli_report(moe8_status st, const char *what);

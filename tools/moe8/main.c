@@ -6,6 +6,8 @@
 */
 #include "cli.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,6 +16,10 @@ static const struct {
   int (*run)(int, char **);
 } g_cmds[] = {
   {"demo",  "quantization error of every format and granularity on random data", cmd_demo},
+  {"init",     "a random MoE model in Hugging Face naming from a config.json", cmd_init},
+  {"quantize", "pre-quantize a model's expert weights (moe8 or DeepSeek FP8 format)", cmd_quantize},
+  {"run",      "run one MoE layer of a model on tokens from a .npy file", cmd_run},
+  {"info",     "tensors, dtypes, shapes, architecture and quantization of a model", cmd_info},
   {"train", "a student layer learns a random teacher (f32 or FP8 quantization-aware)", cmd_train},
   {"bench", "benchmarks: 'moe8 bench quant' (quantizer throughput vs memory bandwidth)", cmd_bench},
 };
@@ -24,7 +30,7 @@ static void usage(FILE *f) {
           "usage: moe8 <command> [options]     moe8 <command> --help\n\ncommands:\n",
           MOE8_VERSION_STRING);
   for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
-    fprintf(f, "  %-8s %s\n", g_cmds[i].name, g_cmds[i].summary);
+    fprintf(f, "  %-9s %s\n", g_cmds[i].name, g_cmds[i].summary);
   fprintf(f,
           "\nenvironment: MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni forces a kernel table,\n"
           "             MOE8_DEBUG=1 prints the choice, OMP_NUM_THREADS sets threads.\n"
@@ -40,6 +46,15 @@ double cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_parse_i64(const char *s, int64_t *v) {
+  char *end;
+  errno = 0;
+  const long long x = strtoll(s, &end, 10);
+  if (errno || *end || end == s || x <= 0) return 0;
+  *v = x;
+  return 1;
 }
 
 int cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }

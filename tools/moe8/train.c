@@ -26,15 +26,6 @@ static void usage(FILE *f) {
           "  --csv FILE    write step,loss to FILE      --quiet  only the summary line\n");
 }
 
-static int parse_i64(const char *s, int64_t *v) {
-  char *end;
-  errno = 0;
-  const long long x = strtoll(s, &end, 10);
-  if (errno || *end || end == s || x <= 0) return 0;
-  *v = x;
-  return 1;
-}
-
 int cmd_train(int argc, char **argv) {
   int64_t steps = 200, T = 256, seed = 1, E = 4, K = 2, D = 16, F = 16;
   float lr = 0.05f;
@@ -45,13 +36,13 @@ int cmd_train(int argc, char **argv) {
     if (cli_is_help(a)) { usage(stdout); return EXIT_OK; }
     else if (!strcmp(a, "--fp8")) fp8 = 1;
     else if (!strcmp(a, "--quiet")) quiet = 1;
-    else if (!strcmp(a, "--steps") && v && parse_i64(v, &steps)) i++;
-    else if (!strcmp(a, "--tokens") && v && parse_i64(v, &T)) i++;
-    else if (!strcmp(a, "--seed") && v && parse_i64(v, &seed)) i++;
-    else if (!strcmp(a, "--experts") && v && parse_i64(v, &E)) i++;
-    else if (!strcmp(a, "--top-k") && v && parse_i64(v, &K)) i++;
-    else if (!strcmp(a, "--hidden") && v && parse_i64(v, &D)) i++;
-    else if (!strcmp(a, "--ffn") && v && parse_i64(v, &F)) i++;
+    else if (!strcmp(a, "--steps") && v && cli_parse_i64(v, &steps)) i++;
+    else if (!strcmp(a, "--tokens") && v && cli_parse_i64(v, &T)) i++;
+    else if (!strcmp(a, "--seed") && v && cli_parse_i64(v, &seed)) i++;
+    else if (!strcmp(a, "--experts") && v && cli_parse_i64(v, &E)) i++;
+    else if (!strcmp(a, "--top-k") && v && cli_parse_i64(v, &K)) i++;
+    else if (!strcmp(a, "--hidden") && v && cli_parse_i64(v, &D)) i++;
+    else if (!strcmp(a, "--ffn") && v && cli_parse_i64(v, &F)) i++;
     else if (!strcmp(a, "--lr") && v && (lr = strtof(v, NULL)) > 0) i++;
     else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
     else if (!strcmp(a, "--csv") && v) csv = argv[++i];

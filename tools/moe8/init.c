@@ -1,0 +1,140 @@
+/*
+** init.c — 'moe8 init': a random MoE model in Hugging Face naming, from a
+** config.json (Qwen2/3-MoE, Mixtral or DeepSeek-V3 keys), one or more
+** layers, weights N(0, 1/fan_in), stored out × in as the HF checkpoints are.
+*/
+#include "cli.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe8 init --config CONFIG.json --out DIR [--layers N] [--seed S] [--dtype f32|bf16]\n\n"
+             "Writes DIR/config.json and DIR/model.safetensors: a random MoE model with the config's\n"
+             "experts, top-k, hidden and intermediate sizes, in Hugging Face tensor names.\n"
+             "exit codes: 0 ok, 1 failure, 2 usage\n");
+}
+
+int cli_write_json(const char *path, cJSON *root) {
+  char *txt = cJSON_Print(root);
+  if (!txt) return EXIT_FAIL;
+  const void *parts[2] = {txt, "\n"};
+  const size_t lens[2] = {strlen(txt), 1};
+  moe8_status st = moe8_file_write_atomic(path, parts, lens, 2);
+  free(txt);
+  return st == MOE8_OK ? EXIT_OK : cli_report(st, "write");
+}
+
+int cli_mkdir(const char *dir) {
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "moe8: cannot create directory %s: %s\n", dir, strerror(errno));
+    return EXIT_FAIL;
+  }
+  return EXIT_OK;
+}
+
+int cmd_init(int argc, char **argv) {
+  const char *config = NULL, *outdir = NULL, *dtype = "f32";
+  int64_t layers = 0, seed = 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (cli_is_help(a)) { usage(stdout); return EXIT_OK; }
+    if (!strcmp(a, "--config") && v) config = argv[++i];
+    else if (!strcmp(a, "--out") && v) outdir = argv[++i];
+    else if (!strcmp(a, "--dtype") && v) dtype = argv[++i];
+    else if (!strcmp(a, "--layers") && v && cli_parse_i64(v, &layers)) i++;
+    else if (!strcmp(a, "--seed") && v && cli_parse_i64(v, &seed)) i++;
+    else { fprintf(stderr, "moe8 init: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
+  }
+  if (!config || !outdir || (strcmp(dtype, "f32") && strcmp(dtype, "bf16"))) { usage(stderr); return EXIT_USAGE; }
+  moe8_hf_config hc;
+  moe8_status st = moe8_hf_config_load(config, &hc);
+  if (st != MOE8_OK) return cli_report(st, "init");
+  if (layers > 0) hc.num_layers = layers;
+  const int64_t E = hc.layer.num_experts, D = hc.layer.hidden, F = hc.layer.ffn, NL = hc.num_layers;
+  const bool bf = !strcmp(dtype, "bf16");
+  const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
+  const size_t es = bf ? 2 : 4;
+  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E);
+  moe8_tensor_view *tv = calloc(per_layer * (size_t)NL, sizeof *tv);
+  char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
+  void **bufs = calloc(per_layer * (size_t)NL, sizeof *bufs);
+  if (!tv || !names || !bufs) { fprintf(stderr, "moe8 init: out of memory\n"); return EXIT_FAIL; }
+  size_t nt = 0;
+  int rc = EXIT_OK;
+  for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
+    moe8_layer *L;
+    moe8_layer_config lc = hc.layer;
+    lc.use_selection_bias = false;
+    if ((st = moe8_layer_create(&lc, NULL, "init", &L)) != MOE8_OK || (st = moe8_layer_init_random(L, (uint64_t)(seed * 1000 + l))) != MOE8_OK) {
+      rc = cli_report(st, "init");
+      break;
+    }
+    char p[64];
+    snprintf(p, sizeof p, "model.layers.%lld.%s", (long long)l, hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : "mlp.");
+    /* (name, master, rows N, cols K as stored out x in, master is [K, N] per expert) */
+    const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
+                           hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
+    for (int64_t e = -1; e < E; e++)
+      for (int w = 0; w < (e < 0 ? 1 : 3); w++) {
+        const float *src;
+        int64_t N, K;
+        if (e < 0) { src = moe8_layer_weight(L, MOE8_W_ROUTER, NULL); N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
+        else {
+          const moe8_weight_id id = w == 0 ? MOE8_W_GATE : w == 1 ? MOE8_W_UP : MOE8_W_DOWN;
+          N = w == 2 ? D : F; K = w == 2 ? F : D;
+          src = moe8_layer_weight(L, id, NULL) + e * N * K;
+          snprintf(names[nt], 256, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
+        }
+        float *tr = malloc(sizeof(float) * (size_t)(N * K));
+        bufs[nt] = malloc(es * (size_t)(N * K));
+        if (!tr || !bufs[nt]) { free(tr); rc = EXIT_FAIL; break; }
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t k = 0; k < K; k++) tr[n * K + k] = src[k * N + n]; /* [K, N] -> [N, K] */
+        moe8_convert(bufs[nt], bf ? MOE8_DTYPE_BF16 : MOE8_DTYPE_F32, tr, MOE8_DTYPE_F32, (size_t)(N * K), 0);
+        free(tr);
+        tv[nt] = (moe8_tensor_view){names[nt], fdt, 2, {N, K}, bufs[nt], es * (size_t)(N * K), 0};
+        nt++;
+      }
+    if (hc.has_bias && rc == EXIT_OK) {
+      snprintf(names[nt], 256, "%sgate.e_score_correction_bias", p);
+      bufs[nt] = calloc((size_t)E, 4);
+      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {E}, bufs[nt], 4 * (size_t)E, 0};
+      nt++;
+    }
+    moe8_layer_destroy(L);
+  }
+  char path[4096];
+  if (rc == EXIT_OK) rc = cli_mkdir(outdir);
+  if (rc == EXIT_OK) {
+    snprintf(path, sizeof path, "%s/model.safetensors", outdir);
+    if ((st = moe8_st_write(path, tv, nt)) != MOE8_OK) rc = cli_report(st, "init");
+  }
+  if (rc == EXIT_OK) {
+    /* config.json: the input's keys, with the layer count we wrote. */
+    FILE *f = fopen(config, "rb");
+    char *txt = malloc(1 << 20);
+    size_t n = f && txt ? fread(txt, 1, (1 << 20) - 1, f) : 0;
+    if (f) fclose(f);
+    cJSON *root = txt ? cJSON_ParseWithLength(txt, n) : NULL;
+    free(txt);
+    if (!root) { fprintf(stderr, "moe8 init: cannot re-read %s\n", config); rc = EXIT_FAIL; }
+    else {
+      cJSON_DeleteItemFromObjectCaseSensitive(root, "num_hidden_layers");
+      cJSON_AddNumberToObject(root, "num_hidden_layers", (double)NL);
+      snprintf(path, sizeof path, "%s/config.json", outdir);
+      rc = cli_write_json(path, root);
+      cJSON_Delete(root);
+    }
+    if (rc != EXIT_OK) { snprintf(path, sizeof path, "%s/model.safetensors", outdir); remove(path); }
+  }
+  if (rc == EXIT_OK)
+    printf("init: %s, %lld layer(s), E=%lld top_k=%lld D=%lld F=%lld, %zu tensors (%s) -> %s\n", moe8_arch_name(hc.arch), (long long)NL,
+           (long long)E, (long long)hc.layer.top_k, (long long)D, (long long)F, nt, dtype, outdir);
+  for (size_t i = 0; i < nt; i++) free(bufs[i]);
+  free(bufs); free(tv); free(names);
+  return rc;
+}

@@ -1,0 +1,104 @@
+/*
+** run.c — 'moe8 run': one MoE layer of a model on tokens from a .npy file,
+** through the fused inference path (prepared weights, no allocation per
+** call).  Reads f32/bf16/f16 checkpoints, DeepSeek FP8 checkpoints and
+** moe8's own pre-quantized ones as they are.  For an FP8 checkpoint with no
+** --rules, activations are quantized dynamically to f8e4m3 per token and
+** K block, as DeepSeek's activation_scheme "dynamic" does.
+*/
+#include "cli.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L]\n\n"
+             "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
+             "exit codes: 0 ok, 1 failure (bad file, non-finite input; no output written), 2 usage\n");
+}
+
+int cmd_run(int argc, char **argv) {
+  const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL;
+  int64_t layer = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (cli_is_help(a)) { usage(stdout); return EXIT_OK; }
+    if (!strcmp(a, "--model") && v) dir = argv[++i];
+    else if (!strcmp(a, "--input") && v) input = argv[++i];
+    else if (!strcmp(a, "--output") && v) output = argv[++i];
+    else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
+    else if (!strcmp(a, "--layer") && v) { char *e; layer = strtoll(v, &e, 10); if (*e || layer < 0) { usage(stderr); return EXIT_USAGE; } i++; }
+    else { fprintf(stderr, "moe8 run: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
+  }
+  if (!dir || !input || !output) { usage(stderr); return EXIT_USAGE; }
+  moe8_model *m = NULL;
+  moe8_rules *rules = NULL;
+  moe8_layer *L = NULL;
+  void *x = NULL, *ws = NULL;
+  float *xf = NULL, *y = NULL;
+  int rc = EXIT_OK;
+  moe8_status st = moe8_model_open(dir, &m);
+  if (st == MOE8_OK && rules_path) st = moe8_rules_load(rules_path, &rules);
+  if (st == MOE8_OK && !rules_path && strstr(moe8_model_format(m, layer), "f8e4m3")) {
+    char j[256];
+    const moe8_hf_config *hc = moe8_model_config(m);
+    snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
+             (long long)(hc->block_k ? hc->block_k : 128));
+    if (strstr(moe8_model_format(m, layer), "moe8")) { /* moe8 format: its own tile */
+      char n[256], p[128];
+      moe8_model_prefix(m, layer, p, sizeof p);
+      snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+      const moe8_tensor_view *s = moe8_model_find(m, n);
+      const int64_t nb = s && s->ndim == 4 ? s->shape[1] : 1;
+      if (nb > 1) snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
+                           (long long)((hc->layer.hidden + nb - 1) / nb));
+      else snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\"}]}");
+    }
+    st = moe8_rules_parse(j, strlen(j), "dynamic activation rule", &rules);
+  }
+  if (st == MOE8_OK) st = moe8_model_load_layer(m, layer, rules, &L);
+  if (st != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  const int64_t D = moe8_model_config(m)->layer.hidden;
+  moe8_file_dtype dt;
+  int nd;
+  int64_t shape[MOE8_MAX_DIMS];
+  if ((st = moe8_npy_read(input, &dt, &nd, shape, &x)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  if (nd != 2 || shape[1] != D) {
+    fprintf(stderr, "moe8 run: %s: shape must be [T, %lld] (the model's hidden size), got %d-D [%lld%s%lld]\n", input, (long long)D, nd,
+            nd > 0 ? (long long)shape[0] : 0LL, nd > 1 ? ", " : "", nd > 1 ? (long long)shape[1] : 0LL);
+    rc = EXIT_FAIL;
+    goto done;
+  }
+  const int64_t T = shape[0];
+  xf = malloc(sizeof(float) * (size_t)(T * D) + 4);
+  y = malloc(sizeof(float) * (size_t)(T * D) + 4);
+  if (!xf || !y) { fprintf(stderr, "moe8 run: out of memory\n"); rc = EXIT_FAIL; goto done; }
+  if ((st = moe8_file_to_f32(xf, x, dt, (size_t)(T * D))) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  size_t bad = 0;
+  int64_t first = -1;
+  for (int64_t i = 0; i < T * D; i++)
+    if (!isfinite(xf[i])) { bad++; if (first < 0) first = i; }
+  if (bad) {
+    fprintf(stderr, "moe8 run: %s: %zu non-finite value(s), first at [%lld, %lld]\n", input, bad, (long long)(first / D), (long long)(first % D));
+    rc = EXIT_FAIL;
+    goto done;
+  }
+  moe8_prepared pr;
+  if (moe8_layer_prepared(L, &pr) != MOE8_OK && (st = moe8_layer_prepare(L)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  if (posix_memalign(&ws, 64, wsz ? wsz : 64) != 0) { fprintf(stderr, "moe8 run: out of memory\n"); rc = EXIT_FAIL; goto done; }
+  const double t0 = cli_now();
+  if ((st = moe8_layer_forward_fused(L, xf, T, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  const double t1 = cli_now();
+  const int64_t oshape[2] = {T, D};
+  if ((st = moe8_npy_write(output, MOE8_FDT_F32, 2, oshape, y)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  printf("run: %s layer %lld (%s), %lld tokens, %s: %.2f ms -> %s\n", moe8_arch_name(moe8_model_config(m)->arch), (long long)layer,
+         moe8_model_format(m, layer), (long long)T, moe8_layer_describe(L), (t1 - t0) * 1e3, output);
+done:
+  free(x); free(xf); free(y); free(ws);
+  moe8_layer_destroy(L);
+  moe8_rules_destroy(rules);
+  moe8_model_close(m);
+  return rc;
+}
