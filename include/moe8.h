@@ -575,6 +575,7 @@ typedef struct moe8_hf_config {
   bool              fp8;            /* quantization_config quant_method fp8   */
   int64_t           block_n, block_k; /* weight_block_size                    */
   bool              has_bias;       /* DeepSeek e_score_correction_bias       */
+  int64_t           moe8_tile;      /* moe8_quantization.tile_size (0: none)  */
 } moe8_hf_config;
 
 moe8_status moe8_hf_config_load(const char *path, moe8_hf_config *out);

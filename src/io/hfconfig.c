@@ -119,6 +119,14 @@ moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name,
       }
     }
   }
+  const cJSON *mq = cJSON_GetObjectItemCaseSensitive(root, "moe8_quantization");
+  if (mq) {
+    bool found;
+    if (!cJSON_IsObject(mq) || (st = get_int(mq, file, "tile_size", &c->moe8_tile, &found)) != MOE8_OK) {
+      if (st == MOE8_OK) st = moe8__fail(MOE8_ERR_PARSE, "%s: \"moe8_quantization\" must be an object", file);
+      goto done;
+    }
+  }
   if (c->layer.num_experts < 1 || c->layer.top_k < 1 || c->layer.top_k > c->layer.num_experts || c->layer.hidden < 1 || c->layer.ffn < 1)
     st = moe8__fail(MOE8_ERR_PARSE, "%s: inconsistent sizes: experts %lld, num_experts_per_tok %lld, hidden %lld, ffn %lld", file,
                     (long long)c->layer.num_experts, (long long)c->layer.top_k, (long long)c->layer.hidden, (long long)c->layer.ffn);

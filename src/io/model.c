@@ -245,8 +245,14 @@ moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8
       st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)(2 * F));
       goto fail;
     }
-    const int64_t nb = gs->shape[1], tile = nb == 1 ? 0 : moe8__cdiv(D, nb);
-    if (nb > 1 && moe8__cdiv(D, tile) != nb) { st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s': %lld blocks do not tile K = %lld", n, (long long)nb, (long long)D); goto fail; }
+    /* The tile is in config.json (moe8_quantization.tile_size): a block
+    ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128). */
+    const int64_t nb = gs->shape[1], tile = nb == 1 && c->moe8_tile >= D ? 0 : c->moe8_tile;
+    if (moe8__cdiv(D, tile ? tile : D) != nb) {
+      st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s' has %lld K blocks, but moe8_quantization.tile_size %lld in config.json gives %lld",
+                      n, (long long)nb, (long long)c->moe8_tile, (long long)moe8__cdiv(D, tile ? tile : D));
+      goto fail;
+    }
     const int64_t dshape_s[4] = {E, tile ? moe8__cdiv(F, tile) : 1, 1, D};
     snprintf(n, sizeof n, "%sexperts.down_proj.scale", p);
     if ((st = need(m, n, 4, dshape_s, &ds)) != MOE8_OK) goto fail;

@@ -46,13 +46,8 @@ int cmd_run(int argc, char **argv) {
     snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
              (long long)(hc->block_k ? hc->block_k : 128));
     if (strstr(moe8_model_format(m, layer), "moe8")) { /* moe8 format: its own tile */
-      char n[256], p[128];
-      moe8_model_prefix(m, layer, p, sizeof p);
-      snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
-      const moe8_tensor_view *s = moe8_model_find(m, n);
-      const int64_t nb = s && s->ndim == 4 ? s->shape[1] : 1;
-      if (nb > 1) snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
-                           (long long)((hc->layer.hidden + nb - 1) / nb));
+      if (hc->moe8_tile > 0) snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
+                                      (long long)hc->moe8_tile);
       else snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\"}]}");
     }
     st = moe8_rules_parse(j, strlen(j), "dynamic activation rule", &rules);

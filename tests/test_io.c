@@ -1,0 +1,484 @@
+/*
+** test_io.c — SPEC §9–10: files.
+**
+** Round trips of every dtype through safetensors and .npy; the DeepSeek FP8
+** block layout (w ≈ q · scale_inv per 128×128 block, partial edge blocks);
+** and the bad-input matrix of the parsers, each case naming the file and
+** what is wrong.  (The command-level matrix, with exit codes and "no output
+** file left behind", is tests/cli_files.sh.)
+*/
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_dir[256];
+
+static const char *tmp_path(const char *name) {
+  static char buf[512];
+  snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
+  return buf;
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(g_dir, sizeof g_dir, "/tmp/moe8-test-io-XXXXXX");
+  return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_safetensors_roundtrip_all_dtypes(void **state) {
+  (void)state;
+  moe8_tensor_view t[MOE8_FDT_COUNT + 1];
+  unsigned char *bufs[MOE8_FDT_COUNT];
+  char names[MOE8_FDT_COUNT][32];
+  tu_rng_reset(3);
+  for (int d = 0; d < MOE8_FDT_COUNT; d++) {
+    const int64_t shape[3] = {3, 1 + d, 5};
+    const size_t nb = (size_t)(3 * (1 + d) * 5) * moe8_file_dtype_size((moe8_file_dtype)d);
+    bufs[d] = malloc(nb);
+    for (size_t i = 0; i < nb; i++) bufs[d][i] = (unsigned char)tu_u64();
+    snprintf(names[d], sizeof names[d], "t.%s", moe8_file_dtype_name((moe8_file_dtype)d));
+    t[d] = (moe8_tensor_view){names[d], (moe8_file_dtype)d, 3, {shape[0], shape[1], shape[2]}, bufs[d], nb, 0};
+  }
+  /* A scalar and an empty tensor too. */
+  float one = 1.5f;
+  t[MOE8_FDT_COUNT] = (moe8_tensor_view){"scalar", MOE8_FDT_F32, 0, {0}, &one, 4, 0};
+  char path[512];
+  snprintf(path, sizeof path, "%s", tmp_path("all.safetensors"));
+  assert_int_equal(moe8_st_write(path, t, MOE8_FDT_COUNT + 1), MOE8_OK);
+  assert_int_equal(access(tmp_path("all.safetensors.tmp"), F_OK), -1); /* no temporary left */
+  moe8_st_file *f;
+  assert_int_equal(moe8_st_open(path, &f), MOE8_OK);
+  assert_int_equal(moe8_st_count(f), MOE8_FDT_COUNT + 1);
+  for (int d = 0; d < MOE8_FDT_COUNT; d++) {
+    const moe8_tensor_view *r = moe8_st_find(f, names[d]);
+    assert_non_null(r);
+    assert_int_equal(r->dtype, d);
+    assert_int_equal(r->ndim, 3);
+    assert_int_equal(r->shape[1], 1 + d);
+    assert_int_equal(r->nbytes, t[d].nbytes);
+    assert_memory_equal(r->data, bufs[d], t[d].nbytes);
+    free(bufs[d]);
+  }
+  const moe8_tensor_view *s = moe8_st_find(f, "scalar");
+  assert_int_equal(s->ndim, 0);
+  assert_memory_equal(s->data, &one, 4);
+  assert_null(moe8_st_find(f, "nope"));
+  moe8_st_close(f);
+}
+
+static void test_npy_roundtrip(void **state) {
+  (void)state;
+  const moe8_file_dtype dts[] = {MOE8_FDT_F32, MOE8_FDT_BF16, MOE8_FDT_F16, MOE8_FDT_I8, MOE8_FDT_U8};
+  for (size_t i = 0; i < 5; i++)
+    for (int nd = 0; nd <= 3; nd++) {
+      const int64_t shape[3] = {4, 3, 7};
+      size_t n = 1;
+      for (int d = 0; d < nd; d++) n *= (size_t)shape[d];
+      const size_t nb = n * moe8_file_dtype_size(dts[i]);
+      unsigned char *data = malloc(nb + 1);
+      for (size_t j = 0; j < nb; j++) data[j] = (unsigned char)(j * 37 + i);
+      const char *path = tmp_path("x.npy");
+      assert_int_equal(moe8_npy_write(path, dts[i], nd, shape, data), MOE8_OK);
+      moe8_file_dtype dt;
+      int rnd;
+      int64_t rs[MOE8_MAX_DIMS];
+      void *got;
+      assert_int_equal(moe8_npy_read(path, &dt, &rnd, rs, &got), MOE8_OK);
+      assert_int_equal(dt, dts[i]);
+      assert_int_equal(rnd, nd);
+      for (int d = 0; d < nd; d++) assert_int_equal(rs[d], shape[d]);
+      assert_memory_equal(got, data, nb);
+      free(got);
+      free(data);
+    }
+  /* f16 and bf16 convert to f32 exactly. */
+  const uint16_t h[4] = {0x3C00, 0xC000, 0x0001, 0x7C00}; /* 1, -2, 2^-24, inf */
+  float f[4];
+  assert_int_equal(moe8_file_to_f32(f, h, MOE8_FDT_F16, 4), MOE8_OK);
+  assert_true(f[0] == 1.0f && f[1] == -2.0f && f[2] == 0x1p-24f && isinf(f[3]));
+}
+
+/* Bytes of a safetensors file with the given header and data length. */
+static size_t make_st(unsigned char *buf, const char *header, size_t data_len, uint64_t hlen_override) {
+  const size_t hl = strlen(header);
+  const uint64_t v = hlen_override ? hlen_override : hl;
+  for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(v >> (8 * i));
+  memcpy(buf + 8, header, hl);
+  memset(buf + 8 + hl, 0, data_len);
+  return 8 + hl + data_len;
+}
+
+static void test_safetensors_bad_input(void **state) {
+  (void)state;
+  static const struct { const char *header; size_t data; uint64_t hlen; const char *want; } cases[] = {
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, 0, "outside the 4 data bytes"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, 1000, "runs past the end"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, (uint64_t)1 << 40, "exceeds"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, 0, "needs 12"},
+    {"{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, 0, "unknown dtype 'F33'"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+     12, 0, "overlap"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, 0, "outside"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, 0, "non-negative"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, 0, "malformed JSON"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, 0, "missing data_offsets"},
+    {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}", 8, 0, "2^64"},
+    {"[1,2]", 0, 0, "not a JSON object"},
+  };
+  unsigned char buf[1024];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const size_t n = make_st(buf, cases[i].header, cases[i].data, cases[i].hlen);
+    moe8_st_file *f = (moe8_st_file *)0x1;
+    const moe8_status st = moe8_st_parse(buf, n, "bad.safetensors", &f);
+    if (st != MOE8_ERR_FORMAT) TU_FAIL("case %zu: status %s, want format error", i, moe8_status_str(st));
+    assert_null(f);
+    if (!strstr(moe8_last_error(), cases[i].want) || !strstr(moe8_last_error(), "bad.safetensors"))
+      TU_FAIL("case %zu: message \"%s\" lacks \"%s\" or the file name", i, moe8_last_error(), cases[i].want);
+  }
+  /* Truncated: fewer than 8 bytes. */
+  moe8_st_file *f;
+  assert_int_equal(moe8_st_parse(buf, 5, "short.safetensors", &f), MOE8_ERR_FORMAT);
+  assert_non_null(strstr(moe8_last_error(), "shorter than the 8-byte header length"));
+  assert_int_equal(moe8_st_open(tmp_path("missing.safetensors"), &f), MOE8_ERR_IO);
+  assert_non_null(strstr(moe8_last_error(), "missing.safetensors"));
+}
+
+static void test_npy_bad_input(void **state) {
+  (void)state;
+  static const struct { const char *hdr; size_t data; const char *want; } cases[] = {
+    {"{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", 16, "unsupported dtype '<f8'"},
+    {"{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }", 8, "fortran_order"},
+    {"{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", 8, "truncated"},
+    {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,) ", 8, "malformed header"},
+    {"{'descr': '<f4', 'shape': (2,), }", 8, "lacks"},
+    {"{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8, "unsupported dtype '>f4'"},
+  };
+  unsigned char buf[512];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const size_t hl = strlen(cases[i].hdr);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)hl;
+    buf[9] = 0;
+    memcpy(buf + 10, cases[i].hdr, hl);
+    memset(buf + 10 + hl, 0, cases[i].data);
+    moe8_file_dtype dt;
+    int nd;
+    int64_t shape[MOE8_MAX_DIMS];
+    size_t off;
+    assert_int_equal(moe8_npy_parse(buf, 10 + hl + cases[i].data, "bad.npy", &dt, &nd, shape, &off), MOE8_ERR_FORMAT);
+    if (!strstr(moe8_last_error(), cases[i].want)) TU_FAIL("npy case %zu: \"%s\" lacks \"%s\"", i, moe8_last_error(), cases[i].want);
+  }
+  moe8_file_dtype dt;
+  int nd;
+  int64_t shape[MOE8_MAX_DIMS];
+  size_t off;
+  assert_int_equal(moe8_npy_parse("NOTNUMPYxx", 10, "x.npy", &dt, &nd, shape, &off), MOE8_ERR_FORMAT);
+  assert_non_null(strstr(moe8_last_error(), "bad magic"));
+}
+
+static void test_hf_configs(void **state) {
+  (void)state;
+  moe8_hf_config c;
+  const char *qwen = "{\"model_type\":\"qwen2_moe\",\"num_experts\":60,\"num_experts_per_tok\":4,\"hidden_size\":2048,"
+                     "\"moe_intermediate_size\":1408,\"intermediate_size\":5632,\"norm_topk_prob\":false,\"num_hidden_layers\":24}";
+  assert_int_equal(moe8_hf_config_parse(qwen, strlen(qwen), "qwen", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_QWEN2_MOE);
+  assert_int_equal(c.layer.num_experts, 60);
+  assert_int_equal(c.layer.ffn, 1408);
+  assert_false(c.layer.norm_topk_prob);
+  const char *mix = "{\"model_type\":\"mixtral\",\"num_local_experts\":8,\"num_experts_per_tok\":2,\"hidden_size\":4096,\"intermediate_size\":14336}";
+  assert_int_equal(moe8_hf_config_parse(mix, strlen(mix), "mixtral", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_MIXTRAL);
+  assert_int_equal(c.layer.ffn, 14336);
+  assert_true(c.layer.norm_topk_prob);
+  const char *ds = "{\"model_type\":\"deepseek_v3\",\"n_routed_experts\":256,\"num_experts_per_tok\":8,\"hidden_size\":7168,"
+                   "\"moe_intermediate_size\":2048,\"scoring_func\":\"sigmoid\",\"routed_scaling_factor\":2.5,\"norm_topk_prob\":true,"
+                   "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\",\"weight_block_size\":[128,128],\"activation_scheme\":\"dynamic\"}}";
+  assert_int_equal(moe8_hf_config_parse(ds, strlen(ds), "ds", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_DEEPSEEK_V3);
+  assert_int_equal(c.layer.score, MOE8_SCORE_SIGMOID);
+  assert_true(c.layer.routed_scaling_factor == 2.5f);
+  assert_true(c.fp8 && c.block_n == 128 && c.block_k == 128 && c.has_bias);
+  const char *bad[] = {"{\"num_experts\": 8, \"hidden_size\": 8, \"moe_intermediate_size\": 8}", "{\"num_experts\": \"8\"}",
+                       "{\"num_experts\":4,\"num_experts_per_tok\":5,\"hidden_size\":8,\"moe_intermediate_size\":8}", "{\"a\":"};
+  const char *want[] = {"num_experts_per_tok", "non-negative integer", "inconsistent", "malformed JSON"};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(moe8_hf_config_parse(bad[i], strlen(bad[i]), "config.json", &c), MOE8_ERR_PARSE);
+    if (!strstr(moe8_last_error(), want[i])) TU_FAIL("config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), want[i]);
+  }
+}
+
+/* DeepSeek blocks with partial edges: N = 200, K = 300 -> scale_inv [2, 3]. */
+static void test_deepseek_blocks(void **state) {
+  (void)state;
+  const int64_t N = 200, K = 300;
+  float *w = malloc(sizeof(float) * (size_t)(N * K)), *y = malloc(sizeof(float) * (size_t)(N * K));
+  uint8_t *q = malloc((size_t)(N * K));
+  float s[6];
+  tu_rng_reset(8);
+  tu_fill_normal(w, (size_t)(N * K), 0.1f);
+  w[199 * K + 299] = 3.0f; /* the corner block's max */
+  const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_BLOCK2D, .tile = 128, .block_n = 128, .clip = 1.0f};
+  assert_int_equal(moe8_quant_scale_count(&spec, 1, N, K, NULL), 6);
+  assert_int_equal(moe8_quantize(&spec, w, 1, N, K, q, s, NULL), MOE8_OK);
+  assert_true(s[5] == 3.0f / 448.0f);
+  assert_int_equal(moe8_dequantize(&spec, q, s, 1, N, K, y), MOE8_OK);
+  for (int64_t bn = 0; bn < 2; bn++)
+    for (int64_t bk = 0; bk < 3; bk++) {
+      float amax = 0;
+      for (int64_t n = bn * 128; n < N && n < (bn + 1) * 128; n++)
+        for (int64_t k = bk * 128; k < K && k < (bk + 1) * 128; k++) amax = fmaxf(amax, fabsf(w[n * K + k]));
+      assert_true(s[bn * 3 + bk] == amax / 448.0f);
+      for (int64_t n = bn * 128; n < N && n < (bn + 1) * 128; n++)
+        for (int64_t k = bk * 128; k < K && k < (bk + 1) * 128; k++)
+          assert_true(fabsf(w[n * K + k] - y[n * K + k]) <= amax / 16.0f * (1 + 1e-6f));
+    }
+  free(w); free(y); free(q);
+}
+
+/* ---- the command-level matrix: moe8 init/quantize/run on real files ------ */
+static const char *moe8_bin(void) {
+  const char *b = getenv("MOE8_BIN");
+  return b ? b : "./moe8";
+}
+
+/* Runs a shell command; returns its exit status, stderr in g_err. */
+static char g_err[8192];
+static int sh(const char *fmt, ...) {
+  char cmd[2048], ef[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  snprintf(ef, sizeof ef, "%s/stderr.txt", g_dir);
+  char full[3000];
+  snprintf(full, sizeof full, "%s >/dev/null 2>'%s'", cmd, ef);
+  const int rc = system(full);
+  FILE *f = fopen(ef, "r");
+  const size_t n = f ? fread(g_err, 1, sizeof g_err - 1, f) : 0;
+  g_err[n] = '\0';
+  if (f) fclose(f);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static void write_text(const char *path, const char *txt) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(txt, f);
+  fclose(f);
+}
+
+static unsigned char *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  *len = (size_t)ftell(f);
+  rewind(f);
+  unsigned char *b = malloc(*len + 1);
+  assert_int_equal(fread(b, 1, *len, f), *len);
+  fclose(f);
+  return b;
+}
+
+/* Copies model dir src to dst, rewriting the safetensors header with edit(). */
+static void corrupt(const char *src, const char *dst, void (*edit)(cJSON *root), long trunc, int bad_hlen) {
+  char a[600], b[600];
+  assert_int_equal(sh("rm -rf '%s' && cp -r '%s' '%s'", dst, src, dst), 0);
+  snprintf(a, sizeof a, "%s/model.safetensors", src);
+  snprintf(b, sizeof b, "%s/model.safetensors", dst);
+  size_t len;
+  unsigned char *bytes = read_all(a, &len);
+  uint64_t hl = 0;
+  for (int i = 7; i >= 0; i--) hl = hl << 8 | bytes[i];
+  size_t outlen = len;
+  unsigned char *out = bytes;
+  if (edit) {
+    cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)hl);
+    assert_non_null(root);
+    edit(root);
+    char *h = cJSON_PrintUnformatted(root);
+    const size_t nh = strlen(h), dl = len - 8 - (size_t)hl;
+    out = malloc(8 + nh + dl);
+    for (int i = 0; i < 8; i++) out[i] = (unsigned char)((uint64_t)nh >> (8 * i));
+    memcpy(out + 8, h, nh);
+    memcpy(out + 8 + nh, bytes + 8 + hl, dl);
+    outlen = 8 + nh + dl;
+    free(h);
+    cJSON_Delete(root);
+    free(bytes);
+  }
+  if (bad_hlen) for (int i = 0; i < 8; i++) out[i] = (unsigned char)((uint64_t)outlen >> (8 * i));
+  if (trunc) outlen = (size_t)trunc;
+  FILE *f = fopen(b, "wb");
+  assert_non_null(f);
+  fwrite(out, 1, outlen, f);
+  fclose(f);
+  free(out);
+}
+
+#define T_GATE0 "model.layers.0.mlp.experts.0.gate_proj.weight"
+#define T_UP3 "model.layers.0.mlp.experts.3.up_proj.weight"
+static void e_dtype(cJSON *r) { cJSON *t = cJSON_GetObjectItem(r, T_GATE0); cJSON_ReplaceItemInObject(t, "dtype", cJSON_CreateString("F33")); }
+static void e_range(cJSON *r) {
+  cJSON *o = cJSON_GetObjectItem(cJSON_GetObjectItem(r, T_GATE0), "data_offsets");
+  cJSON_ReplaceItemInArray(o, 1, cJSON_CreateNumber(1e9));
+}
+static void e_overlap(cJSON *r) {
+  cJSON *a = cJSON_GetObjectItem(r, T_GATE0), *b = cJSON_GetObjectItem(r, T_UP3);
+  cJSON_ReplaceItemInObject(b, "data_offsets", cJSON_Duplicate(cJSON_GetObjectItem(a, "data_offsets"), 1));
+}
+static void e_size(cJSON *r) {
+  cJSON *s = cJSON_GetObjectItem(cJSON_GetObjectItem(r, T_GATE0), "shape");
+  cJSON_ReplaceItemInArray(s, 0, cJSON_CreateNumber(17));
+}
+static void e_missing(cJSON *r) { cJSON_DeleteItemFromObject(r, T_UP3); }
+static void e_shape(cJSON *r) { /* same bytes, transposed shape */
+  cJSON *s = cJSON_GetObjectItem(cJSON_GetObjectItem(r, T_GATE0), "shape");
+  const double a = cJSON_GetArrayItem(s, 0)->valuedouble, b = cJSON_GetArrayItem(s, 1)->valuedouble;
+  cJSON_ReplaceItemInArray(s, 0, cJSON_CreateNumber(b));
+  cJSON_ReplaceItemInArray(s, 1, cJSON_CreateNumber(a));
+}
+
+static void test_cli_files(void **state) {
+  (void)state;
+  const char *M = moe8_bin();
+  char cfg[600], src[600], x[600], xnan[600], rules[600];
+  snprintf(cfg, sizeof cfg, "%s/cfg.json", g_dir);
+  snprintf(src, sizeof src, "%s/model", g_dir);
+  snprintf(x, sizeof x, "%s/x.npy", g_dir);
+  snprintf(xnan, sizeof xnan, "%s/xnan.npy", g_dir);
+  snprintf(rules, sizeof rules, "%s/rules.json", g_dir);
+  /* D = 200 and F = 136 give partial 128-blocks in both directions. */
+  write_text(cfg, "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"hidden_size\": 200,"
+                  " \"moe_intermediate_size\": 136, \"num_hidden_layers\": 1}");
+  write_text(rules, "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 128}]}");
+  if (sh("'%s' init --config '%s' --out '%s' --dtype bf16", M, cfg, src) != 0) TU_FAIL("init: %s", g_err);
+  const int64_t T = 9, D = 200, shape[2] = {T, D};
+  float xv[9 * 200];
+  tu_rng_reset(5);
+  tu_fill_normal(xv, (size_t)(T * D), 1.0f);
+  assert_int_equal(moe8_npy_write(x, MOE8_FDT_F32, 2, shape, xv), MOE8_OK);
+  xv[3 * D + 7] = NAN;
+  assert_int_equal(moe8_npy_write(xnan, MOE8_FDT_F32, 2, shape, xv), MOE8_OK);
+
+  /* 1. quantize (moe8 format) then run == the prepared fused path on the original weights. */
+  assert_int_equal(sh("'%s' quantize '%s' '%s/q8' --rules '%s'", M, src, g_dir, rules), 0);
+  assert_int_equal(sh("'%s' run --model '%s' --input '%s' --output '%s/y_orig.npy' --rules '%s'", M, src, x, g_dir, rules), 0);
+  assert_int_equal(sh("'%s' run --model '%s/q8' --input '%s' --output '%s/y_q8.npy' --rules '%s'", M, g_dir, x, g_dir, rules), 0);
+  assert_int_equal(sh("cmp '%s/y_orig.npy' '%s/y_q8.npy'", g_dir, g_dir), 0);
+
+  /* 2. DeepSeek format: exact names, dtypes, shapes; w ≈ q·scale_inv per block. */
+  assert_int_equal(sh("'%s' quantize '%s' '%s/ds' --rules '%s' --format deepseek", M, src, g_dir, rules), 0);
+  char p[600];
+  snprintf(p, sizeof p, "%s/ds", g_dir);
+  moe8_model *ds, *orig;
+  assert_int_equal(moe8_model_open(p, &ds), MOE8_OK);
+  assert_int_equal(moe8_model_open(src, &orig), MOE8_OK);
+  assert_true(moe8_model_config(ds)->fp8);
+  const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+  for (int e = 0; e < 4; e++)
+    for (int w = 0; w < 3; w++) {
+      const int64_t N = w == 2 ? 200 : 136, K = w == 2 ? 136 : 200;
+      char n[256];
+      snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.%s.weight", e, proj[w]);
+      const moe8_tensor_view *q = moe8_model_find(ds, n), *o = moe8_model_find(orig, n);
+      snprintf(n, sizeof n, "model.layers.0.mlp.experts.%d.%s.weight_scale_inv", e, proj[w]);
+      const moe8_tensor_view *s = moe8_model_find(ds, n);
+      assert_non_null(q); assert_non_null(s); assert_non_null(o);
+      assert_int_equal(q->dtype, MOE8_FDT_F8_E4M3);
+      assert_int_equal(s->dtype, MOE8_FDT_F32);
+      assert_true(q->ndim == 2 && q->shape[0] == N && q->shape[1] == K);
+      assert_true(s->ndim == 2 && s->shape[0] == 2 && s->shape[1] == 2);
+      float *wf = malloc(sizeof(float) * (size_t)(N * K)), sc[4];
+      assert_int_equal(moe8_file_to_f32(wf, o->data, o->dtype, (size_t)(N * K)), MOE8_OK);
+      memcpy(sc, s->data, 16);
+      for (int bn = 0; bn < 2; bn++)
+        for (int bk = 0; bk < 2; bk++) {
+          float amax = 0;
+          for (int64_t r = bn * 128; r < N && r < (bn + 1) * 128; r++)
+            for (int64_t c = bk * 128; c < K && c < (bk + 1) * 128; c++) amax = fmaxf(amax, fabsf(wf[r * K + c]));
+          for (int64_t r = bn * 128; r < N && r < (bn + 1) * 128; r++)
+            for (int64_t c = bk * 128; c < K && c < (bk + 1) * 128; c++) {
+              const float dq = moe8_f8e4m3_to_f32(((const uint8_t *)q->data)[r * K + c]) * sc[bn * 2 + bk];
+              if (!(fabsf(dq - wf[r * K + c]) <= amax / 16.0f * (1 + 1e-6f))) TU_FAIL("%s block (%d,%d): %g vs %g", n, bn, bk, dq, wf[r * K + c]);
+            }
+        }
+      free(wf);
+    }
+  moe8_model_close(ds);
+  moe8_model_close(orig);
+  /* ... and it runs as it is. */
+  assert_int_equal(sh("'%s' run --model '%s/ds' --input '%s' --output '%s/y_ds.npy'", M, g_dir, x, g_dir), 0);
+
+  /* 3. The bad-input matrix: a message naming the file and what is wrong,
+  ** exit 1, no output file. */
+  char bad[600];
+  snprintf(bad, sizeof bad, "%s/bad", g_dir);
+  static const struct { const char *what; void (*edit)(cJSON *); long trunc; int hlen; const char *want; } cases[] = {
+    {"truncated", NULL, 100, 0, "runs past the end"},
+    {"header length past the end", NULL, 0, 1, "runs past the end"},
+    {"offsets out of range", e_range, 0, 0, "outside the"},
+    {"overlapping", e_overlap, 0, 0, "overlap"},
+    {"byte size vs dtype x shape", e_size, 0, 0, "needs"},
+    {"unknown dtype", e_dtype, 0, 0, "unknown dtype 'F33'"},
+    {"missing expert tensor", e_missing, 0, 0, "missing tensor '" T_UP3 "'"},
+    {"wrong shape", e_shape, 0, 0, "has shape [200, 136], the config says [136, 200]"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    corrupt(src, bad, cases[i].edit, cases[i].trunc, cases[i].hlen);
+    const int rc = sh("'%s' run --model '%s' --input '%s' --output '%s/out.npy'", M, bad, x, g_dir);
+    if (rc != 1) TU_FAIL("%s: exit %d, want 1 (%s)", cases[i].what, rc, g_err);
+    if (!strstr(g_err, cases[i].want) || (!strstr(g_err, "model.safetensors") && !strstr(g_err, "tensor '")))
+      TU_FAIL("%s: message \"%s\" lacks \"%s\" or the file/tensor", cases[i].what, g_err, cases[i].want);
+    assert_int_not_equal(sh("test -e '%s/out.npy' || test -e '%s/out.npy.tmp'", g_dir, g_dir), 0);
+    assert_int_equal(sh("'%s' quantize '%s' '%s/qbad' --rules '%s'", M, bad, g_dir, rules), 1);
+    assert_int_not_equal(sh("test -e '%s/qbad/model.safetensors'", g_dir), 0);
+  }
+  /* Malformed config.json; E not matching the config; NaN in the input. */
+  corrupt(src, bad, NULL, 0, 0);
+  char c2[700];
+  snprintf(c2, sizeof c2, "%s/config.json", bad);
+  write_text(c2, "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4,");
+  assert_int_equal(sh("'%s' run --model '%s' --input '%s' --output '%s/out.npy'", M, bad, x, g_dir), 1);
+  assert_non_null(strstr(g_err, "config.json: malformed JSON"));
+  write_text(c2, "{\"model_type\": \"qwen3_moe\", \"num_experts\": 8, \"num_experts_per_tok\": 2, \"hidden_size\": 200,"
+                 " \"moe_intermediate_size\": 136, \"num_hidden_layers\": 1}");
+  assert_int_equal(sh("'%s' run --model '%s' --input '%s' --output '%s/out.npy'", M, bad, x, g_dir), 1);
+  assert_non_null(strstr(g_err, "model.layers.0.mlp.gate.weight' has shape [4, 200], the config says [8, 200]"));
+  assert_int_equal(sh("'%s' run --model '%s' --input '%s' --output '%s/out.npy'", M, src, xnan, g_dir), 1);
+  assert_non_null(strstr(g_err, "xnan.npy: 1 non-finite value(s), first at [3, 7]"));
+  assert_int_not_equal(sh("test -e '%s/out.npy'", g_dir), 0);
+  /* info on the good model names the architecture and the format. */
+  assert_int_equal(sh("{ '%s' info '%s/ds' 1>&2; }", M, g_dir), 0);
+  assert_non_null(strstr(g_err, "architecture: qwen3_moe"));
+  assert_non_null(strstr(g_err, "deepseek f8e4m3 128x128 blocks"));
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_safetensors_roundtrip_all_dtypes),
+    cmocka_unit_test(test_npy_roundtrip),
+    cmocka_unit_test(test_safetensors_bad_input),
+    cmocka_unit_test(test_npy_bad_input),
+    cmocka_unit_test(test_hf_configs),
+    cmocka_unit_test(test_deepseek_blocks),
+    cmocka_unit_test(test_cli_files),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
