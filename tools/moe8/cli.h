@@ -12,6 +12,9 @@
 
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
+/* Set by 'moe8 demo': subcommands skip their per-tensor progress lines. */
+extern int cli_quiet;
+
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);

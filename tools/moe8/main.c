@@ -37,6 +37,8 @@ static void usage(FILE *f) {
           "exit codes:  0 success, 1 failure, 2 usage error.\n");
 }
 
+int cli_quiet = 0;
+
 int cli_report(moe8_status st, const char *what) {
   fprintf(stderr, "moe8: %s: %s: %s\n", what, moe8_status_str(st), moe8_last_error());
   return EXIT_FAIL;

@@ -126,10 +126,10 @@ int cmd_quantize(int argc, char **argv) {
       if (!c1 || !c2 || !c3 || !c4) { rc = EXIT_FAIL; moe8_layer_destroy(L); break; }
       memcpy(c1, pr.w_gate_up, b1); memcpy(c2, pr.s_gate_up, b2); memcpy(c3, pr.w_down, b3); memcpy(c4, pr.s_down, b4);
       snprintf(n, sizeof n, "%sexperts.gate_up_proj.qweight", p); add(&o, n, fq, 3, s1, c1, b1, c1);
-      printf("quantize %s [%lld, %lld, %lld] -> %s\n", n, (long long)E, (long long)D, (long long)(2 * F), moe8_file_dtype_name(fq));
+      if (!cli_quiet) printf("quantize %s [%lld, %lld, %lld] -> %s\n", n, (long long)E, (long long)D, (long long)(2 * F), moe8_file_dtype_name(fq));
       snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p); add(&o, n, MOE8_FDT_F32, 4, s2, c2, b2, c2);
       snprintf(n, sizeof n, "%sexperts.down_proj.qweight", p); add(&o, n, fq, 3, s3, c3, b3, c3);
-      printf("quantize %s [%lld, %lld, %lld] -> %s\n", n, (long long)E, (long long)F, (long long)D, moe8_file_dtype_name(fq));
+      if (!cli_quiet) printf("quantize %s [%lld, %lld, %lld] -> %s\n", n, (long long)E, (long long)F, (long long)D, moe8_file_dtype_name(fq));
       snprintf(n, sizeof n, "%sexperts.down_proj.scale", p); add(&o, n, MOE8_FDT_F32, 4, s4, c4, b4, c4);
     } else {
       const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_BLOCK2D, .tile = 128, .block_n = 128, .clip = 1.0f};
@@ -152,7 +152,7 @@ int cmd_quantize(int argc, char **argv) {
           const int64_t qs[2] = {N, K}, ss[2] = {(N + 127) / 128, (K + 127) / 128};
           snprintf(n, sizeof n, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
           add(&o, n, MOE8_FDT_F8_E4M3, 2, qs, q, (size_t)(N * K), q);
-          printf("quantize %s [%lld, %lld] -> F8_E4M3 + weight_scale_inv [%lld, %lld]\n", n, (long long)N, (long long)K,
+          if (!cli_quiet) printf("quantize %s [%lld, %lld] -> F8_E4M3 + weight_scale_inv [%lld, %lld]\n", n, (long long)N, (long long)K,
                  (long long)ss[0], (long long)ss[1]);
           snprintf(n, sizeof n, "%sexperts.%lld.%s.weight_scale_inv", p, (long long)e, proj[w]);
           add(&o, n, MOE8_FDT_F32, 2, ss, s, ns * 4, s);
