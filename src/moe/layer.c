@@ -30,30 +30,13 @@
 */
 #include "../core/internal.h"
 #include "../kernels/gmm.h"
+#include "layer_internal.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct moe8_layer {
-  moe8_layer_config cfg;
-  moe8_rule         rule;           /* a copy; has_rule says if valid          */
-  bool              has_rule;
-  char              module_path[256];
-  moe8_quant_spec   wspec, aspec;   /* weight / activation specs               */
-  bool              wq, aq;         /* weights / activations quantized         */
-  bool              before_sort;
-  bool              prepared;
-  char              describe[256];
-  /* f32 masters */
-  float *w[MOE8_W_COUNT];
-  size_t n[MOE8_W_COUNT];
-  /* expert weights as the kernels consume them */
-  float   *wgu_f32;                 /* [E, D, 2F] fused masters               */
-  uint8_t *wgu_q, *wd_q;            /* quantized values                        */
-  float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
-};
 
 /* ---- small helpers ------------------------------------------------------ */
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -335,9 +318,13 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   return MOE8_OK;
 }
 
-static moe8_operand weight_operand(const moe8_layer *L, bool down) {
-  if (!L->wq) return (moe8_operand){MOE8_DTYPE_F32, down ? L->w[MOE8_W_DOWN] : L->wgu_f32, NULL, MOE8_GRAN_TENSOR, 0};
-  return (moe8_operand){L->wspec.qtype, down ? (const void *)L->wd_q : (const void *)L->wgu_q, down ? L->wd_s : L->wgu_s,
+static moe8_operand weight_operand(const moe8_layer *L, bool down, int64_t g0) {
+  const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+  const int64_t per = down ? F * D : D * 2 * F; /* elements of one expert */
+  if (!L->wq)
+    return (moe8_operand){MOE8_DTYPE_F32, (down ? L->w[MOE8_W_DOWN] : L->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
+  const int64_t nb = nblocks(down ? F : D, L->wspec.tile), N = down ? D : 2 * F;
+  return (moe8_operand){L->wspec.qtype, (down ? L->wd_q : L->wgu_q) + g0 * per, (down ? L->wd_s : L->wgu_s) + g0 * nb * N,
                         L->wspec.tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, L->wspec.tile};
 }
 
@@ -360,10 +347,44 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
 
 static inline float silu(float g) { return g / (1.0f + expf(-g)); }
 
+moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
+                                  const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
+                                  void *scratch, size_t scratch_bytes) {
+  const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+  moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                     .rhs = weight_operand(L, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu};
+  moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
+  if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
+  if (st != MOE8_OK) return st;
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t f = 0; f < F; f++) h[p * F + f] = silu(gu[p * 2 * F + f]) * gu[p * 2 * F + F + f];
+  if (L->aq && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) return st;
+  moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                      .rhs = weight_operand(L, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y};
+  st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
+  if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
+  return st;
+}
+
+float moe8__aux_loss(const moe8_layer *L, int64_t T, const int32_t *ids, const float *scores, double *f) {
+  const int64_t E = L->cfg.num_experts, A = T * L->cfg.top_k;
+  double s = 0.0;
+  for (int64_t e = 0; e < E; e++) f[e] = 0.0;
+  for (int64_t a = 0; a < A; a++) f[ids[a]] += 1.0;
+  for (int64_t e = 0; e < E; e++) {
+    double P = 0.0;
+    for (int64_t t = 0; t < T; t++) P += scores[t * E + e];
+    f[e] = A ? f[e] / (double)A : 0.0;
+    s += f[e] * (T ? P / (double)T : 0.0);
+  }
+  return (float)(L->cfg.aux_loss_weight * (double)E * s);
+}
+
 /* ---- forward ---------------------------------------------------------------------- */
 static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
   if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "layer: x has T = %lld rows", (long long)T);
   if (aux) *aux = 0.0f;
   if (T == 0) return MOE8_OK;
@@ -388,15 +409,8 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   if (st != MOE8_OK) return st;
   const int64_t rows = d.num_rows;
   if (aux && L->cfg.aux_loss_weight != 0.0f) {
-    double s = 0.0;
-    for (int64_t e = 0; e < E; e++) {
-      int64_t cnt = 0;
-      double P = 0.0;
-      for (int64_t a = 0; a < A; a++) cnt += w.ids[a] == e;
-      for (int64_t t = 0; t < T; t++) P += w.scores[t * E + e];
-      s += (double)cnt / (double)A * (P / (double)T);
-    }
-    *aux = (float)(L->cfg.aux_loss_weight * (double)E * s);
+    double f[MOE8_MAX_EXPERTS];
+    *aux = moe8__aux_loss(L, T, w.ids, w.scores, f);
   }
   /* 3. expert input rows */
   const int64_t nbD = L->aq ? nblocks(D, L->aspec.tile) : 1;
@@ -409,25 +423,16 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   }
-  if (st != MOE8_OK) return st;
-  /* 4. gate|up, SwiGLU */
-  moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
-                     .rhs = weight_operand(L, false), .out_dtype = MOE8_DTYPE_F32, .out = w.gu};
-  st = act_operand(L, w.xs, w.xsq, w.sxs, rows, D, &g.lhs);
-  if (st == MOE8_OK) st = moe8__gmm(&g, w.scratch, w.scratch_bytes);
-  if (st != MOE8_OK) return st;
-  #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < rows; p++)
-    for (int64_t f = 0; f < F; f++) w.h[p * F + f] = silu(w.gu[p * 2 * F + f]) * w.gu[p * 2 * F + F + f];
-  if (L->aq) st = moe8_quantize(&L->aspec, w.h, 1, rows, F, w.hq, w.sh, NULL);
-  if (st != MOE8_OK) return st;
-  /* 5. down, combine */
-  moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
-                      .rhs = weight_operand(L, true), .out_dtype = MOE8_DTYPE_F32, .out = w.y};
-  st = act_operand(L, w.h, w.hq, w.sh, rows, F, &g2.lhs);
-  if (st == MOE8_OK) st = moe8__gmm(&g2, w.scratch, w.scratch_bytes);
+  /* 4, 5. experts, combine */
+  if (st == MOE8_OK)
+    st = moe8__experts_forward(L, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
   if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, w.w, T, K, D, out);
   return st;
+}
+
+moe8_status moe8__layer_quantize_weights(moe8_layer *L) {
+  if (L->prepared) return MOE8_OK;
+  return quantize_weights(L);
 }
 
 moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
@@ -446,23 +451,172 @@ moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, f
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
-/* Fake quantization of rows (per row, tiled by tile) or of columns, in
-** place, for bwd_qtype. */
-static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64_t cols, bool per_column) {
+/* Fake quantization for bwd_qtype, in place: per row (tiled by the rule's
+** tile) when groups is NULL, else per column within each group's rows (the
+** operand of that group's weight-gradient matmul). */
+static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64_t cols, const int32_t *gsz, int64_t G) {
   const moe8_dtype bt = L->has_rule ? L->rule.bwd_qtype : MOE8_DTYPE_NONE;
   if (!moe8__is_qtype(bt) || rows == 0 || cols == 0) return MOE8_OK;
   moe8_quant_spec s = {.qtype = bt, .clip = 1.0f};
-  if (per_column) s.gran = MOE8_GRAN_CHANNEL;
+  if (gsz) s.gran = MOE8_GRAN_CHANNEL;
   else if (L->rule.tile_size > 0) { s.gran = MOE8_GRAN_ROW_TILE; s.tile = L->rule.tile_size; }
   else s.gran = MOE8_GRAN_ROW;
-  const size_t ns = moe8_quant_scale_count(&s, 1, rows, cols, NULL);
   uint8_t *q = malloc((size_t)(rows * cols));
-  float *sc = malloc(sizeof(float) * (ns ? ns : 1));
-  moe8_status st = q && sc ? moe8_quantize(&s, v, 1, rows, cols, q, sc, NULL) : MOE8_ERR_NOMEM;
-  if (st == MOE8_OK) st = moe8_dequantize(&s, q, sc, 1, rows, cols, v);
+  float *sc = malloc(sizeof(float) * (size_t)(rows * cols + 1));
+  moe8_status st = q && sc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+  if (!gsz) {
+    if (st == MOE8_OK) st = moe8_quantize(&s, v, 1, rows, cols, q, sc, NULL);
+    if (st == MOE8_OK) st = moe8_dequantize(&s, q, sc, 1, rows, cols, v);
+  } else {
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < G && st == MOE8_OK; g++) {
+      float *vg = v + r0 * cols;
+      st = moe8_quantize(&s, vg, 1, gsz[g], cols, q, sc, NULL);
+      if (st == MOE8_OK) st = moe8_dequantize(&s, q, sc, 1, gsz[g], cols, vg);
+      r0 += gsz[g];
+    }
+  }
   free(q); free(sc);
-  if (st == MOE8_ERR_NOMEM) return moe8__fail(st, "layer backward: out of memory");
   return st;
+}
+
+void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, const float *w, int64_t K,
+                 const float *dout, const float *y, int64_t D, float *dy, float *dwrow) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    const int64_t t = token_of[p], j = slot_of[p];
+    const float wt = w[t * K + j];
+    float s = 0.0f;
+    for (int64_t c = 0; c < D; c++) {
+      dy[p * D + c] = wt * dout[t * D + c];
+      s += dout[t * D + c] * y[p * D + c];
+    }
+    dwrow[p] = s;
+  }
+}
+
+moe8_status moe8__experts_backward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
+                                   const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
+                                   const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd) {
+  const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+  const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
+  const int64_t nw = G * D * 2 * F, nd = G * F * D;
+  float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
+  float *dgu = malloc(sizeof(float) * (2 * RF + 1)), *dgur = malloc(sizeof(float) * (2 * RF + 1)), *xh = malloc(sizeof(float) * (RD + 1));
+  float *wgu = malloc(sizeof(float) * (size_t)(nw + 1)), *wd = malloc(sizeof(float) * (size_t)(nd + 1));
+  float *dwgu = malloc(sizeof(float) * (size_t)(nw + 1));
+  moe8_status st = MOE8_OK;
+  if (!dyr || !dh || !hh || !dgu || !dgur || !xh || !wgu || !wd || !dwgu) {
+    st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+    goto done;
+  }
+  /* Straight-through: the dequantized weights and activations the forward used. */
+  {
+    const moe8_operand gw = weight_operand(L, false, g0), dw = weight_operand(L, true, g0);
+    if (L->wq) {
+      st = moe8_dequantize(&L->wspec, gw.data, gw.scale, G, D, 2 * F, wgu);
+      if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, dw.data, dw.scale, G, F, D, wd);
+      if (st != MOE8_OK) goto done;
+    } else {
+      memcpy(wgu, gw.data, sizeof(float) * (size_t)nw);
+      memcpy(wd, dw.data, sizeof(float) * (size_t)nd);
+    }
+  }
+  if (L->aq) {
+    st = moe8_dequantize(&L->aspec, xsq, sxs, 1, rows, D, xh);
+    if (st == MOE8_OK) st = moe8_dequantize(&L->aspec, hq, sh, 1, rows, F, hh);
+    if (st != MOE8_OK) goto done;
+  } else {
+    memcpy(xh, xs, sizeof(float) * RD);
+    memcpy(hh, h, sizeof(float) * RF);
+  }
+  memcpy(dyr, dy, sizeof(float) * RD);
+  if ((st = fake_quant(L, dy, rows, D, NULL, 0)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dyr, rows, D, gsz, G)) != MOE8_OK) goto done;
+  /* dh = dy · Ŵdᵀ; dWd = ĥᵀ · dy */
+  {
+    const moe8_gmm_args a = {.M = rows, .K = D, .N = F, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                             .lhs = {MOE8_DTYPE_F32, dy, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wd, NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dh};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    if (dwd) {
+      const moe8_operand l = {MOE8_DTYPE_F32, hh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dyr, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, rows, F, D, G, gsz, 0, G, dwd + g0 * F * D)) != MOE8_OK) goto done;
+    }
+  }
+  /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g). */
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t f = 0; f < F; f++) {
+      const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
+      const float sg = 1.0f / (1.0f + expf(-gv));
+      dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
+      dgu[p * 2 * F + F + f] = d * gv * sg;
+    }
+  memcpy(dgur, dgu, sizeof(float) * 2 * RF);
+  if ((st = fake_quant(L, dgu, rows, 2 * F, NULL, 0)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dgur, rows, 2 * F, gsz, G)) != MOE8_OK) goto done;
+  /* dxs = dgu · Ŵguᵀ; dWgu = x̂sᵀ · dgu */
+  {
+    const moe8_gmm_args a = {.M = rows, .K = 2 * F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                             .lhs = {MOE8_DTYPE_F32, dgu, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wgu, NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dxs};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    if (dwg || dwu) {
+      const moe8_operand l = {MOE8_DTYPE_F32, xh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dgur, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, rows, D, 2 * F, G, gsz, 0, G, dwgu)) != MOE8_OK) goto done;
+      #pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t e = 0; e < G; e++)
+        for (int64_t d = 0; d < D; d++) {
+          const float *src = dwgu + (e * D + d) * 2 * F;
+          if (dwg) memcpy(dwg + ((g0 + e) * D + d) * F, src, sizeof(float) * (size_t)F);
+          if (dwu) memcpy(dwu + ((g0 + e) * D + d) * F, src + F, sizeof(float) * (size_t)F);
+        }
+    }
+  }
+done:
+  free(dyr); free(dh); free(hh); free(dgu); free(dgur); free(xh); free(wgu); free(wd); free(dwgu);
+  return st;
+}
+
+void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, const int32_t *ids, const float *dw,
+                           const double *f, int64_t T_total, float *dl) {
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k;
+  const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+  const bool use_aux = L->cfg.aux_loss_weight != 0.0f;
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    const float *s = scores + t * E;
+    float *dst = dl + t * E;
+    for (int64_t e = 0; e < E; e++) dst[e] = 0.0f;
+    if (L->cfg.norm_topk_prob) {
+      float S = 0.0f, dot = 0.0f;
+      for (int64_t j = 0; j < K; j++) S += s[ids[t * K + j]];
+      for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[ids[t * K + j]];
+      for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
+    } else {
+      for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * dw[t * K + j];
+    }
+    if (use_aux)
+      for (int64_t e = 0; e < E; e++)
+        dst[e] += (float)((double)L->cfg.aux_loss_weight * (double)E * f[e] / (double)T_total);
+    if (L->cfg.score == MOE8_SCORE_SOFTMAX) {
+      float dot = 0.0f;
+      for (int64_t e = 0; e < E; e++) dot += s[e] * dst[e];
+      for (int64_t e = 0; e < E; e++) dst[e] = s[e] * (dst[e] - dot);
+    } else {
+      for (int64_t e = 0; e < E; e++) dst[e] = dst[e] * s[e] * (1.0f - s[e]);
+    }
+  }
+}
+
+void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, int64_t D, int64_t E) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t d = 0; d < D; d++)
+    for (int64_t t = 0; t < T; t++) {
+      const float xv = x[t * D + d];
+      for (int64_t e = 0; e < E; e++) acc[d * E + e] += xv * dl[t * E + e];
+    }
 }
 
 moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const float *dout, void *ws, size_t ws_size,
@@ -483,152 +637,32 @@ moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const 
   const size_t bad = count_nonfinite(dout, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
   const int64_t rows = w.offs[E];
-  const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
-  float *dy = malloc(sizeof(float) * (RD + 1)), *dyr = malloc(sizeof(float) * (RD + 1));
-  float *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
-  float *dgu = malloc(sizeof(float) * (2 * RF + 1)), *dgur = malloc(sizeof(float) * (2 * RF + 1));
-  float *dxs = malloc(sizeof(float) * (RD + 1)), *xh = malloc(sizeof(float) * (RD + 1));
-  float *dw = calloc((size_t)A + 1, sizeof(float)), *ds = calloc((size_t)(T * E) + 1, sizeof(float));
-  float *wgu = L->wq ? malloc(sizeof(float) * (size_t)(E * D * 2 * F)) : L->wgu_f32;
-  float *wd = L->wq ? malloc(sizeof(float) * (size_t)(E * F * D)) : L->w[MOE8_W_DOWN];
-  float *dwgu = malloc(sizeof(float) * (size_t)(E * D * 2 * F));
-  float *tmp = malloc(sizeof(float) * (size_t)(T * D + D * E) + 4);
+  float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
+  float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
+  float *dl = malloc(sizeof(float) * (size_t)(T * E + 1)), *ones = malloc(sizeof(float) * (size_t)(A + 1));
+  float *tmp = malloc(sizeof(float) * (size_t)(T * D + 1));
+  double f[MOE8_MAX_EXPERTS];
   moe8_status st = MOE8_OK;
-  if (!dy || !dyr || !dh || !hh || !dgu || !dgur || !dxs || !xh || !dw || !ds || !wgu || !wd || !dwgu || !tmp) {
-    st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
-    goto done;
-  }
-  /* Straight-through: the dequantized weights the forward used. */
-  if (L->wq) {
-    st = moe8_dequantize(&L->wspec, L->wgu_q, L->wgu_s, E, D, 2 * F, wgu);
-    if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, L->wd_q, L->wd_s, E, F, D, wd);
-    if (st != MOE8_OK) goto done;
-  }
-  /* ... and the dequantized activations. */
-  if (L->aq) {
-    st = moe8_dequantize(&L->aspec, w.xsq, w.sxs, 1, rows, D, xh);
-    if (st == MOE8_OK) st = moe8_dequantize(&L->aspec, w.hq, w.sh, 1, rows, F, hh);
-    if (st != MOE8_OK) goto done;
-  } else {
-    memcpy(xh, w.xs, sizeof(float) * RD);
-    memcpy(hh, w.h, sizeof(float) * RF);
-  }
-  /* dy[p] = w[t,j] · dout[t]; dw[t,j] = dout[t] · y[p]. */
-  #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < rows; p++) {
-    const int64_t t = w.token_of[p], j = w.slot_of[p];
-    const float wt = w.w[t * K + j];
-    float s = 0.0f;
-    for (int64_t c = 0; c < D; c++) {
-      dy[p * D + c] = wt * dout[t * D + c];
-      s += dout[t * D + c] * w.y[p * D + c];
-    }
-    dw[t * K + j] = s;
-  }
-  memcpy(dyr, dy, sizeof(float) * RD);
-  if ((st = fake_quant(L, dy, rows, D, false)) != MOE8_OK) goto done;
-  if ((st = fake_quant(L, dyr, rows, D, true)) != MOE8_OK) goto done;
-  /* dh = dy · Ŵdᵀ; dWd = ĥᵀ · dy */
-  {
-    const moe8_gmm_args a = {.M = rows, .K = D, .N = F, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
-                             .lhs = {MOE8_DTYPE_F32, dy, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wd, NULL, 0, 0},
-                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dh};
-    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
-    if (gr->dwd) {
-      const moe8_operand l = {MOE8_DTYPE_F32, hh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dyr, NULL, 0, 0};
-      if ((st = moe8_tgmm(&l, &r, rows, F, D, E, w.gsz, 0, E, gr->dwd)) != MOE8_OK) goto done;
-    }
-  }
-  /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g). */
-  #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < rows; p++)
-    for (int64_t f = 0; f < F; f++) {
-      const float gv = w.gu[p * 2 * F + f], uv = w.gu[p * 2 * F + F + f], d = dh[p * F + f];
-      const float sg = 1.0f / (1.0f + expf(-gv));
-      dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
-      dgu[p * 2 * F + F + f] = d * gv * sg;
-    }
-  memcpy(dgur, dgu, sizeof(float) * 2 * RF);
-  if ((st = fake_quant(L, dgu, rows, 2 * F, false)) != MOE8_OK) goto done;
-  if ((st = fake_quant(L, dgur, rows, 2 * F, true)) != MOE8_OK) goto done;
-  /* dxs = dgu · Ŵguᵀ; dWgu = x̂sᵀ · dgu */
-  {
-    const moe8_gmm_args a = {.M = rows, .K = 2 * F, .N = D, .num_groups = E, .group_sizes = w.gsz, .num_local = E,
-                             .lhs = {MOE8_DTYPE_F32, dgu, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wgu, NULL, 0, 0},
-                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dxs};
-    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
-    if (gr->dwg || gr->dwu) {
-      const moe8_operand l = {MOE8_DTYPE_F32, xh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dgur, NULL, 0, 0};
-      if ((st = moe8_tgmm(&l, &r, rows, D, 2 * F, E, w.gsz, 0, E, dwgu)) != MOE8_OK) goto done;
-      #pragma omp parallel for collapse(2) schedule(static)
-      for (int64_t e = 0; e < E; e++)
-        for (int64_t d = 0; d < D; d++) {
-          const float *src = dwgu + (e * D + d) * 2 * F;
-          if (gr->dwg) memcpy(gr->dwg + (e * D + d) * F, src, sizeof(float) * (size_t)F);
-          if (gr->dwu) memcpy(gr->dwu + (e * D + d) * F, src + F, sizeof(float) * (size_t)F);
-        }
-    }
-  }
-  /* dx from the experts: Σ_j dxs[pos(t, j)], slots in order. */
+  if (!dy || !dxs || !dwrow || !dw || !dl || !ones || !tmp) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
+  moe8__dy_dw(rows, w.token_of, w.slot_of, w.w, K, dout, w.y, D, dy, dwrow);
+  for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
+  st = moe8__experts_backward(L, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd);
+  if (st != MOE8_OK) goto done;
+  /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
+  for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;
+  if (gr->dx && (st = moe8_combine(dxs, rows, w.pos_of, ones, T, K, D, gr->dx)) != MOE8_OK) goto done;
+  moe8__aux_loss(L, T, w.ids, w.scores, f);
+  moe8__router_backward(L, T, w.scores, w.ids, dw, f, T, dl);
+  if (gr->dwr) moe8__router_wgrad(gr->dwr, x, dl, T, D, E);
   if (gr->dx) {
-    #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++)
-      for (int64_t j = 0; j < K; j++) {
-        const int32_t p = w.pos_of[t * K + j];
-        if (p < 0) continue;
-        for (int64_t c = 0; c < D; c++) gr->dx[t * D + c] += dxs[(int64_t)p * D + c];
-      }
-  }
-  /* Router: dw -> d scores (renormalization, scaling), + aux, -> d logits. */
-  {
-    const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
-    double f_aux[MOE8_MAX_EXPERTS];
-    const bool use_aux = L->cfg.aux_loss_weight != 0.0f;
-    if (use_aux)
-      for (int64_t e = 0; e < E; e++) {
-        int64_t cnt = 0;
-        for (int64_t a = 0; a < A; a++) cnt += w.ids[a] == e;
-        f_aux[e] = (double)L->cfg.aux_loss_weight * (double)E * ((double)cnt / (double)A) / (double)T;
-      }
-    #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-      const float *s = w.scores + t * E;
-      float *dst = ds + t * E;
-      if (L->cfg.norm_topk_prob) {
-        float S = 0.0f, dot = 0.0f;
-        for (int64_t j = 0; j < K; j++) S += s[w.ids[t * K + j]];
-        for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[w.ids[t * K + j]];
-        for (int64_t j = 0; j < K; j++) dst[w.ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
-      } else {
-        for (int64_t j = 0; j < K; j++) dst[w.ids[t * K + j]] += c * dw[t * K + j];
-      }
-      if (use_aux)
-        for (int64_t e = 0; e < E; e++) dst[e] += (float)f_aux[e];
-      if (L->cfg.score == MOE8_SCORE_SOFTMAX) {
-        float dot = 0.0f;
-        for (int64_t e = 0; e < E; e++) dot += s[e] * dst[e];
-        for (int64_t e = 0; e < E; e++) dst[e] = s[e] * (dst[e] - dot);
-      } else {
-        for (int64_t e = 0; e < E; e++) dst[e] = dst[e] * s[e] * (1.0f - s[e]);
-      }
-    }
-    /* dWr = xᵀ · dlogits; dx += dlogits · Wrᵀ */
     const int32_t one[1] = {(int32_t)T};
-    if (gr->dwr) {
-      const moe8_operand l = {MOE8_DTYPE_F32, x, NULL, 0, 0}, r = {MOE8_DTYPE_F32, ds, NULL, 0, 0};
-      if ((st = moe8_tgmm(&l, &r, T, D, E, 1, one, 0, 1, gr->dwr)) != MOE8_OK) goto done;
-    }
-    if (gr->dx) {
-      const moe8_gmm_args a = {.M = T, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
-                               .lhs = {MOE8_DTYPE_F32, ds, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
-                               .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
-      if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
-      for (int64_t i = 0; i < T * D; i++) gr->dx[i] += tmp[i];
-    }
+    const moe8_gmm_args a = {.M = T, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
+                             .lhs = {MOE8_DTYPE_F32, dl, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    for (int64_t i = 0; i < T * D; i++) gr->dx[i] += tmp[i];
   }
 done:
-  free(dy); free(dyr); free(dh); free(hh); free(dgu); free(dgur); free(dxs); free(xh); free(dw); free(ds);
-  if (L->wq) { free(wgu); free(wd); }
-  free(dwgu); free(tmp);
+  free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(ones); free(tmp);
   return st;
 }
