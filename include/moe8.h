@@ -611,6 +611,62 @@ moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8
 ** (copied); the masters become their dequantized values. */
 moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);
 
+/* ------------------------------------------------------------------------
+** 10. Expert parallelism (SPEC §7): a ring of experts over a communicator
+**
+** P ranks, E divisible by P; rank r owns experts r·E/P .. (r+1)·E/P - 1
+** and a shard of the tokens (shards may differ in size, zero included).
+** Forward: route the local tokens; quantize them per token first when the
+** layer's rule quantizes activations and quantize_before_ep_all_gather is
+** set; all-gather the token rows (q + scale rows, or f32 rows) and the
+** routing; every rank sorts all assignments the same way, runs its own
+** experts' rows, and sends each output row back to its token's owner, which
+** sums the slots in order.  Results are bit-identical for every P and to
+** the single-process layer.  Every call is collective: all ranks call it,
+** and an error on one rank is returned, with its message, on every rank.
+*/
+typedef struct moe8_comm moe8_comm;
+
+bool        moe8_has_mpi(void);                      /* built with MPI?          */
+moe8_status moe8_comm_create_single(moe8_comm **out);
+/* mpi_comm points to an MPI_Comm (MPI already initialized); it is
+** duplicated.  MOE8_ERR_UNSUPPORTED in a build without MPI. */
+moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out);
+int         moe8_comm_rank(const moe8_comm *c);
+int         moe8_comm_size(const moe8_comm *c);
+void        moe8_comm_destroy(moe8_comm *c);
+
+/* What went over the wire in the last forward and backward, as bytes this
+** rank received (its own rows included) and seconds spent in the call. */
+typedef struct moe8_ep_stats {
+  uint64_t tokens_bytes;     double tokens_s;     /* forward all-gather of token rows */
+  uint64_t routing_bytes;    double routing_s;    /* forward all-gather of ids/weights/scores */
+  uint64_t combine_bytes;    double combine_s;    /* forward all-to-all of expert outputs */
+  uint64_t dout_bytes;       double dout_s;       /* backward all-gather of dout rows */
+  uint64_t dx_bytes;         double dx_s;         /* backward all-to-all of input gradients */
+  uint64_t router_bytes;     double router_s;     /* backward relay + broadcast of dWr */
+} moe8_ep_stats;
+
+typedef struct moe8_ep moe8_ep;
+
+/* Collective.  Checks that every rank has the same config, rule, P and
+** weights (a checksum) and that P divides E; otherwise every rank gets the
+** same message.  The layer stays the caller's. */
+moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out);
+void        moe8_ep_destroy(moe8_ep *ep);
+
+/* out_local[T_local, D] for this rank's tokens; *aux_loss (may be NULL) is
+** the aux loss over all tokens. */
+moe8_status moe8_ep_forward(moe8_ep *ep, const float *x_local, int64_t T_local, float *out_local, float *aux_loss);
+
+/* Gradients at the last forward: dx [T_local, D] for this rank's tokens;
+** dwr [D, E] on every rank; dwg, dwu, dwd full-size with this rank's
+** experts written and the others zero.  Any pointer may be NULL. */
+moe8_status moe8_ep_backward(moe8_ep *ep, const float *x_local, int64_t T_local, const float *dout_local,
+                             const moe8_layer_grads *grads);
+
+const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep);
+
 #ifdef __cplusplus
 }
 #endif

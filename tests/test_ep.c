@@ -1,0 +1,239 @@
+/*
+** test_ep.c — SPEC §7–8: expert parallelism, run by ctest under
+** mpirun -n P (P = 1, 2, 4).  Every rank builds the same layer and the same
+** global tokens, runs the single-process layer on all of them as the
+** reference, then the ring of experts on its own shard, and compares bytes:
+** output, aux loss, dx (its rows), dWr, and its experts' dWg, dWu, dWd.
+** Cases: f32 and FP8 (per-token and 1×tile activations), quantize-before
+** on and off, uneven shards with a rank holding no tokens, an expert with
+** no tokens, every token on one rank's experts; and the failures: ranks
+** that disagree on the config, E not divisible by P, NaN on one rank.
+*/
+#include "testutil.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_rank, g_size;
+static moe8_comm *g_comm;
+
+typedef struct grads { float *dx, *dwr, *dwg, *dwu, *dwd; } grads;
+
+static void grads_alloc(grads *g, int64_t T, int64_t D, int64_t E, int64_t F) {
+  g->dx = malloc(sizeof(float) * (size_t)(T * D + 1));
+  g->dwr = malloc(sizeof(float) * (size_t)(D * E));
+  g->dwg = malloc(sizeof(float) * (size_t)(E * D * F));
+  g->dwu = malloc(sizeof(float) * (size_t)(E * D * F));
+  g->dwd = malloc(sizeof(float) * (size_t)(E * F * D));
+}
+
+static void grads_free(grads *g) { free(g->dx); free(g->dwr); free(g->dwg); free(g->dwu); free(g->dwd); }
+
+static moe8_rules *rules_for(int mode, bool before) {
+  if (mode == 0) return NULL;
+  char j[512];
+  snprintf(j, sizeof j,
+           "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\"%s}],"
+           " \"quantize_before_ep_all_gather\": %s}",
+           mode == 2 ? ", \"tile_size\": 16" : "", before ? "true" : "false");
+  moe8_rules *r = NULL;
+  assert_int_equal(moe8_rules_parse(j, strlen(j), "inline", &r), MOE8_OK);
+  return r;
+}
+
+/* Shards of T tokens over P ranks: uneven, sometimes empty. */
+static void shards(int variant, int64_t T, int64_t *off) {
+  static const int64_t p2[2][2] = {{15, 22}, {37, 0}}, p4[2][4] = {{10, 7, 0, 20}, {20, 0, 12, 5}};
+  off[0] = 0;
+  for (int q = 0; q < g_size; q++) {
+    const int64_t n = g_size == 1 ? T : g_size == 2 ? p2[variant][q] : g_size == 4 ? p4[variant][q] : T / g_size + (q < T % g_size);
+    off[q + 1] = off[q] + n;
+  }
+}
+
+typedef struct scenario {
+  const char *name;
+  int         mode;       /* 0 f32, 1 fp8 per-token, 2 fp8 1x16 */
+  int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts */
+  int         shard_variant;
+  float       aux, capacity;
+} scenario;
+
+static void run_scenario(const scenario *sc) {
+  const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
+  const moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, sc->bias != 0, sc->capacity, sc->aux};
+  float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
+  tu_rng_reset(4242);
+  tu_fill_normal(x, (size_t)(T * D), 1.0f);
+  tu_fill_normal(r, (size_t)(T * D), 1.0f);
+  int64_t off[5];
+  shards(sc->shard_variant, T, off);
+  const int64_t T0 = off[g_rank], Tl = off[g_rank + 1] - off[g_rank];
+  float *out_b[2] = {NULL, NULL}, aux_b[2];
+  grads gb[2];
+  for (int before = 1; before >= 0; before--) {
+    moe8_rules *rules = rules_for(sc->mode, before);
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 77), MOE8_OK);
+    if (sc->bias) {
+      float *b = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
+      for (int64_t e = 0; e < E; e++) b[e] = 0.0f;
+      if (sc->bias == 1) b[5] = -100.0f;
+      else for (int64_t e = 0; e < E / g_size && e < K; e++) b[e] = 100.0f; /* K experts, all on rank 0 */
+      if (sc->bias == 2 && E / g_size < K) b[1] = 100.0f;
+    }
+    /* The single-process reference on all T tokens. */
+    const size_t wsz = moe8_layer_workspace_size(L, T);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    float *ref = malloc(sizeof(float) * (size_t)(T * D)), ref_aux;
+    grads g;
+    grads_alloc(&g, T, D, E, F);
+    assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
+    const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd};
+    assert_int_equal(moe8_layer_backward(L, x, T, r, ws, wsz, &lg), MOE8_OK);
+    /* The ring of experts on this rank's shard. */
+    moe8_ep *ep;
+    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_OK);
+    float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
+    grads eg;
+    grads_alloc(&eg, Tl, D, E, F);
+    moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
+    if (st != MOE8_OK) TU_FAIL("%s: ep forward: %s", sc->name, moe8_last_error());
+    const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd};
+    st = moe8_ep_backward(ep, x + T0 * D, Tl, r + T0 * D, &el);
+    if (st != MOE8_OK) TU_FAIL("%s: ep backward: %s", sc->name, moe8_last_error());
+    /* Bytes, against the single process. */
+    const char *what = before ? "quantize-before" : "quantize-after";
+    if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("%s (%s, P=%d): output differs", sc->name, what, g_size);
+    if (memcmp(&aux, &ref_aux, 4) != 0 && sc->aux != 0) TU_FAIL("%s: aux loss differs", sc->name);
+    if (memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("%s (%s, P=%d): dx differs", sc->name, what, g_size);
+    if (memcmp(eg.dwr, g.dwr, sizeof(float) * (size_t)(D * E)) != 0) TU_FAIL("%s (%s, P=%d): dWr differs", sc->name, what, g_size);
+    const int64_t Eloc = E / g_size, e0 = g_rank * Eloc;
+    for (int w = 0; w < 3; w++) {
+      const float *a = w == 0 ? eg.dwg : w == 1 ? eg.dwu : eg.dwd, *b = w == 0 ? g.dwg : w == 1 ? g.dwu : g.dwd;
+      const size_t per = (size_t)(D * F);
+      if (memcmp(a + e0 * (int64_t)per, b + e0 * (int64_t)per, sizeof(float) * per * (size_t)Eloc) != 0)
+        TU_FAIL("%s (%s, P=%d): expert weight gradient %d differs", sc->name, what, g_size, w);
+      for (int64_t e = 0; e < E; e++)
+        if (e < e0 || e >= e0 + Eloc)
+          for (size_t i = 0; i < per; i++) assert_true(a[e * (int64_t)per + (int64_t)i] == 0.0f);
+    }
+    /* The bytes on the wire: with FP8 before the gather, D·(1 + 4/tile) per token. */
+    const moe8_ep_stats *s = moe8_ep_get_stats(ep);
+    if (sc->mode && before) {
+      const uint64_t per_tok = (uint64_t)D + 4u * (sc->mode == 2 ? (uint64_t)(D / 16) : 1u);
+      assert_int_equal(s->tokens_bytes, (uint64_t)T * per_tok);
+    } else {
+      assert_int_equal(s->tokens_bytes, (uint64_t)T * (uint64_t)D * 4u);
+    }
+    out_b[before] = out;
+    aux_b[before] = aux;
+    gb[before] = eg;
+    moe8_ep_destroy(ep);
+    free(ref); free(ws);
+    grads_free(&g);
+    moe8_layer_destroy(L);
+    moe8_rules_destroy(rules);
+  }
+  /* Quantize-before on vs off: the same bytes. */
+  assert_memory_equal(out_b[0], out_b[1], sizeof(float) * (size_t)(Tl * D));
+  assert_memory_equal(&aux_b[0], &aux_b[1], 4);
+  assert_memory_equal(gb[0].dx, gb[1].dx, sizeof(float) * (size_t)(Tl * D));
+  assert_memory_equal(gb[0].dwr, gb[1].dwr, sizeof(float) * (size_t)(D * E));
+  assert_memory_equal(gb[0].dwg, gb[1].dwg, sizeof(float) * (size_t)(E * D * F));
+  assert_memory_equal(gb[0].dwd, gb[1].dwd, sizeof(float) * (size_t)(E * F * D));
+  for (int b = 0; b < 2; b++) { free(out_b[b]); grads_free(&gb[b]); }
+  free(x); free(r);
+}
+
+static void test_ep_equals_single_process(void **state) {
+  (void)state;
+  static const scenario cases[] = {
+    {"f32", 0, 0, 0, 0.01f, 0},
+    {"fp8 per-token", 1, 0, 0, 0.01f, 0},
+    {"fp8 1x16", 2, 0, 1, 0, 0},
+    {"fp8 1x16, expert 5 unused", 2, 1, 0, 0.02f, 0},
+    {"fp8 per-token, all tokens on rank 0's experts", 1, 2, 1, 0, 0},
+    {"f32 with capacity 1.0", 0, 0, 0, 0, 1.0f},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_scenario(&cases[i]);
+}
+
+static void test_ep_failures(void **state) {
+  (void)state;
+  /* Ranks that disagree on the config: every rank gets the same message. */
+  if (g_size > 1) {
+    const moe8_layer_config c = {8, g_rank == 1 ? 3 : 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    moe8_layer *L;
+    moe8_ep *ep = (moe8_ep *)0x1;
+    assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 1), MOE8_OK);
+    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_ERR_INVALID_ARG);
+    assert_null(ep);
+    if (!strstr(moe8_last_error(), "ranks disagree on the layer config: rank 1 has top_k = 3, rank 0 has 2"))
+      TU_FAIL("rank %d: message \"%s\"", g_rank, moe8_last_error());
+    moe8_layer_destroy(L);
+    /* Different weights. */
+    const moe8_layer_config c2 = {8, 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    assert_int_equal(moe8_layer_create(&c2, NULL, NULL, &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, (uint64_t)(1 + (g_rank == g_size - 1))), MOE8_OK);
+    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_ERR_INVALID_ARG);
+    assert_non_null(strstr(moe8_last_error(), "weights differ"));
+    moe8_layer_destroy(L);
+  }
+  /* E not divisible by P. */
+  if (g_size > 1) {
+    const moe8_layer_config c = {g_size == 2 ? 3 : 6, 1, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    moe8_layer *L;
+    moe8_ep *ep;
+    assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
+    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_ERR_SHAPE);
+    assert_non_null(strstr(moe8_last_error(), "cannot be split evenly"));
+    moe8_layer_destroy(L);
+  }
+  /* NaN in one rank's tokens: every rank fails with that rank's message. */
+  {
+    const moe8_layer_config c = {8, 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    moe8_layer *L;
+    moe8_ep *ep;
+    assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 1), MOE8_OK);
+    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_OK);
+    float x[4 * 16], out[4 * 16];
+    for (int i = 0; i < 64; i++) x[i] = 0.1f * (float)(i % 7);
+    if (g_rank == g_size - 1) x[5] = NAN;
+    assert_int_equal(moe8_ep_forward(ep, x, 4, out, NULL), MOE8_ERR_NONFINITE);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d: ep forward: input x [4, 16] has 1 non-finite", g_size - 1);
+    if (!strstr(moe8_last_error(), want)) TU_FAIL("rank %d: message \"%s\" lacks \"%s\"", g_rank, moe8_last_error(), want);
+    /* backward without a successful forward */
+    const moe8_layer_grads gr = {NULL, NULL, NULL, NULL, NULL};
+    assert_int_equal(moe8_ep_backward(ep, x, 4, x, &gr), MOE8_ERR_INVALID_ARG);
+    moe8_ep_destroy(ep);
+    moe8_layer_destroy(L);
+  }
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  MPI_Comm world = MPI_COMM_WORLD;
+  if (moe8_comm_create_mpi(&world, &g_comm) != MOE8_OK) { fprintf(stderr, "%s\n", moe8_last_error()); MPI_Abort(MPI_COMM_WORLD, 1); }
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_ep_equals_single_process),
+    cmocka_unit_test(test_ep_failures),
+  };
+  const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  moe8_comm_destroy(g_comm);
+  int any = rc != 0, all = 0;
+  MPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return all;
+}
