@@ -7,7 +7,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$moe8" --help >/dev/null || fail "--help exits non-zero"
 "$moe8" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no command must exit 2"
 "$moe8" frobnicate >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command must exit 2"
-for c in demo bench train; do
+for c in demo bench train init quantize run info check; do
   "$moe8" $c --help >/dev/null || fail "$c --help exits non-zero"
 done
 "$moe8" demo --bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "demo --bogus must exit 2"

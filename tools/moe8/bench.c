@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -261,17 +262,95 @@ static int bench_gmm(void) {
   return EXIT_OK;
 }
 
+/* ---- moe8 bench ep ------------------------------------------------------ */
+/* Under mpirun: the token all-gather of T = 2048 tokens at D = 2048 as f32
+** rows, bf16 rows, and f8e4m3 rows with 1x128 scales (quantized first). */
+static int bench_ep_worker(void) {
+  moe8_comm *c;
+  moe8_status st = cli_comm_open(&c);
+  if (st != MOE8_OK) return cli_report(st, "bench ep");
+  const int P = moe8_comm_size(c), r = moe8_comm_rank(c);
+  const int64_t T = 2048, D = 2048, tile = 128, Tl = T / P, nb = D / tile;
+  const size_t f32row = 4 * (size_t)D, bf16row = 2 * (size_t)D, q8row = (size_t)D + 4 * (size_t)nb;
+  float *x = malloc(f32row * (size_t)Tl);
+  unsigned char *send = malloc(f32row * (size_t)Tl), *recv = malloc(f32row * (size_t)T);
+  uint8_t *q = malloc((size_t)(Tl * D));
+  float *s = malloc(sizeof(float) * (size_t)(Tl * nb));
+  if (!x || !send || !recv || !q || !s) { fprintf(stderr, "moe8 bench ep: out of memory\n"); cli_comm_close(c); return EXIT_FAIL; }
+  for (int64_t i = 0; i < Tl * D; i++) x[i] = (float)((i * 2654435761u) % 2001) * 0.001f - 1.0f;
+  const int reps = 15;
+  const double t_f32 = cli_time_allgather(c, x, f32row * (size_t)Tl, recv, reps);
+  moe8_convert(send, MOE8_DTYPE_BF16, x, MOE8_DTYPE_F32, (size_t)(Tl * D), 0);
+  const double t_bf16 = cli_time_allgather(c, send, bf16row * (size_t)Tl, recv, reps);
+  /* Quantize-before: per-token 1x128 f8e4m3, packed q | scales per row. */
+  const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_ROW_TILE, .tile = tile, .clip = 1.0f};
+  double t_q = 1e30;
+  for (int i = 0; i < reps; i++) {
+    const double t0 = cli_now();
+    moe8_quantize(&spec, x, 1, Tl, D, q, s, NULL);
+    for (int64_t t = 0; t < Tl; t++) {
+      memcpy(send + (size_t)t * q8row, q + t * D, (size_t)D);
+      memcpy(send + (size_t)t * q8row + D, s + t * nb, 4 * (size_t)nb);
+    }
+    const double dt = cli_allreduce_max(c, cli_now() - t0);
+    if (dt < t_q) t_q = dt;
+  }
+  const double t_fp8 = cli_time_allgather(c, send, q8row * (size_t)Tl, recv, reps);
+  if (r == 0) {
+    const double bt = (double)T;
+    printf("P=%d: all-gather of %lld tokens x D=%lld (best of %d, slowest rank)\n", P, (long long)T, (long long)D, reps);
+    printf("  %-34s %8.0f B/token %10.1f MB %9.3f ms\n", "f32 rows", (double)f32row, bt * (double)f32row / 1e6, t_f32 * 1e3);
+    printf("  %-34s %8.0f B/token %10.1f MB %9.3f ms\n", "bf16 rows", (double)bf16row, bt * (double)bf16row / 1e6, t_bf16 * 1e3);
+    printf("  %-34s %8.0f B/token %10.1f MB %9.3f ms (+ %.3f ms to quantize)\n", "f8e4m3 rows + 1x128 scales (before)",
+           (double)q8row, bt * (double)q8row / 1e6, t_fp8 * 1e3, t_q * 1e3);
+    printf("  bytes: f32/fp8 = %.2fx, bf16/fp8 = %.2fx;  time: f32/fp8 = %.2fx, bf16/fp8 = %.2fx "
+           "(with quantization: %.2fx, %.2fx)\n", (double)f32row / (double)q8row, (double)bf16row / (double)q8row,
+           t_f32 / t_fp8, t_bf16 / t_fp8, t_f32 / (t_fp8 + t_q), t_bf16 / (t_fp8 + t_q));
+  }
+  free(x); free(send); free(recv); free(q); free(s);
+  cli_comm_close(c);
+  return EXIT_OK;
+}
+
+static int bench_ep(void) {
+  if (cli_under_mpirun()) return bench_ep_worker();
+  if (!moe8_has_mpi()) {
+    printf("moe8 bench ep: this build has no MPI (apt-get install libopenmpi-dev openmpi-bin, then rebuild)\n");
+    return EXIT_OK;
+  }
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+    printf("moe8 bench ep: mpirun not found (apt-get install openmpi-bin)\n");
+    return EXIT_OK;
+  }
+  printf("moe8 bench ep: token all-gather with and without quantize-before, D=2048, tile 128\n"
+         "(ranks on one machine: the all-gather runs through shared memory, so the times show the\n"
+         "copy cost; across machines the byte ratio is the bandwidth ratio)\n");
+  int rc = EXIT_OK;
+  for (int P = 2; P <= 4; P += 2) {
+    char cmd[4200], self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return EXIT_FAIL;
+    self[n] = '\0';
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 mpirun %s--oversubscribe -n %d '%s' bench ep", geteuid() == 0 ? "--allow-run-as-root " : "", P, self);
+    fflush(stdout);
+    if (system(cmd) != 0) { fprintf(stderr, "moe8 bench ep: '%s' failed\n", cmd); rc = EXIT_FAIL; }
+  }
+  return rc;
+}
+
 int cmd_bench(int argc, char **argv) {
   if (argc < 2 || cli_is_help(argv[1])) {
-    printf("usage: moe8 bench quant|gmm\n\n"
+    printf("usage: moe8 bench quant|gmm|ep\n\n"
            "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB, as GB/s and\n"
            "          percent of the measured memory read bandwidth, 1 and 2 threads\n"
            "  gmm     grouped matmul per dtype at prefill (T=2048) and decode (T=4) shapes,\n"
-           "          E=8 top_k=2 D=2048 F=1408: GFLOP/s, %% of measured peak, vs OpenBLAS\n");
+           "          E=8 top_k=2 D=2048 F=1408: GFLOP/s, %% of measured peak, vs OpenBLAS\n"
+           "  ep      token all-gather bytes and time, f32 / bf16 / f8e4m3 quantized before, P = 2 and 4\n");
     return argc < 2 ? EXIT_USAGE : EXIT_OK;
   }
   if (strcmp(argv[1], "quant") == 0) return bench_quant();
   if (strcmp(argv[1], "gmm") == 0) return bench_gmm();
+  if (strcmp(argv[1], "ep") == 0) return bench_ep();
   fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[1]);
   return EXIT_USAGE;
 }

@@ -22,6 +22,15 @@ int cmd_init(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+
+/* MPI glue (mpi_glue.c): under mpirun with an MPI build, MPI_COMM_WORLD;
+** else the single-process communicator. */
+int         cli_under_mpirun(void);
+moe8_status cli_comm_open(moe8_comm **out);
+void        cli_comm_close(moe8_comm *c);
+double      cli_allreduce_max(moe8_comm *c, double v);
+double      cli_time_allgather(moe8_comm *c, const void *send, size_t n, void *recv, int reps);
 
 struct cJSON;
 /* Pretty-prints JSON to path through a temporary file and a rename. */

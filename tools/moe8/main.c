@@ -20,6 +20,7 @@ static const struct {
   {"quantize", "pre-quantize a model's expert weights (moe8 or DeepSeek FP8 format)", cmd_quantize},
   {"run",      "run one MoE layer of a model on tokens from a .npy file", cmd_run},
   {"info",     "tensors, dtypes, shapes, architecture and quantization of a model", cmd_info},
+  {"check",    "under mpirun: expert parallelism gives the single-process bytes", cmd_check},
   {"train", "a student layer learns a random teacher (f32 or FP8 quantization-aware)", cmd_train},
   {"bench", "benchmarks: 'moe8 bench quant' (quantizer throughput vs memory bandwidth)", cmd_bench},
 };

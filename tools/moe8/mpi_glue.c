@@ -1,0 +1,72 @@
+/*
+** mpi_glue.c — how the moe8 command meets MPI.  When the process runs
+** under mpirun (OMPI_COMM_WORLD_SIZE or PMI_SIZE in the environment) and
+** the build has MPI, MPI is initialized and the communicator spans
+** MPI_COMM_WORLD; otherwise it is the single-process communicator.
+*/
+#include "cli.h"
+
+#include <stdlib.h>
+#ifdef MOE8_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static int g_inited;
+
+int cli_under_mpirun(void) { return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL; }
+
+moe8_status cli_comm_open(moe8_comm **out) {
+#ifdef MOE8_HAVE_MPI
+  if (cli_under_mpirun()) {
+    if (!g_inited) {
+      int argc = 0;
+      char **argv = NULL;
+      MPI_Init(&argc, &argv);
+      g_inited = 1;
+    }
+    MPI_Comm world = MPI_COMM_WORLD;
+    return moe8_comm_create_mpi(&world, out);
+  }
+#endif
+  return moe8_comm_create_single(out);
+}
+
+void cli_comm_close(moe8_comm *c) {
+  moe8_comm_destroy(c);
+#ifdef MOE8_HAVE_MPI
+  if (g_inited) { MPI_Finalize(); g_inited = 0; }
+#endif
+}
+
+/* Max over ranks of v (a flag or a difference); v itself on one process. */
+double cli_allreduce_max(moe8_comm *c, double v) {
+#ifdef MOE8_HAVE_MPI
+  if (g_inited && moe8_comm_size(c) > 1) {
+    double r = v;
+    MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return r;
+  }
+#endif
+  (void)c;
+  return v;
+}
+
+/* A raw all-gather of n bytes per rank (bench); seconds, or -1 without MPI. */
+double cli_time_allgather(moe8_comm *c, const void *send, size_t n, void *recv, int reps) {
+#ifdef MOE8_HAVE_MPI
+  if (g_inited) {
+    double best = 1e30;
+    for (int i = 0; i < reps; i++) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      MPI_Allgather(send, (int)n, MPI_BYTE, recv, (int)n, MPI_BYTE, MPI_COMM_WORLD);
+      double t = MPI_Wtime() - t0, tmax = t;
+      MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (tmax < best) best = tmax;
+    }
+    return best;
+  }
+#endif
+  (void)c; (void)send; (void)n; (void)recv; (void)reps;
+  return -1.0;
+}
