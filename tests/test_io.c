@@ -382,6 +382,14 @@ static void test_cli_files(void **state) {
   assert_int_equal(sh("'%s' run --model '%s/q8' --input '%s' --output '%s/y_q8.npy' --rules '%s'", M, g_dir, x, g_dir, rules), 0);
   assert_int_equal(sh("cmp '%s/y_orig.npy' '%s/y_q8.npy'", g_dir, g_dir), 0);
 
+  /* ... and under mpirun the expert-parallel run writes the same bytes. */
+  if (moe8_has_mpi() && sh("command -v mpirun") == 0) {
+    assert_int_equal(sh("OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun "
+                        "--allow-run-as-root --oversubscribe -n 2 '%s' run --model '%s/q8' --input '%s' --output '%s/y_ep.npy'",
+                        M, g_dir, x, g_dir), 0);
+    assert_int_equal(sh("cmp '%s/y_q8.npy' '%s/y_ep.npy'", g_dir, g_dir), 0);
+  }
+
   /* 2. DeepSeek format: exact names, dtypes, shapes; w ≈ q·scale_inv per block. */
   assert_int_equal(sh("'%s' quantize '%s' '%s/ds' --rules '%s' --format deepseek", M, src, g_dir, rules), 0);
   char p[600];

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <stdlib.h>
+#include <string.h>
 #ifdef MOE8_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -69,4 +70,23 @@ double cli_time_allgather(moe8_comm *c, const void *send, size_t n, void *recv, 
 #endif
   (void)c; (void)send; (void)n; (void)recv; (void)reps;
   return -1.0;
+}
+
+/* Rank 0 receives every rank's rows (row_floats each), in rank order. */
+moe8_status cli_gather_rows(moe8_comm *c, const float *send, int64_t rows, int64_t row_floats, float *recv) {
+#ifdef MOE8_HAVE_MPI
+  if (g_inited && moe8_comm_size(c) > 1) {
+    const int P = moe8_comm_size(c);
+    int n = (int)(rows * row_floats), *cnt = malloc(sizeof(int) * 2 * (size_t)P);
+    if (!cnt) return MOE8_ERR_NOMEM;
+    MPI_Gather(&n, 1, MPI_INT, cnt, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    for (int q = 0, off = 0; q < P; q++) { cnt[P + q] = off; off += cnt[q]; }
+    MPI_Gatherv(send, n, MPI_FLOAT, recv, cnt, cnt + P, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    free(cnt);
+    return MOE8_OK;
+  }
+#endif
+  (void)c;
+  memcpy(recv, send, sizeof(float) * (size_t)(rows * row_floats));
+  return MOE8_OK;
 }

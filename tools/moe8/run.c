@@ -15,6 +15,7 @@
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
+             "Under mpirun -n P the layer runs expert-parallel (P must divide the experts); rank 0 writes Y.\n"
              "exit codes: 0 ok, 1 failure (bad file, non-finite input; no output written), 2 usage\n");
 }
 
@@ -81,15 +82,40 @@ int cmd_run(int argc, char **argv) {
   }
   moe8_prepared pr;
   if (moe8_layer_prepared(L, &pr) != MOE8_OK && (st = moe8_layer_prepare(L)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
-  const size_t wsz = moe8_layer_workspace_size(L, T);
-  if (posix_memalign(&ws, 64, wsz ? wsz : 64) != 0) { fprintf(stderr, "moe8 run: out of memory\n"); rc = EXIT_FAIL; goto done; }
-  const double t0 = cli_now();
-  if ((st = moe8_layer_forward_fused(L, xf, T, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
-  const double t1 = cli_now();
-  const int64_t oshape[2] = {T, D};
-  if ((st = moe8_npy_write(output, MOE8_FDT_F32, 2, oshape, y)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
-  printf("run: %s layer %lld (%s), %lld tokens, %s: %.2f ms -> %s\n", moe8_arch_name(moe8_model_config(m)->arch), (long long)layer,
-         moe8_model_format(m, layer), (long long)T, moe8_layer_describe(L), (t1 - t0) * 1e3, output);
+  double t0 = cli_now(), t1;
+  int rank = 0, P = 1;
+  if (cli_under_mpirun()) {
+    /* Expert parallel: rank q runs its shard of the tokens; rank 0 writes. */
+    moe8_comm *c = NULL;
+    moe8_ep *ep = NULL;
+    if ((st = cli_comm_open(&c)) == MOE8_OK) st = moe8_ep_create(L, c, &ep);
+    if (st == MOE8_OK) {
+      P = moe8_comm_size(c);
+      rank = moe8_comm_rank(c);
+      const int64_t t0q = T * rank / P, t1q = T * (rank + 1) / P;
+      float *yl = malloc(sizeof(float) * (size_t)((t1q - t0q) * D) + 4);
+      t0 = cli_now();
+      st = yl ? moe8_ep_forward(ep, xf + t0q * D, t1q - t0q, yl, NULL) : MOE8_ERR_NOMEM;
+      if (st == MOE8_OK) st = cli_gather_rows(c, yl, t1q - t0q, D, y);
+      free(yl);
+    }
+    t1 = cli_now();
+    moe8_ep_destroy(ep);
+    cli_comm_close(c);
+    if (st != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  } else {
+    const size_t wsz = moe8_layer_workspace_size(L, T);
+    if (posix_memalign(&ws, 64, wsz ? wsz : 64) != 0) { fprintf(stderr, "moe8 run: out of memory\n"); rc = EXIT_FAIL; goto done; }
+    t0 = cli_now();
+    if ((st = moe8_layer_forward_fused(L, xf, T, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+    t1 = cli_now();
+  }
+  if (rank == 0) {
+    const int64_t oshape[2] = {T, D};
+    if ((st = moe8_npy_write(output, MOE8_FDT_F32, 2, oshape, y)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+    printf("run: %s layer %lld (%s), %lld tokens, %s%s: %.2f ms -> %s\n", moe8_arch_name(moe8_model_config(m)->arch), (long long)layer,
+           moe8_model_format(m, layer), (long long)T, moe8_layer_describe(L), P > 1 ? ", expert parallel" : "", (t1 - t0) * 1e3, output);
+  }
 done:
   free(x); free(xf); free(y); free(ws);
   moe8_layer_destroy(L);
