@@ -46,6 +46,10 @@ typedef struct moe8__ktable {
                     size_t n, moe8_dtype qtype);
   /* One block of a grouped matmul; the contract is in kernels/gmm.h. */
   void (*gmm_block)(const struct moe8__gmm_block *b);
+  /* Bytes of one packed lhs row for this call (0: no packing), and the
+  ** packing of rows [m0, m1) into dst (row m at m · size). */
+  size_t (*gmm_pack_size)(const struct moe8__gmm_block *b);
+  void (*gmm_pack)(const struct moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst);
 } moe8__ktable;
 
 const moe8__ktable *moe8__kernels(void);

@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-enum { MT = 192, NT = 128 };
+enum { MT = MOE8__GMM_MT, NT = MOE8__GMM_NT };
 
 static bool is_op_dtype(moe8_dtype t) {
   return t == MOE8_DTYPE_F32 || t == MOE8_DTYPE_BF16 || moe8__is_qtype(t);
@@ -77,6 +77,13 @@ int moe8__max_threads(void) {
 #endif
 }
 
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t moe8__gmm_ws_size(int64_t M, int64_t K) {
+  /* A packed lhs row is at most one 32-bit word per element of K. */
+  return al64((size_t)(M > 0 ? M : 0) * (size_t)(K > 0 ? K : 0) * 4) + (size_t)moe8__max_threads() * MOE8__GMM_SCRATCH;
+}
+
 moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   if (!a) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: NULL args");
   const int64_t M = a->M, K = a->K, N = a->N, E = a->num_groups, G = a->num_local, off = a->group_offset;
@@ -122,10 +129,28 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   memset(a->out, 0, (size_t)(lo * N) * osz);
   memset((char *)a->out + (size_t)(hi * N) * osz, 0, (size_t)((M - hi) * N) * osz);
 
+  const moe8__ktable *kt = moe8__kernels();
   /* Tasks: (group, row tile, column tile). */
   int64_t ntasks = 0;
   for (int64_t g = off; g < off + G; g++) ntasks += moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
-  const moe8__ktable *kt = moe8__kernels();
+  /* The lhs, packed once for the whole call when the table wants it. */
+  const moe8__gmm_block proto = {
+    .K = K, .N = N, .kb = kb, .nbk = nbk, .lt = a->lhs.dtype, .rt = a->rhs.dtype, .ot = a->out_dtype,
+    .lhs = a->lhs.data, .rhs = a->rhs.data, .rhs_t = a->rhs_transposed, .ls = a->lhs.scale, .lk = lk,
+  };
+  const size_t row_bytes = K > 0 && kt->gmm_pack_size ? kt->gmm_pack_size(&proto) : 0;
+  const size_t pack_bytes = al64(row_bytes * (size_t)M);
+  void *packed = NULL, *owned = NULL;
+  if (row_bytes) {
+    if (ws && ws_bytes >= pack_bytes + MOE8__GMM_SCRATCH) packed = ws;
+    else if (ws) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes, need %zu (moe8__gmm_ws_size)", ws_bytes,
+                                   pack_bytes + MOE8__GMM_SCRATCH);
+    else if (posix_memalign(&owned, 64, pack_bytes ? pack_bytes : 64) != 0) { owned = NULL; return moe8__fail(MOE8_ERR_NOMEM, "gmm: out of memory"); }
+    else packed = owned;
+    #pragma omp parallel for schedule(static)
+    for (int64_t m = lo; m < hi; m += 64) kt->gmm_pack(&proto, m, m + 64 < hi ? m + 64 : hi, packed);
+  }
+  if (ws) { ws = (char *)ws + (row_bytes ? pack_bytes : 0); ws_bytes -= row_bytes ? pack_bytes : 0; }
   moe8_status err = MOE8_OK;
   int nth = moe8__max_threads();
   if (ws) {
@@ -172,7 +197,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
         .rs = rk == MOE8__SC_TENSOR ? a->rhs.scale
               : rk == MOE8__SC_ROW ? a->rhs.scale + (g - off) * N
               : rk == MOE8__SC_TILE ? a->rhs.scale + (g - off) * nbk * N : NULL,
-        .rk = rk, .out = a->out, .scratch = scratch,
+        .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = packed,
       };
       b.m1 = b.m0 + MT < row0 + a->group_sizes[g] ? b.m0 + MT : row0 + a->group_sizes[g];
       b.n1 = b.n0 + NT < N ? b.n0 + NT : N;
@@ -184,6 +209,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
     }
     if (!ws) free(scratch);
   }
+  free(owned);
   if (err != MOE8_OK) return moe8__fail(err, "gmm: out of memory for scratch");
   return MOE8_OK;
 }

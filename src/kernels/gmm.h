@@ -18,6 +18,9 @@
 ** same in any task.  Kernels may use a per-thread scratch of
 ** MOE8__GMM_SCRATCH bytes; they never read lhs/rhs outside the given rows,
 ** columns and K, and never write outside out[m0:m1, n0:n1].
+**
+** A table may also pack the lhs once per call (gmm_pack_size/gmm_pack):
+** the driver then gives every block the packed rows in lhs_packed.
 */
 #ifndef MOE8_GMM_H
 #define MOE8_GMM_H
@@ -25,6 +28,8 @@
 #include "../core/internal.h"
 
 #define MOE8__GMM_SCRATCH ((size_t)2 << 20)
+#define MOE8__GMM_MT 1024  /* rows of one task                  */
+#define MOE8__GMM_NT 128   /* columns of one task               */
 
 typedef enum { MOE8__SC_NONE = 0, MOE8__SC_TENSOR, MOE8__SC_ROW, MOE8__SC_TILE } moe8__sc_kind;
 
@@ -43,6 +48,7 @@ typedef struct moe8__gmm_block {
   int64_t       nbk;        /* number of K blocks                           */
   void         *out;        /* [M, N] base                                  */
   void         *scratch;    /* MOE8__GMM_SCRATCH bytes, 64-byte aligned     */
+  const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
 } moe8__gmm_block;
 
 static inline float moe8__gmm_ls(const moe8__gmm_block *b, int64_t m, int64_t blk) {
@@ -65,10 +71,15 @@ static inline float moe8__gmm_rs(const moe8__gmm_block *b, int64_t blk, int64_t 
 
 void moe8__gmm_block_ref(const moe8__gmm_block *b);
 
-/* moe8_gmm with caller scratch: ws holds ws_bytes (64-byte aligned), at
-** least one MOE8__GMM_SCRATCH slice; threads are capped at the slices.
-** With ws == NULL each thread allocates its own (the public call). */
+/* moe8_gmm with caller scratch: ws holds ws_bytes (64-byte aligned): first
+** the packed lhs (see moe8__gmm_ws_size), then MOE8__GMM_SCRATCH per thread;
+** threads are capped at the slices that fit.  With ws == NULL the call
+** allocates what it needs (the public moe8_gmm). */
 moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes);
+
+/* Workspace bytes moe8__gmm needs for M rows of K (any dtype, any tile)
+** and the current thread count: an upper bound. */
+size_t      moe8__gmm_ws_size(int64_t M, int64_t K);
 int         moe8__max_threads(void);
 
 #endif

@@ -191,7 +191,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(sh, float, A * nbF);
   TAKE(y, float, A * D);
 #undef TAKE
-  o->scratch_bytes = (size_t)moe8__max_threads() * MOE8__GMM_SCRATCH;
+  o->scratch_bytes = moe8__gmm_ws_size(A, D > F ? D : F);
   o->scratch = base ? base + off : NULL;
   off += o->scratch_bytes;
   o->total = off;

@@ -6,6 +6,8 @@
 #include "ref.h"
 #include "../gmm.h"
 
+static size_t no_pack(const moe8__gmm_block *b) { (void)b; return 0; }
+
 void moe8__kernels_init_ref(moe8__ktable *k) {
   k->isa          = MOE8_ISA_REF;
   k->cvt_f32_f8   = moe8__ref_cvt_f32_f8;
@@ -17,4 +19,6 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->absmax_acc   = moe8__ref_absmax_acc;
   k->quant_div    = moe8__ref_quant_div;
   k->gmm_block    = moe8__gmm_block_ref;
+  k->gmm_pack_size = no_pack;
+  k->gmm_pack     = NULL;
 }

@@ -11,6 +11,7 @@
 ** with the reference byte for byte, exhaustively for the conversions.
 */
 #include "../ref/ref.h"
+#include "fp8_avx512.h"
 
 #include <immintrin.h>
 
@@ -69,36 +70,13 @@ static void cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type
   }
 }
 
-static inline __m512 fp8_to_f32_16(__m128i bytes, moe8_dtype type) {
-  const __m512i x = _mm512_cvtepu8_epi32(bytes);
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-  const bool e4 = type == MOE8_DTYPE_F8E4M3;
-  const int mb = e4 ? 3 : 2;
-  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(x, mb), _mm512_set1_epi32(e4 ? 15 : 31));
-  const __m512i m = _mm512_and_si512(x, _mm512_set1_epi32(e4 ? 7 : 3));
-  __m512i r = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(e4 ? 120 : 112)), 23),
-                              _mm512_slli_epi32(m, 23 - mb));
-  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(e4 ? 0x1p-9f : 0x1p-16f));
-  r = _mm512_mask_mov_epi32(r, _mm512_testn_epi32_mask(e, e), _mm512_castps_si512(sub));
-  if (e4) {
-    const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC00000));
-  } else {
-    const __mmask16 special = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(31));
-    const __mmask16 nan = special & _mm512_test_epi32_mask(m, m);
-    r = _mm512_mask_mov_epi32(r, special, _mm512_set1_epi32(0x7F800000));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC00000));
-  }
-  return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
-}
-
 static void cvt_f8_f32(float *dst, const uint8_t *src, size_t n, moe8_dtype type) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, fp8_to_f32_16(_mm_loadu_si128((const __m128i *)(src + i)), type));
+    _mm512_storeu_ps(dst + i, moe8__fp8_to_f32_16(_mm_loadu_si128((const __m128i *)(src + i)), type));
   if (i < n) {
     const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(dst + i, k, fp8_to_f32_16(_mm_maskz_loadu_epi8(k, src + i), type));
+    _mm512_mask_storeu_ps(dst + i, k, moe8__fp8_to_f32_16(_mm_maskz_loadu_epi8(k, src + i), type));
   }
 }
 
