@@ -49,21 +49,7 @@ moe8_dtype moe8_dtype_from_name(const char *name) {
   return MOE8_DTYPE_NONE;
 }
 
-/* Parameters of one FP8 format, as f32 bit patterns. */
-typedef struct fp8_format {
-  uint32_t mbits;       /* mantissa bits                                   */
-  int32_t  bias;
-  uint32_t half_min;    /* |x| <= this rounds to zero: min subnormal / 2   */
-  uint32_t overflow;    /* |x| >  this overflows                           */
-  uint32_t min_normal;
-  uint8_t  max_code, overflow_code;
-} fp8_format;
-
-/* e4m3: max 448 = 0x1.Cp8; 464 = midpoint to the (non-existent) 480 rounds
-** to even = 448, so only |x| > 464 overflows.  e5m2: max 57344 = 0x1.Cp15;
-** the midpoint 61440 rounds to even = 65536, so |x| >= 61440 overflows. */
-static const fp8_format g_e4m3 = {3, 7, 0x3A800000u, 0x43E80000u, 0x3C800000u, 0x7E, 0x7F};
-static const fp8_format g_e5m2 = {2, 15, 0x37000000u, 0x476FFFFFu, 0x38800000u, 0x7B, 0x7C};
+#include "fp8_format.h"
 
 static inline uint8_t f32_to_fp8(float x, const fp8_format *f, bool sat) {
   const uint32_t u = moe8__f32_bits(x);
@@ -91,8 +77,8 @@ static inline uint8_t f32_to_fp8(float x, const fp8_format *f, bool sat) {
   return sign | (uint8_t)res;
 }
 
-uint8_t moe8_f32_to_f8e4m3(float x, bool saturate) { return f32_to_fp8(x, &g_e4m3, saturate); }
-uint8_t moe8_f32_to_f8e5m2(float x, bool saturate) { return f32_to_fp8(x, &g_e5m2, saturate); }
+uint8_t moe8_f32_to_f8e4m3(float x, bool saturate) { return f32_to_fp8(x, &moe8__e4m3, saturate); }
+uint8_t moe8_f32_to_f8e5m2(float x, bool saturate) { return f32_to_fp8(x, &moe8__e5m2, saturate); }
 
 float moe8_f8e4m3_to_f32(uint8_t x) {
   const uint32_t sign = (uint32_t)(x & 0x80) << 24;
@@ -128,7 +114,7 @@ int8_t moe8__f32_to_i8(float x) {
 
 /* ---- reference bulk kernels (the ref entries of the kernel table) ---- */
 void moe8__ref_cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat) {
-  const fp8_format *f = type == MOE8_DTYPE_F8E4M3 ? &g_e4m3 : &g_e5m2;
+  const fp8_format *f = type == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2;
   for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(src[i], f, sat);
 }
 

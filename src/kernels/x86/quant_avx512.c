@@ -12,20 +12,12 @@
 */
 #include "../ref/ref.h"
 #include "fp8_avx512.h"
+#include "../../numeric/fp8_format.h"
 
 #include <immintrin.h>
 
-typedef struct fp8_vparams {
-  int      mbits, bias;
-  uint32_t half_min, overflow, min_normal;
-  uint32_t max_code, overflow_code;
-} fp8_vparams;
-
-static const fp8_vparams g_e4m3 = {3, 7, 0x3A800000u, 0x43E80000u, 0x3C800000u, 0x7E, 0x7F};
-static const fp8_vparams g_e5m2 = {2, 15, 0x37000000u, 0x476FFFFFu, 0x38800000u, 0x7B, 0x7C};
-
 /* 16 f32 -> 16 FP8 codes in the low byte of each 32-bit lane. */
-static inline __m512i f32_to_fp8_16(__m512 x, const fp8_vparams *p, bool sat) {
+static inline __m512i f32_to_fp8_16(__m512 x, const fp8_format *p, bool sat) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
   const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
@@ -60,7 +52,7 @@ static inline __m512i f32_to_fp8_16(__m512 x, const fp8_vparams *p, bool sat) {
 }
 
 static void cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat) {
-  const fp8_vparams *p = type == MOE8_DTYPE_F8E4M3 ? &g_e4m3 : &g_e5m2;
+  const fp8_format *p = type == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2;
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(f32_to_fp8_16(_mm512_loadu_ps(src + i), p, sat)));
@@ -181,7 +173,7 @@ static void quant_div(void *q, const float *x, const float *s, size_t s_step, si
     const __m512 y = _mm512_div_ps(v, sv);
     __m512i r;
     if (qtype == MOE8_DTYPE_I8) r = f32_to_i8_16(y);
-    else r = f32_to_fp8_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &g_e4m3 : &g_e5m2, true);
+    else r = f32_to_fp8_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2, true);
     _mm512_mask_cvtepi32_storeu_epi8(o + i, k, r);
   }
 }
