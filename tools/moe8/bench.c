@@ -143,8 +143,12 @@ static moe8_status make_ops(gmm_ops *o, moe8_dtype t, const float *x, const floa
   memset(o, 0, sizeof *o);
   const size_t es = t == MOE8_DTYPE_F32 ? 4 : t == MOE8_DTYPE_BF16 ? 2 : 1;
   const bool q = t != MOE8_DTYPE_F32 && t != MOE8_DTYPE_BF16;
-  const moe8_quant_spec ls = {.qtype = t, .gran = MOE8_GRAN_ROW_TILE, .tile = 128, .clip = 1.0f};
-  const moe8_quant_spec ws = {.qtype = t, .gran = MOE8_GRAN_CHANNEL_TILE, .tile = 128, .clip = 1.0f};
+  /* f8e4m3: 1x128 activation and 128-block weight scales (DeepSeek-style);
+  ** i8: per-token and per-channel scales (one block along K, the usual
+  ** int8 recipe). */
+  const int64_t tile = t == MOE8_DTYPE_I8 ? 0 : 128;
+  const moe8_quant_spec ls = {.qtype = t, .gran = tile ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, .tile = tile, .clip = 1.0f};
+  const moe8_quant_spec ws = {.qtype = t, .gran = tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, .tile = tile, .clip = 1.0f};
   o->lhs = malloc((size_t)(M * D) * es + 64);
   if (!o->lhs) return MOE8_ERR_NOMEM;
   moe8_status st = q ? (o->ls = malloc(sizeof(float) * (size_t)(M * (D / 128 + 1))),
@@ -160,8 +164,8 @@ static moe8_status make_ops(gmm_ops *o, moe8_dtype t, const float *x, const floa
       st = moe8_convert(o->rhs[r], t, w, MOE8_DTYPE_F32, (size_t)(E * D * F), 0);
     }
   }
-  o->l = (moe8_operand){t, o->lhs, o->ls, q ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_TENSOR, q ? 128 : 0};
-  o->r = (moe8_operand){t, NULL, NULL, q ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_TENSOR, q ? 128 : 0};
+  o->l = (moe8_operand){t, o->lhs, o->ls, q ? ls.gran : MOE8_GRAN_TENSOR, q ? tile : 0};
+  o->r = (moe8_operand){t, NULL, NULL, q ? ws.gran : MOE8_GRAN_TENSOR, q ? tile : 0};
   return st;
 }
 
@@ -184,6 +188,7 @@ static int bench_gmm(void) {
   printf("(%% of peak uses peak x threads; OPENBLAS_CORETYPE=%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
   const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA}, {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP},
                             {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP}, {"i8", MOE8_DTYPE_I8, PEAK_I8_DP}};
+  printf("(f8e4m3: 1x128 activation and 128-block weight scales; i8: per-token and per-channel scales)\n");
   for (int si = 0; si < 2; si++) {
     const int64_t T = Ts[si], M = T * k;
     int32_t gs[8];
@@ -257,6 +262,90 @@ static int bench_gmm(void) {
       }
     }
     free(x); free(w); free(out);
+  }
+  set_threads(max_threads());
+  return EXIT_OK;
+}
+
+/* ---- moe8 bench layer ----------------------------------------------------- */
+/* The PyTorch eager layer (bench/torch_moe.py under Debian's python3);
+** milliseconds (min), or a negative number when it is not available. */
+static double torch_ms(int64_t T, int64_t E, int64_t K, int64_t D, int64_t F, const char *dt, int threads, int reps) {
+  char cmd[1024], line[512];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/torch_moe.py' %lld %lld %lld %lld %lld %s %d %d 2>/dev/null", MOE8_BENCH_DIR,
+           (long long)T, (long long)E, (long long)K, (long long)D, (long long)F, dt, threads, reps);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  double ms = -1;
+  while (fgets(line, sizeof line, p)) {
+    const char *m = strstr(line, "\"min_ms\": ");
+    if (m) ms = strtod(m + 10, NULL);
+  }
+  if (pclose(p) != 0) return -1;
+  return ms;
+}
+
+static int bench_layer(FILE *json) {
+  static const struct { const char *name; int64_t T, E, K, D, F; } shapes[] = {
+    {"prefill", 2048, 8, 2, 2048, 1408}, {"decode", 8, 64, 8, 2048, 768},
+  };
+  static const struct { const char *name, *rule; } modes[] = {
+    {"f32", NULL},
+    {"f8e4m3", "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 128}]}"},
+    {"i8", "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}"},
+  };
+  const int nth = max_threads() < 2 ? 1 : 2;
+  const int have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  printf("moe8 bench layer: the whole MoE layer (route, dispatch, gmm, SwiGLU, gmm, combine), fused path\n");
+  if (!have_torch) printf("(PyTorch peer skipped: apt-get install python3-torch; it runs under /usr/bin/python3)\n");
+  for (size_t si = 0; si < 2; si++) {
+    const int64_t T = shapes[si].T, E = shapes[si].E, K = shapes[si].K, D = shapes[si].D, F = shapes[si].F;
+    printf("\n%s: T=%lld E=%lld top_k=%lld D=%lld F=%lld\n", shapes[si].name, (long long)T, (long long)E, (long long)K, (long long)D, (long long)F);
+    printf("%-22s %3s %10s %10s %12s %12s\n", "layer", "thr", "min ms", "median ms", "vs torch f32", "vs torch bf16");
+    float *x = malloc(sizeof(float) * (size_t)(T * D)), *y = malloc(sizeof(float) * (size_t)(T * D));
+    if (!x || !y) return EXIT_FAIL;
+    fill_rand(x, (size_t)(T * D), 4.0f);
+    for (int th = 1; th <= nth; th++) {
+      set_threads(th);
+      const int reps = si == 0 ? 5 : 30;
+      const double tf = have_torch ? torch_ms(T, E, K, D, F, "f32", th, reps) : -1;
+      const double tb = have_torch ? torch_ms(T, E, K, D, F, "bf16", th, reps) : -1;
+      if (tf > 0) printf("%-22s %3d %10.2f %10s %12s %12s\n", "torch eager f32", th, tf, "", "1.00x", "");
+      if (tb > 0) printf("%-22s %3d %10.2f %10s %12s %12s\n", "torch eager bf16", th, tb, "", "", "1.00x");
+      for (size_t mi = 0; mi < 3; mi++) {
+        moe8_rules *rules = NULL;
+        moe8_layer *L = NULL;
+        const moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+        moe8_status st = modes[mi].rule ? moe8_rules_parse(modes[mi].rule, strlen(modes[mi].rule), "bench", &rules) : MOE8_OK;
+        if (st == MOE8_OK) st = moe8_layer_create(&cfg, rules, "experts", &L);
+        if (st == MOE8_OK) st = moe8_layer_init_random(L, 9);
+        if (st == MOE8_OK) st = moe8_layer_prepare(L);
+        const size_t wsz = moe8_layer_workspace_size(L, T);
+        void *ws = NULL;
+        if (st == MOE8_OK && posix_memalign(&ws, 64, wsz) != 0) st = MOE8_ERR_NOMEM;
+        double t[64];
+        for (int r = 0; r < reps + 1 && st == MOE8_OK; r++) {
+          const double t0 = cli_now();
+          st = moe8_layer_forward_fused(L, x, T, y, ws, wsz);
+          if (r > 0) t[r - 1] = cli_now() - t0; /* the first run warms up */
+        }
+        free(ws);
+        moe8_layer_destroy(L);
+        moe8_rules_destroy(rules);
+        if (st != MOE8_OK) return cli_report(st, "bench layer");
+        qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+        char rf[32] = "-", rb[32] = "-", name[64];
+        if (tf > 0) snprintf(rf, sizeof rf, "%.2fx", tf / (t[0] * 1e3));
+        if (tb > 0) snprintf(rb, sizeof rb, "%.2fx", tb / (t[0] * 1e3));
+        snprintf(name, sizeof name, "moe8 %s", modes[mi].name);
+        printf("%-22s %3d %10.2f %10.2f %12s %12s\n", name, th, t[0] * 1e3, t[reps / 2] * 1e3, rf, rb);
+        if (json)
+          fprintf(json, "{\"bench\": \"layer\", \"shape\": \"%s\", \"mode\": \"%s\", \"threads\": %d, \"min_ms\": %.4f, \"median_ms\": %.4f, "
+                        "\"torch_f32_ms\": %.4f, \"torch_bf16_ms\": %.4f}\n",
+                  shapes[si].name, modes[mi].name, th, t[0] * 1e3, t[reps / 2] * 1e3, tf, tb);
+      }
+    }
+    free(x); free(y);
   }
   set_threads(max_threads());
   return EXIT_OK;
@@ -340,17 +429,19 @@ static int bench_ep(void) {
 
 int cmd_bench(int argc, char **argv) {
   if (argc < 2 || cli_is_help(argv[1])) {
-    printf("usage: moe8 bench quant|gmm|ep\n\n"
+    printf("usage: moe8 bench quant|gmm|layer|ep\n\n"
            "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB, as GB/s and\n"
            "          percent of the measured memory read bandwidth, 1 and 2 threads\n"
            "  gmm     grouped matmul per dtype at prefill (T=2048) and decode (T=4) shapes,\n"
            "          E=8 top_k=2 D=2048 F=1408: GFLOP/s, %% of measured peak, vs OpenBLAS\n"
+           "  layer   the whole layer (f32, f8e4m3, i8) against PyTorch eager f32 and bf16 (python3-torch)\n"
            "  ep      token all-gather bytes and time, f32 / bf16 / f8e4m3 quantized before, P = 2 and 4\n");
     return argc < 2 ? EXIT_USAGE : EXIT_OK;
   }
   if (strcmp(argv[1], "quant") == 0) return bench_quant();
   if (strcmp(argv[1], "gmm") == 0) return bench_gmm();
   if (strcmp(argv[1], "ep") == 0) return bench_ep();
+  if (strcmp(argv[1], "layer") == 0) return bench_layer(NULL);
   fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[1]);
   return EXIT_USAGE;
 }
