@@ -31,6 +31,8 @@
 #include "fp8_avx512.h"
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32 };
@@ -241,29 +243,77 @@ static void pack_b_f32(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t
   }
 }
 
-/* bf16 pairs [kc/2][NT]: rows k and k+1 as f32, interleaved. FP8 rows are
-** decoded sixteen at a time straight from the weight bytes. */
+/* bf16 words of the 128 non-negative codes of each FP8 format (exact:
+** every FP8 value is a bf16 value), filled once. */
+static uint16_t g_bf16_lut[2][128];
+static pthread_once_t g_lut_once = PTHREAD_ONCE_INIT;
+
+static void fill_luts(void) {
+  for (int c = 0; c < 128; c++) {
+    g_bf16_lut[0][c] = moe8_f32_to_bf16(moe8_f8e4m3_to_f32((uint8_t)c));
+    g_bf16_lut[1][c] = moe8_f32_to_bf16(moe8_f8e5m2_to_f32((uint8_t)c));
+  }
+}
+
+/* 32 FP8 codes -> 32 bf16 words: two 64-entry word permutes on the
+** magnitude, a blend on its bit 6, the sign moved up by 8. */
+INLINE __m512i fp8_to_bf16_32(__m256i bytes, const __m512i *lut) {
+  const __m512i w = _mm512_cvtepu8_epi16(bytes);
+  const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7F));
+  const __m512i lo = _mm512_permutex2var_epi16(lut[0], mag, lut[1]);
+  const __m512i hi = _mm512_permutex2var_epi16(lut[2], mag, lut[3]);
+  const __m512i v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), lo, hi);
+  return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
+/* Words of rows k and k+1 (32 columns each) -> 32 bf16 pairs, two zmm. */
+INLINE void store_pairs(uint32_t *dst, __m512i r0, __m512i r1) {
+  const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(r0, ilo, r1));
+  _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi16(r0, ihi, r1));
+}
+
+/* bf16 pairs [kc/2][NT] (k even in the low half).  FP8 and bf16 weights
+** are read as they are stored, 32 columns at a time; others go through
+** f32 rows. */
 static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
   const int64_t nt = b->n1 - b->n0, kp = (kc + 1) / 2;
   const bool fp8 = !b->rhs_t && (b->rt == MOE8_DTYPE_F8E4M3 || b->rt == MOE8_DTYPE_F8E5M2);
+  const bool bf = !b->rhs_t && b->rt == MOE8_DTYPE_BF16;
+  if (fp8 || bf) {
+    __m512i lut[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    if (fp8) {
+      pthread_once(&g_lut_once, fill_luts);
+      const uint16_t *t = g_bf16_lut[b->rt == MOE8_DTYPE_F8E5M2];
+      for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(t + 32 * i);
+    }
+    for (int64_t p = 0; p < kp; p++) {
+      const int64_t k = c0 + 2 * p;
+      const bool two = 2 * p + 1 < kc;
+      for (int64_t j = 0; j < ntp; j += 32) {
+        const __mmask32 m = j + 32 <= nt ? 0xFFFFFFFFu : j < nt ? (__mmask32)((1u << (nt - j)) - 1) : 0;
+        __m512i r0, r1 = _mm512_setzero_si512();
+        if (fp8) {
+          const uint8_t *s0 = (const uint8_t *)b->rhs + k * b->N + b->n0 + j;
+          r0 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, s0), lut);
+          if (two) r1 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, s0 + b->N), lut);
+        } else {
+          const uint16_t *s0 = (const uint16_t *)b->rhs + k * b->N + b->n0 + j;
+          r0 = _mm512_maskz_loadu_epi16(m, s0);
+          if (two) r1 = _mm512_maskz_loadu_epi16(m, s0 + b->N);
+        }
+        store_pairs(Bp + p * NT + j, r0, r1);
+      }
+    }
+    return;
+  }
   float *r0 = tmp, *r1 = tmp + NT;
   for (int64_t p = 0; p < kp; p++) {
     const int64_t k = c0 + 2 * p;
-    const bool two = 2 * p + 1 < kc;
-    if (fp8) {
-      const uint8_t *s0 = (const uint8_t *)b->rhs + k * b->N + b->n0, *s1 = s0 + b->N;
-      for (int64_t j = 0; j < ntp; j += 16) {
-        const __mmask16 m = j + 16 <= nt ? 0xFFFF : j < nt ? (__mmask16)((1u << (nt - j)) - 1) : 0;
-        const __m512i lo = _mm512_srli_epi32(_mm512_castps_si512(moe8__fp8_to_f32_16(_mm_maskz_loadu_epi8(m, s0 + j), b->rt)), 16);
-        const __m512i hi = two ? _mm512_and_si512(_mm512_castps_si512(moe8__fp8_to_f32_16(_mm_maskz_loadu_epi8(m, s1 + j), b->rt)),
-                                                  _mm512_set1_epi32((int)0xFFFF0000u))
-                               : _mm512_setzero_si512();
-        _mm512_storeu_si512(Bp + p * NT + j, _mm512_maskz_mov_epi32(m, _mm512_or_si512(lo, hi)));
-      }
-      continue;
-    }
     b_row_f32(b, k, b->n0, nt, r0);
-    if (two) b_row_f32(b, k + 1, b->n0, nt, r1);
+    if (2 * p + 1 < kc) b_row_f32(b, k + 1, b->n0, nt, r1);
     else memset(r1, 0, sizeof(float) * (size_t)nt);
     for (int64_t j = nt; j < ntp; j++) r0[j] = r1[j] = 0.0f;
     for (int64_t j = 0; j < ntp; j += 16) {
@@ -290,6 +340,73 @@ static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t 
       _mm512_storeu_si512(colsum + j, cs);
       _mm512_storeu_si512(Bp + q * NT + j, v);
     }
+}
+
+/* ---- the small-M bf16 kernel: weights streamed once, never packed ------ */
+/* For at most MR rows (decode), a B panel would be written and read for
+** one use: instead each pair of weight rows is decoded in registers and fed
+** straight to vdpbf16ps.  The pairs and their order along k are those of
+** the panel path, so a row's sums are the same chains (SPEC §8). */
+BF16_TARGET INLINE void direct_bf16(const int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                    int64_t j, const __m512i *lut, bool fp8, float *S) {
+  const int64_t nt = b->n1 - b->n0, k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const __mmask32 m = j + 32 <= nt ? 0xFFFFFFFFu : (__mmask32)((1u << (nt - j)) - 1);
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+  __m512 c[MR][2];
+  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; p++) {
+    const int64_t k = k0 + 2 * p;
+    __m512i r0, r1 = _mm512_setzero_si512();
+    if (fp8) {
+      const uint8_t *s0 = (const uint8_t *)b->rhs + k * b->N + b->n0 + j;
+      r0 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, s0), lut);
+      if (k + 1 < k1) r1 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, s0 + b->N), lut);
+    } else {
+      const uint16_t *s0 = (const uint16_t *)b->rhs + k * b->N + b->n0 + j;
+      r0 = _mm512_maskz_loadu_epi16(m, s0);
+      if (k + 1 < k1) r1 = _mm512_maskz_loadu_epi16(m, s0 + b->N);
+    }
+    const __m512i b0 = _mm512_permutex2var_epi16(r0, ilo, r1), b1 = _mm512_permutex2var_epi16(r0, ihi, r1);
+    for (int i = 0; i < mr; i++) {
+      const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+    }
+  }
+  for (int i = 0; i < mr; i++) { _mm512_storeu_ps(S + i * NT + j, c[i][0]); _mm512_storeu_ps(S + i * NT + j + 16, c[i][1]); }
+}
+
+BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, NR) * NR;
+  float *C = b->scratch, *S = C + MOE8__GMM_MT * NT, *rsv = S + MOE8__GMM_MT * NT;
+  const int64_t words = packed_words(b, PATH_BF16);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const bool fp8 = b->rt != MOE8_DTYPE_BF16;
+  __m512i lut[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  if (fp8) {
+    pthread_once(&g_lut_once, fill_luts);
+    const uint16_t *t = g_bf16_lut[b->rt == MOE8_DTYPE_F8E5M2];
+    for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(t + 32 * i);
+  }
+  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    for (int64_t j = 0; j < ntp; j += NR)
+      switch (mt) {
+        case 8: direct_bf16(8, b, A, words, blk, j, lut, fp8, S); break;
+        case 7: direct_bf16(7, b, A, words, blk, j, lut, fp8, S); break;
+        case 6: direct_bf16(6, b, A, words, blk, j, lut, fp8, S); break;
+        case 5: direct_bf16(5, b, A, words, blk, j, lut, fp8, S); break;
+        case 4: direct_bf16(4, b, A, words, blk, j, lut, fp8, S); break;
+        case 3: direct_bf16(3, b, A, words, blk, j, lut, fp8, S); break;
+        case 2: direct_bf16(2, b, A, words, blk, j, lut, fp8, S); break;
+        default: direct_bf16(1, b, A, words, blk, j, lut, fp8, S); break;
+      }
+    promote(b, blk, C, S, mt, ntp, rsv);
+  }
+  write_out(b, C, mt);
 }
 
 /* ---- the block kernel -------------------------------------------------------- */
@@ -364,7 +481,12 @@ static void pack_rows_for(const moe8__gmm_block *b, moe8_isa isa, int64_t m0, in
 #define ENTRY(isa_name, ISA)                                                                                   \
   static void gmm_block_##isa_name(const moe8__gmm_block *b) {                                                 \
     if (b->lt == MOE8_DTYPE_I8 && ISA < MOE8_ISA_AVX512_VNNI) { moe8__gmm_block_ref(b); return; }             \
-    gmm_block(b, path_of(b, ISA));                                                                             \
+    const gmm_path p = path_of(b, ISA);                                                                        \
+    if (p == PATH_BF16 && b->m1 - b->m0 <= MR && !b->rhs_t && b->lhs_packed &&                                \
+        (b->rt == MOE8_DTYPE_F8E4M3 || b->rt == MOE8_DTYPE_F8E5M2 || b->rt == MOE8_DTYPE_BF16))                \
+      gmm_block_bf16_small(b);                                                                                 \
+    else                                                                                                       \
+      gmm_block(b, p);                                                                                         \
   }                                                                                                            \
   static size_t gmm_pack_size_##isa_name(const moe8__gmm_block *b) {                                           \
     return b->lt == MOE8_DTYPE_I8 && ISA < MOE8_ISA_AVX512_VNNI ? 0 : pack_size_for(b, ISA);                   \
