@@ -16,6 +16,7 @@
 */
 #include "cli.h"
 #include "peak.h"
+#include "peer.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -67,7 +68,7 @@ static double read_bandwidth(void) {
   return (double)n / best / 1e9;
 }
 
-static int bench_quant(void) {
+static int bench_quant(double bw) {
   const int64_t T = 4096, K = 4096, tile = 128;
   const size_t n = (size_t)(T * K);
   /* Two input buffers, alternated, so each run reads from memory. */
@@ -77,9 +78,7 @@ static int bench_quant(void) {
   if (!x[0] || !x[1] || !q || !s) { fprintf(stderr, "moe8 bench: out of memory\n"); return EXIT_FAIL; }
   for (size_t i = 0; i < n; i++) x[0][i] = x[1][i] = (float)((int)(i * 2654435761u % 2001) - 1000) * 0.01f;
   memset(q, 0, n);
-  const double bw = read_bandwidth();
-  printf("memory read bandwidth (memchr, 512 MiB, best of 5): %.1f GB/s\n", bw);
-  printf("quantize f32 -> f8e4m3 per-token 1x128, x[%lld, %lld] = 64 MiB, kernels %s\n",
+  printf("\nmoe8 bench quant: quantize f32 -> f8e4m3 per-token 1x128, x[%lld, %lld] = 64 MiB, kernels %s\n",
          (long long)T, (long long)K, moe8_isa_name(moe8_isa_active()));
   printf("%8s %10s %10s %14s %12s\n", "threads", "min ms", "median ms", "input GB/s", "% of read bw");
   const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_ROW_TILE, .tile = tile, .clip = 1.0f};
@@ -174,41 +173,52 @@ static void free_ops(gmm_ops *o) {
   for (int r = 0; r < 4; r++) { free(o->rhs[r]); free(o->rs[r]); }
 }
 
-static int bench_gmm(void) {
-  const int64_t E = 8, k = 2, D = 2048, F = 1408;
-  const int64_t Ts[2] = {2048, 4};
+typedef struct peaks { double f32, bf16, i8, bw; bool have; } peaks;
+
+static peaks measure_peaks(void) {
+  peaks p = {0, 0, 0, read_bandwidth(), moe8_isa_supported(MOE8_ISA_AVX512_VNNI)};
+  if (p.have) { p.f32 = peak_gops(PEAK_F32_FMA); p.bf16 = peak_gops(PEAK_BF16_DP); p.i8 = peak_gops(PEAK_I8_DP); }
+  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; memory read %.1f GB/s\n",
+         p.f32, p.bf16, p.i8, p.bw);
+  return p;
+}
+
+static FILE *g_json;
+
+static int bench_gmm(const peaks *pk) {
+  static const struct { const char *name; int64_t T, E, k, D, F; bool decode; } shapes[] = {
+    {"prefill", 2048, 8, 2, 2048, 1408, false}, {"prefill", 1024, 64, 8, 2048, 768, false},
+    {"decode", 1, 64, 8, 2048, 768, true}, {"decode", 8, 64, 8, 2048, 768, true}, {"decode", 32, 64, 8, 2048, 768, true},
+  };
   const int nth = max_threads() < 2 ? 1 : 2;
-  const double bw = read_bandwidth();
-  const bool avx = moe8_isa_supported(MOE8_ISA_AVX512_VNNI);
-  double pk[3] = {0, 0, 0};
-  if (avx) { pk[0] = peak_gops(PEAK_F32_FMA); pk[1] = peak_gops(PEAK_BF16_DP); pk[2] = peak_gops(PEAK_I8_DP); }
-  printf("moe8 bench gmm: kernels %s\n", moe8_isa_name(moe8_isa_active()));
-  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; "
-         "memory read %.1f GB/s\n", pk[0], pk[1], pk[2], bw);
-  printf("(%% of peak uses peak x threads; OPENBLAS_CORETYPE=%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
+  printf("\nmoe8 bench gmm: the gate projection x[T·k, D] . W[E, D, F] per dtype, kernels %s\n", moe8_isa_name(moe8_isa_active()));
+  printf("(f8e4m3: 1x128 activation and 128-block weight scales; i8: per-token and per-channel scales;\n"
+         " %% peak = of the measured peak x threads; decode GB/s = bytes of the touched experts' weights / time;\n"
+         " OPENBLAS_CORETYPE=%s%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
+         peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
   const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA}, {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP},
                             {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP}, {"i8", MOE8_DTYPE_I8, PEAK_I8_DP}};
-  printf("(f8e4m3: 1x128 activation and 128-block weight scales; i8: per-token and per-channel scales)\n");
-  for (int si = 0; si < 2; si++) {
-    const int64_t T = Ts[si], M = T * k;
-    int32_t gs[8];
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int64_t T = shapes[si].T, E = shapes[si].E, k = shapes[si].k, D = shapes[si].D, F = shapes[si].F, M = T * k;
+    int32_t gs[64];
     route_sizes(T, k, E, gs);
+    int64_t touched = 0;
+    for (int64_t e = 0; e < E; e++) touched += gs[e] > 0;
     float *x = malloc(sizeof(float) * (size_t)(M * D)), *w = malloc(sizeof(float) * (size_t)(E * D * F));
     float *out = malloc(sizeof(float) * (size_t)(M * F));
     if (!x || !w || !out) { fprintf(stderr, "moe8 bench: out of memory\n"); return EXIT_FAIL; }
     fill_rand(x, (size_t)(M * D), 4.0f);
     fill_rand(w, (size_t)(E * D * F), 0.1f);
     const double flop = 2.0 * (double)M * (double)D * (double)F;
-    const int runs = si == 0 ? 5 : 40, nrot = si == 0 ? 1 : 4;
-    printf("\n%s: T=%lld top_k=%lld E=%lld D=%lld F=%lld -> x[%lld, %lld] . Wg[%lld, %lld, %lld], %.2f GFLOP%s\n",
-           si == 0 ? "prefill" : "decode", (long long)T, (long long)k, (long long)E, (long long)D, (long long)F,
-           (long long)M, (long long)D, (long long)E, (long long)D, (long long)F, flop / 1e9,
-           si ? ", weights rotated over 4 copies (read from memory)" : "");
-    printf("%-8s %3s %10s %10s %10s %9s %11s %9s\n", "dtype", "thr", "min ms", "median ms", "GFLOP/s", "% peak",
-           si ? "weight GB/s" : "", si ? "% mem bw" : "vs BLAS");
+    const bool dec = shapes[si].decode;
+    const int runs = dec ? 30 : 5;
+    printf("\n%s: T=%lld top_k=%lld E=%lld D=%lld F=%lld (%lld experts touched), %.3f GFLOP\n", shapes[si].name, (long long)T,
+           (long long)k, (long long)E, (long long)D, (long long)F, (long long)touched, flop / 1e9);
+    printf("%-14s %3s %9s %9s %9s %7s %9s %7s\n", "", "thr", "min ms", "median", "GFLOP/s", "% peak", dec ? "GB/s" : "vs BLAS",
+           dec ? "% bw" : "");
     for (int th = 1; th <= nth; th++) {
       set_threads(th);
-      double blas_best = 0;
+      double blas = 0;
 #ifdef MOE8_HAVE_OPENBLAS
       {
         openblas_set_num_threads(th);
@@ -225,39 +235,54 @@ static int bench_gmm(void) {
           t[r] = cli_now() - t0;
         }
         qsort(t, (size_t)runs, sizeof t[0], cmp_double);
-        blas_best = t[0];
-        printf("%-8s %3d %10.2f %10.2f %10.1f %8.0f%% %11s %9s\n", "OpenBLAS", th, t[0] * 1e3, t[runs / 2] * 1e3,
-               flop / t[0] / 1e9, avx ? 100.0 * flop / t[0] / 1e9 / (pk[0] * th) : 0.0, "", "1.00x");
+        blas = t[0];
+        printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s\n", "OpenBLAS f32", th, t[0] * 1e3, t[runs / 2] * 1e3, flop / t[0] / 1e9,
+               pk->have ? 100.0 * flop / t[0] / 1e9 / (pk->f32 * th) : 0.0, dec ? "" : "1.00x");
+        if (g_json)
+          fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"openblas_f32\",\"threads\":%d,\"min_ms\":%.4f}\n",
+                  shapes[si].name, (long long)T, (long long)E, th, t[0] * 1e3);
       }
 #endif
+      for (int i8 = 0; i8 < 2 && peer_dnnl_available(); i8++) {
+        const double t = peer_dnnl_gmm(i8, gs, E, D, F, runs);
+        if (t <= 0) continue;
+        char ratio[16] = "";
+        if (!dec && blas > 0) snprintf(ratio, sizeof ratio, "%.2fx", blas / t);
+        printf("%-14s %3d %9.3f %9s %9.1f %6.0f%% %9s\n", i8 ? "oneDNN s8" : "oneDNN bf16", th, t * 1e3, "", flop / t / 1e9,
+               pk->have ? 100.0 * flop / t / 1e9 / ((i8 ? pk->i8 : pk->bf16) * th) : 0.0, ratio);
+        if (g_json)
+          fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"onednn_%s\",\"threads\":%d,\"min_ms\":%.4f}\n",
+                  shapes[si].name, (long long)T, (long long)E, i8 ? "s8" : "bf16", th, t * 1e3);
+      }
       for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         gmm_ops o;
-        moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, nrot);
+        moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, 1);
         if (st != MOE8_OK) return cli_report(st, "bench gmm");
         moe8_gmm_args a = {.M = M, .K = D, .N = F, .num_groups = E, .group_sizes = gs, .num_local = E,
                            .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out};
+        a.rhs.data = o.rhs[0];
+        a.rhs.scale = o.rs[0];
         double t[64];
-        for (int r = 0; r < runs; r++) {
-          a.rhs.data = o.rhs[r % nrot];
-          a.rhs.scale = o.rs[r % nrot];
+        for (int r = 0; r < runs + 1; r++) {
           const double t0 = cli_now();
           st = moe8_gmm(&a);
-          t[r] = cli_now() - t0;
+          if (r) t[r - 1] = cli_now() - t0; /* the first run warms up */
           if (st != MOE8_OK) return cli_report(st, "bench gmm");
         }
         qsort(t, (size_t)runs, sizeof t[0], cmp_double);
-        const double gf = flop / t[0] / 1e9;
-        const double pct = avx ? 100.0 * gf / (pk[cases[ci].peak] * th) : 0.0;
-        char extra[2][32] = {"", ""};
-        if (si) {
-          const double wbytes = (double)(E * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
-          snprintf(extra[0], 32, "%.1f", wbytes / t[0] / 1e9);
-          snprintf(extra[1], 32, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / bw);
-        } else if (blas_best > 0) {
-          snprintf(extra[1], 32, "%.2fx", blas_best / t[0]);
-        }
-        printf("%-8s %3d %10.2f %10.2f %10.1f %8.0f%% %11s %9s\n", cases[ci].name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf,
-               pct, extra[0], extra[1]);
+        const double gf = flop / t[0] / 1e9, pct = pk->have ? 100.0 * gf / ((cases[ci].peak == PEAK_F32_FMA ? pk->f32
+                                                                             : cases[ci].peak == PEAK_BF16_DP ? pk->bf16 : pk->i8) * th) : 0.0;
+        char c1[32] = "", c2[32] = "", name[32];
+        const double wbytes = (double)(touched * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
+        if (dec) { snprintf(c1, sizeof c1, "%.1f", wbytes / t[0] / 1e9); snprintf(c2, sizeof c2, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / pk->bw); }
+        else if (blas > 0) snprintf(c1, sizeof c1, "%.2fx", blas / t[0]);
+        snprintf(name, sizeof name, "moe8 %s", cases[ci].name);
+        printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s %7s\n", name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct, c1, c2);
+        if (g_json)
+          fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"moe8_%s\",\"threads\":%d,\"min_ms\":%.4f,"
+                          "\"median_ms\":%.4f,\"gflops\":%.2f,\"pct_peak\":%.1f,\"weight_gbs\":%.2f}\n",
+                  shapes[si].name, (long long)T, (long long)E, cases[ci].name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct,
+                  wbytes / t[0] / 1e9);
         free_ops(&o);
       }
     }
@@ -428,20 +453,42 @@ static int bench_ep(void) {
 }
 
 int cmd_bench(int argc, char **argv) {
-  if (argc < 2 || cli_is_help(argv[1])) {
-    printf("usage: moe8 bench quant|gmm|layer|ep\n\n"
-           "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB, as GB/s and\n"
-           "          percent of the measured memory read bandwidth, 1 and 2 threads\n"
-           "  gmm     grouped matmul per dtype at prefill (T=2048) and decode (T=4) shapes,\n"
-           "          E=8 top_k=2 D=2048 F=1408: GFLOP/s, %% of measured peak, vs OpenBLAS\n"
-           "  layer   the whole layer (f32, f8e4m3, i8) against PyTorch eager f32 and bf16 (python3-torch)\n"
-           "  ep      token all-gather bytes and time, f32 / bf16 / f8e4m3 quantized before, P = 2 and 4\n");
-    return argc < 2 ? EXIT_USAGE : EXIT_OK;
+  const char *json = NULL;
+  int want[5] = {0}, any = 0; /* quant gmm layer ep peaks */
+  static const char *const names[5] = {"quant", "gmm", "layer", "ep", "peaks"};
+  for (int i = 1; i < argc; i++) {
+    if (cli_is_help(argv[i])) {
+      printf("usage: moe8 bench [--json FILE] [quant] [gmm] [layer] [ep]     (no section: all of them)\n\n"
+             "  measures the machine's peaks first (f32 FMA, vdpbf16ps, vpdpbusd, memory read bandwidth), then:\n"
+             "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB vs memory bandwidth\n"
+             "  gmm     grouped matmul per dtype (f32, bf16, f8e4m3, i8) at prefill shapes (T=2048 E=8 k=2\n"
+             "          D=2048 F=1408; T=1024 E=64 k=8 D=2048 F=768) and decode shapes (T=1, 8, 32, E=64 k=8),\n"
+             "          1 and 2 threads, against a per-expert OpenBLAS sgemm loop and oneDNN bf16/s8 matmuls\n"
+             "  layer   the whole layer (f32, f8e4m3, i8) against PyTorch eager f32 and bf16 (python3-torch)\n"
+             "  ep      token all-gather bytes and time, f32 / bf16 / f8e4m3 quantized before, P = 2 and 4\n"
+             "  --json FILE  one JSON object per measurement, written to FILE\n"
+             "peers that are not installed are skipped with a notice.\nexit codes: 0 ok, 1 failure, 2 usage\n");
+      return EXIT_OK;
+    }
+    if (!strcmp(argv[i], "--json") && i + 1 < argc) { json = argv[++i]; continue; }
+    int found = 0;
+    for (int s2 = 0; s2 < 5; s2++)
+      if (!strcmp(argv[i], names[s2])) { want[s2] = 1; found = any = 1; }
+    if (!found) { fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[i]); return EXIT_USAGE; }
   }
-  if (strcmp(argv[1], "quant") == 0) return bench_quant();
-  if (strcmp(argv[1], "gmm") == 0) return bench_gmm();
-  if (strcmp(argv[1], "ep") == 0) return bench_ep();
-  if (strcmp(argv[1], "layer") == 0) return bench_layer(NULL);
-  fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[1]);
-  return EXIT_USAGE;
+  if (!any) for (int s2 = 0; s2 < 4; s2++) want[s2] = 1;
+  if (json && !(g_json = fopen(json, "w"))) { fprintf(stderr, "moe8 bench: cannot write %s\n", json); return EXIT_FAIL; }
+  int rc = EXIT_OK;
+  peaks pk = {0};
+  if (want[0] || want[1] || want[2] || want[4]) {
+    pk = measure_peaks();
+    if (g_json) fprintf(g_json, "{\"bench\":\"peaks\",\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,\"i8_gops\":%.1f,\"read_gbs\":%.2f}\n",
+                        pk.f32, pk.bf16, pk.i8, pk.bw);
+  }
+  if (rc == EXIT_OK && want[0]) rc = bench_quant(pk.bw);
+  if (rc == EXIT_OK && want[1]) rc = bench_gmm(&pk);
+  if (rc == EXIT_OK && want[2]) rc = bench_layer(g_json);
+  if (rc == EXIT_OK && want[3]) rc = bench_ep();
+  if (g_json) { fclose(g_json); g_json = NULL; }
+  return rc;
 }

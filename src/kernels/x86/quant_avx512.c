@@ -17,7 +17,7 @@
 #include <immintrin.h>
 
 /* 16 f32 -> 16 FP8 codes in the low byte of each 32-bit lane. */
-static inline __m512i f32_to_fp8_16(__m512 x, const fp8_format *p, bool sat) {
+static inline __attribute__((always_inline)) __m512i f32_to_fp8_16(__m512 x, const fp8_format *p, bool sat) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
   const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
@@ -58,7 +58,7 @@ static void cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type
     _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(f32_to_fp8_16(_mm512_loadu_ps(src + i), p, sat)));
   if (i < n) {
     const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
-    _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, f32_to_fp8_16(_mm512_maskz_loadu_ps(k, src + i), p, sat));
+    _mm_mask_storeu_epi8(dst + i, k, _mm512_cvtepi32_epi8(f32_to_fp8_16(_mm512_maskz_loadu_ps(k, src + i), p, sat)));
   }
 }
 
@@ -120,7 +120,7 @@ static size_t cvt_f32_i8(int8_t *dst, const float *src, size_t n) {
     const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
     const __m512 x = _mm512_maskz_loadu_ps(k, src + i);
     nan += (size_t)__builtin_popcount(_mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q));
-    _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, f32_to_i8_16(x));
+    _mm_mask_storeu_epi8(dst + i, k, _mm512_cvtepi32_epi8(f32_to_i8_16(x)));
   }
   return nan;
 }
@@ -162,20 +162,29 @@ static size_t absmax_acc(float *amax, const float *x, size_t n) {
   return bad;
 }
 
-static void quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
+/* One loop per target type, so the format's constants fold into the code. */
+static inline __attribute__((always_inline)) void quant_div_t(int8_t *o, const float *x, const float *s, size_t s_step,
+                                                               size_t n, moe8_dtype qtype) {
   const __m512 s0 = _mm512_set1_ps(s[0]);
-  int8_t *o = q;
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
     const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
     /* Masked-off lanes divide 0 by 1, never by an unloaded 0. */
     const __m512 sv = s_step ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, s + i) : s0;
     const __m512 y = _mm512_div_ps(v, sv);
-    __m512i r;
-    if (qtype == MOE8_DTYPE_I8) r = f32_to_i8_16(y);
-    else r = f32_to_fp8_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2, true);
-    _mm512_mask_cvtepi32_storeu_epi8(o + i, k, r);
+    const __m512i r = qtype == MOE8_DTYPE_I8 ? f32_to_i8_16(y)
+                    : f32_to_fp8_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2, true);
+    /* Narrow in a register, then a plain or byte-masked store. */
+    const __m128i b8 = _mm512_cvtepi32_epi8(r);
+    if (k == 0xFFFF) _mm_storeu_si128((__m128i *)(o + i), b8);
+    else _mm_mask_storeu_epi8(o + i, k, b8);
   }
+}
+
+static void quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
+  if (qtype == MOE8_DTYPE_F8E4M3) quant_div_t(q, x, s, s_step, n, MOE8_DTYPE_F8E4M3);
+  else if (qtype == MOE8_DTYPE_F8E5M2) quant_div_t(q, x, s, s_step, n, MOE8_DTYPE_F8E5M2);
+  else quant_div_t(q, x, s, s_step, n, MOE8_DTYPE_I8);
 }
 
 void moe8__kernels_init_avx512(moe8__ktable *k) {
