@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,8 @@ static moe8_status get_int(const cJSON *root, const char *file, const char *key,
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   *found = v != NULL && !cJSON_IsNull(v);
   if (!*found) return MOE8_OK;
-  if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble || v->valuedouble < 0 || v->valuedouble > 1e12)
+  /* Range first: converting an out-of-range double to an integer is undefined. */
+  if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1e12) || v->valuedouble != floor(v->valuedouble))
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a non-negative integer", file, key);
   *out = (int64_t)v->valuedouble;
   return MOE8_OK;

@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,8 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
     snprintf(path, sizeof path, "rules[%zu].%s", idx, f->string);
     const size_t at = find_token(c, f->string, from);
     char msg[320];
+    for (const cJSON *g = obj->child; g != f; g = g->next)
+      if (!strcmp(g->string, f->string)) return fail_at(c, at, path, "duplicate field");
     if (strcmp(f->string, "module_path") == 0) {
       if (!cJSON_IsString(f)) return fail_at(c, at, path, "must be a string (a POSIX extended regex)");
       int rc = regcomp(&rs->regex[idx], f->valuestring, REG_EXTENDED | REG_NOSUB);
@@ -126,8 +129,7 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
       }
     } else if (strcmp(f->string, "tile_size") == 0) {
       if (cJSON_IsNull(f)) { r->tile_size = 0; continue; }
-      if (!cJSON_IsNumber(f) || f->valuedouble != (double)(int64_t)f->valuedouble || f->valuedouble < 1 ||
-          f->valuedouble > 1048576)
+      if (!cJSON_IsNumber(f) || !(f->valuedouble >= 1 && f->valuedouble <= 1048576) || f->valuedouble != floor(f->valuedouble))
         return fail_at(c, at, path, "must be a positive integer (at most 1048576) or null");
       r->tile_size = (int64_t)f->valuedouble;
     } else if (strcmp(f->string, "weight_calibration_method") == 0 ||
@@ -178,6 +180,8 @@ moe8_status moe8_rules_parse(const char *json, size_t len, const char *name, moe
   if (!cJSON_IsObject(root)) { st = fail_at(&c, 0, "$", "the rule set must be a JSON object"); goto done; }
   const cJSON *rules = NULL;
   for (const cJSON *f = root->child; f; f = f->next) {
+    for (const cJSON *g = root->child; g != f; g = g->next)
+      if (!strcmp(g->string, f->string)) { st = fail_at(&c, find_token(&c, f->string, 0), f->string, "duplicate field"); goto done; }
     if (strcmp(f->string, "rules") == 0) rules = f;
     else if (strcmp(f->string, "quantize_before_ep_all_gather") == 0) {
       if (!cJSON_IsBool(f)) { st = fail_at(&c, find_token(&c, f->string, 0), f->string, "must be true or false"); goto done; }
