@@ -297,8 +297,11 @@ static int bench_gmm(const peaks *pk) {
 ** milliseconds (min), or a negative number when it is not available. */
 static double torch_ms(int64_t T, int64_t E, int64_t K, int64_t D, int64_t F, const char *dt, int threads, int reps) {
   char cmd[1024], line[512];
-  snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/torch_moe.py' %lld %lld %lld %lld %lld %s %d %d 2>/dev/null", MOE8_BENCH_DIR,
-           (long long)T, (long long)E, (long long)K, (long long)D, (long long)F, dt, threads, reps);
+  /* Debian's torch runs its BLAS on OpenBLAS threads, which
+  ** torch.set_num_threads does not cap: set every pool's size. */
+  snprintf(cmd, sizeof cmd,
+           "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d MKL_NUM_THREADS=%d /usr/bin/python3 '%s/torch_moe.py' %lld %lld %lld %lld %lld %s %d %d 2>/dev/null",
+           threads, threads, threads, MOE8_BENCH_DIR, (long long)T, (long long)E, (long long)K, (long long)D, (long long)F, dt, threads, reps);
   FILE *p = popen(cmd, "r");
   if (!p) return -1;
   double ms = -1;
