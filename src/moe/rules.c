@@ -62,6 +62,31 @@ static moe8_status fail_at(const parse_ctx *c, size_t off, const char *path, con
   return moe8__fail(MOE8_ERR_PARSE, "%s:%d:%d: %s: %s", c->name, line, col, path, what);
 }
 
+/* glibc's regcomp can take gigabytes on small hostile patterns (stacked
+** repetition operators, large bounds); module paths are simple names, so
+** such patterns are refused before regcomp.  NULL when the pattern is fine. */
+static const char *regex_problem(const char *re) {
+  const size_t n = strlen(re);
+  if (n > 512) return "longer than 512 characters";
+  bool prev_quant = false;
+  for (size_t i = 0; i < n; i++) {
+    const char c = re[i];
+    if (c == '\\') { i++; prev_quant = false; continue; }
+    const bool quant = c == '*' || c == '+' || c == '?' || c == '{';
+    if (quant && prev_quant) return "stacked repetition operators";
+    if (c == '{') {
+      long bound = 0;
+      for (i++; i < n && re[i] != '}'; i++)
+        if (re[i] >= '0' && re[i] <= '9') {
+          bound = bound * 10 + (re[i] - '0');
+          if (bound > 100) return "a repetition bound above 100";
+        } else if (re[i] == ',') bound = 0;
+    }
+    prev_quant = quant;
+  }
+  return NULL;
+}
+
 static bool parse_qtype(const cJSON *v, moe8_dtype *out) {
   if (cJSON_IsNull(v)) { *out = MOE8_DTYPE_NONE; return true; }
   if (!cJSON_IsString(v)) return false;
@@ -107,6 +132,11 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
       if (!strcmp(g->string, f->string)) return fail_at(c, at, path, "duplicate field");
     if (strcmp(f->string, "module_path") == 0) {
       if (!cJSON_IsString(f)) return fail_at(c, at, path, "must be a string (a POSIX extended regex)");
+      const char *bad = regex_problem(f->valuestring);
+      if (bad) {
+        snprintf(msg, sizeof msg, "regex refused: %s", bad);
+        return fail_at(c, at, path, msg);
+      }
       int rc = regcomp(&rs->regex[idx], f->valuestring, REG_EXTENDED | REG_NOSUB);
       if (rc != 0) {
         char err[128];
