@@ -347,36 +347,54 @@ static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t 
 ** one use: instead each pair of weight rows is decoded in registers and fed
 ** straight to vdpbf16ps.  The pairs and their order along k are those of
 ** the panel path, so a row's sums are the same chains (SPEC §8). */
-BF16_TARGET INLINE void direct_bf16(const int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
-                                    int64_t j, const __m512i *lut, bool fp8, float *S) {
+BF16_TARGET INLINE void direct_bf16(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                    int64_t blk, int64_t j, const __m512i *lut, bool fp8, float *S) {
+  /* ns strips of 32 columns at once, so each weight row's bytes of this
+  ** task are read in one visit (a whole line, not half of one). */
   const int64_t nt = b->n1 - b->n0, k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
-  const __mmask32 m = j + 32 <= nt ? 0xFFFFFFFFu : (__mmask32)((1u << (nt - j)) - 1);
   const int64_t w0 = block_word(b, PATH_BF16, blk);
+  const size_t es = fp8 ? 1 : 2;
   const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
-  __m512 c[MR][2];
-  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  __mmask32 m[4];
+  for (int s = 0; s < ns; s++) {
+    const int64_t js = j + 32 * s;
+    m[s] = js + 32 <= nt ? 0xFFFFFFFFu : js < nt ? (__mmask32)((1u << (nt - js)) - 1) : 0;
+  }
+  __m512 c[MR][4][2];
+  for (int i = 0; i < mr; i++)
+    for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
+  const char *base = (const char *)b->rhs + (size_t)(b->n0 + j) * es;
+  const size_t row = (size_t)b->N * es;
   for (int64_t p = 0; p < kp; p++) {
     const int64_t k = k0 + 2 * p;
-    __m512i r0, r1 = _mm512_setzero_si512();
-    if (fp8) {
-      const uint8_t *s0 = (const uint8_t *)b->rhs + k * b->N + b->n0 + j;
-      r0 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, s0), lut);
-      if (k + 1 < k1) r1 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, s0 + b->N), lut);
-    } else {
-      const uint16_t *s0 = (const uint16_t *)b->rhs + k * b->N + b->n0 + j;
-      r0 = _mm512_maskz_loadu_epi16(m, s0);
-      if (k + 1 < k1) r1 = _mm512_maskz_loadu_epi16(m, s0 + b->N);
-    }
-    const __m512i b0 = _mm512_permutex2var_epi16(r0, ilo, r1), b1 = _mm512_permutex2var_epi16(r0, ihi, r1);
-    for (int i = 0; i < mr; i++) {
-      const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
-      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
-      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+    const char *r0p = base + (size_t)k * row, *r1p = r0p + row;
+    /* The rows four pairs ahead: the stride defeats the prefetchers. */
+    if (k + 8 < k1) { _mm_prefetch(r0p + 8 * row, _MM_HINT_T0); _mm_prefetch(r0p + 9 * row, _MM_HINT_T0); }
+    const bool two = k + 1 < k1;
+    for (int s = 0; s < ns; s++) {
+      __m512i x0, x1 = _mm512_setzero_si512();
+      if (fp8) {
+        x0 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m[s], r0p + 32 * s), lut);
+        if (two) x1 = fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m[s], r1p + 32 * s), lut);
+      } else {
+        x0 = _mm512_maskz_loadu_epi16(m[s], r0p + 64 * s);
+        if (two) x1 = _mm512_maskz_loadu_epi16(m[s], r1p + 64 * s);
+      }
+      const __m512i b0 = _mm512_permutex2var_epi16(x0, ilo, x1), b1 = _mm512_permutex2var_epi16(x0, ihi, x1);
+      for (int i = 0; i < mr; i++) {
+        const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a, (__m512bh)b0);
+        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a, (__m512bh)b1);
+      }
     }
   }
-  for (int i = 0; i < mr; i++) { _mm512_storeu_ps(S + i * NT + j, c[i][0]); _mm512_storeu_ps(S + i * NT + j + 16, c[i][1]); }
+  for (int i = 0; i < mr; i++)
+    for (int s = 0; s < ns; s++) {
+      _mm512_storeu_ps(S + i * NT + j + 32 * s, c[i][s][0]);
+      _mm512_storeu_ps(S + i * NT + j + 32 * s + 16, c[i][s][1]);
+    }
 }
 
 BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
@@ -393,17 +411,23 @@ BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
   }
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    for (int64_t j = 0; j < ntp; j += NR)
-      switch (mt) {
-        case 8: direct_bf16(8, b, A, words, blk, j, lut, fp8, S); break;
-        case 7: direct_bf16(7, b, A, words, blk, j, lut, fp8, S); break;
-        case 6: direct_bf16(6, b, A, words, blk, j, lut, fp8, S); break;
-        case 5: direct_bf16(5, b, A, words, blk, j, lut, fp8, S); break;
-        case 4: direct_bf16(4, b, A, words, blk, j, lut, fp8, S); break;
-        case 3: direct_bf16(3, b, A, words, blk, j, lut, fp8, S); break;
-        case 2: direct_bf16(2, b, A, words, blk, j, lut, fp8, S); break;
-        default: direct_bf16(1, b, A, words, blk, j, lut, fp8, S); break;
-      }
+    /* Up to two rows: every strip of the task in one pass over the
+    ** weights; more rows: one strip at a time (registers). */
+    if (mt <= 2) {
+      const int ns = (int)(ntp / NR);
+      if (mt == 2) direct_bf16(2, ns, b, A, words, blk, 0, lut, fp8, S);
+      else direct_bf16(1, ns, b, A, words, blk, 0, lut, fp8, S);
+    } else {
+      for (int64_t j = 0; j < ntp; j += NR)
+        switch (mt) {
+          case 8: direct_bf16(8, 1, b, A, words, blk, j, lut, fp8, S); break;
+          case 7: direct_bf16(7, 1, b, A, words, blk, j, lut, fp8, S); break;
+          case 6: direct_bf16(6, 1, b, A, words, blk, j, lut, fp8, S); break;
+          case 5: direct_bf16(5, 1, b, A, words, blk, j, lut, fp8, S); break;
+          case 4: direct_bf16(4, 1, b, A, words, blk, j, lut, fp8, S); break;
+          default: direct_bf16(3, 1, b, A, words, blk, j, lut, fp8, S); break;
+        }
+    }
     promote(b, blk, C, S, mt, ntp, rsv);
   }
   write_out(b, C, mt);
