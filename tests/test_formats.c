@@ -208,6 +208,18 @@ static void test_fp8_decode_all_codes(void **state) {
         }
         assert_true(tu_guard_ok(out, n * 4));
         free(out);
+        /* FP8 -> bf16 in bulk: every code, exact, with tails. */
+        uint16_t *bo = tu_alloc(n * 2);
+        moe8__kernels_for(isas[i])->cvt_f8_bf16(bo, codes + (256 - n), n, type);
+        for (size_t j = 0; j < n; j++) {
+          const uint8_t c = codes[256 - n + j];
+          const uint16_t want = moe8_f32_to_bf16(t ? moe8_f8e5m2_to_f32(c) : moe8_f8e4m3_to_f32(c));
+          if (bo[j] != want)
+            TU_FAIL("%s -> bf16 on %s: code 0x%02x gives 0x%04x, want 0x%04x", moe8_dtype_info(type)->name,
+                    moe8_isa_name(isas[i]), c, bo[j], want);
+        }
+        assert_true(tu_guard_ok(bo, n * 2));
+        free(bo);
       }
       assert_int_equal(moe8_isa_set(isas[i]), MOE8_OK);
       uint16_t bf[256];

@@ -33,6 +33,7 @@ typedef struct moe8__ktable {
   /* dst[i] = f32 -> FP8 of src[i]; type is F8E4M3 or F8E5M2. */
   void (*cvt_f32_f8)(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
   void (*cvt_f8_f32)(float *dst, const uint8_t *src, size_t n, moe8_dtype type);
+  void (*cvt_f8_bf16)(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
   void (*cvt_f32_bf16)(uint16_t *dst, const float *src, size_t n);
   void (*cvt_bf16_f32)(float *dst, const uint16_t *src, size_t n);
   /* Round half even, clamp to [-127, 127], NaN -> 0; returns the NaN count. */

@@ -125,6 +125,11 @@ void moe8__ref_cvt_f8_f32(float *dst, const uint8_t *src, size_t n, moe8_dtype t
     for (size_t i = 0; i < n; i++) dst[i] = moe8_f8e5m2_to_f32(src[i]);
 }
 
+void moe8__ref_cvt_f8_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = moe8_f32_to_bf16(type == MOE8_DTYPE_F8E4M3 ? moe8_f8e4m3_to_f32(src[i]) : moe8_f8e5m2_to_f32(src[i]));
+}
+
 void moe8__ref_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = moe8_f32_to_bf16(src[i]);
 }
@@ -189,6 +194,8 @@ moe8_status moe8_convert(void *dst, moe8_dtype dst_type, const void *src, moe8_d
   size_t nan = 0;
   if (src_type == MOE8_DTYPE_F32) {
     nan = from_f32(k, dst, src, dst_type, count, sat);
+  } else if (dst_type == MOE8_DTYPE_BF16 && (src_type == MOE8_DTYPE_F8E4M3 || src_type == MOE8_DTYPE_F8E5M2)) {
+    k->cvt_f8_bf16(dst, src, count, src_type); /* exact, no f32 detour */
   } else if (dst_type == MOE8_DTYPE_F32) {
     to_f32(k, dst, src, src_type, count);
   } else {

@@ -10,6 +10,7 @@
 
 void   moe8__ref_cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
 void   moe8__ref_cvt_f8_f32(float *dst, const uint8_t *src, size_t n, moe8_dtype type);
+void   moe8__ref_cvt_f8_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
 void   moe8__ref_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n);
 void   moe8__ref_cvt_bf16_f32(float *dst, const uint16_t *src, size_t n);
 size_t moe8__ref_cvt_f32_i8(int8_t *dst, const float *src, size_t n);

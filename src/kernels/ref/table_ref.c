@@ -12,6 +12,7 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->isa          = MOE8_ISA_REF;
   k->cvt_f32_f8   = moe8__ref_cvt_f32_f8;
   k->cvt_f8_f32   = moe8__ref_cvt_f8_f32;
+  k->cvt_f8_bf16  = moe8__ref_cvt_f8_bf16;
   k->cvt_f32_bf16 = moe8__ref_cvt_f32_bf16;
   k->cvt_bf16_f32 = moe8__ref_cvt_bf16_f32;
   k->cvt_f32_i8   = moe8__ref_cvt_f32_i8;

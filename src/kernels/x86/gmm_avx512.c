@@ -266,6 +266,18 @@ INLINE __m512i fp8_to_bf16_32(__m256i bytes, const __m512i *lut) {
   return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
 }
 
+/* Bulk FP8 -> bf16 for the kernel table (and its exhaustive test). */
+static void cvt_f8_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type) {
+  pthread_once(&g_lut_once, fill_luts);
+  const uint16_t *t = g_bf16_lut[type == MOE8_DTYPE_F8E5M2];
+  __m512i lut[4];
+  for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(t + 32 * i);
+  for (size_t i = 0; i < n; i += 32) {
+    const __mmask32 m = n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_epi16(dst + i, m, fp8_to_bf16_32(_mm256_maskz_loadu_epi8(m, src + i), lut));
+  }
+}
+
 /* Words of rows k and k+1 (32 columns each) -> 32 bf16 pairs, two zmm. */
 INLINE void store_pairs(uint32_t *dst, __m512i r0, __m512i r1) {
   const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
@@ -523,6 +535,7 @@ ENTRY(avx512_bf16, MOE8_ISA_AVX512_BF16)
 ENTRY(avx512_vnni, MOE8_ISA_AVX512_VNNI)
 
 void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa) {
+  k->cvt_f8_bf16 = cvt_f8_bf16;
   if (isa >= MOE8_ISA_AVX512_VNNI) {
     k->gmm_block = gmm_block_avx512_vnni; k->gmm_pack_size = gmm_pack_size_avx512_vnni; k->gmm_pack = gmm_pack_avx512_vnni;
   } else if (isa >= MOE8_ISA_AVX512_BF16) {
