@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32 };
+enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32, PF = 8 /* pairs of rows prefetched ahead */ };
 
 #define INLINE static inline __attribute__((always_inline))
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
@@ -382,8 +382,13 @@ BF16_TARGET INLINE void direct_bf16(const int mr, const int ns, const moe8__gmm_
   for (int64_t p = 0; p < kp; p++) {
     const int64_t k = k0 + 2 * p;
     const char *r0p = base + (size_t)k * row, *r1p = r0p + row;
-    /* The rows four pairs ahead: the stride defeats the prefetchers. */
-    if (k + 8 < k1) { _mm_prefetch(r0p + 8 * row, _MM_HINT_T0); _mm_prefetch(r0p + 9 * row, _MM_HINT_T0); }
+    /* Every line of the two rows PF pairs ahead: the row stride defeats
+    ** the hardware prefetchers, and a visit reads ns·32 columns. */
+    if (k + 2 * PF + 1 < k1)
+      for (int64_t o = 0; o < ns * 32 * (int64_t)es; o += 64) {
+        _mm_prefetch(r0p + 2 * PF * row + o, _MM_HINT_T0);
+        _mm_prefetch(r0p + (2 * PF + 1) * row + o, _MM_HINT_T0);
+      }
     const bool two = k + 1 < k1;
     for (int s = 0; s < ns; s++) {
       __m512i x0, x1 = _mm512_setzero_si512();
@@ -423,12 +428,25 @@ BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
   }
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    /* Up to two rows: every strip of the task in one pass over the
-    ** weights; more rows: one strip at a time (registers). */
+    /* One row: every strip of the task in one pass over the weights;
+    ** two rows: two strips; more: one strip at a time (registers). */
     if (mt <= 2) {
-      const int ns = (int)(ntp / NR);
-      if (mt == 2) direct_bf16(2, ns, b, A, words, blk, 0, lut, fp8, S);
-      else direct_bf16(1, ns, b, A, words, blk, 0, lut, fp8, S);
+      /* Literal strip counts, so the accumulators stay in registers. */
+      for (int64_t j = 0; j < ntp; j += (mt == 1 ? 4 : 2) * NR) {
+        const int ns = (int)((ntp - j) / NR) < (mt == 1 ? 4 : 2) ? (int)((ntp - j) / NR) : (mt == 1 ? 4 : 2);
+        if (mt == 1) {
+          switch (ns) {
+            case 4: direct_bf16(1, 4, b, A, words, blk, j, lut, fp8, S); break;
+            case 3: direct_bf16(1, 3, b, A, words, blk, j, lut, fp8, S); break;
+            case 2: direct_bf16(1, 2, b, A, words, blk, j, lut, fp8, S); break;
+            default: direct_bf16(1, 1, b, A, words, blk, j, lut, fp8, S); break;
+          }
+        } else if (ns == 2) {
+          direct_bf16(2, 2, b, A, words, blk, j, lut, fp8, S);
+        } else {
+          direct_bf16(2, 1, b, A, words, blk, j, lut, fp8, S);
+        }
+      }
     } else {
       for (int64_t j = 0; j < ntp; j += NR)
         switch (mt) {
