@@ -214,6 +214,51 @@ VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, con
   for (int i = 0; i < mr; i++) { _mm512_storeu_si512(S + i * NT, c[i][0]); _mm512_storeu_si512(S + i * NT + 16, c[i][1]); }
 }
 
+/* Fused promotion: when a scale block is one chunk, its sum never leaves
+** the registers: C += S · (ls · rs) right after the last k, with the same
+** multiplies and add as promote(), so the bytes are the same. */
+BF16_TARGET INLINE void ukr_bf16_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *C,
+                                      const float *ls, const float *rs) {
+  __m512 c[MR][2];
+  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kp; k++) {
+    const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
+    for (int i = 0; i < mr; i++) {
+      const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+    }
+  }
+  const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
+  for (int i = 0; i < mr; i++) {
+    const __m512 l = _mm512_set1_ps(ls[i]);
+    _mm512_storeu_ps(C + i * NT, _mm512_add_ps(_mm512_loadu_ps(C + i * NT), _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
+    _mm512_storeu_ps(C + i * NT + 16, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + 16), _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
+  }
+}
+
+VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, float *C,
+                                    const float *ls, const float *rs, const int32_t *colsum) {
+  __m512i c[MR][2];
+  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < kq; k++) {
+    const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
+    for (int i = 0; i < mr; i++) {
+      const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
+      c[i][0] = _mm512_dpbusd_epi32(c[i][0], a, b0);
+      c[i][1] = _mm512_dpbusd_epi32(c[i][1], a, b1);
+    }
+  }
+  const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
+  const __m512i k0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7), k1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
+  for (int i = 0; i < mr; i++) {
+    const __m512 l = _mm512_set1_ps(ls[i]);
+    const __m512 s0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][0], k0)), s1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][1], k1));
+    _mm512_storeu_ps(C + i * NT, _mm512_add_ps(_mm512_loadu_ps(C + i * NT), _mm512_mul_ps(s0, _mm512_mul_ps(l, r0))));
+    _mm512_storeu_ps(C + i * NT + 16, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + 16), _mm512_mul_ps(s1, _mm512_mul_ps(l, r1))));
+  }
+}
+
 /* A switch over the row count gives each tail its own unrolled kernel; the
 ** sums are the same chains as the full MR-row kernel's (SPEC §8). */
 #define UKR_ANY(name, target, kern, AT, ST)                                                       \
@@ -232,6 +277,34 @@ VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, con
 UKR_ANY(ukr_f32_any, , ukr_f32, float, float)
 UKR_ANY(ukr_bf16_any, BF16_TARGET, ukr_bf16, uint32_t, float)
 UKR_ANY(ukr_i8_any, VNNI_TARGET, ukr_i8, uint32_t, int32_t)
+
+BF16_TARGET static void ukr_bf16_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *C,
+                                          const float *ls, const float *rs) {
+  switch (mr) {
+    case 8: ukr_bf16_prom(8, A, lda, B, kp, C, ls, rs); break;
+    case 7: ukr_bf16_prom(7, A, lda, B, kp, C, ls, rs); break;
+    case 6: ukr_bf16_prom(6, A, lda, B, kp, C, ls, rs); break;
+    case 5: ukr_bf16_prom(5, A, lda, B, kp, C, ls, rs); break;
+    case 4: ukr_bf16_prom(4, A, lda, B, kp, C, ls, rs); break;
+    case 3: ukr_bf16_prom(3, A, lda, B, kp, C, ls, rs); break;
+    case 2: ukr_bf16_prom(2, A, lda, B, kp, C, ls, rs); break;
+    default: ukr_bf16_prom(1, A, lda, B, kp, C, ls, rs); break;
+  }
+}
+
+VNNI_TARGET static void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, float *C,
+                                        const float *ls, const float *rs, const int32_t *cs) {
+  switch (mr) {
+    case 8: ukr_i8_prom(8, A, lda, B, kq, C, ls, rs, cs); break;
+    case 7: ukr_i8_prom(7, A, lda, B, kq, C, ls, rs, cs); break;
+    case 6: ukr_i8_prom(6, A, lda, B, kq, C, ls, rs, cs); break;
+    case 5: ukr_i8_prom(5, A, lda, B, kq, C, ls, rs, cs); break;
+    case 4: ukr_i8_prom(4, A, lda, B, kq, C, ls, rs, cs); break;
+    case 3: ukr_i8_prom(3, A, lda, B, kq, C, ls, rs, cs); break;
+    case 2: ukr_i8_prom(2, A, lda, B, kq, C, ls, rs, cs); break;
+    default: ukr_i8_prom(1, A, lda, B, kq, C, ls, rs, cs); break;
+  }
+}
 
 /* ---- B panels ----------------------------------------------------------------- */
 /* f32 [kc][NT] */
@@ -478,8 +551,25 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K;
-    memset(S, 0, sizeof(float) * (size_t)(mt * NT));
     if (path == PATH_I8) memset(colsum, 0, sizeof(int32_t) * NT);
+    if (path != PATH_F32 && k1 - k0 <= KC) {
+      /* One chunk: promote in registers (ukr_*_prom), S never stored. */
+      if (path == PATH_BF16) pack_b_bf16(b, k0, k1 - k0, ntp, Bp, tmp);
+      else pack_b_i8(b, k0, k1 - k0, ntp, Bp, colsum);
+      for (int64_t j = 0; j < ntp; j++) rsv[j] = j < nt ? moe8__gmm_rs(b, blk, b->n0 + j) : 0.0f;
+      const int64_t w0 = block_word(b, path, blk);
+      for (int64_t i = 0; i < mt; i += MR) {
+        const int mr = mt - i < MR ? (int)(mt - i) : MR;
+        float ls[MR];
+        for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+        for (int64_t j = 0; j < ntp; j += NR) {
+          if (path == PATH_BF16) ukr_bf16_prom_any(mr, A + i * words + w0, words, Bp + j, (k1 - k0 + 1) / 2, C + i * NT + j, ls, rsv + j);
+          else ukr_i8_prom_any(mr, A + i * words + w0, words, Bp + j, (k1 - k0 + 3) / 4, C + i * NT + j, ls, rsv + j, colsum + j);
+        }
+      }
+      continue;
+    }
+    memset(S, 0, sizeof(float) * (size_t)(mt * NT));
     for (int64_t c0 = k0; c0 < k1; c0 += KC) {
       const int64_t kc = c0 + KC < k1 ? KC : k1 - c0;
       if (path == PATH_F32) pack_b_f32(b, c0, kc, ntp, (float *)Bp);
