@@ -80,7 +80,9 @@ moe8_status cli_gather_rows(moe8_comm *c, const float *send, int64_t rows, int64
     int n = (int)(rows * row_floats), *cnt = malloc(sizeof(int) * 2 * (size_t)P);
     if (!cnt) return MOE8_ERR_NOMEM;
     MPI_Gather(&n, 1, MPI_INT, cnt, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    for (int q = 0, off = 0; q < P; q++) { cnt[P + q] = off; off += cnt[q]; }
+    /* Counts and displacements mean something on the root only. */
+    if (moe8_comm_rank(c) == 0)
+      for (int q = 0, off = 0; q < P; q++) { cnt[P + q] = off; off += cnt[q]; }
     MPI_Gatherv(send, n, MPI_FLOAT, recv, cnt, cnt + P, MPI_FLOAT, 0, MPI_COMM_WORLD);
     free(cnt);
     return MOE8_OK;
