@@ -82,6 +82,28 @@ static inline bool moe8__is_qtype(moe8_dtype t) {
 }
 static inline int64_t moe8__cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* exp(x) for the SwiGLU, within 2 ulp of exp on [-87.3, 88.7] (inputs
+** are clamped there: the results saturate to about 1e-38 and 3.4e38, which
+** is what silu and the sigmoid need).  Branch-free plain arithmetic, so
+** the compiler vectorizes the loops that call it; one definition, so the
+** forward and the backward, and every thread count, agree bit for bit. */
+static inline float moe8__expf(float x) {
+  x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
+  /* n = round(x / ln 2) by the 1.5·2^23 trick; r = x - n·ln 2 in two parts. */
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  /* exp(r) on [-ln2/2, ln2/2]: degree-7 Taylor, Horner. */
+  float p = 1.98412698e-4f;
+  p = p * r + 1.38888889e-3f;
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * moe8__bits_f32((uint32_t)((int32_t)n + 127) << 23);
+}
+
 /* Scalar f32 -> i8 as the quantizer needs it: round half even, clamp. */
 int8_t moe8__f32_to_i8(float x);
 

@@ -345,7 +345,7 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
   return MOE8_OK;
 }
 
-static inline float silu(float g) { return g / (1.0f + expf(-g)); }
+static inline float silu(float g) { return g / (1.0f + moe8__expf(-g)); }
 
 moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
@@ -549,7 +549,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int64_t rows, const int3
   for (int64_t p = 0; p < rows; p++)
     for (int64_t f = 0; f < F; f++) {
       const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
-      const float sg = 1.0f / (1.0f + expf(-gv));
+      const float sg = 1.0f / (1.0f + moe8__expf(-gv));
       dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
       dgu[p * 2 * F + F + f] = d * gv * sg;
     }
