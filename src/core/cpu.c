@@ -27,6 +27,7 @@ static const char *const g_isa_names[MOE8_ISA_COUNT] = {
 static moe8__ktable  g_tables[MOE8_ISA_COUNT];
 static bool           g_supported[MOE8_ISA_COUNT];
 static moe8_isa       g_active;
+static bool           g_vbmi;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 #ifdef MOE8_X86
@@ -50,6 +51,7 @@ static void detect(void) {
   __cpuid_count(7, 0, a, b, c, d);
   const bool f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
   const bool vnni = (c >> 11) & 1;
+  g_vbmi = (c >> 1) & 1;
   __cpuid_count(7, 1, a, b, c, d);
   const bool bf16 = (a >> 5) & 1;
   g_supported[MOE8_ISA_AVX512] = f && dq && bw && vl;
@@ -122,6 +124,11 @@ moe8_status moe8_isa_set(moe8_isa isa) {
 const moe8__ktable *moe8__kernels(void) {
   pthread_once(&g_once, init_tables);
   return &g_tables[g_active];
+}
+
+bool moe8__cpu_has_vbmi(void) {
+  pthread_once(&g_once, init_tables);
+  return g_vbmi && getenv("MOE8_NO_VBMI") == NULL;
 }
 
 const moe8__ktable *moe8__kernels_for(moe8_isa isa) {

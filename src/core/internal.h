@@ -55,6 +55,8 @@ typedef struct moe8__ktable {
 
 const moe8__ktable *moe8__kernels(void);
 const moe8__ktable *moe8__kernels_for(moe8_isa isa); /* NULL if unsupported */
+/* AVX512_VBMI (byte permutes), for an optional faster FP8 decode. */
+bool moe8__cpu_has_vbmi(void);
 
 void moe8__kernels_init_ref(moe8__ktable *k);
 #ifdef MOE8_HAVE_AVX512

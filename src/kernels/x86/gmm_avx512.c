@@ -487,6 +487,110 @@ BF16_TARGET INLINE void direct_bf16(const int mr, const int ns, const moe8__gmm_
     }
 }
 
+/* ---- the small-M FP8 kernel with byte tables (AVX512_VBMI) ------------ */
+/* 64 codes at a time: vpermi2b looks up the low and the high byte of each
+** code's bf16 word in two 128-entry byte tables (the magnitude indexes,
+** the sign is ORed into the high byte), and in-lane unpacks build the
+** k-pairs.  The unpacks leave the columns in a fixed order inside each
+** 128-bit lane — pair vector q holds columns 16L + 4q + i (lane L, i < 4) —
+** which the store undoes with a 4 x 4 transpose of 128-bit chunks.  Each
+** column's sum runs over the same pairs in the same order as every other
+** path, so the bytes are the same. */
+#define VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")))
+
+static uint8_t g_bf16_bytes[2][2][128]; /* [format][lo, hi][magnitude] */
+static pthread_once_t g_bytes_once = PTHREAD_ONCE_INIT;
+
+static void fill_bytes(void) {
+  pthread_once(&g_lut_once, fill_luts);
+  for (int f = 0; f < 2; f++)
+    for (int c = 0; c < 128; c++) {
+      g_bf16_bytes[f][0][c] = (uint8_t)(g_bf16_lut[f][c] & 0xFF);
+      g_bf16_bytes[f][1][c] = (uint8_t)(g_bf16_lut[f][c] >> 8);
+    }
+}
+
+/* 4 x 4 transpose of 128-bit chunks: out[L] = (a[L], b[L], c[L], d[L]). */
+INLINE void transpose_chunks(__m512 a, __m512 b, __m512 c, __m512 d, __m512 *o) {
+  const __m512 ab_lo = _mm512_shuffle_f32x4(a, b, 0x44), ab_hi = _mm512_shuffle_f32x4(a, b, 0xEE);
+  const __m512 cd_lo = _mm512_shuffle_f32x4(c, d, 0x44), cd_hi = _mm512_shuffle_f32x4(c, d, 0xEE);
+  o[0] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+  o[1] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+  o[2] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+  o[3] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+}
+
+/* mr rows x 64·ng columns starting at column j (j + 64·ng <= ntp), one
+** pass over the weight rows. */
+VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                        int64_t blk, int64_t j, const __m512i *tab, float *S) {
+  const int64_t nt = b->n1 - b->n0, k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  __mmask64 m[2];
+  for (int g = 0; g < ng; g++) {
+    const int64_t jg = j + 64 * g;
+    m[g] = jg + 64 <= nt ? ~(__mmask64)0 : jg < nt ? (((__mmask64)1 << (nt - jg)) - 1) : 0;
+  }
+  const __m512i m7 = _mm512_set1_epi8(0x7F), m8 = _mm512_set1_epi8((char)0x80);
+  __m512 c[4][2][4];
+  for (int i = 0; i < mr; i++)
+    for (int g = 0; g < ng; g++)
+      for (int q = 0; q < 4; q++) c[i][g][q] = _mm512_setzero_ps();
+  const uint8_t *base = (const uint8_t *)b->rhs + b->n0 + j;
+  const size_t row = (size_t)b->N;
+  for (int64_t p = 0; p < kp; p++) {
+    const int64_t k = k0 + 2 * p;
+    const uint8_t *r0p = base + (size_t)k * row;
+    if (k + 2 * PF + 1 < k1)
+      for (int g = 0; g < ng; g++) {
+        _mm_prefetch((const char *)(r0p + 2 * PF * row + 64 * g), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r0p + (2 * PF + 1) * row + 64 * g), _MM_HINT_T0);
+      }
+    for (int g = 0; g < ng; g++) {
+      const __m512i x0 = _mm512_maskz_loadu_epi8(m[g], r0p + 64 * g);
+      const __m512i x1 = k + 1 < k1 ? _mm512_maskz_loadu_epi8(m[g], r0p + row + 64 * g) : _mm512_setzero_si512();
+      const __m512i g0 = _mm512_and_si512(x0, m7), g1 = _mm512_and_si512(x1, m7);
+      const __m512i lo0 = _mm512_permutex2var_epi8(tab[0], g0, tab[1]);
+      const __m512i hi0 = _mm512_or_si512(_mm512_permutex2var_epi8(tab[2], g0, tab[3]), _mm512_and_si512(x0, m8));
+      const __m512i lo1 = _mm512_permutex2var_epi8(tab[0], g1, tab[1]);
+      const __m512i hi1 = _mm512_or_si512(_mm512_permutex2var_epi8(tab[2], g1, tab[3]), _mm512_and_si512(x1, m8));
+      const __m512i w0l = _mm512_unpacklo_epi8(lo0, hi0), w0h = _mm512_unpackhi_epi8(lo0, hi0);
+      const __m512i w1l = _mm512_unpacklo_epi8(lo1, hi1), w1h = _mm512_unpackhi_epi8(lo1, hi1);
+      const __m512i pq[4] = {_mm512_unpacklo_epi16(w0l, w1l), _mm512_unpackhi_epi16(w0l, w1l),
+                             _mm512_unpacklo_epi16(w0h, w1h), _mm512_unpackhi_epi16(w0h, w1h)};
+      for (int i = 0; i < mr; i++) {
+        const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+        for (int q = 0; q < 4; q++) c[i][g][q] = _mm512_dpbf16_ps(c[i][g][q], (__m512bh)a, (__m512bh)pq[q]);
+      }
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    for (int g = 0; g < ng; g++) {
+      __m512 o[4];
+      transpose_chunks(c[i][g][0], c[i][g][1], c[i][g][2], c[i][g][3], o);
+      for (int L = 0; L < 4; L++) _mm512_storeu_ps(S + i * NT + j + 64 * g + 16 * L, o[L]);
+    }
+}
+
+VBMI_TARGET static void direct_fp8_vbmi_any(int mr, int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                            int64_t blk, int64_t j, float *S) {
+  pthread_once(&g_bytes_once, fill_bytes);
+  const uint8_t (*t)[128] = g_bf16_bytes[b->rt == MOE8_DTYPE_F8E5M2];
+  const __m512i tab[4] = {_mm512_loadu_si512(t[0]), _mm512_loadu_si512(t[0] + 64), _mm512_loadu_si512(t[1]),
+                          _mm512_loadu_si512(t[1] + 64)};
+  /* Two column groups in one pass for one or two rows (16 accumulators). */
+  if (ng == 2 && mr == 1) direct_fp8_vbmi(1, 2, b, A, words, blk, j, tab, S);
+  else if (ng == 2 && mr == 2) direct_fp8_vbmi(2, 2, b, A, words, blk, j, tab, S);
+  else
+    for (int g = 0; g < ng; g++)
+      switch (mr) {
+        case 4: direct_fp8_vbmi(4, 1, b, A, words, blk, j + 64 * g, tab, S); break;
+        case 3: direct_fp8_vbmi(3, 1, b, A, words, blk, j + 64 * g, tab, S); break;
+        case 2: direct_fp8_vbmi(2, 1, b, A, words, blk, j + 64 * g, tab, S); break;
+        default: direct_fp8_vbmi(1, 1, b, A, words, blk, j + 64 * g, tab, S); break;
+      }
+}
+
 BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, NR) * NR;
   float *C = b->scratch, *S = C + MOE8__GMM_MT * NT, *rsv = S + MOE8__GMM_MT * NT;
@@ -500,7 +604,25 @@ BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
     for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(t + 32 * i);
   }
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  /* Byte tables pay off for two rows (measured: one row is as fast on the
+  ** word table, three and four rows slower). */
+  const bool vbmi = fp8 && mt == 2 && moe8__cpu_has_vbmi();
   for (int64_t blk = 0; blk < b->nbk; blk++) {
+    if (vbmi) {
+      /* 64 columns at a time through the byte tables; a last 32. */
+      const int ng = (int)(ntp / 64);
+      if (ng) direct_fp8_vbmi_any((int)mt, ng, b, A, words, blk, 0, S);
+      int64_t j = 64 * (int64_t)ng;
+      for (; j < ntp; j += NR)
+        switch (mt) {
+          case 4: direct_bf16(4, 1, b, A, words, blk, j, lut, fp8, S); break;
+          case 3: direct_bf16(3, 1, b, A, words, blk, j, lut, fp8, S); break;
+          case 2: direct_bf16(2, 1, b, A, words, blk, j, lut, fp8, S); break;
+          default: direct_bf16(1, 1, b, A, words, blk, j, lut, fp8, S); break;
+        }
+      promote(b, blk, C, S, mt, ntp, rsv);
+      continue;
+    }
     /* One row: every strip of the task in one pass over the weights;
     ** two rows: two strips; more: one strip at a time (registers). */
     if (mt <= 2) {
