@@ -51,7 +51,7 @@ static void detect(void) {
   __cpuid_count(7, 0, a, b, c, d);
   const bool f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
   const bool vnni = (c >> 11) & 1;
-  g_vbmi = (c >> 1) & 1;
+  g_vbmi = ((c >> 1) & 1) && getenv("MOE8_NO_VBMI") == NULL; /* read once, not per call */
   __cpuid_count(7, 1, a, b, c, d);
   const bool bf16 = (a >> 5) & 1;
   g_supported[MOE8_ISA_AVX512] = f && dq && bw && vl;
@@ -128,7 +128,7 @@ const moe8__ktable *moe8__kernels(void) {
 
 bool moe8__cpu_has_vbmi(void) {
   pthread_once(&g_once, init_tables);
-  return g_vbmi && getenv("MOE8_NO_VBMI") == NULL;
+  return g_vbmi;
 }
 
 const moe8__ktable *moe8__kernels_for(moe8_isa isa) {

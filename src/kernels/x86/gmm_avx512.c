@@ -259,51 +259,41 @@ VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda
   }
 }
 
-/* A switch over the row count gives each tail its own unrolled kernel; the
-** sums are the same chains as the full MR-row kernel's (SPEC §8). */
-#define UKR_ANY(name, target, kern, AT, ST)                                                       \
-  target static void name(int mr, const AT *A, int64_t lda, const AT *B, int64_t k, ST *S) {      \
-    switch (mr) {                                                                                 \
-      case 8: kern(8, A, lda, B, k, S); break;                                                    \
-      case 7: kern(7, A, lda, B, k, S); break;                                                    \
-      case 6: kern(6, A, lda, B, k, S); break;                                                    \
-      case 5: kern(5, A, lda, B, k, S); break;                                                    \
-      case 4: kern(4, A, lda, B, k, S); break;                                                    \
-      case 3: kern(3, A, lda, B, k, S); break;                                                    \
-      case 2: kern(2, A, lda, B, k, S); break;                                                    \
-      default: kern(1, A, lda, B, k, S); break;                                                   \
-    }                                                                                             \
+/* BY_ROWS calls kern(literal mr, ...) for mr in 1..8: each tail gets its
+** own unrolled kernel, and the sums are the same chains as the full
+** MR-row kernel's (SPEC §8). */
+#define BY_ROWS(mr, kern, ...)                    \
+  switch (mr) {                                   \
+    case 8: kern(8, __VA_ARGS__); break;          \
+    case 7: kern(7, __VA_ARGS__); break;          \
+    case 6: kern(6, __VA_ARGS__); break;          \
+    case 5: kern(5, __VA_ARGS__); break;          \
+    case 4: kern(4, __VA_ARGS__); break;          \
+    case 3: kern(3, __VA_ARGS__); break;          \
+    case 2: kern(2, __VA_ARGS__); break;          \
+    default: kern(1, __VA_ARGS__); break;         \
   }
-UKR_ANY(ukr_f32_any, , ukr_f32, float, float)
-UKR_ANY(ukr_bf16_any, BF16_TARGET, ukr_bf16, uint32_t, float)
-UKR_ANY(ukr_i8_any, VNNI_TARGET, ukr_i8, uint32_t, int32_t)
+
+static void ukr_f32_any(int mr, const float *A, int64_t lda, const float *B, int64_t k, float *S) {
+  BY_ROWS(mr, ukr_f32, A, lda, B, k, S)
+}
+
+BF16_TARGET static void ukr_bf16_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *S) {
+  BY_ROWS(mr, ukr_bf16, A, lda, B, kp, S)
+}
+
+VNNI_TARGET static void ukr_i8_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, int32_t *S) {
+  BY_ROWS(mr, ukr_i8, A, lda, B, kq, S)
+}
 
 BF16_TARGET static void ukr_bf16_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *C,
                                           const float *ls, const float *rs) {
-  switch (mr) {
-    case 8: ukr_bf16_prom(8, A, lda, B, kp, C, ls, rs); break;
-    case 7: ukr_bf16_prom(7, A, lda, B, kp, C, ls, rs); break;
-    case 6: ukr_bf16_prom(6, A, lda, B, kp, C, ls, rs); break;
-    case 5: ukr_bf16_prom(5, A, lda, B, kp, C, ls, rs); break;
-    case 4: ukr_bf16_prom(4, A, lda, B, kp, C, ls, rs); break;
-    case 3: ukr_bf16_prom(3, A, lda, B, kp, C, ls, rs); break;
-    case 2: ukr_bf16_prom(2, A, lda, B, kp, C, ls, rs); break;
-    default: ukr_bf16_prom(1, A, lda, B, kp, C, ls, rs); break;
-  }
+  BY_ROWS(mr, ukr_bf16_prom, A, lda, B, kp, C, ls, rs)
 }
 
 VNNI_TARGET static void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, float *C,
                                         const float *ls, const float *rs, const int32_t *cs) {
-  switch (mr) {
-    case 8: ukr_i8_prom(8, A, lda, B, kq, C, ls, rs, cs); break;
-    case 7: ukr_i8_prom(7, A, lda, B, kq, C, ls, rs, cs); break;
-    case 6: ukr_i8_prom(6, A, lda, B, kq, C, ls, rs, cs); break;
-    case 5: ukr_i8_prom(5, A, lda, B, kq, C, ls, rs, cs); break;
-    case 4: ukr_i8_prom(4, A, lda, B, kq, C, ls, rs, cs); break;
-    case 3: ukr_i8_prom(3, A, lda, B, kq, C, ls, rs, cs); break;
-    case 2: ukr_i8_prom(2, A, lda, B, kq, C, ls, rs, cs); break;
-    default: ukr_i8_prom(1, A, lda, B, kq, C, ls, rs, cs); break;
-  }
+  BY_ROWS(mr, ukr_i8_prom, A, lda, B, kq, C, ls, rs, cs)
 }
 
 /* ---- B panels ----------------------------------------------------------------- */
@@ -572,23 +562,16 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
     }
 }
 
-VBMI_TARGET static void direct_fp8_vbmi_any(int mr, int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                            int64_t blk, int64_t j, float *S) {
+/* Two rows (the only case where the byte tables measured faster): both
+** 64-column groups of the task in one pass, 16 accumulators. */
+VBMI_TARGET static void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                              float *S) {
   pthread_once(&g_bytes_once, fill_bytes);
   const uint8_t (*t)[128] = g_bf16_bytes[b->rt == MOE8_DTYPE_F8E5M2];
   const __m512i tab[4] = {_mm512_loadu_si512(t[0]), _mm512_loadu_si512(t[0] + 64), _mm512_loadu_si512(t[1]),
                           _mm512_loadu_si512(t[1] + 64)};
-  /* Two column groups in one pass for one or two rows (16 accumulators). */
-  if (ng == 2 && mr == 1) direct_fp8_vbmi(1, 2, b, A, words, blk, j, tab, S);
-  else if (ng == 2 && mr == 2) direct_fp8_vbmi(2, 2, b, A, words, blk, j, tab, S);
-  else
-    for (int g = 0; g < ng; g++)
-      switch (mr) {
-        case 4: direct_fp8_vbmi(4, 1, b, A, words, blk, j + 64 * g, tab, S); break;
-        case 3: direct_fp8_vbmi(3, 1, b, A, words, blk, j + 64 * g, tab, S); break;
-        case 2: direct_fp8_vbmi(2, 1, b, A, words, blk, j + 64 * g, tab, S); break;
-        default: direct_fp8_vbmi(1, 1, b, A, words, blk, j + 64 * g, tab, S); break;
-      }
+  if (ng == 2) direct_fp8_vbmi(2, 2, b, A, words, blk, 0, tab, S);
+  else direct_fp8_vbmi(2, 1, b, A, words, blk, 0, tab, S);
 }
 
 BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
@@ -609,49 +592,26 @@ BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
   const bool vbmi = fp8 && mt == 2 && moe8__cpu_has_vbmi();
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     if (vbmi) {
-      /* 64 columns at a time through the byte tables; a last 32. */
+      /* 64 columns at a time through the byte tables; a last 32 on the word table. */
       const int ng = (int)(ntp / 64);
-      if (ng) direct_fp8_vbmi_any((int)mt, ng, b, A, words, blk, 0, S);
-      int64_t j = 64 * (int64_t)ng;
-      for (; j < ntp; j += NR)
-        switch (mt) {
-          case 4: direct_bf16(4, 1, b, A, words, blk, j, lut, fp8, S); break;
-          case 3: direct_bf16(3, 1, b, A, words, blk, j, lut, fp8, S); break;
-          case 2: direct_bf16(2, 1, b, A, words, blk, j, lut, fp8, S); break;
-          default: direct_bf16(1, 1, b, A, words, blk, j, lut, fp8, S); break;
-        }
-      promote(b, blk, C, S, mt, ntp, rsv);
-      continue;
-    }
-    /* One row: every strip of the task in one pass over the weights;
-    ** two rows: two strips; more: one strip at a time (registers). */
-    if (mt <= 2) {
-      /* Literal strip counts, so the accumulators stay in registers. */
-      for (int64_t j = 0; j < ntp; j += (mt == 1 ? 4 : 2) * NR) {
-        const int ns = (int)((ntp - j) / NR) < (mt == 1 ? 4 : 2) ? (int)((ntp - j) / NR) : (mt == 1 ? 4 : 2);
-        if (mt == 1) {
-          switch (ns) {
-            case 4: direct_bf16(1, 4, b, A, words, blk, j, lut, fp8, S); break;
-            case 3: direct_bf16(1, 3, b, A, words, blk, j, lut, fp8, S); break;
-            case 2: direct_bf16(1, 2, b, A, words, blk, j, lut, fp8, S); break;
-            default: direct_bf16(1, 1, b, A, words, blk, j, lut, fp8, S); break;
-          }
-        } else if (ns == 2) {
-          direct_bf16(2, 2, b, A, words, blk, j, lut, fp8, S);
-        } else {
-          direct_bf16(2, 1, b, A, words, blk, j, lut, fp8, S);
-        }
+      if (ng) direct_fp8_vbmi_2rows(ng, b, A, words, blk, S);
+      if (ntp % 64) direct_bf16(2, 1, b, A, words, blk, 64 * (int64_t)ng, lut, fp8, S);
+    } else if (mt == 1) {
+      /* One row: every strip of the task in one pass over the weights
+      ** (literal strip counts keep the accumulators in registers). */
+      switch (ntp / NR) {
+        case 4: direct_bf16(1, 4, b, A, words, blk, 0, lut, fp8, S); break;
+        case 3: direct_bf16(1, 3, b, A, words, blk, 0, lut, fp8, S); break;
+        case 2: direct_bf16(1, 2, b, A, words, blk, 0, lut, fp8, S); break;
+        default: direct_bf16(1, 1, b, A, words, blk, 0, lut, fp8, S); break;
       }
+    } else if (mt == 2) {
+      for (int64_t j = 0; j < ntp; j += 2 * NR)
+        if (ntp - j >= 2 * NR) direct_bf16(2, 2, b, A, words, blk, j, lut, fp8, S);
+        else direct_bf16(2, 1, b, A, words, blk, j, lut, fp8, S);
     } else {
-      for (int64_t j = 0; j < ntp; j += NR)
-        switch (mt) {
-          case 8: direct_bf16(8, 1, b, A, words, blk, j, lut, fp8, S); break;
-          case 7: direct_bf16(7, 1, b, A, words, blk, j, lut, fp8, S); break;
-          case 6: direct_bf16(6, 1, b, A, words, blk, j, lut, fp8, S); break;
-          case 5: direct_bf16(5, 1, b, A, words, blk, j, lut, fp8, S); break;
-          case 4: direct_bf16(4, 1, b, A, words, blk, j, lut, fp8, S); break;
-          default: direct_bf16(3, 1, b, A, words, blk, j, lut, fp8, S); break;
-        }
+      /* More rows: one strip at a time (registers). */
+      for (int64_t j = 0; j < ntp; j += NR) { BY_ROWS(mt, direct_bf16, 1, b, A, words, blk, j, lut, fp8, S) }
     }
     promote(b, blk, C, S, mt, ntp, rsv);
   }
