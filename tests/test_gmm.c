@@ -98,6 +98,27 @@ static float *run(prob *p, moe8_isa isa) {
   const moe8_status st = moe8_gmm(&p->a);
   if (st != MOE8_OK) TU_FAIL("gmm: %s: %s", moe8_status_str(st), moe8_last_error());
   assert_true(tu_guard_ok(out, n * osz));
+  /* FP8 weights packed once (moe8_gmm_pack_rhs) must give the same bytes. */
+  const int64_t kb = p->a.lhs.tile ? p->a.lhs.tile : p->a.rhs.tile ? p->a.rhs.tile : p->K;
+  if ((p->a.rhs.dtype == MOE8_DTYPE_F8E4M3 || p->a.rhs.dtype == MOE8_DTYPE_F8E5M2) && !p->a.rhs_transposed &&
+      (kb % 2 == 0 || kb >= p->K)) {
+    const size_t pb = moe8_gmm_packed_size(p->G, p->K, p->N);
+    void *pk = malloc(pb + 64), *out2 = tu_alloc(n * osz);
+    memset(pk, 0xA5, pb + 64);
+    assert_int_equal(moe8_gmm_pack_rhs(p->a.rhs.dtype, p->rhs, p->G, p->K, p->N, pk), MOE8_OK);
+    memset(out2, 0xFF, n * osz);
+    moe8_gmm_args a = p->a;
+    a.rhs.data = NULL;
+    a.rhs_packed = pk;
+    a.out = out2;
+    if (moe8_gmm(&a) != MOE8_OK) TU_FAIL("gmm packed: %s", moe8_last_error());
+    assert_true(tu_guard_ok(out2, n * osz));
+    if (memcmp(out, out2, n * osz) != 0)
+      TU_FAIL("%s: packed rhs differs from the plain rhs (K=%lld N=%lld M=%lld)", moe8_isa_name(isa), (long long)p->K,
+              (long long)p->N, (long long)p->M);
+    free(out2);
+    free(pk);
+  }
   float *f = malloc(n * 4 + 4);
   if (osz == 4) memcpy(f, out, n * 4);
   else moe8_convert(f, MOE8_DTYPE_F32, out, MOE8_DTYPE_BF16, n, 0);

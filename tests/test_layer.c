@@ -15,6 +15,7 @@
 ** 6. Bad input.
 */
 #include "testutil.h"
+#include "moe/layer_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -351,15 +352,22 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
     "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"float8_e4m3fn\"}]}",
   };
   const moe8_layer_config c = {6, 2, 48, 40, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  for (size_t i = 0; i < sizeof rules_txt / sizeof rules_txt[0]; i++) {
+  const size_t nr = sizeof rules_txt / sizeof rules_txt[0];
+  /* Every rule set at T = 29 (panel and small-M kernels), then at T = 3
+  ** (decode: every expert has at most a few rows). */
+  for (size_t it = 0; it < 2 * nr; it++) {
+    const size_t i = it % nr;
     moe8_rules *rs = NULL;
     if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
     run u;
-    run_init(&u, &c, rs, 29, 50 + i);
+    run_init(&u, &c, rs, it < nr ? 29 : 3, 50 + it);
     assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size), MOE8_OK);
     float *o2 = malloc(sizeof(float) * (size_t)(u.T * u.D));
     assert_int_equal(moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size), MOE8_ERR_INVALID_ARG); /* not prepared */
     assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
+    /* FP8 weights and activations: prepare packs the weights (bf16 kernels). */
+    if (i == 1 && moe8_isa_active() >= MOE8_ISA_AVX512_BF16 && (!u.L->wgu_pk || !u.L->wd_pk))
+      TU_FAIL("rules %zu: prepare did not pack the FP8 weights", i);
     g_allocs = 0;
     g_count_allocs = 1;
     const moe8_status st = moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size);

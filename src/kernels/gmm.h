@@ -49,7 +49,50 @@ typedef struct moe8__gmm_block {
   void         *out;        /* [M, N] base                                  */
   void         *scratch;    /* MOE8__GMM_SCRATCH bytes, 64-byte aligned     */
   const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
+  const uint8_t *rhs_pk;    /* this group's packed FP8 rhs (rhs is then NULL) */
 } moe8__gmm_block;
+
+/* The packed FP8 rhs (moe8_gmm_pack_rhs), per group: the columns in tiles
+** of NT, each tile's columns in strips of 32 (the last tile and strip
+** padded with zero codes); within a tile of nst strips, k pair p (k = 2p,
+** 2p + 1; a missing k + 1 is a zero code) and strip s hold 64 bytes at
+** (p·nst + s)·64, the code of strip column c and kk = k & 1 at
+** moe8__pk_pos(c, kk).  That order is what two in-lane byte unpacks of a
+** 64-byte load turn into bf16 pairs for columns 0–15 and 16–31, so a
+** kernel streams each tile front to back.  Pairs are global along K, so a
+** scale block along K must have even length (or be the only one). */
+static inline int moe8__pk_pos(int c, int kk) {
+  const int p = 2 * (c & 15) + kk;
+  return 16 * (p >> 3) + 8 * (c >> 4) + (p & 7);
+}
+
+static inline size_t moe8__pk_group_bytes(int64_t K, int64_t N) {
+  return (size_t)((K + 1) / 2) * (size_t)((N + 31) / 32) * 64;
+}
+
+/* Byte offset in a group of the code of (k, n). */
+static inline size_t moe8__pk_offset(int64_t K, int64_t N, int64_t k, int64_t n) {
+  const int64_t kp = (K + 1) / 2, tile = n / MOE8__GMM_NT, c0 = tile * MOE8__GMM_NT;
+  const int64_t cols = N - c0 < MOE8__GMM_NT ? N - c0 : MOE8__GMM_NT, nst = (cols + 31) / 32;
+  return (size_t)(c0 / 32 * kp * 64 + ((k / 2) * nst + (n - c0) / 32) * 64 + moe8__pk_pos((int)(n & 31), (int)(k & 1)));
+}
+
+/* Value of rhs element (k, n) of a block: f32 exactly, from the plain or
+** the packed rhs (for the reference kernel and the slow paths). */
+static inline float moe8__gmm_rhs_at(const moe8__gmm_block *b, int64_t k, int64_t n) {
+  if (b->rhs_pk) {
+    const uint8_t v = b->rhs_pk[moe8__pk_offset(b->K, b->N, k, n)];
+    return b->rt == MOE8_DTYPE_F8E5M2 ? moe8_f8e5m2_to_f32(v) : moe8_f8e4m3_to_f32(v);
+  }
+  const int64_t i = b->rhs_t ? n * b->K + k : k * b->N + n;
+  switch (b->rt) {
+    case MOE8_DTYPE_F32: return ((const float *)b->rhs)[i];
+    case MOE8_DTYPE_BF16: return moe8_bf16_to_f32(((const uint16_t *)b->rhs)[i]);
+    case MOE8_DTYPE_F8E4M3: return moe8_f8e4m3_to_f32(((const uint8_t *)b->rhs)[i]);
+    case MOE8_DTYPE_F8E5M2: return moe8_f8e5m2_to_f32(((const uint8_t *)b->rhs)[i]);
+    default: return (float)((const int8_t *)b->rhs)[i];
+  }
+}
 
 static inline float moe8__gmm_ls(const moe8__gmm_block *b, int64_t m, int64_t blk) {
   switch (b->lk) {

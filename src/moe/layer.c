@@ -118,6 +118,7 @@ void moe8_layer_destroy(moe8_layer *L) {
   if (!L) return;
   for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
   free(L->wgu_f32); free(L->wgu_q); free(L->wd_q); free(L->wgu_s); free(L->wd_s);
+  free(L->wgu_pk); free(L->wd_pk);
   free(L);
 }
 
@@ -260,9 +261,41 @@ static moe8_status quantize_weights(moe8_layer *L) {
   return st;
 }
 
+/* Scale block along K of a gmm whose lhs is the quantized activations. */
+static int64_t gmm_block_len(const moe8_layer *L, int64_t K) {
+  return L->aspec.tile ? L->aspec.tile : L->wspec.tile ? L->wspec.tile : K;
+}
+
+/* FP8 weights met by FP8 activations run on the bf16 kernels, which stream
+** weights packed once (moe8_gmm_pack_rhs): same bytes, faster decode.  The
+** packed copies are made here, at prepare, when the kernels can use them
+** (the active ISA has the bf16 path, each K block is even or the only one). */
+static moe8_status pack_weights(moe8_layer *L) {
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
+  free(L->wgu_pk); free(L->wd_pk);
+  L->wgu_pk = L->wd_pk = NULL;
+  const moe8_dtype wt = L->wspec.qtype;
+  if (!L->wq || (wt != MOE8_DTYPE_F8E4M3 && wt != MOE8_DTYPE_F8E5M2) || !L->aq || !kernel_pair(L->aspec.qtype, wt) ||
+      moe8_isa_active() < MOE8_ISA_AVX512_BF16)
+    return MOE8_OK;
+  const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F);
+  if ((bg < D && bg % 2) || (bd < F && bd % 2)) return MOE8_OK;
+  L->wgu_pk = malloc(moe8_gmm_packed_size(E, D, 2 * F));
+  L->wd_pk = malloc(moe8_gmm_packed_size(E, F, D));
+  if (!L->wgu_pk || !L->wd_pk) {
+    free(L->wgu_pk); free(L->wd_pk);
+    L->wgu_pk = L->wd_pk = NULL;
+    return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the packed expert weights");
+  }
+  moe8_status st = moe8_gmm_pack_rhs(wt, L->wgu_q, E, D, 2 * F, L->wgu_pk);
+  if (st == MOE8_OK) st = moe8_gmm_pack_rhs(wt, L->wd_q, E, F, D, L->wd_pk);
+  return st;
+}
+
 moe8_status moe8_layer_prepare(moe8_layer *L) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   moe8_status st = quantize_weights(L);
+  if (st == MOE8_OK) st = pack_weights(L);
   L->prepared = st == MOE8_OK;
   return st;
 }
@@ -314,6 +347,7 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   snprintf(L->describe, sizeof L->describe, "weights %s [E,%s,1,N] (loaded pre-quantized), activations %s%s",
            moe8_dtype_info(p->dtype)->name, p->tile ? "K/tile" : "1", L->aq ? moe8_dtype_info(L->aspec.qtype)->name : "f32",
            L->aq ? (L->aspec.tile ? " 1xtile" : " per-token") : "");
+  if ((st = pack_weights(L)) != MOE8_OK) return st;
   L->prepared = true;
   return MOE8_OK;
 }
@@ -351,8 +385,11 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes) {
   const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+  /* Packed weights only while prepared (training re-quantizes per call). */
+  const bool pk = L->prepared && L->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                     .rhs = weight_operand(L, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu};
+                     .rhs = weight_operand(L, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu,
+                     .rhs_packed = pk ? L->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(1, D, 2 * F) : NULL};
   moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
@@ -361,7 +398,8 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32
     for (int64_t f = 0; f < F; f++) h[p * F + f] = silu(gu[p * 2 * F + f]) * gu[p * 2 * F + F + f];
   if (L->aq && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) return st;
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                      .rhs = weight_operand(L, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y};
+                      .rhs = weight_operand(L, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
+                      .rhs_packed = pk ? L->wd_pk + (size_t)g0 * moe8_gmm_packed_size(1, F, D) : NULL};
   st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
   return st;

@@ -27,6 +27,7 @@ struct moe8_layer {
   float   *wgu_f32;                 /* [E, D, 2F] fused masters               */
   uint8_t *wgu_q, *wd_q;            /* quantized values                        */
   float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
+  uint8_t *wgu_pk, *wd_pk;          /* FP8 values packed at prepare (moe8_gmm_pack_rhs), or NULL */
 };
 
 /* Expert part of the forward for the G groups starting at expert g0, whose

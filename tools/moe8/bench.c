@@ -107,6 +107,7 @@ typedef struct gmm_case {
   const char *name;
   moe8_dtype  t;
   peak_kind   peak;
+  bool        packed; /* FP8 weights through moe8_gmm_pack_rhs, as a prepared layer runs them */
 } gmm_case;
 
 static uint64_t g_rng = 88172645463325252ULL;
@@ -184,6 +185,9 @@ static peaks measure_peaks(void) {
 }
 
 static FILE *g_json;
+static const char *g_shapes; /* "prefill", "decode" or NULL (both) */
+
+static bool shape_wanted(const char *name) { return !g_shapes || !strcmp(g_shapes, name); }
 
 static int bench_gmm(const peaks *pk) {
   static const struct { const char *name; int64_t T, E, k, D, F; bool decode; } shapes[] = {
@@ -196,9 +200,11 @@ static int bench_gmm(const peaks *pk) {
          " %% peak = of the measured peak x threads; decode GB/s = bytes of the touched experts' weights / time;\n"
          " OPENBLAS_CORETYPE=%s%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
          peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
-  const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA}, {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP},
-                            {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP}, {"i8", MOE8_DTYPE_I8, PEAK_I8_DP}};
+  const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false},      {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP, false},
+                            {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, false}, {"f8e4m3 pk", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, true},
+                            {"i8", MOE8_DTYPE_I8, PEAK_I8_DP, false}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    if (!shape_wanted(shapes[si].name)) continue;
     const int64_t T = shapes[si].T, E = shapes[si].E, k = shapes[si].k, D = shapes[si].D, F = shapes[si].F, M = T * k;
     int32_t gs[64];
     route_sizes(T, k, E, gs);
@@ -214,11 +220,11 @@ static int bench_gmm(const peaks *pk) {
     const int runs = dec ? 30 : 5;
     printf("\n%s: T=%lld top_k=%lld E=%lld D=%lld F=%lld (%lld experts touched), %.3f GFLOP\n", shapes[si].name, (long long)T,
            (long long)k, (long long)E, (long long)D, (long long)F, (long long)touched, flop / 1e9);
-    printf("%-14s %3s %9s %9s %9s %7s %9s %7s\n", "", "thr", "min ms", "median", "GFLOP/s", "% peak", dec ? "GB/s" : "vs BLAS",
-           dec ? "% bw" : "");
+    printf("%-14s %3s %9s %9s %9s %7s %9s %7s %8s\n", "", "thr", "min ms", "median", "GFLOP/s", "% peak", dec ? "GB/s" : "vs BLAS",
+           dec ? "% bw" : "", dec ? "vs bf16" : "");
     for (int th = 1; th <= nth; th++) {
       set_threads(th);
-      double blas = 0;
+      double blas = 0, bf16_ms = 0;
 #ifdef MOE8_HAVE_OPENBLAS
       {
         openblas_set_num_threads(th);
@@ -262,6 +268,12 @@ static int bench_gmm(const peaks *pk) {
                            .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out};
         a.rhs.data = o.rhs[0];
         a.rhs.scale = o.rs[0];
+        void *pkd = NULL;
+        if (cases[ci].packed) {
+          if (!(pkd = malloc(moe8_gmm_packed_size(E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
+          if ((st = moe8_gmm_pack_rhs(cases[ci].t, o.rhs[0], E, D, F, pkd)) != MOE8_OK) return cli_report(st, "bench gmm");
+          a.rhs_packed = pkd;
+        }
         double t[64];
         for (int r = 0; r < runs + 1; r++) {
           const double t0 = cli_now();
@@ -272,17 +284,20 @@ static int bench_gmm(const peaks *pk) {
         qsort(t, (size_t)runs, sizeof t[0], cmp_double);
         const double gf = flop / t[0] / 1e9, pct = pk->have ? 100.0 * gf / ((cases[ci].peak == PEAK_F32_FMA ? pk->f32
                                                                              : cases[ci].peak == PEAK_BF16_DP ? pk->bf16 : pk->i8) * th) : 0.0;
-        char c1[32] = "", c2[32] = "", name[32];
+        char c1[32] = "", c2[32] = "", c3[32] = "", name[32];
+        if (cases[ci].t == MOE8_DTYPE_BF16) bf16_ms = t[0];
+        else if (dec && bf16_ms > 0 && cases[ci].t == MOE8_DTYPE_F8E4M3) snprintf(c3, sizeof c3, "%.2fx", bf16_ms / t[0]);
         const double wbytes = (double)(touched * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
         if (dec) { snprintf(c1, sizeof c1, "%.1f", wbytes / t[0] / 1e9); snprintf(c2, sizeof c2, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / pk->bw); }
         else if (blas > 0) snprintf(c1, sizeof c1, "%.2fx", blas / t[0]);
         snprintf(name, sizeof name, "moe8 %s", cases[ci].name);
-        printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s %7s\n", name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct, c1, c2);
+        printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s %7s %8s\n", name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct, c1, c2, c3);
         if (g_json)
           fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"moe8_%s\",\"threads\":%d,\"min_ms\":%.4f,"
                           "\"median_ms\":%.4f,\"gflops\":%.2f,\"pct_peak\":%.1f,\"weight_gbs\":%.2f}\n",
-                  shapes[si].name, (long long)T, (long long)E, cases[ci].name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct,
-                  wbytes / t[0] / 1e9);
+                  shapes[si].name, (long long)T, (long long)E, cases[ci].packed ? "f8e4m3_packed" : cases[ci].name, th, t[0] * 1e3,
+                  t[runs / 2] * 1e3, gf, pct, wbytes / t[0] / 1e9);
+        free(pkd);
         free_ops(&o);
       }
     }
@@ -327,6 +342,7 @@ static int bench_layer(FILE *json) {
   printf("moe8 bench layer: the whole MoE layer (route, dispatch, gmm, SwiGLU, gmm, combine), fused path\n");
   if (!have_torch) printf("(PyTorch peer skipped: apt-get install python3-torch; it runs under /usr/bin/python3)\n");
   for (size_t si = 0; si < 2; si++) {
+    if (!shape_wanted(shapes[si].name)) continue;
     const int64_t T = shapes[si].T, E = shapes[si].E, K = shapes[si].K, D = shapes[si].D, F = shapes[si].F;
     printf("\n%s: T=%lld E=%lld top_k=%lld D=%lld F=%lld\n", shapes[si].name, (long long)T, (long long)E, (long long)K, (long long)D, (long long)F);
     printf("%-22s %3s %10s %10s %12s %12s\n", "layer", "thr", "min ms", "median ms", "vs torch f32", "vs torch bf16");
@@ -461,7 +477,8 @@ int cmd_bench(int argc, char **argv) {
   static const char *const names[5] = {"quant", "gmm", "layer", "ep", "peaks"};
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
-      printf("usage: moe8 bench [--json FILE] [quant] [gmm] [layer] [ep]     (no section: all of them)\n\n"
+      printf("usage: moe8 bench [--json FILE] [--shapes prefill|decode] [quant] [gmm] [layer] [ep]\n"
+             "       (no section: all of them)\n\n"
              "  measures the machine's peaks first (f32 FMA, vdpbf16ps, vpdpbusd, memory read bandwidth), then:\n"
              "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB vs memory bandwidth\n"
              "  gmm     grouped matmul per dtype (f32, bf16, f8e4m3, i8) at prefill shapes (T=2048 E=8 k=2\n"
@@ -470,10 +487,19 @@ int cmd_bench(int argc, char **argv) {
              "  layer   the whole layer (f32, f8e4m3, i8) against PyTorch eager f32 and bf16 (python3-torch)\n"
              "  ep      token all-gather bytes and time, f32 / bf16 / f8e4m3 quantized before, P = 2 and 4\n"
              "  --json FILE  one JSON object per measurement, written to FILE\n"
+             "  --shapes S   only the prefill or only the decode shapes of gmm and layer\n"
              "peers that are not installed are skipped with a notice.\nexit codes: 0 ok, 1 failure, 2 usage\n");
       return EXIT_OK;
     }
     if (!strcmp(argv[i], "--json") && i + 1 < argc) { json = argv[++i]; continue; }
+    if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
+      g_shapes = argv[++i];
+      if (strcmp(g_shapes, "prefill") && strcmp(g_shapes, "decode")) {
+        fprintf(stderr, "moe8 bench: --shapes takes prefill or decode, not '%s'\n", g_shapes);
+        return EXIT_USAGE;
+      }
+      continue;
+    }
     int found = 0;
     for (int s2 = 0; s2 < 5; s2++)
       if (!strcmp(argv[i], names[s2])) { want[s2] = 1; found = any = 1; }

@@ -31,8 +31,7 @@ void moe8__gmm_block_ref(const moe8__gmm_block *b) {
         } else {
           float s = 0.0f;
           for (int64_t k = k0; k < k1; k++) {
-            const int64_t ri = b->rhs_t ? n * b->K + k : k * b->N + n;
-            s += ldf(b->lhs, b->lt, m * b->K + k) * ldf(b->rhs, b->rt, ri);
+            s += ldf(b->lhs, b->lt, m * b->K + k) * moe8__gmm_rhs_at(b, k, n);
           }
           bsum = s;
         }

@@ -75,7 +75,10 @@ static void row_to_f32(float *dst, const void *src, moe8_dtype t, int64_t n) {
 
 /* B row k (columns n0..n0+nt) as f32, from plain or transposed rhs. */
 static void b_row_f32(const moe8__gmm_block *b, int64_t k, int64_t n0, int64_t nt, float *dst) {
-  if (!b->rhs_t) {
+  if (b->rhs_pk) {
+    /* Packed FP8 (a slow path: f32 activations with packed weights). */
+    for (int64_t j = 0; j < nt; j++) dst[j] = moe8__gmm_rhs_at(b, k, n0 + j);
+  } else if (!b->rhs_t) {
     row_to_f32(dst, (const char *)b->rhs + (size_t)(k * b->N + n0) * esize(b->rt), b->rt, nt);
   } else if (b->rt == MOE8_DTYPE_F32) {
     for (int64_t j = 0; j < nt; j++) dst[j] = ((const float *)b->rhs)[(n0 + j) * b->K + k];
@@ -341,6 +344,27 @@ static void cvt_f8_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype 
   }
 }
 
+/* The word LUT of an FP8 format in four registers. */
+INLINE void fp8_word_lut(moe8_dtype t, __m512i *lut) {
+  pthread_once(&g_lut_once, fill_luts);
+  const uint16_t *w = g_bf16_lut[t == MOE8_DTYPE_F8E5M2];
+  for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(w + 32 * i);
+}
+
+/* Packed rhs (gmm.h): word index, into the 64 words of one 64-byte strip,
+** of pair vector word p: 16·(p/8) + p%8 (+ 8 for the second vector). */
+INLINE __m512i pk_word_index(int half) {
+  const __m512i p = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i hi = _mm512_slli_epi16(_mm512_srli_epi16(p, 3), 4), lo = _mm512_and_si512(p, _mm512_set1_epi16(7));
+  return _mm512_add_epi16(_mm512_add_epi16(hi, lo), _mm512_set1_epi16((short)half));
+}
+
+/* The task's column tile of the packed rhs. */
+static inline const uint8_t *pk_tile(const moe8__gmm_block *b) {
+  return b->rhs_pk + (size_t)(b->n0 / 32 * ((b->K + 1) / 2)) * 64;
+}
+
 /* Words of rows k and k+1 (32 columns each) -> 32 bf16 pairs, two zmm. */
 INLINE void store_pairs(uint32_t *dst, __m512i r0, __m512i r1) {
   const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
@@ -355,6 +379,25 @@ INLINE void store_pairs(uint32_t *dst, __m512i r0, __m512i r1) {
 ** f32 rows. */
 static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
   const int64_t nt = b->n1 - b->n0, kp = (kc + 1) / 2;
+  if (b->rhs_pk) {
+    /* Packed FP8: each 64-byte strip of a pair is already the two pair
+    ** vectors' codes; convert and reorder (the unpacks' order, by words). */
+    __m512i lut[4];
+    fp8_word_lut(b->rt, lut);
+    const __m512i i0 = pk_word_index(0), i1 = pk_word_index(8);
+    const int64_t nst = ntp / 32;
+    const uint8_t *tile = pk_tile(b);
+    for (int64_t p = 0; p < kp; p++) {
+      const uint8_t *r = tile + (size_t)((c0 / 2 + p) * nst) * 64;
+      for (int64_t s = 0; s < nst; s++) {
+        const __m512i w0 = fp8_to_bf16_32(_mm256_loadu_si256((const __m256i *)(r + 64 * s)), lut);
+        const __m512i w1 = fp8_to_bf16_32(_mm256_loadu_si256((const __m256i *)(r + 64 * s + 32)), lut);
+        _mm512_storeu_si512(Bp + p * NT + 32 * s, _mm512_permutex2var_epi16(w0, i0, w1));
+        _mm512_storeu_si512(Bp + p * NT + 32 * s + 16, _mm512_permutex2var_epi16(w0, i1, w1));
+      }
+    }
+    return;
+  }
   const bool fp8 = !b->rhs_t && (b->rt == MOE8_DTYPE_F8E4M3 || b->rt == MOE8_DTYPE_F8E5M2);
   const bool bf = !b->rhs_t && b->rt == MOE8_DTYPE_BF16;
   if (fp8 || bf) {
@@ -574,6 +617,96 @@ VBMI_TARGET static void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, 
   else direct_fp8_vbmi(2, 1, b, A, words, blk, 0, tab, S);
 }
 
+/* ---- the small-M kernel on packed FP8 weights (AVX512_VBMI) ----------- */
+/* The packed tile is one front-to-back stream: per k pair, nst strips of
+** 64 codes.  A strip is two vpermi2b byte-table lookups (low and high byte
+** of each code's bf16 word; the index's bit 7, the sign, is ignored and
+** ORed into the high byte), then two in-lane unpacks give the pair vectors
+** of columns 0-15 and 16-31 in order.  mr rows x ns strips, starting at
+** strip s0; the block's sums never leave the registers and are promoted
+** into C as ukr_bf16_prom does, so the bytes are the panel path's. */
+VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                int64_t blk, int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls,
+                                const float *rsv) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  const uint8_t *r = pk_tile(b) + (size_t)((k0 / 2) * nst + s0) * 64;
+  const size_t step = (size_t)nst * 64;
+  const __m512i m8 = _mm512_set1_epi8((char)0x80);
+  __m512 c[4][4][2];
+  for (int i = 0; i < mr; i++)
+    for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; p++, r += step) {
+    for (int s = 0; s < ns; s++) {
+      const __m512i x = _mm512_loadu_si512(r + 64 * s);
+      const __m512i lo = _mm512_permutex2var_epi8(tab[0], x, tab[1]);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab[2], x, tab[3]), x, m8, 0xF8); /* a | (b & c) */
+      const __m512i b0 = _mm512_unpacklo_epi8(lo, hi), b1 = _mm512_unpackhi_epi8(lo, hi);
+      for (int i = 0; i < mr; i++) {
+        const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a, (__m512bh)b0);
+        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a, (__m512bh)b1);
+      }
+    }
+  }
+  for (int s = 0; s < ns; s++) {
+    const int64_t j = 32 * (s0 + s);
+    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
+      _mm512_storeu_ps(C + i * NT + j + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(c[i][s][1], _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
+/* ns strips per pass: four for one or two rows, two for three or four
+** (the accumulators stay in registers). */
+#define PK_NS(mr, ...)                                     \
+  switch (ns) {                                            \
+    case 4: pk_vbmi(mr, 4, __VA_ARGS__); break;            \
+    case 2: pk_vbmi(mr, 2, __VA_ARGS__); break;            \
+    default: pk_vbmi(mr, 1, __VA_ARGS__); break;           \
+  }
+
+VBMI_TARGET static void pk_vbmi_any(int mr, int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                    int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv) {
+  switch (mr) {
+    case 4: PK_NS(4, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+    case 3: PK_NS(3, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+    case 2: PK_NS(2, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+    default: PK_NS(1, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+  }
+}
+
+VBMI_TARGET static void gmm_block_pk_small(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
+  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  const int64_t words = packed_words(b, PATH_BF16);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  pthread_once(&g_bytes_once, fill_bytes);
+  const uint8_t (*t)[128] = g_bf16_bytes[b->rt == MOE8_DTYPE_F8E5M2];
+  const __m512i tab[4] = {_mm512_loadu_si512(t[0]), _mm512_loadu_si512(t[0] + 64), _mm512_loadu_si512(t[1]),
+                          _mm512_loadu_si512(t[1] + 64)};
+  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    for (int64_t j = 0; j < nst * 32; j++) rsv[j] = j < nt ? moe8__gmm_rs(b, blk, b->n0 + j) : 0.0f;
+    /* Rows in fours (each row's sums are the same chains in any group). */
+    for (int64_t i = 0; i < mt; i += 4) {
+      const int mr = mt - i < 4 ? (int)(mt - i) : 4, nsmax = mr <= 2 ? 4 : 2;
+      float ls[4];
+      for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+      for (int64_t s0 = 0; s0 < nst;) {
+        const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 ? 2 : 1;
+        pk_vbmi_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv);
+        s0 += ns;
+      }
+    }
+  }
+  write_out(b, C, mt);
+}
+
 BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, NR) * NR;
   float *C = b->scratch, *S = C + MOE8__GMM_MT * NT, *rsv = S + MOE8__GMM_MT * NT;
@@ -708,7 +841,9 @@ static void pack_rows_for(const moe8__gmm_block *b, moe8_isa isa, int64_t m0, in
   static void gmm_block_##isa_name(const moe8__gmm_block *b) {                                                 \
     if (b->lt == MOE8_DTYPE_I8 && ISA < MOE8_ISA_AVX512_VNNI) { moe8__gmm_block_ref(b); return; }             \
     const gmm_path p = path_of(b, ISA);                                                                        \
-    if (p == PATH_BF16 && b->m1 - b->m0 <= MR && !b->rhs_t && b->lhs_packed &&                                \
+    if (p == PATH_BF16 && b->rhs_pk && b->m1 - b->m0 <= MR && b->lhs_packed && moe8__cpu_has_vbmi())       \
+      gmm_block_pk_small(b);                                                                                   \
+    else if (p == PATH_BF16 && b->m1 - b->m0 <= MR && !b->rhs_t && !b->rhs_pk && b->lhs_packed &&            \
         (b->rt == MOE8_DTYPE_F8E4M3 || b->rt == MOE8_DTYPE_F8E5M2 || b->rt == MOE8_DTYPE_BF16))                \
       gmm_block_bf16_small(b);                                                                                 \
     else                                                                                                       \
