@@ -1,9 +1,11 @@
 /*
 ** test_moe_ops.c — SPEC §4.1, 4.2, 4.5: router, dispatch sort, gathers and
 ** combine, with the MoE edges: an expert with no tokens, all tokens on one
-** expert, T = 0, T = 1, k = 1 and k = E.
+** expert, T = 0, T = 1, k = 1 and k = E.  The SwiGLU and router-logit
+** kernels of every ISA give the reference's bytes.
 */
 #include "testutil.h"
+#include "core/internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -73,6 +75,73 @@ static void test_router_logits(void **state) {
   /* Batch invariance: token 3 alone gives the same bytes. */
   assert_int_equal(moe8_router_logits(x + 3 * D, wr, 1, D, E, l1), MOE8_OK);
   assert_memory_equal(l1, l + 3 * E, E * 4);
+}
+
+/* Router logits on every ISA: the reference's bytes for E around the
+** vector width, T around the token block, odd D. */
+static void test_router_logits_isas(void **state) {
+  (void)state;
+  static const int64_t Es[] = {1, 7, 8, 15, 16, 17, 64}, Ts[] = {0, 1, 7, 8, 9, 70}, Ds[] = {1, 33, 200};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (size_t ei = 0; ei < sizeof Es / sizeof Es[0]; ei++)
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+      for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++) {
+        const int64_t E = Es[ei], T = Ts[ti], D = Ds[di];
+        float *x = malloc(sizeof(float) * (size_t)(T * D + 1)), *wr = malloc(sizeof(float) * (size_t)(D * E));
+        float *want = malloc(sizeof(float) * (size_t)(T * E + 1)), *got = malloc(sizeof(float) * (size_t)(T * E + 1));
+        tu_rng_reset((uint64_t)(E * 1000 + T * 10 + D));
+        tu_fill_normal(x, (size_t)(T * D), 3);
+        tu_fill_normal(wr, (size_t)(D * E), 0.5f);
+        assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
+        assert_int_equal(moe8_router_logits(x, wr, T, D, E, want), MOE8_OK);
+        for (int i = 1; i < nisa; i++) {
+          assert_int_equal(moe8_isa_set(isas[i]), MOE8_OK);
+          memset(got, 0xFF, sizeof(float) * (size_t)(T * E));
+          assert_int_equal(moe8_router_logits(x, wr, T, D, E, got), MOE8_OK);
+          if (memcmp(got, want, sizeof(float) * (size_t)(T * E)) != 0)
+            TU_FAIL("router logits on %s differ from ref (T=%lld D=%lld E=%lld)", moe8_isa_name(isas[i]), (long long)T,
+                    (long long)D, (long long)E);
+        }
+        free(x); free(wr); free(want); free(got);
+      }
+  moe8_isa_set(isas[nisa - 1]);
+}
+
+/* SwiGLU on every ISA: the reference's bytes for g over a stride through
+** all 2^32 bit patterns (every exponent, ±0, subnormals, ±inf, the
+** clamp region of exp) and u = 1, then random g and u with tails. */
+static void test_swiglu_isas(void **state) {
+  (void)state;
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  enum { N = 1 << 16 };
+  float *g = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N), *want = malloc(sizeof(float) * N),
+        *got = malloc(sizeof(float) * N);
+  const moe8__ktable *ref = moe8__kernels_for(MOE8_ISA_REF);
+  const uint64_t stride = tu_exhaustive() ? 61 : 6007;
+  uint64_t bits = 0;
+  for (int round = 0; bits < ((uint64_t)1 << 32); round++) {
+    size_t n = 0;
+    for (; n < N && bits < ((uint64_t)1 << 32); n++, bits += stride) {
+      g[n] = moe8__bits_f32((uint32_t)bits); /* NaN is not an input of the layer's SwiGLU (inputs are checked) */
+      if (isnan(g[n])) g[n] = 0.0f;
+      u[n] = 1.0f;
+    }
+    if (round % 7 == 0) /* random operands, any length (tails) */
+      for (size_t i = 0; i < n; i++) { g[i] = tu_normal() * 6.0f; u[i] = tu_normal(); }
+    ref->swiglu(want, g, u, n);
+    for (int i = 1; i < nisa; i++) {
+      const size_t len = round % 3 == 0 ? n - (size_t)(round % 16) : n;
+      memset(got, 0, sizeof(float) * N);
+      moe8__kernels_for(isas[i])->swiglu(got, g, u, len);
+      for (size_t j = 0; j < len; j++)
+        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]))
+          TU_FAIL("swiglu on %s: g = %a (0x%08x), u = %a: %a, want %a", moe8_isa_name(isas[i]), (double)g[j],
+                  moe8__f32_bits(g[j]), (double)u[j], (double)got[j], (double)want[j]);
+    }
+  }
+  free(g); free(u); free(want); free(got);
 }
 
 static void test_dispatch_sort(void **state) {
@@ -209,6 +278,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_router_ties_and_options),
     cmocka_unit_test(test_router_logits),
+    cmocka_unit_test(test_router_logits_isas),
+    cmocka_unit_test(test_swiglu_isas),
     cmocka_unit_test(test_dispatch_sort),
     cmocka_unit_test(test_gather_scale_rule),
     cmocka_unit_test(test_combine),

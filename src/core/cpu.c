@@ -69,6 +69,7 @@ static void init_tables(void) {
     if (i >= MOE8_ISA_AVX512) {
       moe8__kernels_init_avx512(&g_tables[i]);
       moe8__gmm_init_avx512(&g_tables[i], (moe8_isa)i);
+      moe8__act_init_avx512(&g_tables[i]);
     }
 #endif
     g_tables[i].isa = (moe8_isa)i;

@@ -45,6 +45,11 @@ typedef struct moe8__ktable {
   /* q[i] = quantize(x[i] / s[i * s_step]), s_step 0 or 1, saturating. */
   void (*quant_div)(void *q, const float *x, const float *s, size_t s_step,
                     size_t n, moe8_dtype qtype);
+  /* h[i] = silu(g[i]) · u[i], silu(g) = g / (1 + moe8__expf(-g)). */
+  void (*swiglu)(float *h, const float *g, const float *u, size_t n);
+  /* logits[t, e] = Σ_d x[t, d] · wr[d, e] for T tokens: one chain per
+  ** (t, e) in increasing d, a multiply then an add. */
+  void (*router_logits)(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E);
   /* One block of a grouped matmul; the contract is in kernels/gmm.h. */
   void (*gmm_block)(const struct moe8__gmm_block *b);
   /* Bytes of one packed lhs row for this call (0: no packing), and the
@@ -62,6 +67,7 @@ void moe8__kernels_init_ref(moe8__ktable *k);
 #ifdef MOE8_HAVE_AVX512
 void moe8__kernels_init_avx512(moe8__ktable *k);
 void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa);
+void moe8__act_init_avx512(moe8__ktable *k);
 #endif
 
 /* ---- numeric helpers shared by the kernels ---------------------------- */

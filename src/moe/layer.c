@@ -379,7 +379,6 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
   return MOE8_OK;
 }
 
-static inline float silu(float g) { return g / (1.0f + moe8__expf(-g)); }
 
 moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
@@ -393,10 +392,21 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32
   moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
-  #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < rows; p++)
-    for (int64_t f = 0; f < F; f++) h[p * F + f] = silu(gu[p * 2 * F + f]) * gu[p * 2 * F + F + f];
-  if (L->aq && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) return st;
+  /* h = silu(g)·u, and (per-row scales) its quantization, a few rows at a
+  ** time while they are in cache; a per-row quantizer gives the same bytes
+  ** on any chunk of rows. */
+  const moe8__ktable *kt = moe8__kernels();
+  const bool fuse = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
+  const int64_t nbh = L->aq && L->aspec.gran == MOE8_GRAN_ROW_TILE ? nblocks(F, L->aspec.tile) : 1;
+  bool qbad = false;
+  #pragma omp parallel for schedule(static) reduction(|| : qbad)
+  for (int64_t p0 = 0; p0 < rows; p0 += 8) {
+    const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
+    for (int64_t p = p0; p < p1; p++) kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
+    if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
+  }
+  /* Unfused specs, or an error (then the whole-tensor call names the place). */
+  if (L->aq && (!fuse || qbad) && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) return st;
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
                       .rhs = weight_operand(L, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
                       .rhs_packed = pk ? L->wd_pk + (size_t)g0 * moe8_gmm_packed_size(1, F, D) : NULL};

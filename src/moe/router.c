@@ -16,17 +16,11 @@ moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64
     return moe8__fail(MOE8_ERR_SHAPE, "router: bad sizes T=%lld D=%lld E=%lld", (long long)T, (long long)D,
                       (long long)E);
   if (T > 0 && (!x || !wr || !logits)) return moe8__fail(MOE8_ERR_INVALID_ARG, "router: NULL buffer");
+  /* Chunks of 64 tokens; each (t, e) is one chain in d whatever the chunk. */
+  const moe8__ktable *kt = moe8__kernels();
   #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; t++) {
-    float *l = logits + t * E;
-    for (int64_t e = 0; e < E; e++) l[e] = 0.0f;
-    /* acc[e] += x[t,d] · wr[d,e], d in order: vectorizes over e. */
-    for (int64_t d = 0; d < D; d++) {
-      const float xv = x[t * D + d];
-      const float *w = wr + d * E;
-      for (int64_t e = 0; e < E; e++) l[e] += xv * w[e];
-    }
-  }
+  for (int64_t t = 0; t < T; t += 64)
+    kt->router_logits(logits + t * E, x + t * D, wr, T - t < 64 ? T - t : 64, D, E);
   return MOE8_OK;
 }
 

@@ -18,5 +18,7 @@ float  moe8__ref_absmax(const float *x, size_t n, size_t *nonfinite);
 size_t moe8__ref_absmax_acc(float *amax, const float *x, size_t n);
 void   moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n,
                            moe8_dtype qtype);
+void   moe8__ref_swiglu(float *h, const float *g, const float *u, size_t n);
+void   moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E);
 
 #endif

@@ -19,6 +19,8 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->absmax       = moe8__ref_absmax;
   k->absmax_acc   = moe8__ref_absmax_acc;
   k->quant_div    = moe8__ref_quant_div;
+  k->swiglu       = moe8__ref_swiglu;
+  k->router_logits = moe8__ref_router_logits;
   k->gmm_block    = moe8__gmm_block_ref;
   k->gmm_pack_size = no_pack;
   k->gmm_pack     = NULL;
