@@ -118,6 +118,8 @@ INLINE __m256i pairs_from_f32(const float *src) {
   return _mm512_cvtepi64_epi32(_mm512_or_si512(lo, hi));
 }
 
+static void cvt_f8_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
+
 static void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *dst, float *tmp) {
   const char *src = (const char *)b->lhs + (size_t)(m * b->K) * esize(b->lt);
   if (p == PATH_F32) { row_to_f32((float *)dst, src, b->lt, b->K); return; }
@@ -131,6 +133,10 @@ static void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *
       for (int64_t k = len; k < moe8__cdiv(len, 4) * 4; k++) db[k] = 0x80;
     } else if (b->lt == MOE8_DTYPE_BF16) {
       memcpy(d, src + 2 * k0, (size_t)len * 2);
+      if (len & 1) ((uint16_t *)d)[len] = 0;
+    } else if (b->lt == MOE8_DTYPE_F8E4M3 || b->lt == MOE8_DTYPE_F8E5M2) {
+      /* A pair is two consecutive bf16 words: convert the codes in place. */
+      cvt_f8_bf16((uint16_t *)d, (const uint8_t *)src + k0, (size_t)len, b->lt);
       if (len & 1) ((uint16_t *)d)[len] = 0;
     } else {
       row_to_f32(tmp, src + k0, b->lt, len);
@@ -218,9 +224,13 @@ VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, con
 }
 
 /* Fused promotion: when a scale block is one chunk, its sum never leaves
-** the registers: C += S · (ls · rs) right after the last k, with the same
-** multiplies and add as promote(), so the bytes are the same. */
-BF16_TARGET INLINE void ukr_bf16_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *C,
+** the registers: Co = Ci + S · (ls · rs) right after the last k, with the
+** same multiplies and add as promote(), so the bytes are the same.  Ci is
+** C (row stride NT), or NULL for the first block (the add is then to +0.0,
+** as after a zero fill); Co is C, or for the last block the output rows
+** themselves (stride ldo, columns masked by m0, m1). */
+BF16_TARGET INLINE void ukr_bf16_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp,
+                                      const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
                                       const float *ls, const float *rs) {
   __m512 c[MR][2];
   for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
@@ -235,12 +245,15 @@ BF16_TARGET INLINE void ukr_bf16_prom(const int mr, const uint32_t *A, int64_t l
   const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
   for (int i = 0; i < mr; i++) {
     const __m512 l = _mm512_set1_ps(ls[i]);
-    _mm512_storeu_ps(C + i * NT, _mm512_add_ps(_mm512_loadu_ps(C + i * NT), _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
-    _mm512_storeu_ps(C + i * NT + 16, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + 16), _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
+    const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
+    const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
+    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
   }
 }
 
-VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, float *C,
+VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq,
+                                    const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
                                     const float *ls, const float *rs, const int32_t *colsum) {
   __m512i c[MR][2];
   for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
@@ -257,8 +270,10 @@ VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda
   for (int i = 0; i < mr; i++) {
     const __m512 l = _mm512_set1_ps(ls[i]);
     const __m512 s0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][0], k0)), s1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][1], k1));
-    _mm512_storeu_ps(C + i * NT, _mm512_add_ps(_mm512_loadu_ps(C + i * NT), _mm512_mul_ps(s0, _mm512_mul_ps(l, r0))));
-    _mm512_storeu_ps(C + i * NT + 16, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + 16), _mm512_mul_ps(s1, _mm512_mul_ps(l, r1))));
+    const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
+    const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(s0, _mm512_mul_ps(l, r0))));
+    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(s1, _mm512_mul_ps(l, r1))));
   }
 }
 
@@ -289,14 +304,15 @@ VNNI_TARGET static void ukr_i8_any(int mr, const uint32_t *A, int64_t lda, const
   BY_ROWS(mr, ukr_i8, A, lda, B, kq, S)
 }
 
-BF16_TARGET static void ukr_bf16_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *C,
-                                          const float *ls, const float *rs) {
-  BY_ROWS(mr, ukr_bf16_prom, A, lda, B, kp, C, ls, rs)
+BF16_TARGET static void ukr_bf16_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, const float *Ci,
+                                          float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1, const float *ls, const float *rs) {
+  BY_ROWS(mr, ukr_bf16_prom, A, lda, B, kp, Ci, Co, ldo, m0, m1, ls, rs)
 }
 
-VNNI_TARGET static void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, float *C,
-                                        const float *ls, const float *rs, const int32_t *cs) {
-  BY_ROWS(mr, ukr_i8_prom, A, lda, B, kq, C, ls, rs, cs)
+VNNI_TARGET static void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, const float *Ci,
+                                        float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1, const float *ls, const float *rs,
+                                        const int32_t *cs) {
+  BY_ROWS(mr, ukr_i8_prom, A, lda, B, kq, Ci, Co, ldo, m0, m1, ls, rs, cs)
 }
 
 /* ---- B panels ----------------------------------------------------------------- */
@@ -377,8 +393,11 @@ INLINE void store_pairs(uint32_t *dst, __m512i r0, __m512i r1) {
 /* bf16 pairs [kc/2][NT] (k even in the low half).  FP8 and bf16 weights
 ** are read as they are stored, 32 columns at a time; others go through
 ** f32 rows. */
+static void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp);
+
 static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
   const int64_t nt = b->n1 - b->n0, kp = (kc + 1) / 2;
+  if (b->rhs_pk && moe8__cpu_has_vbmi()) { pack_b_pk_vbmi(b, c0, kp, ntp, Bp); return; }
   if (b->rhs_pk) {
     /* Packed FP8: each 64-byte strip of a pair is already the two pair
     ** vectors' codes; convert and reorder (the unpacks' order, by words). */
@@ -605,6 +624,41 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
     }
 }
 
+/* 64 packed codes -> the bf16 pair vectors of strip columns 0-15 and
+** 16-31: two byte-table lookups, the sign, two in-lane unpacks. */
+VBMI_TARGET INLINE void pk_strip(const uint8_t *src, const __m512i *tab, __m512i *b0, __m512i *b1) {
+  const __m512i x = _mm512_loadu_si512(src);
+  const __m512i lo = _mm512_permutex2var_epi8(tab[0], x, tab[1]);
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab[2], x, tab[3]), x, _mm512_set1_epi8((char)0x80),
+                                               0xF8); /* a | (b & c) */
+  *b0 = _mm512_unpacklo_epi8(lo, hi);
+  *b1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+VBMI_TARGET INLINE void byte_tables(moe8_dtype t, __m512i *tab) {
+  pthread_once(&g_bytes_once, fill_bytes);
+  const uint8_t (*b)[128] = g_bf16_bytes[t == MOE8_DTYPE_F8E5M2];
+  tab[0] = _mm512_loadu_si512(b[0]);
+  tab[1] = _mm512_loadu_si512(b[0] + 64);
+  tab[2] = _mm512_loadu_si512(b[1]);
+  tab[3] = _mm512_loadu_si512(b[1] + 64);
+}
+
+/* The B panel of kp pairs from pair c0 / 2 of a packed rhs. */
+VBMI_TARGET static void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp) {
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
+  const int64_t nst = ntp / 32;
+  const uint8_t *r = pk_tile(b) + (size_t)(c0 / 2 * nst) * 64;
+  for (int64_t p = 0; p < kp; p++, r += nst * 64)
+    for (int64_t s = 0; s < nst; s++) {
+      __m512i v0, v1;
+      pk_strip(r + 64 * s, tab, &v0, &v1);
+      _mm512_storeu_si512(Bp + p * NT + 32 * s, v0);
+      _mm512_storeu_si512(Bp + p * NT + 32 * s + 16, v1);
+    }
+}
+
 /* Two rows (the only case where the byte tables measured faster): both
 ** 64-column groups of the task in one pass, 16 accumulators. */
 VBMI_TARGET static void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
@@ -632,16 +686,13 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
   const int64_t w0 = block_word(b, PATH_BF16, blk);
   const uint8_t *r = pk_tile(b) + (size_t)((k0 / 2) * nst + s0) * 64;
   const size_t step = (size_t)nst * 64;
-  const __m512i m8 = _mm512_set1_epi8((char)0x80);
   __m512 c[4][4][2];
   for (int i = 0; i < mr; i++)
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kp; p++, r += step) {
     for (int s = 0; s < ns; s++) {
-      const __m512i x = _mm512_loadu_si512(r + 64 * s);
-      const __m512i lo = _mm512_permutex2var_epi8(tab[0], x, tab[1]);
-      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab[2], x, tab[3]), x, m8, 0xF8); /* a | (b & c) */
-      const __m512i b0 = _mm512_unpacklo_epi8(lo, hi), b1 = _mm512_unpackhi_epi8(lo, hi);
+      __m512i b0, b1;
+      pk_strip(r + 64 * s, tab, &b0, &b1);
       for (int i = 0; i < mr; i++) {
         const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
         c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a, (__m512bh)b0);
@@ -685,10 +736,8 @@ VBMI_TARGET static void gmm_block_pk_small(const moe8__gmm_block *b) {
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
   const int64_t words = packed_words(b, PATH_BF16);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
-  pthread_once(&g_bytes_once, fill_bytes);
-  const uint8_t (*t)[128] = g_bf16_bytes[b->rt == MOE8_DTYPE_F8E5M2];
-  const __m512i tab[4] = {_mm512_loadu_si512(t[0]), _mm512_loadu_si512(t[0] + 64), _mm512_loadu_si512(t[1]),
-                          _mm512_loadu_si512(t[1] + 64)};
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     for (int64_t j = 0; j < nst * 32; j++) rsv[j] = j < nt ? moe8__gmm_rs(b, blk, b->n0 + j) : 0.0f;
@@ -763,11 +812,15 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
   const int64_t words = packed_words(b, path);
   /* The lhs: packed once per call by the driver (NULL for f32 rows). */
   const uint32_t *A = b->lhs_packed ? (const uint32_t *)b->lhs_packed + b->m0 * words : NULL;
-  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  /* When every block is one chunk the first block's promotion starts from
+  ** zero (no fill of C) and the last one writes f32 output rows directly. */
+  const bool all_prom = path != PATH_F32 && b->kb <= KC, direct = all_prom && b->ot == MOE8_DTYPE_F32;
+  if (!all_prom) memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K;
     if (path == PATH_I8) memset(colsum, 0, sizeof(int32_t) * NT);
     if (path != PATH_F32 && k1 - k0 <= KC) {
+      const bool first = all_prom && blk == 0, last = direct && blk == b->nbk - 1;
       /* One chunk: promote in registers (ukr_*_prom), S never stored. */
       if (path == PATH_BF16) pack_b_bf16(b, k0, k1 - k0, ntp, Bp, tmp);
       else pack_b_i8(b, k0, k1 - k0, ntp, Bp, colsum);
@@ -778,8 +831,16 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
         float ls[MR];
         for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
         for (int64_t j = 0; j < ntp; j += NR) {
-          if (path == PATH_BF16) ukr_bf16_prom_any(mr, A + i * words + w0, words, Bp + j, (k1 - k0 + 1) / 2, C + i * NT + j, ls, rsv + j);
-          else ukr_i8_prom_any(mr, A + i * words + w0, words, Bp + j, (k1 - k0 + 3) / 4, C + i * NT + j, ls, rsv + j, colsum + j);
+          const float *ci = first ? NULL : C + i * NT + j;
+          float *co = last ? (float *)b->out + (b->m0 + i) * b->N + b->n0 + j : C + i * NT + j;
+          const int64_t ldo = last ? b->N : NT;
+          const int64_t v0 = last ? nt - j : 16, v1 = last ? nt - j - 16 : 16;
+          const __mmask16 m0 = v0 >= 16 ? 0xFFFF : v0 > 0 ? (__mmask16)((1u << v0) - 1) : 0;
+          const __mmask16 m1 = v1 >= 16 ? 0xFFFF : v1 > 0 ? (__mmask16)((1u << v1) - 1) : 0;
+          if (path == PATH_BF16)
+            ukr_bf16_prom_any(mr, A + i * words + w0, words, Bp + j, (k1 - k0 + 1) / 2, ci, co, ldo, m0, m1, ls, rsv + j);
+          else
+            ukr_i8_prom_any(mr, A + i * words + w0, words, Bp + j, (k1 - k0 + 3) / 4, ci, co, ldo, m0, m1, ls, rsv + j, colsum + j);
         }
       }
       continue;
@@ -817,7 +878,7 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
       promote(b, blk, C, S, mt, ntp, rsv);
     }
   }
-  write_out(b, C, mt);
+  if (!direct) write_out(b, C, mt);
 }
 
 /* ---- per-ISA entry points ---------------------------------------------- */
