@@ -223,6 +223,30 @@ VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, con
   for (int i = 0; i < mr; i++) { _mm512_storeu_si512(S + i * NT, c[i][0]); _mm512_storeu_si512(S + i * NT + 16, c[i][1]); }
 }
 
+/* Co[i] = Ci[i] + c[i] · (ls[i] · rs) for the rows of a microkernel (Ci
+** NULL: + 0.0), both 16-column halves; unrolled so the sums stay in
+** registers. */
+INLINE void prom_store(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
+                       const float *ls, const float *rs) {
+  const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
+  if (Ci) {
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(_mm512_loadu_ps(Ci + i * NT), _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
+      _mm512_mask_storeu_ps(Co + i * ldo + 16, m1,
+                            _mm512_add_ps(_mm512_loadu_ps(Ci + i * NT + 16), _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(_mm512_setzero_ps(), _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
+      _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(_mm512_setzero_ps(), _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
 /* Fused promotion: when a scale block is one chunk, its sum never leaves
 ** the registers: Co = Ci + S · (ls · rs) right after the last k, with the
 ** same multiplies and add as promote(), so the bytes are the same.  Ci is
@@ -242,14 +266,7 @@ BF16_TARGET INLINE void ukr_bf16_prom(const int mr, const uint32_t *A, int64_t l
       c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
     }
   }
-  const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
-  for (int i = 0; i < mr; i++) {
-    const __m512 l = _mm512_set1_ps(ls[i]);
-    const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
-    const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
-    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
-  }
+  prom_store(mr, c, Ci, Co, ldo, m0, m1, ls, rs);
 }
 
 VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq,
@@ -265,16 +282,13 @@ VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda
       c[i][1] = _mm512_dpbusd_epi32(c[i][1], a, b1);
     }
   }
-  const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
   const __m512i k0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7), k1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
+  __m512 f[MR][2];
   for (int i = 0; i < mr; i++) {
-    const __m512 l = _mm512_set1_ps(ls[i]);
-    const __m512 s0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][0], k0)), s1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][1], k1));
-    const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
-    const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(s0, _mm512_mul_ps(l, r0))));
-    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(s1, _mm512_mul_ps(l, r1))));
+    f[i][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][0], k0));
+    f[i][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][1], k1));
   }
+  prom_store(mr, f, Ci, Co, ldo, m0, m1, ls, rs);
 }
 
 /* BY_ROWS calls kern(literal mr, ...) for mr in 1..8: each tail gets its
