@@ -701,12 +701,16 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
   const uint8_t *r = pk_tile(b) + (size_t)((k0 / 2) * nst + s0) * 64;
   const size_t step = (size_t)nst * 64;
   __m512 c[4][4][2];
+#pragma GCC unroll 4
   for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kp; p++, r += step) {
+#pragma GCC unroll 4
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
       pk_strip(r + 64 * s, tab, &b0, &b1);
+#pragma GCC unroll 4
       for (int i = 0; i < mr; i++) {
         const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
         c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a, (__m512bh)b0);
@@ -714,9 +718,11 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
       }
     }
   }
+#pragma GCC unroll 4
   for (int s = 0; s < ns; s++) {
     const int64_t j = 32 * (s0 + s);
     const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
+#pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
       const __m512 l = _mm512_set1_ps(ls[i]);
       _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
