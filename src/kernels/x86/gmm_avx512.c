@@ -284,6 +284,7 @@ VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda
   }
   const __m512i k0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7), k1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
   __m512 f[MR][2];
+#pragma GCC unroll 8
   for (int i = 0; i < mr; i++) {
     f[i][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][0], k0));
     f[i][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][1], k1));
