@@ -154,10 +154,21 @@ static void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *
 }
 
 /* ---- promotion and output -------------------------------------------- */
+/* rsv[0:ntp] = the rhs scales of block blk for the task's columns, zero past
+** nt (one copy of a contiguous row; no per-element dispatch). */
+static void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv) {
+  const int64_t nt = b->n1 - b->n0;
+  switch (b->rk) {
+    case MOE8__SC_ROW: memcpy(rsv, b->rs + b->n0, sizeof(float) * (size_t)nt); break;
+    case MOE8__SC_TILE: memcpy(rsv, b->rs + blk * b->N + b->n0, sizeof(float) * (size_t)nt); break;
+    default: for (int64_t j = 0; j < nt; j++) rsv[j] = moe8__gmm_rs(b, blk, b->n0 + j); break;
+  }
+  for (int64_t j = nt; j < ntp; j++) rsv[j] = 0.0f;
+}
+
 /* C[i][0:ntp] += S[i][0:ntp] · (ls(m0+i) · rs(:)), as in the reference. */
 static void promote(const moe8__gmm_block *b, int64_t blk, float *C, const float *S, int64_t mt, int64_t ntp, float *rsv) {
-  const int64_t nt = b->n1 - b->n0;
-  for (int64_t j = 0; j < ntp; j++) rsv[j] = j < nt ? moe8__gmm_rs(b, blk, b->n0 + j) : 0.0f;
+  rhs_scales(b, blk, ntp, rsv);
   for (int64_t i = 0; i < mt; i++) {
     const __m512 ls = _mm512_set1_ps(moe8__gmm_ls(b, b->m0 + i, blk));
     for (int64_t j = 0; j < ntp; j += 16) {
@@ -761,7 +772,7 @@ VBMI_TARGET static void gmm_block_pk_small(const moe8__gmm_block *b) {
   byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    for (int64_t j = 0; j < nst * 32; j++) rsv[j] = j < nt ? moe8__gmm_rs(b, blk, b->n0 + j) : 0.0f;
+    rhs_scales(b, blk, nst * 32, rsv);
     /* Rows in fours (each row's sums are the same chains in any group). */
     for (int64_t i = 0; i < mt; i += 4) {
       const int mr = mt - i < 4 ? (int)(mt - i) : 4, nsmax = mr <= 2 ? 4 : 2;
@@ -845,7 +856,7 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
       /* One chunk: promote in registers (ukr_*_prom), S never stored. */
       if (path == PATH_BF16) pack_b_bf16(b, k0, k1 - k0, ntp, Bp, tmp);
       else pack_b_i8(b, k0, k1 - k0, ntp, Bp, colsum);
-      for (int64_t j = 0; j < ntp; j++) rsv[j] = j < nt ? moe8__gmm_rs(b, blk, b->n0 + j) : 0.0f;
+      rhs_scales(b, blk, ntp, rsv);
       const int64_t w0 = block_word(b, path, blk);
       for (int64_t i = 0; i < mt; i += MR) {
         const int mr = mt - i < MR ? (int)(mt - i) : MR;
