@@ -50,21 +50,25 @@ static int max_threads(void) {
 #endif
 }
 
-/* Memory read bandwidth in GB/s: best of 5 memchr passes over 512 MiB. */
-static double read_bandwidth(void) {
+/* Memory read bandwidth in GB/s with nth threads: best of 5 passes of
+** glibc memchr over 512 MiB (a pure streaming read), the buffer split
+** between the threads, the time of the slowest. */
+static double read_bandwidth(int nth) {
   const size_t n = (size_t)512 << 20;
   unsigned char *buf = malloc(n);
   if (!buf) return 0;
   memset(buf, 2, n); /* not zero: a zero fill may become calloc and map the zero page */
   double best = 1e30;
+  int found = 0;
   for (int i = 0; i < 5; i++) {
     const double t0 = cli_now();
-    const void *p = memchr(buf, 1, n);
+    #pragma omp parallel for num_threads(nth) schedule(static) reduction(+ : found)
+    for (int t = 0; t < nth; t++) found += memchr(buf + n / (size_t)nth * (size_t)t, 1, n / (size_t)nth) != NULL;
     const double t = cli_now() - t0;
-    if (p) best = 0; /* keeps the call from being optimized away */
     if (t < best) best = t;
   }
   free(buf);
+  if (found) best = 1e30; /* keeps the calls from being optimized away */
   return (double)n / best / 1e9;
 }
 
@@ -174,13 +178,17 @@ static void free_ops(gmm_ops *o) {
   for (int r = 0; r < 4; r++) { free(o->rhs[r]); free(o->rs[r]); }
 }
 
-typedef struct peaks { double f32, bf16, i8, bw; bool have; } peaks;
+/* bw: one core's read bandwidth; bw2: two threads' (the machine's, here). */
+typedef struct peaks { double f32, bf16, i8, bw, bw2; bool have; } peaks;
 
 static peaks measure_peaks(void) {
-  peaks p = {0, 0, 0, read_bandwidth(), moe8_isa_supported(MOE8_ISA_AVX512_VNNI)};
+  peaks p = {0, 0, 0, read_bandwidth(1), max_threads() >= 2 ? read_bandwidth(2) : 0,
+             moe8_isa_supported(MOE8_ISA_AVX512_VNNI)};
   if (p.have) { p.f32 = peak_gops(PEAK_F32_FMA); p.bf16 = peak_gops(PEAK_BF16_DP); p.i8 = peak_gops(PEAK_I8_DP); }
-  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; memory read %.1f GB/s\n",
+  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; memory read %.1f GB/s",
          p.f32, p.bf16, p.i8, p.bw);
+  if (p.bw2 > 0) printf(" (%.1f GB/s with 2 threads)", p.bw2);
+  printf("\n");
   return p;
 }
 
@@ -197,7 +205,9 @@ static int bench_gmm(const peaks *pk) {
   const int nth = max_threads() < 2 ? 1 : 2;
   printf("\nmoe8 bench gmm: the gate projection x[T·k, D] . W[E, D, F] per dtype, kernels %s\n", moe8_isa_name(moe8_isa_active()));
   printf("(f8e4m3: 1x128 activation and 128-block weight scales; i8: per-token and per-channel scales;\n"
-         " %% peak = of the measured peak x threads; decode GB/s = bytes of the touched experts' weights / time;\n"
+         " %% peak = of the measured peak x threads; decode GB/s = bytes of the touched experts' weights / time,\n"
+         " %% bw = of the read bandwidth measured with the same thread count; moe8 decode runs rotate 4 copies of\n"
+         " the weights so each reads them from memory; the peers reuse one copy;\n"
          " OPENBLAS_CORETYPE=%s%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
          peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
   const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false},      {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP, false},
@@ -262,20 +272,23 @@ static int bench_gmm(const peaks *pk) {
       }
       for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         gmm_ops o;
-        moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, 1);
+        /* Decode reads little else than weights: four copies, used in turn,
+        ** so each run reads them from memory, not from the last run's L3. */
+        const int nrot = dec ? 4 : 1;
+        moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, nrot);
         if (st != MOE8_OK) return cli_report(st, "bench gmm");
         moe8_gmm_args a = {.M = M, .K = D, .N = F, .num_groups = E, .group_sizes = gs, .num_local = E,
                            .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out};
-        a.rhs.data = o.rhs[0];
-        a.rhs.scale = o.rs[0];
-        void *pkd = NULL;
-        if (cases[ci].packed) {
-          if (!(pkd = malloc(moe8_gmm_packed_size(E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
-          if ((st = moe8_gmm_pack_rhs(cases[ci].t, o.rhs[0], E, D, F, pkd)) != MOE8_OK) return cli_report(st, "bench gmm");
-          a.rhs_packed = pkd;
+        void *pkd[4] = {NULL, NULL, NULL, NULL};
+        for (int r = 0; r < nrot && cases[ci].packed; r++) {
+          if (!(pkd[r] = malloc(moe8_gmm_packed_size(E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
+          if ((st = moe8_gmm_pack_rhs(cases[ci].t, o.rhs[r], E, D, F, pkd[r])) != MOE8_OK) return cli_report(st, "bench gmm");
         }
         double t[64];
         for (int r = 0; r < runs + 1; r++) {
+          a.rhs.data = o.rhs[r % nrot];
+          a.rhs.scale = o.rs[r % nrot];
+          a.rhs_packed = pkd[r % nrot];
           const double t0 = cli_now();
           st = moe8_gmm(&a);
           if (r) t[r - 1] = cli_now() - t0; /* the first run warms up */
@@ -288,7 +301,7 @@ static int bench_gmm(const peaks *pk) {
         if (cases[ci].t == MOE8_DTYPE_BF16) bf16_ms = t[0];
         else if (dec && bf16_ms > 0 && cases[ci].t == MOE8_DTYPE_F8E4M3) snprintf(c3, sizeof c3, "%.2fx", bf16_ms / t[0]);
         const double wbytes = (double)(touched * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
-        if (dec) { snprintf(c1, sizeof c1, "%.1f", wbytes / t[0] / 1e9); snprintf(c2, sizeof c2, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / pk->bw); }
+        if (dec) { snprintf(c1, sizeof c1, "%.1f", wbytes / t[0] / 1e9); snprintf(c2, sizeof c2, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / (th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2)); }
         else if (blas > 0) snprintf(c1, sizeof c1, "%.2fx", blas / t[0]);
         snprintf(name, sizeof name, "moe8 %s", cases[ci].name);
         printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s %7s %8s\n", name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct, c1, c2, c3);
@@ -297,7 +310,7 @@ static int bench_gmm(const peaks *pk) {
                           "\"median_ms\":%.4f,\"gflops\":%.2f,\"pct_peak\":%.1f,\"weight_gbs\":%.2f}\n",
                   shapes[si].name, (long long)T, (long long)E, cases[ci].packed ? "f8e4m3_packed" : cases[ci].name, th, t[0] * 1e3,
                   t[runs / 2] * 1e3, gf, pct, wbytes / t[0] / 1e9);
-        free(pkd);
+        for (int r = 0; r < 4; r++) free(pkd[r]);
         free_ops(&o);
       }
     }
@@ -511,8 +524,8 @@ int cmd_bench(int argc, char **argv) {
   peaks pk = {0};
   if (want[0] || want[1] || want[2] || want[4]) {
     pk = measure_peaks();
-    if (g_json) fprintf(g_json, "{\"bench\":\"peaks\",\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,\"i8_gops\":%.1f,\"read_gbs\":%.2f}\n",
-                        pk.f32, pk.bf16, pk.i8, pk.bw);
+    if (g_json) fprintf(g_json, "{\"bench\":\"peaks\",\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,\"i8_gops\":%.1f,\"read_gbs\":%.2f,\"read_gbs_2t\":%.2f}\n",
+                        pk.f32, pk.bf16, pk.i8, pk.bw, pk.bw2);
   }
   if (rc == EXIT_OK && want[0]) rc = bench_quant(pk.bw);
   if (rc == EXIT_OK && want[1]) rc = bench_gmm(&pk);
