@@ -488,11 +488,37 @@ static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_
 }
 
 /* i8 quads [kc/4][NT], with the column sums of the block on the way. */
-static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum) {
+/* Four rows of 64 columns -> the quads of those columns, four vectors of
+** 16 columns: byte then word unpacks (in-lane: vector q, lane L holds
+** columns 16L + 4q .. 16L + 4q + 3) and a 4 x 4 transpose of 128-bit
+** chunks; column sums by vpdpbusd with ones (Σ of the four signed bytes). */
+VNNI_TARGET INLINE void quads_64(const int8_t *r0, size_t ld, uint32_t *dst, int32_t *colsum) {
+  const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + ld);
+  const __m512i x2 = _mm512_loadu_si512(r0 + 2 * ld), x3 = _mm512_loadu_si512(r0 + 3 * ld);
+  const __m512i t0 = _mm512_unpacklo_epi8(x0, x1), t1 = _mm512_unpackhi_epi8(x0, x1);
+  const __m512i t2 = _mm512_unpacklo_epi8(x2, x3), t3 = _mm512_unpackhi_epi8(x2, x3);
+  const __m512i q0 = _mm512_unpacklo_epi16(t0, t2), q1 = _mm512_unpackhi_epi16(t0, t2);
+  const __m512i q2 = _mm512_unpacklo_epi16(t1, t3), q3 = _mm512_unpackhi_epi16(t1, t3);
+  const __m512i a_lo = _mm512_shuffle_i32x4(q0, q1, 0x44), a_hi = _mm512_shuffle_i32x4(q0, q1, 0xEE);
+  const __m512i b_lo = _mm512_shuffle_i32x4(q2, q3, 0x44), b_hi = _mm512_shuffle_i32x4(q2, q3, 0xEE);
+  const __m512i v[4] = {_mm512_shuffle_i32x4(a_lo, b_lo, 0x88), _mm512_shuffle_i32x4(a_lo, b_lo, 0xDD),
+                        _mm512_shuffle_i32x4(a_hi, b_hi, 0x88), _mm512_shuffle_i32x4(a_hi, b_hi, 0xDD)};
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int i = 0; i < 4; i++) {
+    _mm512_storeu_si512(dst + 16 * i, v[i]);
+    _mm512_storeu_si512(colsum + 16 * i, _mm512_dpbusd_epi32(_mm512_loadu_si512(colsum + 16 * i), ones, v[i]));
+  }
+}
+
+/* i8 quads [kc/4][NT], with the column sums of the block on the way. */
+VNNI_TARGET static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum) {
   const int64_t nt = b->n1 - b->n0, kq = (kc + 3) / 4;
   const int8_t *rhs = b->rhs;
-  for (int64_t q = 0; q < kq; q++)
-    for (int64_t j = 0; j < ntp; j += 16) {
+  for (int64_t q = 0; q < kq; q++) {
+    int64_t j = 0;
+    if (4 * q + 4 <= kc) /* whole quads of 64 full columns */
+      for (; j + 64 <= nt; j += 64) quads_64(rhs + (c0 + 4 * q) * b->N + b->n0 + j, (size_t)b->N, Bp + q * NT + j, colsum + j);
+    for (; j < ntp; j += 16) {
       const __mmask16 m = j + 16 <= nt ? 0xFFFF : j < nt ? (__mmask16)((1u << (nt - j)) - 1) : 0;
       __m512i v = _mm512_setzero_si512(), cs = _mm512_loadu_si512(colsum + j);
       for (int r = 0; r < 4 && 4 * q + r < kc; r++) {
@@ -503,6 +529,7 @@ static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t 
       _mm512_storeu_si512(colsum + j, cs);
       _mm512_storeu_si512(Bp + q * NT + j, v);
     }
+  }
 }
 
 /* ---- the small-M bf16 kernel: weights streamed once, never packed ------ */
