@@ -206,8 +206,8 @@ static int bench_gmm(const peaks *pk) {
   printf("\nmoe8 bench gmm: the gate projection x[T·k, D] . W[E, D, F] per dtype, kernels %s\n", moe8_isa_name(moe8_isa_active()));
   printf("(f8e4m3: 1x128 activation and 128-block weight scales; i8: per-token and per-channel scales;\n"
          " %% peak = of the measured peak x threads; decode GB/s = bytes of the touched experts' weights / time,\n"
-         " %% bw = of the read bandwidth measured with the same thread count; moe8 decode runs rotate 4 copies of\n"
-         " the weights so each reads them from memory; the peers reuse one copy;\n"
+         " %% bw = of the read bandwidth measured with the same thread count; moe8 runs rotate 4 copies of the\n"
+         " weights so each reads them from memory; the peers reuse one copy (at decode it is larger than L3);\n"
          " OPENBLAS_CORETYPE=%s%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
          peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
   const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false},      {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP, false},
@@ -272,9 +272,10 @@ static int bench_gmm(const peaks *pk) {
       }
       for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         gmm_ops o;
-        /* Decode reads little else than weights: four copies, used in turn,
-        ** so each run reads them from memory, not from the last run's L3. */
-        const int nrot = dec ? 4 : 1;
+        /* Four copies of the weights, used in turn, so each run reads them
+        ** from memory, not from the last run's L3 (decode reads little
+        ** else than weights). */
+        const int nrot = 4;
         moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, nrot);
         if (st != MOE8_OK) return cli_report(st, "bench gmm");
         moe8_gmm_args a = {.M = M, .K = D, .N = F, .num_groups = E, .group_sizes = gs, .num_local = E,

@@ -487,6 +487,9 @@ static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_
   }
 }
 
+#ifndef PQ
+#define PQ 4
+#endif
 /* i8 quads [kc/4][NT], with the column sums of the block on the way. */
 /* Four rows of 64 columns -> the quads of those columns, four vectors of
 ** 16 columns: byte then word unpacks (in-lane: vector q, lane L holds
@@ -510,12 +513,20 @@ VNNI_TARGET INLINE void quads_64(const int8_t *r0, size_t ld, uint32_t *dst, int
   }
 }
 
+#ifndef PQ
+#define PQ 4
+#endif
 /* i8 quads [kc/4][NT], with the column sums of the block on the way. */
 VNNI_TARGET static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum) {
   const int64_t nt = b->n1 - b->n0, kq = (kc + 3) / 4;
   const int8_t *rhs = b->rhs;
   for (int64_t q = 0; q < kq; q++) {
     int64_t j = 0;
+    /* The weight rows are N bytes apart, which the hardware prefetchers
+    ** follow poorly: fetch the rows of the quad PQ ahead. */
+    if (4 * (q + PQ) + 3 < kc)
+      for (int r = 0; r < 4; r++)
+        for (int64_t o = 0; o < nt; o += 64) _mm_prefetch((const char *)(rhs + (c0 + 4 * (q + PQ) + r) * b->N + b->n0 + o), _MM_HINT_T0);
     if (4 * q + 4 <= kc) /* whole quads of 64 full columns */
       for (; j + 64 <= nt; j += 64) quads_64(rhs + (c0 + 4 * q) * b->N + b->n0 + j, (size_t)b->N, Bp + q * NT + j, colsum + j);
     for (; j < ntp; j += 16) {
