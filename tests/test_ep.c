@@ -6,7 +6,8 @@
 ** output, aux loss, dx (its rows), dWr, and its experts' dWg, dWu, dWd.
 ** Cases: f32 and FP8 (per-token and 1×tile activations), quantize-before
 ** on and off, uneven shards with a rank holding no tokens, an expert with
-** no tokens, every token on one rank's experts; and the failures: ranks
+** no tokens, every token on one rank's experts; FP8 forward again on
+** prepared (packed) weights; and the failures: ranks
 ** that disagree on the config, E not divisible by P, NaN on one rank.
 */
 #include "testutil.h"
@@ -130,6 +131,17 @@ static void run_scenario(const scenario *sc) {
       assert_int_equal(s->tokens_bytes, (uint64_t)T * per_tok);
     } else {
       assert_int_equal(s->tokens_bytes, (uint64_t)T * (uint64_t)D * 4u);
+    }
+    if (sc->mode) {
+      /* Prepared weights (FP8, packed at prepare): each rank's experts are
+      ** read at its offset into the packed copy; same output bytes. */
+      assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+      float *out2 = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux2;
+      st = moe8_ep_forward(ep, x + T0 * D, Tl, out2, &aux2);
+      if (st != MOE8_OK) TU_FAIL("%s: prepared ep forward: %s", sc->name, moe8_last_error());
+      if (memcmp(out2, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
+        TU_FAIL("%s (%s, P=%d): output on prepared weights differs", sc->name, what, g_size);
+      free(out2);
     }
     out_b[before] = out;
     aux_b[before] = aux;
