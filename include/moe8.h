@@ -422,8 +422,11 @@ moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *ru
 void        moe8_layer_destroy(moe8_layer *layer);
 
 /* The writable f32 master weight and its element count; NULL for an
-** unknown id (or the bias when the layer has none). */
+** unknown id (or the bias when the layer has none).  Taking it marks the
+** layer unprepared (the caller may change the weights). */
 float      *moe8_layer_weight(moe8_layer *layer, moe8_weight_id id, size_t *count);
+/* The same, read-only: the layer stays prepared. */
+const float *moe8_layer_weight_read(const moe8_layer *layer, moe8_weight_id id, size_t *count);
 
 /* Fills the weights from a seeded generator (N(0, 1/fan_in)). */
 moe8_status moe8_layer_init_random(moe8_layer *layer, uint64_t seed);

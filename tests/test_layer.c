@@ -375,6 +375,12 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
     assert_int_equal(st, MOE8_OK);
     if (g_allocs != 0) TU_FAIL("rules %zu: the fused forward made %d allocation(s)", i, g_allocs);
     assert_memory_equal(o2, u.out, sizeof(float) * (size_t)(u.T * u.D));
+    /* Reading a weight keeps the layer prepared; taking it writable does not. */
+    assert_non_null(moe8_layer_weight_read(u.L, MOE8_W_DOWN, NULL));
+    assert_int_equal(moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size), MOE8_OK);
+    assert_non_null(moe8_layer_weight(u.L, MOE8_W_DOWN, NULL));
+    assert_int_equal(moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size), MOE8_ERR_INVALID_ARG);
+    assert_null(moe8_layer_weight_read(u.L, MOE8_W_COUNT, NULL));
     free(o2);
     run_free(&u);
     moe8_rules_destroy(rs);

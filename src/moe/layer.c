@@ -122,10 +122,15 @@ void moe8_layer_destroy(moe8_layer *L) {
   free(L);
 }
 
-float *moe8_layer_weight(moe8_layer *L, moe8_weight_id id, size_t *count) {
+const float *moe8_layer_weight_read(const moe8_layer *L, moe8_weight_id id, size_t *count) {
   if (!L || (unsigned)id >= MOE8_W_COUNT || !L->n[id]) return NULL;
-  L->prepared = false;
   if (count) *count = L->n[id];
+  return L->w[id];
+}
+
+float *moe8_layer_weight(moe8_layer *L, moe8_weight_id id, size_t *count) {
+  if (!moe8_layer_weight_read(L, id, count)) return NULL;
+  L->prepared = false;
   return L->w[id];
 }
 

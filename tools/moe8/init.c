@@ -82,11 +82,11 @@ int cmd_init(int argc, char **argv) {
       for (int w = 0; w < (e < 0 ? 1 : 3); w++) {
         const float *src;
         int64_t N, K;
-        if (e < 0) { src = moe8_layer_weight(L, MOE8_W_ROUTER, NULL); N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
+        if (e < 0) { src = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL); N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
         else {
           const moe8_weight_id id = w == 0 ? MOE8_W_GATE : w == 1 ? MOE8_W_UP : MOE8_W_DOWN;
           N = w == 2 ? D : F; K = w == 2 ? F : D;
-          src = moe8_layer_weight(L, id, NULL) + e * N * K;
+          src = moe8_layer_weight_read(L, id, NULL) + e * N * K;
           snprintf(names[nt], 256, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
         }
         float *tr = malloc(sizeof(float) * (size_t)(N * K));

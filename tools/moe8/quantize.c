@@ -135,7 +135,7 @@ int cmd_quantize(int argc, char **argv) {
       const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_BLOCK2D, .tile = 128, .block_n = 128, .clip = 1.0f};
       const char *proj[3] = {hc->arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc->arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                              hc->arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
-      const float *mw[3] = {moe8_layer_weight(L, MOE8_W_GATE, NULL), moe8_layer_weight(L, MOE8_W_UP, NULL), moe8_layer_weight(L, MOE8_W_DOWN, NULL)};
+      const float *mw[3] = {moe8_layer_weight_read(L, MOE8_W_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_UP, NULL), moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
       for (int64_t e = 0; e < E && rc == EXIT_OK; e++)
         for (int w = 0; w < 3 && rc == EXIT_OK; w++) {
           const int64_t N = w == 2 ? D : F, K = w == 2 ? F : D;
