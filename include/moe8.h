@@ -343,22 +343,22 @@ typedef struct moe8_gmm_args {
   bool           rhs_transposed;
   moe8_dtype     out_dtype;       /* F32 or BF16 */
   void          *out;
-  /* Optional: the FP8 rhs codes as moe8_gmm_pack_rhs wrote them (rhs.data
-  ** is then not read; rhs.dtype, scale, gran and tile still describe it).
-  ** Same results, bit for bit, as the plain rhs; faster where few rows
-  ** meet each weight (decode).  Needs every scale block along K to have
-  ** even length, or a single block. */
+  /* Optional: the FP8 or i8 rhs codes as moe8_gmm_pack_rhs wrote them
+  ** (rhs.data is then not read; rhs.dtype, scale, gran and tile still
+  ** describe it).  Same results, bit for bit, as the plain rhs; faster
+  ** where few rows meet each weight (decode).  Needs every scale block
+  ** along K to be a multiple of 2 (FP8) or 4 (i8), or a single block. */
   const void    *rhs_packed;
 } moe8_gmm_args;
 
 moe8_status moe8_gmm(const moe8_gmm_args *args);
 
-/* Pre-packing of FP8 expert weights [G, K, N] (e4m3 or e5m2 codes) into the
-** layout the kernels stream (column tiles, k pairs interleaved; see
-** docs/kernels.md): done once, e.g. at moe8_layer_prepare.  dst holds
-** moe8_gmm_packed_size(G, K, N) bytes (about G·K·N, rounded up to whole
-** pairs and 32-column strips). */
-size_t      moe8_gmm_packed_size(int64_t G, int64_t K, int64_t N);
+/* Pre-packing of quantized expert weights [G, K, N] (e4m3, e5m2 or i8
+** codes) into the layout the kernels stream (column tiles; k pairs for
+** FP8, k quads for i8, interleaved; see docs/kernels.md): done once, e.g.
+** at moe8_layer_prepare.  dst holds moe8_gmm_packed_size(dtype, G, K, N)
+** bytes (about G·K·N, rounded up to whole pairs or quads and strips). */
+size_t      moe8_gmm_packed_size(moe8_dtype dtype, int64_t G, int64_t K, int64_t N);
 moe8_status moe8_gmm_pack_rhs(moe8_dtype dtype, const void *rhs, int64_t G, int64_t K, int64_t N, void *dst);
 
 /* Transposed grouped matmul for weight gradients: for each local group g,

@@ -98,11 +98,12 @@ static float *run(prob *p, moe8_isa isa) {
   const moe8_status st = moe8_gmm(&p->a);
   if (st != MOE8_OK) TU_FAIL("gmm: %s: %s", moe8_status_str(st), moe8_last_error());
   assert_true(tu_guard_ok(out, n * osz));
-  /* FP8 weights packed once (moe8_gmm_pack_rhs) must give the same bytes. */
+  /* FP8 and i8 weights packed once (moe8_gmm_pack_rhs) give the same bytes. */
   const int64_t kb = p->a.lhs.tile ? p->a.lhs.tile : p->a.rhs.tile ? p->a.rhs.tile : p->K;
-  if ((p->a.rhs.dtype == MOE8_DTYPE_F8E4M3 || p->a.rhs.dtype == MOE8_DTYPE_F8E5M2) && !p->a.rhs_transposed &&
-      (kb % 2 == 0 || kb >= p->K)) {
-    const size_t pb = moe8_gmm_packed_size(p->G, p->K, p->N);
+  const moe8_dtype rt = p->a.rhs.dtype;
+  if ((rt == MOE8_DTYPE_F8E4M3 || rt == MOE8_DTYPE_F8E5M2 || rt == MOE8_DTYPE_I8) && !p->a.rhs_transposed &&
+      (kb % (rt == MOE8_DTYPE_I8 ? 4 : 2) == 0 || kb >= p->K)) {
+    const size_t pb = moe8_gmm_packed_size(p->a.rhs.dtype, p->G, p->K, p->N);
     void *pk = malloc(pb + 64), *out2 = tu_alloc(n * osz);
     memset(pk, 0xA5, pb + 64);
     assert_int_equal(moe8_gmm_pack_rhs(p->a.rhs.dtype, p->rhs, p->G, p->K, p->N, pk), MOE8_OK);

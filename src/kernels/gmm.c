@@ -69,34 +69,39 @@ static moe8_status check_scale(const moe8_operand *op, const char *name, bool is
 
 moe8_status moe8_gmm(const moe8_gmm_args *a) { return moe8__gmm(a, NULL, 0); }
 
-size_t moe8_gmm_packed_size(int64_t G, int64_t K, int64_t N) {
+size_t moe8_gmm_packed_size(moe8_dtype t, int64_t G, int64_t K, int64_t N) {
   if (G <= 0 || K <= 0 || N <= 0) return 0;
-  return (size_t)G * moe8__pk_group_bytes(K, N);
+  return (size_t)G * moe8__pk_group_bytes(t, K, N);
 }
 
 moe8_status moe8_gmm_pack_rhs(moe8_dtype t, const void *rhs, int64_t G, int64_t K, int64_t N, void *dst) {
-  if (t != MOE8_DTYPE_F8E4M3 && t != MOE8_DTYPE_F8E5M2)
-    return moe8__fail(MOE8_ERR_DTYPE, "gmm_pack_rhs: packing is for f8e4m3/f8e5m2 weights, not %s", dn(t));
+  if (t != MOE8_DTYPE_F8E4M3 && t != MOE8_DTYPE_F8E5M2 && t != MOE8_DTYPE_I8)
+    return moe8__fail(MOE8_ERR_DTYPE, "gmm_pack_rhs: packing is for f8e4m3, f8e5m2 or i8 weights, not %s", dn(t));
   if (G < 0 || K < 0 || N < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "gmm_pack_rhs: bad sizes G=%lld K=%lld N=%lld", (long long)G, (long long)K, (long long)N);
-  const size_t gb = G && K && N ? moe8__pk_group_bytes(K, N) : 0;
+  const size_t gb = G && K && N ? moe8__pk_group_bytes(t, K, N) : 0;
   if (!gb) return MOE8_OK;
   if (!rhs || !dst) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm_pack_rhs: NULL rhs or dst");
-  const int64_t kp = (K + 1) / 2;
-  /* One (group, pair) row of output at a time: zero codes for the padding,
-  ** then every (k, n) of the pair at its place. */
+  /* FP8: k pairs in 32-column strips; i8: k quads in 16-column vectors
+  ** (gmm.h).  One (group, pair or quad) row of output at a time: zero
+  ** codes for the padding, then every (k, n) of it at its place. */
+  const bool i8 = t == MOE8_DTYPE_I8;
+  const int64_t per = i8 ? 4 : 2, width = i8 ? 16 : 32, kp = (K + per - 1) / per;
   #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t g = 0; g < G; g++)
     for (int64_t p = 0; p < kp; p++) {
       const uint8_t *src = (const uint8_t *)rhs + (size_t)(g * K * N);
       uint8_t *d = (uint8_t *)dst + (size_t)g * gb;
       for (int64_t c0 = 0; c0 < N; c0 += NT) {
-        const int64_t cols = N - c0 < NT ? N - c0 : NT, nst = (cols + 31) / 32;
-        uint8_t *row = d + (size_t)(c0 / 32 * kp * 64 + p * nst * 64);
-        memset(row, 0, (size_t)(nst * 64));
-        for (int64_t kk = 0; kk < 2 && 2 * p + kk < K; kk++) {
-          const uint8_t *s = src + (size_t)((2 * p + kk) * N + c0);
-          for (int64_t c = 0; c < cols; c++) row[(c / 32) * 64 + moe8__pk_pos((int)(c & 31), (int)kk)] = s[c];
+        const int64_t cols = N - c0 < NT ? N - c0 : NT, nv = (cols + width - 1) / width;
+        uint8_t *row = d + (size_t)(c0 / width * kp * 64 + p * nv * 64);
+        memset(row, 0, (size_t)(nv * 64));
+        for (int64_t kk = 0; kk < per && per * p + kk < K; kk++) {
+          const uint8_t *s = src + (size_t)((per * p + kk) * N + c0);
+          if (i8)
+            for (int64_t c = 0; c < cols; c++) row[(c / 16) * 64 + 4 * (c & 15) + kk] = s[c];
+          else
+            for (int64_t c = 0; c < cols; c++) row[(c / 32) * 64 + moe8__pk_pos((int)(c & 31), (int)kk)] = s[c];
         }
       }
     }
@@ -155,13 +160,15 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   const int64_t kb = lt ? lt : rt ? rt : (K > 0 ? K : 1);
   const int64_t nbk = K > 0 ? moe8__cdiv(K, kb) : 0;
   if (a->rhs_packed) {
-    if (a->rhs.dtype != MOE8_DTYPE_F8E4M3 && a->rhs.dtype != MOE8_DTYPE_F8E5M2)
-      return moe8__fail(MOE8_ERR_DTYPE, "gmm: a packed rhs holds FP8 codes; rhs.dtype is %s", dn(a->rhs.dtype));
+    const bool i8 = a->rhs.dtype == MOE8_DTYPE_I8;
+    if (!i8 && a->rhs.dtype != MOE8_DTYPE_F8E4M3 && a->rhs.dtype != MOE8_DTYPE_F8E5M2)
+      return moe8__fail(MOE8_ERR_DTYPE, "gmm: a packed rhs holds FP8 or i8 codes; rhs.dtype is %s", dn(a->rhs.dtype));
     if (a->rhs_transposed) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: a packed rhs cannot be transposed");
-    if (nbk > 1 && kb % 2)
-      return moe8__fail(MOE8_ERR_SHAPE, "gmm: a packed rhs needs an even scale block along K, not %lld", (long long)kb);
+    if (nbk > 1 && kb % (i8 ? 4 : 2))
+      return moe8__fail(MOE8_ERR_SHAPE, "gmm: a packed %s rhs needs a scale block along K that is a multiple of %d, not %lld",
+                        dn(a->rhs.dtype), i8 ? 4 : 2, (long long)kb);
   }
-  const size_t pk_bytes = a->rhs_packed && K > 0 && N > 0 ? moe8__pk_group_bytes(K, N) : 0;
+  const size_t pk_bytes = a->rhs_packed && K > 0 && N > 0 ? moe8__pk_group_bytes(a->rhs.dtype, K, N) : 0;
   const size_t osz = moe8__dtype_size(a->out_dtype), rsz = moe8__dtype_size(a->rhs.dtype);
   int64_t lo = 0;
   for (int64_t g = 0; g < off; g++) lo += a->group_sizes[g];

@@ -49,7 +49,7 @@ typedef struct moe8__gmm_block {
   void         *out;        /* [M, N] base                                  */
   void         *scratch;    /* MOE8__GMM_SCRATCH bytes, 64-byte aligned     */
   const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
-  const uint8_t *rhs_pk;    /* this group's packed FP8 rhs (rhs is then NULL) */
+  const uint8_t *rhs_pk;    /* this group's packed FP8 or i8 rhs (rhs is then NULL) */
 } moe8__gmm_block;
 
 /* The packed FP8 rhs (moe8_gmm_pack_rhs), per group: the columns in tiles
@@ -66,8 +66,20 @@ static inline int moe8__pk_pos(int c, int kk) {
   return 16 * (p >> 3) + 8 * (c >> 4) + (p & 7);
 }
 
-static inline size_t moe8__pk_group_bytes(int64_t K, int64_t N) {
+/* The packed i8 rhs: the same column tiles, each in vectors of 16 columns
+** (nv = ceil(cols / 16)); quad q (k = 4q .. 4q + 3, missing k zero) and
+** vector v hold 64 bytes at (q·nv + v)·64, the byte of (k, vector lane c)
+** at 4c + (k & 3): the words vpdpbusd reads, as they are.  Scale blocks
+** along K must be whole quads (or the only block). */
+static inline size_t moe8__pk_group_bytes(moe8_dtype t, int64_t K, int64_t N) {
+  if (t == MOE8_DTYPE_I8) return (size_t)((K + 3) / 4) * (size_t)((N + 15) / 16) * 64;
   return (size_t)((K + 1) / 2) * (size_t)((N + 31) / 32) * 64;
+}
+
+static inline size_t moe8__pk_offset_i8(int64_t K, int64_t N, int64_t k, int64_t n) {
+  const int64_t kq = (K + 3) / 4, c0 = n / MOE8__GMM_NT * MOE8__GMM_NT;
+  const int64_t cols = N - c0 < MOE8__GMM_NT ? N - c0 : MOE8__GMM_NT, nv = (cols + 15) / 16;
+  return (size_t)(c0 / 16 * kq * 64 + ((k / 4) * nv + (n - c0) / 16) * 64 + 4 * (n & 15) + (k & 3));
 }
 
 /* Byte offset in a group of the code of (k, n). */
@@ -80,6 +92,7 @@ static inline size_t moe8__pk_offset(int64_t K, int64_t N, int64_t k, int64_t n)
 /* Value of rhs element (k, n) of a block: f32 exactly, from the plain or
 ** the packed rhs (for the reference kernel and the slow paths). */
 static inline float moe8__gmm_rhs_at(const moe8__gmm_block *b, int64_t k, int64_t n) {
+  if (b->rhs_pk && b->rt == MOE8_DTYPE_I8) return (float)(int8_t)b->rhs_pk[moe8__pk_offset_i8(b->K, b->N, k, n)];
   if (b->rhs_pk) {
     const uint8_t v = b->rhs_pk[moe8__pk_offset(b->K, b->N, k, n)];
     return b->rt == MOE8_DTYPE_F8E5M2 ? moe8_f8e5m2_to_f32(v) : moe8_f8e4m3_to_f32(v);

@@ -285,8 +285,8 @@ static moe8_status pack_weights(moe8_layer *L) {
     return MOE8_OK;
   const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F);
   if ((bg < D && bg % 2) || (bd < F && bd % 2)) return MOE8_OK;
-  L->wgu_pk = malloc(moe8_gmm_packed_size(E, D, 2 * F));
-  L->wd_pk = malloc(moe8_gmm_packed_size(E, F, D));
+  L->wgu_pk = malloc(moe8_gmm_packed_size(wt, E, D, 2 * F));
+  L->wd_pk = malloc(moe8_gmm_packed_size(wt, E, F, D));
   if (!L->wgu_pk || !L->wd_pk) {
     free(L->wgu_pk); free(L->wd_pk);
     L->wgu_pk = L->wd_pk = NULL;
@@ -393,7 +393,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32
   const bool pk = L->prepared && L->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
                      .rhs = weight_operand(L, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu,
-                     .rhs_packed = pk ? L->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(1, D, 2 * F) : NULL};
+                     .rhs_packed = pk ? L->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
   moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
@@ -414,7 +414,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32
   if (L->aq && (!fuse || qbad) && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) return st;
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
                       .rhs = weight_operand(L, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
-                      .rhs_packed = pk ? L->wd_pk + (size_t)g0 * moe8_gmm_packed_size(1, F, D) : NULL};
+                      .rhs_packed = pk ? L->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
   st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
   return st;

@@ -282,7 +282,7 @@ static int bench_gmm(const peaks *pk) {
                            .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out};
         void *pkd[4] = {NULL, NULL, NULL, NULL};
         for (int r = 0; r < nrot && cases[ci].packed; r++) {
-          if (!(pkd[r] = malloc(moe8_gmm_packed_size(E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
+          if (!(pkd[r] = malloc(moe8_gmm_packed_size(cases[ci].t, E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
           if ((st = moe8_gmm_pack_rhs(cases[ci].t, o.rhs[r], E, D, F, pkd[r])) != MOE8_OK) return cli_report(st, "bench gmm");
         }
         double t[64];

@@ -26,7 +26,8 @@ void moe8__gmm_block_ref(const moe8__gmm_block *b) {
         if (ints) {
           const int8_t *a = (const int8_t *)b->lhs + m * b->K, *w = b->rhs;
           int32_t s = 0;
-          for (int64_t k = k0; k < k1; k++) s += (int32_t)a[k] * (int32_t)w[k * b->N + n];
+          for (int64_t k = k0; k < k1; k++)
+            s += (int32_t)a[k] * (int32_t)(b->rhs_pk ? (int8_t)b->rhs_pk[moe8__pk_offset_i8(b->K, b->N, k, n)] : w[k * b->N + n]);
           bsum = (float)s;
         } else {
           float s = 0.0f;

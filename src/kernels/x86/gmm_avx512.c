@@ -423,8 +423,9 @@ static void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int
 
 static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
   const int64_t nt = b->n1 - b->n0, kp = (kc + 1) / 2;
-  if (b->rhs_pk && moe8__cpu_has_vbmi()) { pack_b_pk_vbmi(b, c0, kp, ntp, Bp); return; }
-  if (b->rhs_pk) {
+  const bool pk8 = b->rhs_pk && b->rt != MOE8_DTYPE_I8; /* packed i8 goes through f32 rows below */
+  if (pk8 && moe8__cpu_has_vbmi()) { pack_b_pk_vbmi(b, c0, kp, ntp, Bp); return; }
+  if (pk8) {
     /* Packed FP8: each 64-byte strip of a pair is already the two pair
     ** vectors' codes; convert and reorder (the unpacks' order, by words). */
     __m512i lut[4];
@@ -519,6 +520,19 @@ VNNI_TARGET INLINE void quads_64(const int8_t *r0, size_t ld, uint32_t *dst, int
 /* i8 quads [kc/4][NT], with the column sums of the block on the way. */
 VNNI_TARGET static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum) {
   const int64_t nt = b->n1 - b->n0, kq = (kc + 3) / 4;
+  if (b->rhs_pk) {
+    /* Packed: the quads are the panel's words already; copy, and sum. */
+    const int64_t nv = moe8__cdiv(nt, 16);
+    const uint8_t *r = b->rhs_pk + (size_t)(b->n0 / 16 * ((b->K + 3) / 4)) * 64 + (size_t)(c0 / 4 * nv) * 64;
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t q = 0; q < kq; q++, r += nv * 64)
+      for (int64_t v = 0; v < ntp / 16; v++) {
+        const __m512i x = v < nv ? _mm512_loadu_si512(r + 64 * v) : _mm512_setzero_si512();
+        _mm512_storeu_si512(Bp + q * NT + 16 * v, x);
+        _mm512_storeu_si512(colsum + 16 * v, _mm512_dpbusd_epi32(_mm512_loadu_si512(colsum + 16 * v), ones, x));
+      }
+    return;
+  }
   const int8_t *rhs = b->rhs;
   for (int64_t q = 0; q < kq; q++) {
     int64_t j = 0;
@@ -870,6 +884,93 @@ BF16_TARGET static void gmm_block_bf16_small(const moe8__gmm_block *b) {
   write_out(b, C, mt);
 }
 
+/* ---- the small-M kernel on packed i8 weights (AVX512_VNNI) ------------ */
+/* The packed tile is one stream of quads: per quad, nv vectors of 16
+** columns' words, read by vpdpbusd as they are (no conversion); the column
+** sums for the +128 compensation come from vpdpbusd against ones.  mr rows
+** x nvv vectors from vector v0; at the block's end S = Σ(a+128)b - 128Σb,
+** exact, and C += S · (ls · rs) as the panel path does: the same bytes. */
+VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                              int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
+  const int64_t w0 = block_word(b, PATH_I8, blk);
+  const uint8_t *r = b->rhs_pk + (size_t)(b->n0 / 16 * ((b->K + 3) / 4)) * 64 + (size_t)((k0 / 4) * nv + v0) * 64;
+  const size_t step = (size_t)nv * 64;
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i c[4][8], cs[8];
+#pragma GCC unroll 8
+  for (int v = 0; v < nvv; v++) {
+    cs[v] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) c[i][v] = _mm512_setzero_si512();
+  }
+  for (int64_t q = 0; q < kq; q++, r += step) {
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + q]);
+#pragma GCC unroll 8
+    for (int v = 0; v < nvv; v++) {
+      const __m512i x = _mm512_loadu_si512(r + 64 * v);
+      cs[v] = _mm512_dpbusd_epi32(cs[v], ones, x);
+#pragma GCC unroll 4
+      for (int i = 0; i < mr; i++) c[i][v] = _mm512_dpbusd_epi32(c[i][v], a[i], x);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < nvv; v++) {
+    const int64_t j = 16 * (v0 + v);
+    const __m512 rs = _mm512_loadu_ps(rsv + j);
+    const __m512i k = _mm512_slli_epi32(cs[v], 7);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][v], k));
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(s, _mm512_mul_ps(_mm512_set1_ps(ls[i]), rs))));
+    }
+  }
+}
+
+#define PK_NV(mr, ...)                                     \
+  switch (nvv) {                                           \
+    case 8: pk_i8(mr, 8, __VA_ARGS__); break;              \
+    case 4: pk_i8(mr, 4, __VA_ARGS__); break;              \
+    case 2: pk_i8(mr, 2, __VA_ARGS__); break;              \
+    default: pk_i8(mr, 1, __VA_ARGS__); break;             \
+  }
+
+VNNI_TARGET static void pk_i8_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                  int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
+  switch (mr) {
+    case 4: PK_NV(4, b, A, words, blk, v0, nv, C, ls, rsv) break;
+    case 3: PK_NV(3, b, A, words, blk, v0, nv, C, ls, rsv) break;
+    case 2: PK_NV(2, b, A, words, blk, v0, nv, C, ls, rsv) break;
+    default: PK_NV(1, b, A, words, blk, v0, nv, C, ls, rsv) break;
+  }
+}
+
+VNNI_TARGET static void gmm_block_i8pk_small(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16);
+  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  const int64_t words = packed_words(b, PATH_I8);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    rhs_scales(b, blk, nv * 16, rsv);
+    /* Rows in fours (each row's sums are the same in any group of rows). */
+    for (int64_t i = 0; i < mt; i += 4) {
+      const int mr = mt - i < 4 ? (int)(mt - i) : 4, nvmax = mr <= 2 ? 8 : 4;
+      float ls[4];
+      for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+      for (int64_t v0 = 0; v0 < nv;) {
+        const int64_t left = nv - v0;
+        const int nvv = left >= nvmax ? nvmax : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        pk_i8_any(mr, nvv, b, A + i * words, words, blk, v0, nv, C + i * NT, ls, rsv);
+        v0 += nvv;
+      }
+    }
+  }
+  write_out(b, C, mt);
+}
+
 /* ---- the block kernel -------------------------------------------------------- */
 static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, NR) * NR;
@@ -972,8 +1073,11 @@ static void pack_rows_for(const moe8__gmm_block *b, moe8_isa isa, int64_t m0, in
   static void gmm_block_##isa_name(const moe8__gmm_block *b) {                                                 \
     if (b->lt == MOE8_DTYPE_I8 && ISA < MOE8_ISA_AVX512_VNNI) { moe8__gmm_block_ref(b); return; }             \
     const gmm_path p = path_of(b, ISA);                                                                        \
-    if (p == PATH_BF16 && b->rhs_pk && b->m1 - b->m0 <= MR && b->lhs_packed && moe8__cpu_has_vbmi())       \
+    if (p == PATH_BF16 && b->rhs_pk && b->rt != MOE8_DTYPE_I8 && b->m1 - b->m0 <= MR && b->lhs_packed &&      \
+        moe8__cpu_has_vbmi())                                                                                  \
       gmm_block_pk_small(b);                                                                                   \
+    else if (p == PATH_I8 && b->rhs_pk && b->m1 - b->m0 <= MR && b->lhs_packed)                                \
+      gmm_block_i8pk_small(b);                                                                                 \
     else if (p == PATH_BF16 && b->m1 - b->m0 <= MR && !b->rhs_t && !b->rhs_pk && b->lhs_packed &&            \
         (b->rt == MOE8_DTYPE_F8E4M3 || b->rt == MOE8_DTYPE_F8E5M2 || b->rt == MOE8_DTYPE_BF16))                \
       gmm_block_bf16_small(b);                                                                                 \
