@@ -365,9 +365,11 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
     float *o2 = malloc(sizeof(float) * (size_t)(u.T * u.D));
     assert_int_equal(moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size), MOE8_ERR_INVALID_ARG); /* not prepared */
     assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
-    /* FP8 weights and activations: prepare packs the weights (bf16 kernels). */
-    if (i == 1 && moe8_isa_active() >= MOE8_ISA_AVX512_BF16 && (!u.L->wgu_pk || !u.L->wd_pk))
-      TU_FAIL("rules %zu: prepare did not pack the FP8 weights", i);
+    /* FP8 weights and activations (bf16 kernels) and i8 with i8 (VNNI):
+    ** prepare packs the weights. */
+    if (((i == 1 && moe8_isa_active() >= MOE8_ISA_AVX512_BF16) || (i == 2 && moe8_isa_active() >= MOE8_ISA_AVX512_VNNI)) &&
+        (!u.L->wgu_pk || !u.L->wd_pk))
+      TU_FAIL("rules %zu: prepare did not pack the weights", i);
     g_allocs = 0;
     g_count_allocs = 1;
     const moe8_status st = moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size);

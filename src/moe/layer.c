@@ -271,20 +271,22 @@ static int64_t gmm_block_len(const moe8_layer *L, int64_t K) {
   return L->aspec.tile ? L->aspec.tile : L->wspec.tile ? L->wspec.tile : K;
 }
 
-/* FP8 weights met by FP8 activations run on the bf16 kernels, which stream
-** weights packed once (moe8_gmm_pack_rhs): same bytes, faster decode.  The
-** packed copies are made here, at prepare, when the kernels can use them
-** (the active ISA has the bf16 path, each K block is even or the only one). */
+/* FP8 weights met by FP8 activations (the bf16 kernels) and i8 weights
+** met by i8 activations (the VNNI kernels) stream weights packed once
+** (moe8_gmm_pack_rhs): same bytes, faster decode.  The packed copies are
+** made here, at prepare, when the kernels can use them (the active ISA has
+** the path; each K block is a whole pair or quad, or the only block). */
 static moe8_status pack_weights(moe8_layer *L) {
   const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
   free(L->wgu_pk); free(L->wd_pk);
   L->wgu_pk = L->wd_pk = NULL;
   const moe8_dtype wt = L->wspec.qtype;
-  if (!L->wq || (wt != MOE8_DTYPE_F8E4M3 && wt != MOE8_DTYPE_F8E5M2) || !L->aq || !kernel_pair(L->aspec.qtype, wt) ||
-      moe8_isa_active() < MOE8_ISA_AVX512_BF16)
+  const bool i8 = wt == MOE8_DTYPE_I8;
+  if (!L->wq || !L->aq || !kernel_pair(L->aspec.qtype, wt) ||
+      moe8_isa_active() < (i8 ? MOE8_ISA_AVX512_VNNI : MOE8_ISA_AVX512_BF16))
     return MOE8_OK;
-  const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F);
-  if ((bg < D && bg % 2) || (bd < F && bd % 2)) return MOE8_OK;
+  const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F), per = i8 ? 4 : 2;
+  if ((bg < D && bg % per) || (bd < F && bd % per)) return MOE8_OK;
   L->wgu_pk = malloc(moe8_gmm_packed_size(wt, E, D, 2 * F));
   L->wd_pk = malloc(moe8_gmm_packed_size(wt, E, F, D));
   if (!L->wgu_pk || !L->wd_pk) {

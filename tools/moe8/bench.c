@@ -212,7 +212,7 @@ static int bench_gmm(const peaks *pk) {
          peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
   const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false},      {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP, false},
                             {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, false}, {"f8e4m3 pk", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, true},
-                            {"i8", MOE8_DTYPE_I8, PEAK_I8_DP, false}};
+                            {"i8", MOE8_DTYPE_I8, PEAK_I8_DP, false},           {"i8 pk", MOE8_DTYPE_I8, PEAK_I8_DP, true}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     if (!shape_wanted(shapes[si].name)) continue;
     const int64_t T = shapes[si].T, E = shapes[si].E, k = shapes[si].k, D = shapes[si].D, F = shapes[si].F, M = T * k;
@@ -300,7 +300,7 @@ static int bench_gmm(const peaks *pk) {
                                                                              : cases[ci].peak == PEAK_BF16_DP ? pk->bf16 : pk->i8) * th) : 0.0;
         char c1[32] = "", c2[32] = "", c3[32] = "", name[32];
         if (cases[ci].t == MOE8_DTYPE_BF16) bf16_ms = t[0];
-        else if (dec && bf16_ms > 0 && cases[ci].t == MOE8_DTYPE_F8E4M3) snprintf(c3, sizeof c3, "%.2fx", bf16_ms / t[0]);
+        else if (dec && bf16_ms > 0 && (cases[ci].t == MOE8_DTYPE_F8E4M3 || cases[ci].t == MOE8_DTYPE_I8)) snprintf(c3, sizeof c3, "%.2fx", bf16_ms / t[0]);
         const double wbytes = (double)(touched * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
         if (dec) { snprintf(c1, sizeof c1, "%.1f", wbytes / t[0] / 1e9); snprintf(c2, sizeof c2, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / (th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2)); }
         else if (blas > 0) snprintf(c1, sizeof c1, "%.2fx", blas / t[0]);
@@ -309,7 +309,7 @@ static int bench_gmm(const peaks *pk) {
         if (g_json)
           fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"moe8_%s\",\"threads\":%d,\"min_ms\":%.4f,"
                           "\"median_ms\":%.4f,\"gflops\":%.2f,\"pct_peak\":%.1f,\"weight_gbs\":%.2f}\n",
-                  shapes[si].name, (long long)T, (long long)E, cases[ci].packed ? "f8e4m3_packed" : cases[ci].name, th, t[0] * 1e3,
+                  shapes[si].name, (long long)T, (long long)E, cases[ci].packed ? (cases[ci].t == MOE8_DTYPE_I8 ? "i8_packed" : "f8e4m3_packed") : cases[ci].name, th, t[0] * 1e3,
                   t[runs / 2] * 1e3, gf, pct, wbytes / t[0] / 1e9);
         for (int r = 0; r < 4; r++) free(pkd[r]);
         free_ops(&o);
