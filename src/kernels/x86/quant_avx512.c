@@ -3,10 +3,11 @@
 ** loops.  Built with its own ISA flags and reached only through the kernel
 ** table, so a portable binary never executes it on a CPU without AVX-512.
 **
-** Each kernel is the reference algorithm sixteen lanes wide, on the same
-** integer bit patterns: f32 -> FP8 classifies and rounds to nearest even
-** from the discarded bits exactly as formats.c does, with a per-lane
-** variable shift for target subnormals.  Tails use masked loads and stores;
+** Each kernel is the reference algorithm sixteen lanes wide: f32 -> FP8
+** without saturation classifies and rounds to nearest even from the
+** discarded bits exactly as formats.c does, with a per-lane variable shift
+** for target subnormals; with saturation (the quantizer's case) it rounds
+** by float arithmetic to the same codes (f32_to_fp8_sat_16).  Tails use masked loads and stores;
 ** nothing is read or written past n.  The tests compare every kernel here
 ** with the reference byte for byte, exhaustively for the conversions.
 */
@@ -51,14 +52,48 @@ static inline __attribute__((always_inline)) __m512i f32_to_fp8_16(__m512 x, con
   return _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
 }
 
+/* The same codes as f32_to_fp8_16(x, p, true), by float arithmetic: |x|
+** clamped to the largest finite value (what saturation gives), then
+** rounded to the FP8 grid by (|x| + c) - c, where c is 2^23 grid steps of
+** |x|'s binade (or of the subnormal range), so the add rounds to nearest
+** even on the grid; the add carries its rounding mode (nearest even,
+** whatever MXCSR says) and the subtraction is exact.  A grid value is then
+** re-encoded: normal ones from their f32 bits, subnormal ones as the count
+** of steps.  No operation produces an f32 subnormal, so FTZ/DAZ do not
+** change the result (an f32 subnormal input rounds to zero either way). */
+static inline __attribute__((always_inline)) __m512i f32_to_fp8_sat_16(__m512 x, const fp8_format *p) {
+  const int drop = 23 - p->mbits, emin = 1 - p->bias;
+  const uint32_t maxbits = (uint32_t)(((p->max_code >> p->mbits) + 127 - p->bias) << 23) |
+                           (uint32_t)((p->max_code & ((1 << p->mbits) - 1)) << drop);
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i ab = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
+  /* min returns its second operand for NaN: NaN lanes are fixed at the end. */
+  const __m512 a = _mm512_min_ps(_mm512_castsi512_ps(ab), _mm512_castsi512_ps(_mm512_set1_epi32((int)maxbits)));
+  const __m512i cb = _mm512_max_epu32(
+      _mm512_add_epi32(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(drop << 23)),
+      _mm512_set1_epi32((emin - p->mbits + 23 + 127) << 23));
+  const __m512 c = _mm512_castsi512_ps(cb);
+  const __m512 r = _mm512_sub_ps(_mm512_add_round_ps(a, c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), c);
+  const __mmask16 normal = _mm512_cmp_ps_mask(r, _mm512_castsi512_ps(_mm512_set1_epi32((int)p->min_normal)), _CMP_GE_OQ);
+  const __m512i code_n = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(r), drop), _mm512_set1_epi32((127 - p->bias) << p->mbits));
+  const __m512i code_s = _mm512_cvttps_epi32(_mm512_mul_ps(r, _mm512_castsi512_ps(_mm512_set1_epi32((p->mbits - emin + 127) << 23))));
+  const __m512i code = _mm512_or_si512(_mm512_mask_blend_epi32(normal, code_s, code_n), sign);
+  return _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(ab, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
+}
+
+static inline __attribute__((always_inline)) __m512i f32_to_fp8_any_16(__m512 x, const fp8_format *p, bool sat) {
+  return sat ? f32_to_fp8_sat_16(x, p) : f32_to_fp8_16(x, p, false);
+}
+
 static void cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat) {
   const fp8_format *p = type == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2;
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(f32_to_fp8_16(_mm512_loadu_ps(src + i), p, sat)));
+    _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(f32_to_fp8_any_16(_mm512_loadu_ps(src + i), p, sat)));
   if (i < n) {
     const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
-    _mm_mask_storeu_epi8(dst + i, k, _mm512_cvtepi32_epi8(f32_to_fp8_16(_mm512_maskz_loadu_ps(k, src + i), p, sat)));
+    _mm_mask_storeu_epi8(dst + i, k, _mm512_cvtepi32_epi8(f32_to_fp8_any_16(_mm512_maskz_loadu_ps(k, src + i), p, sat)));
   }
 }
 
@@ -173,7 +208,7 @@ static inline __attribute__((always_inline)) void quant_div_t(int8_t *o, const f
     const __m512 sv = s_step ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, s + i) : s0;
     const __m512 y = _mm512_div_ps(v, sv);
     const __m512i r = qtype == MOE8_DTYPE_I8 ? f32_to_i8_16(y)
-                    : f32_to_fp8_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2, true);
+                    : f32_to_fp8_sat_16(y, qtype == MOE8_DTYPE_F8E4M3 ? &moe8__e4m3 : &moe8__e5m2);
     /* Narrow in a register, then a plain or byte-masked store. */
     const __m128i b8 = _mm512_cvtepi32_epi8(r);
     if (k == 0xFFFF) _mm_storeu_si128((__m128i *)(o + i), b8);
