@@ -351,6 +351,30 @@ static void test_gmm_bad_input(void **state) {
   a.out_dtype = MOE8_DTYPE_I8;
   assert_int_equal(moe8_gmm(&a), MOE8_ERR_DTYPE);
   assert_int_equal(moe8_gmm(NULL), MOE8_ERR_INVALID_ARG);
+  /* Packed weights: FP8 or i8 only, not transposed, blocks of whole pairs
+  ** (FP8) or quads (i8) when there is more than one. */
+  a.out_dtype = MOE8_DTYPE_F32;
+  uint8_t pk[4096];
+  assert_int_equal(moe8_gmm_pack_rhs(MOE8_DTYPE_BF16, rhs, 2, 2, 2, pk), MOE8_ERR_DTYPE);
+  assert_non_null(strstr(moe8_last_error(), "bf16"));
+  assert_int_equal(moe8_gmm_pack_rhs(MOE8_DTYPE_I8, NULL, 2, 2, 2, pk), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_gmm_pack_rhs(MOE8_DTYPE_I8, rhs, -1, 2, 2, pk), MOE8_ERR_SHAPE);
+  assert_int_equal(moe8_gmm_pack_rhs(MOE8_DTYPE_I8, rhs, 0, 2, 2, NULL), MOE8_OK); /* nothing to pack */
+  assert_true(moe8_gmm_packed_size(MOE8_DTYPE_F8E4M3, 2, 2, 2) <= sizeof pk);
+  assert_int_equal(moe8_gmm_pack_rhs(MOE8_DTYPE_F8E4M3, rhs, 2, 2, 2, pk), MOE8_OK);
+  a.rhs_packed = pk;
+  a.rhs.data = NULL;
+  a.lhs.tile = a.rhs.tile = 1; a.K = 2; /* two blocks of one k: not whole pairs */
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "multiple of 2"));
+  a.lhs.tile = a.rhs.tile = 2;
+  assert_int_equal(moe8_gmm(&a), MOE8_OK);
+  a.rhs_transposed = true;
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_DTYPE); /* a transposed rhs is f32/bf16 only */
+  a.rhs_transposed = false;
+  a.lhs.dtype = a.rhs.dtype = MOE8_DTYPE_I8; a.K = 4; /* i8 blocks of 2 are not whole quads */
+  assert_int_equal(moe8_gmm(&a), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "multiple of 4"));
 }
 
 /* tgmm against a double-precision evaluation; empty groups give zeros. */
