@@ -158,6 +158,10 @@ static void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *
 ** nt (one copy of a contiguous row; no per-element dispatch). */
 static void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv) {
   const int64_t nt = b->n1 - b->n0;
+  /* The next block's row of scales is a separate stretch of memory: ask
+  ** for it now, so the copy then does not wait on memory. */
+  if (b->rk == MOE8__SC_TILE && blk + 1 < b->nbk)
+    for (int64_t j = 0; j < nt; j += 16) _mm_prefetch((const char *)(b->rs + (blk + 1) * b->N + b->n0 + j), _MM_HINT_T0);
   switch (b->rk) {
     case MOE8__SC_ROW: memcpy(rsv, b->rs + b->n0, sizeof(float) * (size_t)nt); break;
     case MOE8__SC_TILE: memcpy(rsv, b->rs + blk * b->N + b->n0, sizeof(float) * (size_t)nt); break;
