@@ -26,6 +26,13 @@
 ** Packed B: f32 [kc][NT]; bf16 pairs [kc/2][NT] (k even in the low half);
 ** i8 quads [kc/4][NT].  Padding k and padding columns are zero (i8 lhs pads
 ** with 0x80, i.e. a = 0), so they add exactly nothing.
+**
+** Tasks of at most MR rows (decode) skip the panel: on plain weights the
+** small-M kernels decode the weight rows in registers; on weights packed by
+** moe8_gmm_pack_rhs (gmm.h) they stream the packed tile front to back —
+** FP8 through byte tables (AVX512_VBMI), i8 straight into vpdpbusd.  Every
+** path sums each element's pairs or quads in the same order along k and
+** promotes with the same operations, so all give the same bytes.
 */
 #include "../gmm.h"
 #include "fp8_avx512.h"
