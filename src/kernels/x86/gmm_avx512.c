@@ -781,15 +781,17 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kp; p++, r += step) {
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + p]);
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
       pk_strip(r + 64 * s, tab, &b0, &b1);
 #pragma GCC unroll 4
       for (int i = 0; i < mr; i++) {
-        const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
-        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a, (__m512bh)b0);
-        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a, (__m512bh)b1);
+        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a[i], (__m512bh)b0);
+        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a[i], (__m512bh)b1);
       }
     }
   }
