@@ -82,26 +82,21 @@ moe8_status moe8_gmm_pack_rhs(moe8_dtype t, const void *rhs, int64_t G, int64_t 
   const size_t gb = G && K && N ? moe8__pk_group_bytes(t, K, N) : 0;
   if (!gb) return MOE8_OK;
   if (!rhs || !dst) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm_pack_rhs: NULL rhs or dst");
-  /* FP8: k pairs in 32-column strips; i8: k quads in 16-column vectors
-  ** (gmm.h).  One (group, pair or quad) row of output at a time: zero
-  ** codes for the padding, then every (k, n) of it at its place. */
-  const bool i8 = t == MOE8_DTYPE_I8;
-  const int64_t per = i8 ? 4 : 2, width = i8 ? 16 : 32, kp = (K + per - 1) / per;
+  /* One (group, k group) row of output at a time: zero codes for the
+  ** padding, then every (k, n) of it at its place (gmm.h). */
+  const int64_t per = moe8__pk_per(t), w = moe8__pk_width(t), kp = (K + per - 1) / per;
   #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t g = 0; g < G; g++)
     for (int64_t p = 0; p < kp; p++) {
       const uint8_t *src = (const uint8_t *)rhs + (size_t)(g * K * N);
       uint8_t *d = (uint8_t *)dst + (size_t)g * gb;
       for (int64_t c0 = 0; c0 < N; c0 += NT) {
-        const int64_t cols = N - c0 < NT ? N - c0 : NT, nv = (cols + width - 1) / width;
-        uint8_t *row = d + (size_t)(c0 / width * kp * 64 + p * nv * 64);
-        memset(row, 0, (size_t)(nv * 64));
+        const int64_t cols = N - c0 < NT ? N - c0 : NT;
+        uint8_t *row = d + moe8__pk_row(t, K, N, p, c0);
+        memset(row, 0, (size_t)((cols + w - 1) / w * 64));
         for (int64_t kk = 0; kk < per && per * p + kk < K; kk++) {
           const uint8_t *s = src + (size_t)((per * p + kk) * N + c0);
-          if (i8)
-            for (int64_t c = 0; c < cols; c++) row[(c / 16) * 64 + 4 * (c & 15) + kk] = s[c];
-          else
-            for (int64_t c = 0; c < cols; c++) row[(c / 32) * 64 + moe8__pk_pos((int)(c & 31), (int)kk)] = s[c];
+          for (int64_t c = 0; c < cols; c++) row[moe8__pk_col(t, c, kk)] = s[c];
         }
       }
     }

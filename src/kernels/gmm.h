@@ -70,41 +70,55 @@ static inline int moe8__pk_pos(int c, int kk) {
 ** (nv = ceil(cols / 16)); quad q (k = 4q .. 4q + 3, missing k zero) and
 ** vector v hold 64 bytes at (q·nv + v)·64, the byte of (k, vector lane c)
 ** at 4c + (k & 3): the words vpdpbusd reads, as they are.  Scale blocks
-** along K must be whole quads (or the only block). */
+** along K must be whole quads (or the only block).
+**
+** Both layouts are "groups of per k (2 or 4) by runs of width columns (32
+** or 16), 64 bytes each"; these three functions are their one definition. */
+static inline int64_t moe8__pk_per(moe8_dtype t) { return t == MOE8_DTYPE_I8 ? 4 : 2; }
+static inline int64_t moe8__pk_width(moe8_dtype t) { return t == MOE8_DTYPE_I8 ? 16 : 32; }
+
 static inline size_t moe8__pk_group_bytes(moe8_dtype t, int64_t K, int64_t N) {
-  if (t == MOE8_DTYPE_I8) return (size_t)((K + 3) / 4) * (size_t)((N + 15) / 16) * 64;
-  return (size_t)((K + 1) / 2) * (size_t)((N + 31) / 32) * 64;
+  const int64_t per = moe8__pk_per(t), w = moe8__pk_width(t);
+  return (size_t)((K + per - 1) / per) * (size_t)((N + w - 1) / w) * 64;
 }
 
-static inline size_t moe8__pk_offset_i8(int64_t K, int64_t N, int64_t k, int64_t n) {
-  const int64_t kq = (K + 3) / 4, c0 = n / MOE8__GMM_NT * MOE8__GMM_NT;
-  const int64_t cols = N - c0 < MOE8__GMM_NT ? N - c0 : MOE8__GMM_NT, nv = (cols + 15) / 16;
-  return (size_t)(c0 / 16 * kq * 64 + ((k / 4) * nv + (n - c0) / 16) * 64 + 4 * (n & 15) + (k & 3));
+/* Byte offset in a group of the start of k group p (k = per·p ...) of the
+** column tile starting at c0. */
+static inline size_t moe8__pk_row(moe8_dtype t, int64_t K, int64_t N, int64_t p, int64_t c0) {
+  const int64_t per = moe8__pk_per(t), w = moe8__pk_width(t), kp = (K + per - 1) / per;
+  const int64_t cols = N - c0 < MOE8__GMM_NT ? N - c0 : MOE8__GMM_NT, nv = (cols + w - 1) / w;
+  return (size_t)(c0 / w * kp * 64 + p * nv * 64);
+}
+
+/* Byte offset, from the start of its k group's row, of column c of the
+** tile (0 <= c < 128) and kk = k mod per. */
+static inline size_t moe8__pk_col(moe8_dtype t, int64_t c, int64_t kk) {
+  if (t == MOE8_DTYPE_I8) return (size_t)((c / 16) * 64 + 4 * (c & 15) + kk);
+  return (size_t)((c / 32) * 64 + moe8__pk_pos((int)(c & 31), (int)kk));
 }
 
 /* Byte offset in a group of the code of (k, n). */
-static inline size_t moe8__pk_offset(int64_t K, int64_t N, int64_t k, int64_t n) {
-  const int64_t kp = (K + 1) / 2, tile = n / MOE8__GMM_NT, c0 = tile * MOE8__GMM_NT;
-  const int64_t cols = N - c0 < MOE8__GMM_NT ? N - c0 : MOE8__GMM_NT, nst = (cols + 31) / 32;
-  return (size_t)(c0 / 32 * kp * 64 + ((k / 2) * nst + (n - c0) / 32) * 64 + moe8__pk_pos((int)(n & 31), (int)(k & 1)));
+static inline size_t moe8__pk_offset(moe8_dtype t, int64_t K, int64_t N, int64_t k, int64_t n) {
+  const int64_t per = moe8__pk_per(t), c0 = n / MOE8__GMM_NT * MOE8__GMM_NT;
+  return moe8__pk_row(t, K, N, k / per, c0) + moe8__pk_col(t, n - c0, k % per);
+}
+
+/* Element i of an operand of type t, as f32 (exact for every type). */
+static inline float moe8__gmm_ld(const void *p, moe8_dtype t, int64_t i) {
+  switch (t) {
+    case MOE8_DTYPE_F32: return ((const float *)p)[i];
+    case MOE8_DTYPE_BF16: return moe8_bf16_to_f32(((const uint16_t *)p)[i]);
+    case MOE8_DTYPE_F8E4M3: return moe8_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case MOE8_DTYPE_F8E5M2: return moe8_f8e5m2_to_f32(((const uint8_t *)p)[i]);
+    default: return (float)((const int8_t *)p)[i];
+  }
 }
 
 /* Value of rhs element (k, n) of a block: f32 exactly, from the plain or
 ** the packed rhs (for the reference kernel and the slow paths). */
 static inline float moe8__gmm_rhs_at(const moe8__gmm_block *b, int64_t k, int64_t n) {
-  if (b->rhs_pk && b->rt == MOE8_DTYPE_I8) return (float)(int8_t)b->rhs_pk[moe8__pk_offset_i8(b->K, b->N, k, n)];
-  if (b->rhs_pk) {
-    const uint8_t v = b->rhs_pk[moe8__pk_offset(b->K, b->N, k, n)];
-    return b->rt == MOE8_DTYPE_F8E5M2 ? moe8_f8e5m2_to_f32(v) : moe8_f8e4m3_to_f32(v);
-  }
-  const int64_t i = b->rhs_t ? n * b->K + k : k * b->N + n;
-  switch (b->rt) {
-    case MOE8_DTYPE_F32: return ((const float *)b->rhs)[i];
-    case MOE8_DTYPE_BF16: return moe8_bf16_to_f32(((const uint16_t *)b->rhs)[i]);
-    case MOE8_DTYPE_F8E4M3: return moe8_f8e4m3_to_f32(((const uint8_t *)b->rhs)[i]);
-    case MOE8_DTYPE_F8E5M2: return moe8_f8e5m2_to_f32(((const uint8_t *)b->rhs)[i]);
-    default: return (float)((const int8_t *)b->rhs)[i];
-  }
+  if (b->rhs_pk) return moe8__gmm_ld(b->rhs_pk, b->rt, (int64_t)moe8__pk_offset(b->rt, b->K, b->N, k, n));
+  return moe8__gmm_ld(b->rhs, b->rt, b->rhs_t ? n * b->K + k : k * b->N + n);
 }
 
 static inline float moe8__gmm_ls(const moe8__gmm_block *b, int64_t m, int64_t blk) {

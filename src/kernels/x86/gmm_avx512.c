@@ -251,21 +251,13 @@ VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, con
 INLINE void prom_store(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
                        const float *ls, const float *rs) {
   const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
-  if (Ci) {
 #pragma GCC unroll 8
-    for (int i = 0; i < mr; i++) {
-      const __m512 l = _mm512_set1_ps(ls[i]);
-      _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(_mm512_loadu_ps(Ci + i * NT), _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
-      _mm512_mask_storeu_ps(Co + i * ldo + 16, m1,
-                            _mm512_add_ps(_mm512_loadu_ps(Ci + i * NT + 16), _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
-    }
-  } else {
-#pragma GCC unroll 8
-    for (int i = 0; i < mr; i++) {
-      const __m512 l = _mm512_set1_ps(ls[i]);
-      _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(_mm512_setzero_ps(), _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
-      _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(_mm512_setzero_ps(), _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
-    }
+  for (int i = 0; i < mr; i++) {
+    const __m512 l = _mm512_set1_ps(ls[i]);
+    const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
+    const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
+    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
   }
 }
 
@@ -413,9 +405,10 @@ INLINE __m512i pk_word_index(int half) {
   return _mm512_add_epi16(_mm512_add_epi16(hi, lo), _mm512_set1_epi16((short)half));
 }
 
-/* The task's column tile of the packed rhs. */
-static inline const uint8_t *pk_tile(const moe8__gmm_block *b) {
-  return b->rhs_pk + (size_t)(b->n0 / 32 * ((b->K + 1) / 2)) * 64;
+/* Start of k group p (a pair for FP8, a quad for i8) of the task's column
+** tile in the packed rhs; the group's 64-byte strips or vectors follow. */
+static inline const uint8_t *pk_at(const moe8__gmm_block *b, int64_t p) {
+  return b->rhs_pk + moe8__pk_row(b->rt, b->K, b->N, p, b->n0);
 }
 
 /* Words of rows k and k+1 (32 columns each) -> 32 bf16 pairs, two zmm. */
@@ -443,9 +436,8 @@ static void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_
     fp8_word_lut(b->rt, lut);
     const __m512i i0 = pk_word_index(0), i1 = pk_word_index(8);
     const int64_t nst = ntp / 32;
-    const uint8_t *tile = pk_tile(b);
-    for (int64_t p = 0; p < kp; p++) {
-      const uint8_t *r = tile + (size_t)((c0 / 2 + p) * nst) * 64;
+    const uint8_t *r = pk_at(b, c0 / 2);
+    for (int64_t p = 0; p < kp; p++, r += nst * 64) {
       for (int64_t s = 0; s < nst; s++) {
         const __m512i w0 = fp8_to_bf16_32(_mm256_loadu_si256((const __m256i *)(r + 64 * s)), lut);
         const __m512i w1 = fp8_to_bf16_32(_mm256_loadu_si256((const __m256i *)(r + 64 * s + 32)), lut);
@@ -534,7 +526,7 @@ VNNI_TARGET static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t 
   if (b->rhs_pk) {
     /* Packed: the quads are the panel's words already; copy, and sum. */
     const int64_t nv = moe8__cdiv(nt, 16);
-    const uint8_t *r = b->rhs_pk + (size_t)(b->n0 / 16 * ((b->K + 3) / 4)) * 64 + (size_t)(c0 / 4 * nv) * 64;
+    const uint8_t *r = pk_at(b, c0 / 4);
     const __m512i ones = _mm512_set1_epi8(1);
     for (int64_t q = 0; q < kq; q++, r += nv * 64)
       for (int64_t v = 0; v < ntp / 16; v++) {
@@ -738,7 +730,7 @@ VBMI_TARGET static void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int
   __m512i tab[4];
   byte_tables(b->rt, tab);
   const int64_t nst = ntp / 32;
-  const uint8_t *r = pk_tile(b) + (size_t)(c0 / 2 * nst) * 64;
+  const uint8_t *r = pk_at(b, c0 / 2);
   for (int64_t p = 0; p < kp; p++, r += nst * 64)
     for (int64_t s = 0; s < nst; s++) {
       __m512i v0, v1;
@@ -773,7 +765,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
                                 const float *rsv) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
   const int64_t w0 = block_word(b, PATH_BF16, blk);
-  const uint8_t *r = pk_tile(b) + (size_t)((k0 / 2) * nst + s0) * 64;
+  const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
   const size_t step = (size_t)nst * 64;
   __m512 c[4][4][2];
 #pragma GCC unroll 4
@@ -907,7 +899,7 @@ VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const moe8__gmm_block
                               int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
   const int64_t w0 = block_word(b, PATH_I8, blk);
-  const uint8_t *r = b->rhs_pk + (size_t)(b->n0 / 16 * ((b->K + 3) / 4)) * 64 + (size_t)((k0 / 4) * nv + v0) * 64;
+  const uint8_t *r = pk_at(b, k0 / 4) + (size_t)v0 * 64;
   const size_t step = (size_t)nv * 64;
   const __m512i ones = _mm512_set1_epi8(1);
   __m512i c[4][8], cs[8];
