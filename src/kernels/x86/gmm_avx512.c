@@ -643,6 +643,33 @@ static void fill_bytes(void) {
     }
 }
 
+/* The low and the high byte of the bf16 word of each of 64 FP8 codes:
+** two vpermi2b lookups in 128-entry byte tables (they read the index's low
+** seven bits, the magnitude), the sign ORed into the high byte. */
+VBMI_TARGET INLINE void bf16_bytes(__m512i x, const __m512i *tab, __m512i *lo, __m512i *hi) {
+  *lo = _mm512_permutex2var_epi8(tab[0], x, tab[1]);
+  *hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab[2], x, tab[3]), x, _mm512_set1_epi8((char)0x80),
+                                  0xF8); /* a | (b & c) */
+}
+
+VBMI_TARGET INLINE void byte_tables(moe8_dtype t, __m512i *tab) {
+  pthread_once(&g_bytes_once, fill_bytes);
+  const uint8_t (*b)[128] = g_bf16_bytes[t == MOE8_DTYPE_F8E5M2];
+  tab[0] = _mm512_loadu_si512(b[0]);
+  tab[1] = _mm512_loadu_si512(b[0] + 64);
+  tab[2] = _mm512_loadu_si512(b[1]);
+  tab[3] = _mm512_loadu_si512(b[1] + 64);
+}
+
+/* 64 packed codes -> the bf16 pair vectors of strip columns 0-15 and
+** 16-31: the byte lookups, then two in-lane unpacks. */
+VBMI_TARGET INLINE void pk_strip(const uint8_t *src, const __m512i *tab, __m512i *b0, __m512i *b1) {
+  __m512i lo, hi;
+  bf16_bytes(_mm512_loadu_si512(src), tab, &lo, &hi);
+  *b0 = _mm512_unpacklo_epi8(lo, hi);
+  *b1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
 /* 4 x 4 transpose of 128-bit chunks: out[L] = (a[L], b[L], c[L], d[L]). */
 INLINE void transpose_chunks(__m512 a, __m512 b, __m512 c, __m512 d, __m512 *o) {
   const __m512 ab_lo = _mm512_shuffle_f32x4(a, b, 0x44), ab_hi = _mm512_shuffle_f32x4(a, b, 0xEE);
@@ -664,7 +691,6 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
     const int64_t jg = j + 64 * g;
     m[g] = jg + 64 <= nt ? ~(__mmask64)0 : jg < nt ? (((__mmask64)1 << (nt - jg)) - 1) : 0;
   }
-  const __m512i m7 = _mm512_set1_epi8(0x7F), m8 = _mm512_set1_epi8((char)0x80);
   __m512 c[4][2][4];
   for (int i = 0; i < mr; i++)
     for (int g = 0; g < ng; g++)
@@ -682,11 +708,9 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
     for (int g = 0; g < ng; g++) {
       const __m512i x0 = _mm512_maskz_loadu_epi8(m[g], r0p + 64 * g);
       const __m512i x1 = k + 1 < k1 ? _mm512_maskz_loadu_epi8(m[g], r0p + row + 64 * g) : _mm512_setzero_si512();
-      const __m512i g0 = _mm512_and_si512(x0, m7), g1 = _mm512_and_si512(x1, m7);
-      const __m512i lo0 = _mm512_permutex2var_epi8(tab[0], g0, tab[1]);
-      const __m512i hi0 = _mm512_or_si512(_mm512_permutex2var_epi8(tab[2], g0, tab[3]), _mm512_and_si512(x0, m8));
-      const __m512i lo1 = _mm512_permutex2var_epi8(tab[0], g1, tab[1]);
-      const __m512i hi1 = _mm512_or_si512(_mm512_permutex2var_epi8(tab[2], g1, tab[3]), _mm512_and_si512(x1, m8));
+      __m512i lo0, hi0, lo1, hi1;
+      bf16_bytes(x0, tab, &lo0, &hi0);
+      bf16_bytes(x1, tab, &lo1, &hi1);
       const __m512i w0l = _mm512_unpacklo_epi8(lo0, hi0), w0h = _mm512_unpackhi_epi8(lo0, hi0);
       const __m512i w1l = _mm512_unpacklo_epi8(lo1, hi1), w1h = _mm512_unpackhi_epi8(lo1, hi1);
       const __m512i pq[4] = {_mm512_unpacklo_epi16(w0l, w1l), _mm512_unpackhi_epi16(w0l, w1l),
@@ -703,26 +727,6 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
       transpose_chunks(c[i][g][0], c[i][g][1], c[i][g][2], c[i][g][3], o);
       for (int L = 0; L < 4; L++) _mm512_storeu_ps(S + i * NT + j + 64 * g + 16 * L, o[L]);
     }
-}
-
-/* 64 packed codes -> the bf16 pair vectors of strip columns 0-15 and
-** 16-31: two byte-table lookups, the sign, two in-lane unpacks. */
-VBMI_TARGET INLINE void pk_strip(const uint8_t *src, const __m512i *tab, __m512i *b0, __m512i *b1) {
-  const __m512i x = _mm512_loadu_si512(src);
-  const __m512i lo = _mm512_permutex2var_epi8(tab[0], x, tab[1]);
-  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab[2], x, tab[3]), x, _mm512_set1_epi8((char)0x80),
-                                               0xF8); /* a | (b & c) */
-  *b0 = _mm512_unpacklo_epi8(lo, hi);
-  *b1 = _mm512_unpackhi_epi8(lo, hi);
-}
-
-VBMI_TARGET INLINE void byte_tables(moe8_dtype t, __m512i *tab) {
-  pthread_once(&g_bytes_once, fill_bytes);
-  const uint8_t (*b)[128] = g_bf16_bytes[t == MOE8_DTYPE_F8E5M2];
-  tab[0] = _mm512_loadu_si512(b[0]);
-  tab[1] = _mm512_loadu_si512(b[0] + 64);
-  tab[2] = _mm512_loadu_si512(b[1]);
-  tab[3] = _mm512_loadu_si512(b[1] + 64);
 }
 
 /* The B panel of kp pairs from pair c0 / 2 of a packed rhs. */
@@ -744,10 +748,8 @@ VBMI_TARGET static void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int
 ** 64-column groups of the task in one pass, 16 accumulators. */
 VBMI_TARGET static void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
                                               float *S) {
-  pthread_once(&g_bytes_once, fill_bytes);
-  const uint8_t (*t)[128] = g_bf16_bytes[b->rt == MOE8_DTYPE_F8E5M2];
-  const __m512i tab[4] = {_mm512_loadu_si512(t[0]), _mm512_loadu_si512(t[0] + 64), _mm512_loadu_si512(t[1]),
-                          _mm512_loadu_si512(t[1] + 64)};
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
   if (ng == 2) direct_fp8_vbmi(2, 2, b, A, words, blk, 0, tab, S);
   else direct_fp8_vbmi(2, 1, b, A, words, blk, 0, tab, S);
 }
