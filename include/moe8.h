@@ -260,6 +260,13 @@ typedef struct moe8_router_config {
   bool             norm_topk_prob;        /* renormalize selected scores to sum 1 */
   float            routed_scaling_factor; /* multiplies the weights; 0 means 1    */
   const float     *selection_bias;        /* [E] added for selection only, or NULL */
+  /* Group-limited routing (DeepSeek-V3): the E experts form n_group equal
+  ** groups; a group's score is the sum of its two best selection values
+  ** (score + bias), the topk_group best groups are kept and the others'
+  ** selection values become 0 before the top-k (as the Hugging Face
+  ** reference does).  n_group <= 1: plain top-k. */
+  int64_t          n_group;
+  int64_t          topk_group;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -271,7 +278,9 @@ moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64
 ** when not NULL), top-k of score + bias with ties to the lower expert
 ** index, expert_ids[T, top_k] in decreasing order of selection value, and
 ** weights[T, top_k] = selected scores, renormalized when asked, times the
-** scaling factor. */
+** scaling factor.  With n_group > 1, E must be a multiple of n_group with
+** at least two experts per group, 1 <= topk_group <= n_group and top_k <=
+** topk_group · E / n_group. */
 moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64_t T,
                        float *scores, int32_t *expert_ids, float *weights);
 
@@ -402,6 +411,12 @@ typedef struct moe8_layer_config {
   bool            use_selection_bias;     /* the layer holds a bias [E], zeros    */
   float           capacity_factor;        /* <= 0: dropless                       */
   float           aux_loss_weight;        /* α of α·E·Σ f_e·P_e; 0: no aux loss   */
+  int64_t         n_group, topk_group;    /* group-limited routing; n_group <= 1: none */
+  /* Shared expert: a SwiGLU MLP of width shared_ffn (0: none) that every
+  ** token goes through, added after the routed experts' combine; with
+  ** shared_gate (Qwen2-MoE) it is multiplied by sigmoid(x · w_gate) first. */
+  int64_t         shared_ffn;
+  bool            shared_gate;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -410,6 +425,10 @@ typedef enum moe8_weight_id {
   MOE8_W_UP,          /* [E, D, F] */
   MOE8_W_DOWN,        /* [E, F, D] */
   MOE8_W_BIAS,        /* [E]       */
+  MOE8_W_SHARED_GATE, /* [D, Fs]   shared expert (when shared_ffn > 0) */
+  MOE8_W_SHARED_UP,   /* [D, Fs]   */
+  MOE8_W_SHARED_DOWN, /* [Fs, D]   */
+  MOE8_W_SHARED_GATE_W, /* [D]     the shared expert's sigmoid gate (shared_gate) */
   MOE8_W_COUNT
 } moe8_weight_id;
 
@@ -458,6 +477,9 @@ moe8_status moe8_layer_forward(moe8_layer *layer, const float *x, int64_t T, flo
 ** for the weight gradients. */
 typedef struct moe8_layer_grads {
   float *dx, *dwr, *dwg, *dwu, *dwd;
+  /* The shared expert's (when the layer has one): [D, Fs], [D, Fs],
+  ** [Fs, D] and the gate [D]. */
+  float *dwsg, *dwsu, *dwsd, *dwsgate;
 } moe8_layer_grads;
 
 moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
@@ -662,6 +684,7 @@ typedef struct moe8_ep_stats {
   uint64_t dout_bytes;       double dout_s;       /* backward all-gather of dout rows */
   uint64_t dx_bytes;         double dx_s;         /* backward all-to-all of input gradients */
   uint64_t router_bytes;     double router_s;     /* backward relay + broadcast of dWr */
+  uint64_t shared_bytes;     double shared_s;     /* backward all-gather of x for the shared expert */
 } moe8_ep_stats;
 
 typedef struct moe8_ep moe8_ep;

@@ -368,7 +368,7 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
     /* FP8 weights and activations (bf16 kernels) and i8 with i8 (VNNI):
     ** prepare packs the weights. */
     if (((i == 1 && moe8_isa_active() >= MOE8_ISA_AVX512_BF16) || (i == 2 && moe8_isa_active() >= MOE8_ISA_AVX512_VNNI)) &&
-        (!u.L->wgu_pk || !u.L->wd_pk))
+        (!u.L->xs[0].wgu_pk || !u.L->xs[0].wd_pk))
       TU_FAIL("rules %zu: prepare did not pack the weights", i);
     g_allocs = 0;
     g_count_allocs = 1;

@@ -103,15 +103,16 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
+#define NFP 24
 typedef struct fingerprint {
-  int64_t v[20];
+  int64_t v[NFP];
 } fingerprint;
 
-static const char *const k_fp_names[20] = {
+static const char *const k_fp_names[NFP] = {
   "num_experts", "top_k", "hidden", "ffn", "score function", "norm_topk_prob", "routed_scaling_factor",
   "selection bias", "capacity_factor", "aux_loss_weight", "weight quantization", "weight qtype", "weight tile",
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
-  "number of ranks", "weights (checksum)"};
+  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "weights (checksum)"};
 
 static uint64_t checksum(const float *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; i++) h = (h ^ moe8__f32_bits(p[i])) * 0x100000001B3ULL;
@@ -125,11 +126,19 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->routed_scaling_factor), c->use_selection_bias, moe8__f32_bits(c->capacity_factor),
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
-                    ep->P, 0}};
+                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);
-  f.v[19] = (int64_t)(h >> 1);
+  /* Inference layers have no expert masters: their scales stand in. */
+  const int64_t D = c->hidden;
+  for (int s = 0; s < L->nsets && L->inference && L->wq; s++) {
+    const moe8__xset *X = &L->xs[s];
+    const int64_t tk = L->wspec.tile;
+    h = checksum(X->wgu_s, (size_t)(X->E * (tk ? moe8__cdiv(D, tk) : 1) * 2 * X->F), h);
+    h = checksum(X->wd_s, (size_t)(X->E * (tk ? moe8__cdiv(X->F, tk) : 1) * D), h);
+  }
+  f.v[NFP - 1] = (int64_t)(h >> 1);
   return f;
 }
 
@@ -153,9 +162,9 @@ moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out) {
     st = comm->allgatherv(comm, &mine, sizeof mine, all, rb);
   }
   for (int i = 1; i < ep->P && st == MOE8_OK; i++)
-    for (int k = 0; k < 20; k++)
+    for (int k = 0; k < NFP; k++)
       if (all[i].v[k] != all[0].v[k]) {
-        st = k == 19 ? moe8__fail(MOE8_ERR_INVALID_ARG, "ep: ranks disagree on the layer: rank %d's weights differ from rank 0's", i)
+        st = k == NFP - 1 ? moe8__fail(MOE8_ERR_INVALID_ARG, "ep: ranks disagree on the layer: rank %d's weights differ from rank 0's", i)
                      : moe8__fail(MOE8_ERR_INVALID_ARG, "ep: ranks disagree on the layer config: rank %d has %s = %lld, rank 0 has %lld",
                                   i, k_fp_names[k], (long long)all[i].v[k], (long long)all[0].v[k]);
         break;
@@ -213,6 +222,36 @@ static moe8_status exchange(moe8_ep *ep, const float *rows, int64_t width, float
   return MOE8_OK;
 }
 
+/* The shared expert on T tokens of x: forward, then (dout non-NULL) its
+** backward adding to dx[T, D] and the grads; else out += its output. */
+static moe8_status shared_run(moe8_ep *ep, const float *x, int64_t T, float *out, const float *dout, float *dx,
+                              const moe8_layer_grads *gr) {
+  moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden, nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
+  const size_t bsz = moe8__shared_buf_size(L, T), ssz = moe8__gmm_ws_size(T, D > L->cfg.shared_ffn ? D : L->cfg.shared_ffn);
+  void *buf = NULL, *scratch = NULL;
+  uint8_t *xq = L->aq ? malloc((size_t)(T * D) + 1) : NULL;
+  float *sx = L->aq ? malloc(sizeof(float) * (size_t)(T * nbD) + 4) : NULL;
+  moe8_status st = MOE8_OK;
+  if (posix_memalign(&buf, 64, bsz + 64) != 0) buf = NULL;
+  if (posix_memalign(&scratch, 64, ssz + 64) != 0) scratch = NULL;
+  if (!buf || !scratch || (L->aq && (!xq || !sx))) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory for the shared expert");
+  moe8__shared_buf b;
+  if (st == MOE8_OK) {
+    moe8__shared_buf_carve(L, T, buf, &b);
+    if (L->aq) st = moe8_quantize(&L->aspec, x, 1, T, D, xq, sx, NULL);
+  }
+  if (st == MOE8_OK) st = moe8__shared_forward(L, x, xq, sx, T, &b, scratch, ssz);
+  if (st == MOE8_OK && !dout) moe8__shared_add(L, T, &b, out);
+  if (st == MOE8_OK && dout) st = moe8__shared_backward(L, x, xq, sx, T, dout, &b, dx, gr);
+  free(buf); free(scratch); free(xq); free(sx);
+  return st;
+}
+
+static moe8_status shared_local(moe8_ep *ep, const float *x, int64_t Tl, float *out) {
+  return shared_run(ep, x, Tl, out, NULL, NULL, NULL);
+}
+
 #define ALLOC(p, n) do { (p) = malloc(sizeof(*(p)) * (size_t)(n) + 64); if (!(p)) ok = false; } while (0)
 
 /* ---- forward -------------------------------------------------------------------- */
@@ -263,7 +302,7 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
   if (!ok) { free(logits); free(route_l); free(route_g); free(xg); free(xq_l); return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"); }
   /* 3. local routing, packed per token as ids[K] | weights[K] | scores[E] */
   const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
-                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL};
+                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
   float *sc_l = malloc(sizeof(float) * (size_t)(Tl * E + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
   int32_t *id_l = malloc(sizeof(int32_t) * (size_t)(Tl * K + 1));
   if (!sc_l || !w_l || !id_l) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
@@ -332,7 +371,7 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
   free(xg);
   /* 7. this rank's experts */
   if (st == MOE8_OK)
-    st = moe8__experts_forward(L, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, ep->xs, ep->xsq, ep->sxs, ep->gu, ep->h, ep->hq,
+    st = moe8__experts_forward(L, 0, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, ep->xs, ep->xsq, ep->sxs, ep->gu, ep->h, ep->hq,
                                ep->sh, ep->y, NULL, 0);
   /* 8. routes of the exchange: where each local row goes, where each of my
   ** slots' rows arrives (rows from one peer come in increasing row order) */
@@ -368,6 +407,10 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
   ep->st.combine_s = now() - t0;
   if (st == MOE8_OK) st = moe8_combine(recv, ep->nrecv, ep->recvrow, ep->w_g + T0 * K, Tl, K, D, out);
   free(recv);
+  /* The shared expert: the owner's tokens, on the owner (rows are
+  ** independent, so the bytes are the single-process layer's). */
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = shared_local(ep, x, Tl, out);
+  if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
   if (st == MOE8_OK) {
     const float a = moe8__aux_loss(L, T, ep->ids_g, ep->scores_g, ep->f);
     if (aux && L->cfg.aux_loss_weight != 0.0f) *aux = a;
@@ -383,6 +426,7 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
   moe8_status st = MOE8_OK;
   if (!ep->have_forward) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: no forward to differentiate");
+  else if (L->inference) st = moe8__fail(MOE8_ERR_UNSUPPORTED, "ep backward: the layer was loaded for inference (no f32 masters)");
   else if (Tl != ep->Tl) st = moe8__fail(MOE8_ERR_SHAPE, "ep backward: T_local = %lld, the forward had %lld", (long long)Tl, (long long)ep->Tl);
   else if (Tl > 0 && (!x || !dout)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL x or dout");
   else {
@@ -396,6 +440,11 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
   if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
   if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
   if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
+  const int64_t Fs = L->cfg.shared_ffn;
+  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
+  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
   const int64_t T = ep->T, T0 = ep->Toff[ep->r], rows = ep->rows;
   if (T == 0) return MOE8_OK;
   bool ok = true;
@@ -411,7 +460,7 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
   if (st != MOE8_OK) goto done;
   /* this rank's experts */
   moe8__dy_dw(rows, ep->token_of + ep->P0, ep->slot_of + ep->P0, ep->w_g, K, Dg, ep->y, D, dy, dwrow);
-  st = moe8__experts_backward(L, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, dy, ep->xs, ep->xsq, ep->sxs, ep->h, ep->hq, ep->sh,
+  st = moe8__experts_backward(L, 0, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, dy, ep->xs, ep->xsq, ep->sxs, ep->h, ep->hq, ep->sh,
                               ep->gu, dxs, gr->dwg, gr->dwu, gr->dwd);
   for (int64_t i = 0; st == MOE8_OK && i < rows; i++) {
     memcpy(packed + i * (D + 1), dxs + i * D, sizeof(float) * (size_t)D);
@@ -456,6 +505,22 @@ agreed:
                              .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
     st = moe8_gmm(&a);
     for (int64_t i = 0; st == MOE8_OK && i < Tl * D; i++) gr->dx[i] += tmp[i];
+  }
+  /* The shared expert: its weight gradients are sums over every token in
+  ** order, so each rank gathers all token rows and runs the single-process
+  ** shared backward on them (dout is gathered already); its dx rows are
+  ** added to this rank's own. */
+  if ((st = agree(ep, st)) == MOE8_OK && L->cfg.shared_ffn > 0) {
+    float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
+    if (!Xg || (gr->dx && !Dx)) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+    t0 = now();
+    if (st == MOE8_OK) st = allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
+    ep->st.shared_s = now() - t0;
+    ep->st.shared_bytes = (uint64_t)(T * D) * sizeof(float);
+    if (st == MOE8_OK && Dx) memcpy(Dx + T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
+    if (st == MOE8_OK) st = shared_run(ep, Xg, T, NULL, Dg, Dx, gr);
+    if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + T0 * D, sizeof(float) * (size_t)(Tl * D));
+    free(Xg); free(Dx);
   }
   st = agree(ep, st);
 done:

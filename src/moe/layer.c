@@ -56,69 +56,127 @@ static bool kernel_pair(moe8_dtype a, moe8_dtype w) {
 }
 
 /* ---- create / destroy ------------------------------------------------------ */
-moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
-                              moe8_layer **out) {
+/* a·b·c·d for sizes already known to be positive, or -1 past 2^62. */
+static int64_t mul4(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t r = 1;
+  const int64_t v[4] = {a, b, c, d};
+  for (int i = 0; i < 4; i++) {
+    if (v[i] != 0 && r > ((int64_t)1 << 62) / v[i]) return -1;
+    r *= v[i];
+  }
+  return r;
+}
+
+static void set_describe(moe8_layer *L, const char *how) {
+  const moe8_rule *r = L->has_rule ? &L->rule : NULL;
+  snprintf(L->describe, sizeof L->describe, "weights %s%s%s, activations %s%s%s%s",
+           L->wq ? moe8_dtype_info(L->wspec.qtype)->name : "f32",
+           L->wq ? (L->wspec.tile ? " [E,K/tile,1,N]" : " [E,1,1,N]") : "", how,
+           L->aq ? moe8_dtype_info(L->aspec.qtype)->name : "f32",
+           L->aq ? (L->aspec.tile ? " 1xtile" : " per-token") : "",
+           r && r->bwd_qtype ? ", gradients " : "", r && r->bwd_qtype ? moe8_dtype_info(r->bwd_qtype)->name : "");
+  if (L->cfg.shared_ffn > 0)
+    snprintf(L->describe + strlen(L->describe), sizeof L->describe - strlen(L->describe), ", shared expert %lld%s",
+             (long long)L->cfg.shared_ffn, L->cfg.shared_gate ? " (sigmoid gate)" : "");
+}
+
+moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
+                               moe8_layer **out) {
   if (!cfg || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
   *out = NULL;
-  const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn;
+  const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn, Fs = cfg->shared_ffn;
   if (E <= 0 || E > MOE8_MAX_EXPERTS)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: num_experts = %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
   if (K <= 0 || K > E)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: top_k = %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
-  if (D <= 0 || F <= 0)
-    return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld and ffn = %lld must be positive", (long long)D, (long long)F);
+  if (D <= 0 || F <= 0 || Fs < 0)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld, ffn = %lld must be positive and shared_ffn = %lld non-negative",
+                      (long long)D, (long long)F, (long long)Fs);
+  if (mul4(E, D, 2 * F, 4) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: sizes E = %lld, hidden = %lld, ffn = %lld, shared_ffn = %lld overflow 64-bit byte counts",
+                      (long long)E, (long long)D, (long long)F, (long long)Fs);
   if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d", (int)cfg->score);
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
+  if (cfg->n_group > 1) {
+    const int64_t G = cfg->n_group, KG = cfg->topk_group;
+    if (E % G || E / G < 2 || KG < 1 || KG > G || K > KG * (E / G))
+      return moe8__fail(MOE8_ERR_SHAPE, "layer: group-limited routing needs n_group = %lld to divide num_experts = %lld in groups of >= 2, "
+                        "topk_group = %lld in [1, n_group] and top_k = %lld <= topk_group * experts per group",
+                        (long long)G, (long long)E, (long long)KG, (long long)K);
+  }
   moe8_layer *L = calloc(1, sizeof *L);
   if (!L) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
   L->cfg = *cfg;
+  L->inference = inference;
   snprintf(L->module_path, sizeof L->module_path, "%s", module_path ? module_path : "experts");
   const moe8_rule *r = rules ? moe8_rules_match(rules, L->module_path) : NULL;
   if (r) { L->rule = *r; L->has_rule = true; L->rule.module_path = NULL; }
   L->before_sort = moe8_rules_quantize_before_ep_all_gather(rules);
   /* Weights: f8e4m3 and i8 are pre-quantized (seed B); f8e5m2 weights are
   ** left as they are, with a notice. */
-  char notice[96] = "";
+  const char *notice = "";
   if (r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8)) {
     L->wq = moe8_rule_weight_spec(r, &L->wspec);
   } else if (r && r->weight_qtype == MOE8_DTYPE_F8E5M2) {
-    snprintf(notice, sizeof notice, "; notice: weight_qtype f8e5m2 is not pre-quantized, weights stay f32");
+    notice = "; notice: weight_qtype f8e5m2 is not pre-quantized, weights stay f32";
   }
   L->aq = r && moe8_rule_act_spec(r, &L->aspec);
-  snprintf(L->describe, sizeof L->describe, "weights %s%s%s, activations %s%s%s%s",
-           L->wq ? moe8_dtype_info(L->wspec.qtype)->name : "f32",
-           L->wq ? (L->wspec.tile ? " [E,K/tile,1,N]" : " [E,1,1,N]") : "", "",
-           L->aq ? moe8_dtype_info(L->aspec.qtype)->name : "f32",
-           L->aq ? (L->aspec.tile ? " 1xtile" : " per-token") : "",
-           r && r->bwd_qtype ? ", gradients " : "", r && r->bwd_qtype ? moe8_dtype_info(r->bwd_qtype)->name : "");
+  set_describe(L, "");
   strncat(L->describe, notice, sizeof L->describe - strlen(L->describe) - 1);
 
+  L->nsets = Fs > 0 ? 2 : 1;
+  L->xs[0] = (moe8__xset){.E = E, .F = F, .wg = MOE8_W_GATE, .wu = MOE8_W_UP, .wd = MOE8_W_DOWN};
+  L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .wg = MOE8_W_SHARED_GATE, .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
   L->n[MOE8_W_ROUTER] = (size_t)(D * E);
-  L->n[MOE8_W_GATE] = L->n[MOE8_W_UP] = (size_t)(E * D * F);
-  L->n[MOE8_W_DOWN] = (size_t)(E * F * D);
   L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)E : 0;
+  L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
+  if (!inference)
+    for (int s = 0; s < L->nsets; s++) {
+      const moe8__xset *X = &L->xs[s];
+      L->n[X->wg] = L->n[X->wu] = L->n[X->wd] = (size_t)(X->E * D * X->F);
+    }
   bool ok = true;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) ok &= (L->w[i] = calloc(L->n[i], sizeof(float))) != NULL;
-  ok &= (L->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * 2 * F))) != NULL;
-  if (L->wq) {
-    ok &= (L->wgu_q = malloc((size_t)(E * D * 2 * F))) != NULL;
-    ok &= (L->wd_q = malloc((size_t)(E * F * D))) != NULL;
-    ok &= (L->wgu_s = malloc(sizeof(float) * (size_t)(E * nblocks(D, L->wspec.tile) * 2 * F))) != NULL;
-    ok &= (L->wd_s = malloc(sizeof(float) * (size_t)(E * nblocks(F, L->wspec.tile) * D))) != NULL;
+  for (int s = 0; s < L->nsets && !inference; s++) {
+    moe8__xset *X = &L->xs[s];
+    const int64_t XF = X->F, XE = X->E;
+    X->wd_f32 = L->w[X->wd];
+    ok &= (X->wgu_f32 = malloc(sizeof(float) * (size_t)(XE * D * 2 * XF))) != NULL;
+    if (L->wq) {
+      ok &= (X->wgu_q = malloc((size_t)(XE * D * 2 * XF))) != NULL;
+      ok &= (X->wd_q = malloc((size_t)(XE * XF * D))) != NULL;
+      ok &= (X->wgu_s = malloc(sizeof(float) * (size_t)(XE * nblocks(D, L->wspec.tile) * 2 * XF))) != NULL;
+      ok &= (X->wd_s = malloc(sizeof(float) * (size_t)(XE * nblocks(XF, L->wspec.tile) * D))) != NULL;
+    }
   }
   if (!ok) { moe8_layer_destroy(L); return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for weights"); }
   *out = L;
   return MOE8_OK;
 }
 
+moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
+                              moe8_layer **out) {
+  return moe8__layer_create(cfg, rules, module_path, false, out);
+}
+
+static void free_set(moe8_layer *L, moe8__xset *X) {
+  free(X->wgu_f32);
+  if (X->own_wd) free(X->wd_f32);
+  free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
+  if (!L->borrowed) { free(X->wgu_pk); free(X->wd_pk); }
+  X->wgu_f32 = X->wd_f32 = X->wgu_s = X->wd_s = NULL;
+  X->wgu_q = X->wd_q = X->wgu_pk = X->wd_pk = NULL;
+  X->own_wd = false;
+}
+
 void moe8_layer_destroy(moe8_layer *L) {
   if (!L) return;
+  for (int s = 0; s < 2; s++) free_set(L, &L->xs[s]);
   for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
-  free(L->wgu_f32); free(L->wgu_q); free(L->wd_q); free(L->wgu_s); free(L->wd_s);
-  free(L->wgu_pk); free(L->wd_pk);
+  if (L->release) L->release(L->keep);
   free(L);
 }
 
@@ -130,16 +188,20 @@ const float *moe8_layer_weight_read(const moe8_layer *L, moe8_weight_id id, size
 
 float *moe8_layer_weight(moe8_layer *L, moe8_weight_id id, size_t *count) {
   if (!moe8_layer_weight_read(L, id, count)) return NULL;
-  L->prepared = false;
+  /* An inference layer's kernels hold the expert weights; its router,
+  ** bias and gate may change without a re-preparation. */
+  if (!L->inference) L->prepared = false;
   return L->w[id];
 }
 
 moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: loaded for inference (no f32 masters): nothing to initialize");
   uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
-  const float fan[MOE8_W_COUNT] = {(float)L->cfg.hidden, (float)L->cfg.hidden, (float)L->cfg.hidden,
-                                   (float)L->cfg.ffn, 1.0f};
-  for (int i = 0; i < MOE8_W_BIAS; i++) {
+  const float D = (float)L->cfg.hidden, F = (float)L->cfg.ffn, Fs = (float)L->cfg.shared_ffn;
+  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D};
+  for (int i = 0; i < MOE8_W_COUNT; i++) {
+    if (i == MOE8_W_BIAS) continue;
     const float sd = 1.0f / sqrtf(fan[i]);
     for (size_t j = 0; j < L->n[i]; j++) {
       /* Box-Muller on a splitmix64 stream. */
@@ -168,6 +230,7 @@ typedef struct ws_layout {
   int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
   int64_t *offs;
   uint8_t *xq, *xsq, *hq;
+  void    *shared;                  /* moe8__shared_buf_size(T) bytes */
   void    *scratch;
   size_t   scratch_bytes, total;
 } ws_layout;
@@ -175,6 +238,7 @@ typedef struct ws_layout {
 static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
   const int64_t nbD = L->aq ? nblocks(D, L->aspec.tile) : 0, nbF = L->aq ? nblocks(F, L->aspec.tile) : 0;
+  const int64_t Fs = L->cfg.shared_ffn;
   size_t off = 0;
 #define TAKE(field, type, count) do { o->field = (type *)(base ? base + off : NULL); off += al64(sizeof(type) * (size_t)(count)); } while (0)
   TAKE(logits, float, T * E);
@@ -197,7 +261,10 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(sh, float, A * nbF);
   TAKE(y, float, A * D);
 #undef TAKE
-  o->scratch_bytes = moe8__gmm_ws_size(A, D > F ? D : F);
+  o->shared = base ? base + off : NULL;
+  off += moe8__shared_buf_size(L, T);
+  const int64_t wide = D > F ? (D > Fs ? D : Fs) : (F > Fs ? F : Fs);
+  o->scratch_bytes = moe8__gmm_ws_size(A > T ? A : T, wide);
   o->scratch = base ? base + off : NULL;
   off += o->scratch_bytes;
   o->total = off;
@@ -208,6 +275,33 @@ size_t moe8_layer_workspace_size(const moe8_layer *L, int64_t T) {
   ws_layout o;
   layout(L, T, NULL, &o);
   return o.total;
+}
+
+size_t moe8__shared_buf_size(const moe8_layer *L, int64_t T) {
+  moe8__shared_buf b;
+  if (L->cfg.shared_ffn <= 0) return 0;
+  const int64_t Fs = L->cfg.shared_ffn, D = L->cfg.hidden, nbF = L->aq ? nblocks(Fs, L->aspec.tile) : 0;
+  const size_t n[7] = {sizeof(float) * (size_t)(T * D), sizeof(float) * (size_t)(T * 2 * Fs), sizeof(float) * (size_t)(T * Fs),
+                       L->aq ? (size_t)(T * Fs) : 0, sizeof(float) * (size_t)(T * nbF), sizeof(float) * (size_t)(T * D),
+                       sizeof(float) * (size_t)T};
+  size_t total = 0;
+  for (int i = 0; i < 7; i++) total += al64(n[i]);
+  (void)b;
+  return total;
+}
+
+void moe8__shared_buf_carve(const moe8_layer *L, int64_t T, void *base, moe8__shared_buf *b) {
+  memset(b, 0, sizeof *b);
+  if (L->cfg.shared_ffn <= 0 || !base) return;
+  const int64_t Fs = L->cfg.shared_ffn, D = L->cfg.hidden, nbF = L->aq ? nblocks(Fs, L->aspec.tile) : 0;
+  char *p = base;
+  b->x = (float *)p; p += al64(sizeof(float) * (size_t)(T * D));
+  b->gu = (float *)p; p += al64(sizeof(float) * (size_t)(T * 2 * Fs));
+  b->h = (float *)p; p += al64(sizeof(float) * (size_t)(T * Fs));
+  b->hq = (uint8_t *)p; p += al64(L->aq ? (size_t)(T * Fs) : 0);
+  b->sh = (float *)p; p += al64(sizeof(float) * (size_t)(T * nbF));
+  b->y = (float *)p; p += al64(sizeof(float) * (size_t)(T * D));
+  b->g = (float *)p;
 }
 
 /* ---- weights as the kernels consume them ---------------------------------------- */
@@ -238,31 +332,37 @@ moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, i
 }
 
 static moe8_status check_weights(const moe8_layer *L) {
-  static const char *const names[MOE8_W_COUNT] = {"router weight Wr", "gate weight Wg", "up weight Wu",
-                                                  "down weight Wd", "selection bias"};
+  static const char *const names[MOE8_W_COUNT] = {"router weight Wr", "gate weight Wg", "up weight Wu", "down weight Wd",
+                                                  "selection bias", "shared expert gate weight", "shared expert up weight",
+                                                  "shared expert down weight", "shared expert gate"};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     const size_t bad = L->n[i] ? count_nonfinite(L->w[i], L->n[i]) : 0;
-    if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: %s has %zu non-finite value(s)", names[i], bad);
+    if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s has %zu non-finite value(s)", L->module_path, names[i], bad);
   }
   return MOE8_OK;
 }
 
 static moe8_status quantize_weights(moe8_layer *L) {
-  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
+  if (L->inference) return MOE8_OK; /* filled once at load */
+  const int64_t D = L->cfg.hidden;
   moe8_status st = check_weights(L);
-  if (st != MOE8_OK) return st;
-  /* [Wg | Wu] -> [E, D, 2F]; per-column scales make this equal to
-  ** quantizing the two separately. */
-  #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t e = 0; e < E; e++)
-    for (int64_t d = 0; d < D; d++) {
-      float *dst = L->wgu_f32 + (e * D + d) * 2 * F;
-      memcpy(dst, L->w[MOE8_W_GATE] + (e * D + d) * F, sizeof(float) * (size_t)F);
-      memcpy(dst + F, L->w[MOE8_W_UP] + (e * D + d) * F, sizeof(float) * (size_t)F);
-    }
-  if (!L->wq) return MOE8_OK;
-  st = moe8_quantize(&L->wspec, L->wgu_f32, E, D, 2 * F, L->wgu_q, L->wgu_s, NULL);
-  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, L->w[MOE8_W_DOWN], E, F, D, L->wd_q, L->wd_s, NULL);
+  for (int s = 0; s < L->nsets && st == MOE8_OK; s++) {
+    moe8__xset *X = &L->xs[s];
+    const int64_t E = X->E, F = X->F;
+    const float *wg = L->w[X->wg], *wu = L->w[X->wu];
+    /* [Wg | Wu] -> [E, D, 2F]; per-column scales make this equal to
+    ** quantizing the two separately. */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t e = 0; e < E; e++)
+      for (int64_t d = 0; d < D; d++) {
+        float *dst = X->wgu_f32 + (e * D + d) * 2 * F;
+        memcpy(dst, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
+        memcpy(dst + F, wu + (e * D + d) * F, sizeof(float) * (size_t)F);
+      }
+    if (!L->wq) continue;
+    st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, 2 * F, X->wgu_q, X->wgu_s, NULL);
+    if (st == MOE8_OK) st = moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL);
+  }
   return st;
 }
 
@@ -271,36 +371,50 @@ static int64_t gmm_block_len(const moe8_layer *L, int64_t K) {
   return L->aspec.tile ? L->aspec.tile : L->wspec.tile ? L->wspec.tile : K;
 }
 
+bool moe8__layer_packable(const moe8_layer *L, int s) {
+  const moe8_dtype wt = L->wspec.qtype;
+  if (!L->wq || (wt != MOE8_DTYPE_F8E4M3 && wt != MOE8_DTYPE_F8E5M2 && wt != MOE8_DTYPE_I8)) return false;
+  const int64_t D = L->cfg.hidden, F = L->xs[s].F, per = moe8__pk_per(wt);
+  const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F);
+  return !((bg < D && bg % per) || (bd < F && bd % per));
+}
+
 /* FP8 weights met by FP8 activations (the bf16 kernels) and i8 weights
 ** met by i8 activations (the VNNI kernels) stream weights packed once
-** (moe8_gmm_pack_rhs): same bytes, faster decode.  The packed copies are
-** made here, at prepare, when the kernels can use them (the active ISA has
-** the path; each K block is a whole pair or quad, or the only block). */
+** (moe8_gmm_pack_rhs): same bytes, faster decode.  Training layers make
+** the packed copies here, at prepare, when the kernels can use them (the
+** active ISA has the path; each K block is a whole pair or quad, or the
+** only block).  Inference layers pack at load. */
 static moe8_status pack_weights(moe8_layer *L) {
-  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
-  free(L->wgu_pk); free(L->wd_pk);
-  L->wgu_pk = L->wd_pk = NULL;
+  if (L->inference) return MOE8_OK;
+  const int64_t D = L->cfg.hidden;
   const moe8_dtype wt = L->wspec.qtype;
   const bool i8 = wt == MOE8_DTYPE_I8;
-  if (!L->wq || !L->aq || !kernel_pair(L->aspec.qtype, wt) ||
-      moe8_isa_active() < (i8 ? MOE8_ISA_AVX512_VNNI : MOE8_ISA_AVX512_BF16))
-    return MOE8_OK;
-  const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F), per = i8 ? 4 : 2;
-  if ((bg < D && bg % per) || (bd < F && bd % per)) return MOE8_OK;
-  L->wgu_pk = malloc(moe8_gmm_packed_size(wt, E, D, 2 * F));
-  L->wd_pk = malloc(moe8_gmm_packed_size(wt, E, F, D));
-  if (!L->wgu_pk || !L->wd_pk) {
-    free(L->wgu_pk); free(L->wd_pk);
-    L->wgu_pk = L->wd_pk = NULL;
-    return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the packed expert weights");
+  for (int s = 0; s < L->nsets; s++) {
+    moe8__xset *X = &L->xs[s];
+    const int64_t E = X->E, F = X->F;
+    free(X->wgu_pk); free(X->wd_pk);
+    X->wgu_pk = X->wd_pk = NULL;
+    if (!L->wq || !L->aq || !kernel_pair(L->aspec.qtype, wt) ||
+        moe8_isa_active() < (i8 ? MOE8_ISA_AVX512_VNNI : MOE8_ISA_AVX512_BF16) || !moe8__layer_packable(L, s))
+      continue;
+    X->wgu_pk = malloc(moe8_gmm_packed_size(wt, E, D, 2 * F));
+    X->wd_pk = malloc(moe8_gmm_packed_size(wt, E, F, D));
+    if (!X->wgu_pk || !X->wd_pk) {
+      free(X->wgu_pk); free(X->wd_pk);
+      X->wgu_pk = X->wd_pk = NULL;
+      return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the packed expert weights");
+    }
+    moe8_status st = moe8_gmm_pack_rhs(wt, X->wgu_q, E, D, 2 * F, X->wgu_pk);
+    if (st == MOE8_OK) st = moe8_gmm_pack_rhs(wt, X->wd_q, E, F, D, X->wd_pk);
+    if (st != MOE8_OK) return st;
   }
-  moe8_status st = moe8_gmm_pack_rhs(wt, L->wgu_q, E, D, 2 * F, L->wgu_pk);
-  if (st == MOE8_OK) st = moe8_gmm_pack_rhs(wt, L->wd_q, E, F, D, L->wd_pk);
-  return st;
+  return MOE8_OK;
 }
 
 moe8_status moe8_layer_prepare(moe8_layer *L) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  if (L->inference) return L->prepared ? MOE8_OK : moe8__fail(MOE8_ERR_INVALID_ARG, "layer: an inference layer whose load did not finish");
   moe8_status st = quantize_weights(L);
   if (st == MOE8_OK) st = pack_weights(L);
   L->prepared = st == MOE8_OK;
@@ -310,62 +424,218 @@ moe8_status moe8_layer_prepare(moe8_layer *L) {
 moe8_status moe8_layer_prepared(const moe8_layer *L, moe8_prepared *o) {
   if (!L || !o) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   if (!L->prepared) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: not prepared (call moe8_layer_prepare)");
+  const moe8__xset *X = &L->xs[0];
+  if (L->wq && !X->wgu_q)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: an inference layer holds its weights packed only (moe8_gmm_pack_rhs layout)");
   o->dtype = L->wq ? L->wspec.qtype : MOE8_DTYPE_F32;
   o->tile = L->wq ? L->wspec.tile : 0;
-  o->w_gate_up = L->wq ? (const void *)L->wgu_q : (const void *)L->wgu_f32;
-  o->s_gate_up = L->wq ? L->wgu_s : NULL;
-  o->w_down = L->wq ? (const void *)L->wd_q : (const void *)L->w[MOE8_W_DOWN];
-  o->s_down = L->wq ? L->wd_s : NULL;
+  o->w_gate_up = L->wq ? (const void *)X->wgu_q : (const void *)X->wgu_f32;
+  o->s_gate_up = L->wq ? X->wgu_s : NULL;
+  o->w_down = L->wq ? (const void *)X->wd_q : (const void *)X->wd_f32;
+  o->s_down = L->wq ? X->wd_s : NULL;
+  return MOE8_OK;
+}
+
+/* ---- loading ------------------------------------------------------------------ */
+moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
+  const int64_t D = L->cfg.hidden;
+  if (qt != MOE8_DTYPE_NONE) {
+    if (qt != MOE8_DTYPE_F8E4M3 && qt != MOE8_DTYPE_I8)
+      return moe8__fail(MOE8_ERR_DTYPE, "layer: prepared weights must be f8e4m3 or i8");
+    if (tile < 0) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: prepared tile %lld", (long long)tile);
+    if (L->aq && L->aspec.tile && tile && L->aspec.tile != tile)
+      return moe8__fail(MOE8_ERR_SHAPE, "layer: the activation tile %lld does not match the weights' block %lld along K",
+                        (long long)L->aspec.tile, (long long)tile);
+    L->wq = true;
+    L->wspec = (moe8_quant_spec){.qtype = qt, .gran = tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, .tile = tile, .clip = 1.0f};
+  }
+  L->prepared = false;
+  L->from_codes = qt != MOE8_DTYPE_NONE;
+  for (int s = 0; s < L->nsets; s++) L->xs[s].coded = false;
+  for (int s = 0; s < L->nsets; s++) {
+    moe8__xset *X = &L->xs[s];
+    const int64_t E = X->E, F = X->F;
+    if (!L->inference) {
+      if (qt == MOE8_DTYPE_NONE) continue; /* the masters take the values */
+      free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
+      X->wgu_q = malloc((size_t)(E * D * 2 * F));
+      X->wd_q = malloc((size_t)(E * F * D));
+    } else {
+      free_set(L, X);
+      if (!L->wq) {
+        X->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * 2 * F));
+        X->wd_f32 = malloc(sizeof(float) * (size_t)(E * F * D));
+        X->own_wd = true;
+        if (!X->wgu_f32 || !X->wd_f32) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
+        continue;
+      }
+      if (moe8__layer_packable(L, s)) {
+        X->wgu_pk = malloc(moe8_gmm_packed_size(L->wspec.qtype, E, D, 2 * F));
+        X->wd_pk = malloc(moe8_gmm_packed_size(L->wspec.qtype, E, F, D));
+      } else {
+        X->wgu_q = malloc((size_t)(E * D * 2 * F));
+        X->wd_q = malloc((size_t)(E * F * D));
+      }
+    }
+    X->wgu_s = malloc(sizeof(float) * (size_t)(E * nblocks(D, L->wspec.tile) * 2 * F));
+    X->wd_s = malloc(sizeof(float) * (size_t)(E * nblocks(F, L->wspec.tile) * D));
+    if (!(X->wgu_q || X->wgu_pk) || !(X->wd_q || X->wd_pk) || !X->wgu_s || !X->wd_s)
+      return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
+  }
+  return MOE8_OK;
+}
+
+static moe8_status put_codes(moe8_layer *L, moe8__xset *X, bool down, int64_t e, const uint8_t *q, const float *sc) {
+  const int64_t D = L->cfg.hidden, K = down ? X->F : D, N = down ? D : 2 * X->F;
+  const moe8_dtype wt = L->wspec.qtype;
+  const size_t nsc = (size_t)(nblocks(K, L->wspec.tile) * N);
+  uint8_t *pk = down ? X->wd_pk : X->wgu_pk, *qq = down ? X->wd_q : X->wgu_q;
+  memcpy((down ? X->wd_s : X->wgu_s) + (size_t)e * nsc, sc, sizeof(float) * nsc);
+  X->coded = true;
+  if (pk) return moe8_gmm_pack_rhs(wt, q, 1, K, N, pk + (size_t)e * moe8_gmm_packed_size(wt, 1, K, N));
+  memcpy(qq + (size_t)(e * K * N), q, (size_t)(K * N));
+  return MOE8_OK;
+}
+
+moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float *gu, const float *dn, const uint8_t *gq,
+                                   const float *gs, const uint8_t *dq, const float *ds) {
+  moe8__xset *X = &L->xs[s];
+  const int64_t D = L->cfg.hidden, F = X->F;
+  if (gq) { /* codes as the file has them */
+    moe8_status st = put_codes(L, X, false, e, gq, gs);
+    return st == MOE8_OK ? put_codes(L, X, true, e, dq, ds) : st;
+  }
+  if (!L->inference) { /* f32 values into the masters */
+    float *wg = L->w[X->wg] + e * D * F, *wu = L->w[X->wu] + e * D * F;
+    for (int64_t d = 0; d < D; d++) {
+      memcpy(wg + d * F, gu + d * 2 * F, sizeof(float) * (size_t)F);
+      memcpy(wu + d * F, gu + d * 2 * F + F, sizeof(float) * (size_t)F);
+    }
+    memcpy(L->w[X->wd] + e * F * D, dn, sizeof(float) * (size_t)(F * D));
+    return MOE8_OK;
+  }
+  size_t bad = count_nonfinite(gu, (size_t)(D * 2 * F)) + count_nonfinite(dn, (size_t)(F * D));
+  if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s expert %lld has %zu non-finite weight(s)", L->module_path,
+                             s ? "shared" : "routed", (long long)e, bad);
+  if (!L->wq) {
+    memcpy(X->wgu_f32 + e * D * 2 * F, gu, sizeof(float) * (size_t)(D * 2 * F));
+    memcpy(X->wd_f32 + e * F * D, dn, sizeof(float) * (size_t)(F * D));
+    return MOE8_OK;
+  }
+  /* Quantized one expert at a time: the same bytes as the whole tensor
+  ** (every scale belongs to one expert). */
+  const int64_t big = D > F ? D : F;
+  uint8_t *q = malloc((size_t)(big * 2 * big) + 64);
+  float *sc = malloc(sizeof(float) * (size_t)(nblocks(big, L->wspec.tile) * 2 * big) + 64);
+  moe8_status st = q && sc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
+  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, gu, 1, D, 2 * F, q, sc, NULL);
+  if (st == MOE8_OK) st = put_codes(L, X, false, e, q, sc);
+  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, dn, 1, F, D, q, sc, NULL);
+  if (st == MOE8_OK) st = put_codes(L, X, true, e, q, sc);
+  free(q); free(sc);
+  return st;
+}
+
+moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, const float *gs, const uint8_t *dn_pk,
+                                   const float *ds) {
+  moe8__xset *X = &L->xs[s];
+  const int64_t D = L->cfg.hidden, F = X->F, E = X->E;
+  if (!L->inference || !L->wq || !X->wgu_pk || !moe8__layer_packable(L, s))
+    return moe8__fail(MOE8_ERR_INTERNAL, "layer: packed weights need an inference layer with a packable layout");
+  free(X->wgu_pk); free(X->wd_pk);
+  X->wgu_pk = (uint8_t *)gu_pk;
+  X->wd_pk = (uint8_t *)dn_pk;
+  L->borrowed = true;
+  memcpy(X->wgu_s, gs, sizeof(float) * (size_t)(E * nblocks(D, L->wspec.tile) * 2 * F));
+  memcpy(X->wd_s, ds, sizeof(float) * (size_t)(E * nblocks(F, L->wspec.tile) * D));
+  return MOE8_OK;
+}
+
+static moe8_status check_scales(const moe8_layer *L) {
+  const int64_t D = L->cfg.hidden;
+  for (int s = 0; s < L->nsets; s++) {
+    const moe8__xset *X = &L->xs[s];
+    const size_t n[2] = {(size_t)(X->E * nblocks(D, L->wspec.tile) * 2 * X->F), (size_t)(X->E * nblocks(X->F, L->wspec.tile) * D)};
+    const float *p[2] = {X->wgu_s, X->wd_s};
+    for (int w = 0; w < 2; w++)
+      for (size_t i = 0; i < n[w]; i++)
+        if (!(p[w][i] > 0.0f) || !isfinite(p[w][i]))
+          return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s expert %lld %s scale [%zu] is %g (scales must be positive and finite)",
+                            L->module_path, s ? "shared" : "routed", (long long)(i / (n[w] / (size_t)X->E)),
+                            w ? "down" : "gate|up", i % (n[w] / (size_t)X->E), (double)p[w][i]);
+  }
+  return MOE8_OK;
+}
+
+/* Training layers whose codes came from a file: the masters become the
+** codes' values (a set with no codes, e.g. the shared expert under
+** moe8_layer_load_prepared, is quantized from its masters instead). */
+static moe8_status finish_training(moe8_layer *L) {
+  const int64_t D = L->cfg.hidden;
+  moe8_status st = MOE8_OK;
+  for (int s = 0; s < L->nsets && st == MOE8_OK; s++) {
+    moe8__xset *X = &L->xs[s];
+    const int64_t E = X->E, F = X->F;
+    float *wg = L->w[X->wg], *wu = L->w[X->wu];
+    if (!X->coded) {
+      for (int64_t i = 0; i < E * D; i++) {
+        memcpy(X->wgu_f32 + i * 2 * F, wg + i * F, sizeof(float) * (size_t)F);
+        memcpy(X->wgu_f32 + i * 2 * F + F, wu + i * F, sizeof(float) * (size_t)F);
+      }
+      st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, 2 * F, X->wgu_q, X->wgu_s, NULL);
+      if (st == MOE8_OK) st = moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL);
+      continue;
+    }
+    st = moe8_dequantize(&L->wspec, X->wgu_q, X->wgu_s, E, D, 2 * F, X->wgu_f32);
+    if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, X->wd_q, X->wd_s, E, F, D, X->wd_f32);
+    if (st != MOE8_OK) break;
+    for (int64_t i = 0; i < E * D; i++) {
+      memcpy(wg + i * F, X->wgu_f32 + i * 2 * F, sizeof(float) * (size_t)F);
+      memcpy(wu + i * F, X->wgu_f32 + i * 2 * F + F, sizeof(float) * (size_t)F);
+    }
+  }
+  if (st == MOE8_OK) st = pack_weights(L);
+  if (st != MOE8_OK) return st;
+  set_describe(L, " (loaded pre-quantized)");
+  L->prepared = true;
+  return MOE8_OK;
+}
+
+moe8_status moe8__layer_end_load(moe8_layer *L) {
+  moe8_status st = MOE8_OK;
+  if (L->wq && (L->inference || L->from_codes) && (st = check_scales(L)) != MOE8_OK) return st;
+  if (!L->inference) return L->from_codes ? finish_training(L) : MOE8_OK;
+  if ((st = check_weights(L)) != MOE8_OK) return st;
+  set_describe(L, L->xs[0].wgu_pk ? " (loaded for inference, packed)" : " (loaded for inference)");
+  L->prepared = true;
   return MOE8_OK;
 }
 
 moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   if (!L || !p) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
+  if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: load_prepared on an inference layer");
   const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
-  if (p->dtype != MOE8_DTYPE_F8E4M3 && p->dtype != MOE8_DTYPE_I8)
-    return moe8__fail(MOE8_ERR_DTYPE, "layer: prepared weights must be f8e4m3 or i8");
-  if (p->tile < 0) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: prepared tile %lld", (long long)p->tile);
-  if (L->aq && L->aspec.tile && p->tile && L->aspec.tile != p->tile)
-    return moe8__fail(MOE8_ERR_SHAPE, "layer: the activation tile %lld does not match the weights' block %lld along K",
-                      (long long)L->aspec.tile, (long long)p->tile);
-  const moe8_quant_spec s = {.qtype = p->dtype, .gran = p->tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, .tile = p->tile, .clip = 1.0f};
-  const size_t ngu = moe8_quant_scale_count(&s, E, D, 2 * F, NULL), nd = moe8_quant_scale_count(&s, E, F, D, NULL);
-  uint8_t *gq = realloc(L->wgu_q, (size_t)(E * D * 2 * F)), *dq = gq ? realloc(L->wd_q, (size_t)(E * F * D)) : NULL;
-  if (gq) L->wgu_q = gq;
-  if (dq) L->wd_q = dq;
-  float *gs = dq ? realloc(L->wgu_s, ngu * sizeof(float)) : NULL, *ds = gs ? realloc(L->wd_s, nd * sizeof(float)) : NULL;
-  if (gs) L->wgu_s = gs;
-  if (ds) L->wd_s = ds;
-  if (!ds) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for prepared weights");
-  memcpy(L->wgu_q, p->w_gate_up, (size_t)(E * D * 2 * F));
-  memcpy(L->wd_q, p->w_down, (size_t)(E * F * D));
-  memcpy(L->wgu_s, p->s_gate_up, ngu * sizeof(float));
-  memcpy(L->wd_s, p->s_down, nd * sizeof(float));
-  L->wq = true;
-  L->wspec = s;
-  /* Masters: the dequantized values, split back into Wg and Wu. */
-  moe8_status st = moe8_dequantize(&s, L->wgu_q, L->wgu_s, E, D, 2 * F, L->wgu_f32);
-  if (st == MOE8_OK) st = moe8_dequantize(&s, L->wd_q, L->wd_s, E, F, D, L->w[MOE8_W_DOWN]);
+  moe8_status st = moe8__layer_begin_load(L, p->dtype, p->tile);
   if (st != MOE8_OK) return st;
-  for (int64_t i = 0; i < E * D; i++) {
-    memcpy(L->w[MOE8_W_GATE] + i * F, L->wgu_f32 + i * 2 * F, sizeof(float) * (size_t)F);
-    memcpy(L->w[MOE8_W_UP] + i * F, L->wgu_f32 + i * 2 * F + F, sizeof(float) * (size_t)F);
-  }
-  snprintf(L->describe, sizeof L->describe, "weights %s [E,%s,1,N] (loaded pre-quantized), activations %s%s",
-           moe8_dtype_info(p->dtype)->name, p->tile ? "K/tile" : "1", L->aq ? moe8_dtype_info(L->aspec.qtype)->name : "f32",
-           L->aq ? (L->aspec.tile ? " 1xtile" : " per-token") : "");
-  if ((st = pack_weights(L)) != MOE8_OK) return st;
-  L->prepared = true;
-  return MOE8_OK;
+  moe8__xset *X = &L->xs[0];
+  const size_t ngu = (size_t)(E * nblocks(D, p->tile) * 2 * F), nd = (size_t)(E * nblocks(F, p->tile) * D);
+  memcpy(X->wgu_q, p->w_gate_up, (size_t)(E * D * 2 * F));
+  memcpy(X->wd_q, p->w_down, (size_t)(E * F * D));
+  memcpy(X->wgu_s, p->s_gate_up, ngu * sizeof(float));
+  memcpy(X->wd_s, p->s_down, nd * sizeof(float));
+  X->coded = true;
+  return moe8__layer_end_load(L);
 }
 
-static moe8_operand weight_operand(const moe8_layer *L, bool down, int64_t g0) {
-  const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+static moe8_operand weight_operand(const moe8_layer *L, int s, bool down, int64_t g0) {
+  const moe8__xset *X = &L->xs[s];
+  const int64_t D = L->cfg.hidden, F = X->F;
   const int64_t per = down ? F * D : D * 2 * F; /* elements of one expert */
   if (!L->wq)
-    return (moe8_operand){MOE8_DTYPE_F32, (down ? L->w[MOE8_W_DOWN] : L->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
+    return (moe8_operand){MOE8_DTYPE_F32, (down ? X->wd_f32 : X->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
   const int64_t nb = nblocks(down ? F : D, L->wspec.tile), N = down ? D : 2 * F;
-  return (moe8_operand){L->wspec.qtype, (down ? L->wd_q : L->wgu_q) + g0 * per, (down ? L->wd_s : L->wgu_s) + g0 * nb * N,
+  const uint8_t *q = down ? X->wd_q : X->wgu_q;
+  return (moe8_operand){L->wspec.qtype, q ? q + g0 * per : NULL, (down ? X->wd_s : X->wgu_s) + g0 * nb * N,
                         L->wspec.tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, L->wspec.tile};
 }
 
@@ -386,16 +656,16 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
   return MOE8_OK;
 }
 
-
-moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
+moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes) {
-  const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+  const moe8__xset *X = &L->xs[set];
+  const int64_t D = L->cfg.hidden, F = X->F;
   /* Packed weights only while prepared (training re-quantizes per call). */
-  const bool pk = L->prepared && L->wgu_pk;
+  const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                     .rhs = weight_operand(L, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu,
-                     .rhs_packed = pk ? L->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
+                     .rhs = weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu,
+                     .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
   moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
@@ -413,13 +683,48 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }
   /* Unfused specs, or an error (then the whole-tensor call names the place). */
-  if (L->aq && (!fuse || qbad) && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) return st;
+  if (L->aq && (!fuse || qbad) && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) {
+    if (st == MOE8_ERR_NONFINITE)
+      return moe8__fail(st, "layer %s: the %s expert hidden activations h = silu(x Wg) * (x Wu) [%lld, %lld] are not finite "
+                        "(the gate/up weights or their scales are too large or hold NaN/inf codes, or the input is too large)",
+                        L->module_path, set ? "shared" : "routed", (long long)rows, (long long)F);
+    return st;
+  }
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                      .rhs = weight_operand(L, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
-                      .rhs_packed = pk ? L->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
+                      .rhs = weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
+                      .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
   st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
   return st;
+}
+
+/* ---- the shared expert -------------------------------------------------------- */
+moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
+                                 moe8__shared_buf *b, void *scratch, size_t scratch_bytes) {
+  const int64_t D = L->cfg.hidden;
+  if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
+  if (T > INT32_MAX) return moe8__fail(MOE8_ERR_SHAPE, "layer: %lld tokens exceed the shared expert's group size", (long long)T);
+  memcpy(b->x, x, sizeof(float) * (size_t)(T * D));
+  const int32_t one[1] = {(int32_t)T};
+  moe8_status st = moe8__experts_forward(L, 1, T, one, 0, 1, b->x, xq, sx, b->gu, b->h, b->hq, b->sh, b->y, scratch, scratch_bytes);
+  if (st != MOE8_OK || !L->cfg.shared_gate) return st;
+  const float *wsg = L->w[MOE8_W_SHARED_GATE_W];
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float l = 0.0f;
+    for (int64_t d = 0; d < D; d++) l += x[t * D + d] * wsg[d];
+    b->g[t] = 1.0f / (1.0f + moe8__expf(-l));
+  }
+  return MOE8_OK;
+}
+
+void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b, float *out) {
+  const int64_t D = L->cfg.hidden;
+  if (L->cfg.shared_ffn <= 0) return;
+  const bool gated = L->cfg.shared_gate;
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t c = 0; c < D; c++) out[t * D + c] = out[t * D + c] + (gated ? b->g[t] * b->y[t * D + c] : b->y[t * D + c]);
 }
 
 float moe8__aux_loss(const moe8_layer *L, int64_t T, const int32_t *ids, const float *scores, double *f) {
@@ -456,7 +761,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   /* 1. router */
   moe8_status st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, w.logits);
   const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
-                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL};
+                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
   if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
@@ -480,9 +785,29 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   }
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
-    st = moe8__experts_forward(L, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
+    st = moe8__experts_forward(L, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
   if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, w.w, T, K, D, out);
-  return st;
+  /* 6. the shared expert on every token, added after the combine */
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
+    moe8__shared_buf sb;
+    moe8__shared_buf_carve(L, T, w.shared, &sb);
+    if (L->aq && !L->before_sort) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
+    if (st == MOE8_OK) st = moe8__shared_forward(L, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
+    if (st == MOE8_OK) moe8__shared_add(L, T, &sb, out);
+  }
+  return st == MOE8_OK ? moe8__check_output(L, out, T) : st;
+}
+
+moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T) {
+  const int64_t D = L->cfg.hidden;
+  for (int64_t i = 0; i < T * D; i++)
+    if (!isfinite(out[i])) {
+      size_t bad = count_nonfinite(out + i, (size_t)(T * D - i));
+      return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: the output has %zu non-finite value(s), the first at token %lld, column %lld "
+                        "(weights or scales too large for the input, or NaN/inf codes in a weight)",
+                        L->module_path, bad, (long long)(i / D), (long long)(i % D));
+    }
+  return MOE8_OK;
 }
 
 moe8_status moe8__layer_quantize_weights(moe8_layer *L) {
@@ -493,6 +818,7 @@ moe8_status moe8__layer_quantize_weights(moe8_layer *L) {
 moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
                                size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  if (L->inference) return forward(L, x, T, out, aux_loss, ws, ws_size); /* weights fixed at load */
   moe8_status st = quantize_weights(L);
   if (st != MOE8_OK) return st;
   L->prepared = false; /* the buffers now hold this call's weights */
@@ -550,10 +876,10 @@ void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, 
   }
 }
 
-moe8_status moe8__experts_backward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
+moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
                                    const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd) {
-  const int64_t D = L->cfg.hidden, F = L->cfg.ffn;
+  const int64_t D = L->cfg.hidden, F = L->xs[set].F;
   const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
   const int64_t nw = G * D * 2 * F, nd = G * F * D;
   float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
@@ -567,7 +893,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int64_t rows, const int3
   }
   /* Straight-through: the dequantized weights and activations the forward used. */
   {
-    const moe8_operand gw = weight_operand(L, false, g0), dw = weight_operand(L, true, g0);
+    const moe8_operand gw = weight_operand(L, set, false, g0), dw = weight_operand(L, set, true, g0);
     if (L->wq) {
       st = moe8_dequantize(&L->wspec, gw.data, gw.scale, G, D, 2 * F, wgu);
       if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, dw.data, dw.scale, G, F, D, wd);
@@ -677,7 +1003,9 @@ void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, 
 moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const float *dout, void *ws, size_t ws_size,
                                 const moe8_layer_grads *gr) {
   if (!L || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL argument");
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  if (L->inference)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer backward: the layer was loaded for inference (no f32 masters); load it for training");
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K, Fs = L->cfg.shared_ffn;
   if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
   if (T > 0 && (!x || !dout || !ws)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL x, dout or workspace");
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
@@ -685,6 +1013,10 @@ moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const 
   if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
   if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
   if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
+  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
   if (T == 0) return MOE8_OK;
   ws_layout w;
   layout(L, T, ws, &w);
@@ -701,7 +1033,7 @@ moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const 
   if (!dy || !dxs || !dwrow || !dw || !dl || !ones || !tmp) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
   moe8__dy_dw(rows, w.token_of, w.slot_of, w.w, K, dout, w.y, D, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
-  st = moe8__experts_backward(L, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd);
+  st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd);
   if (st != MOE8_OK) goto done;
   /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
   for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;
@@ -717,7 +1049,53 @@ moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const 
     if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
     for (int64_t i = 0; i < T * D; i++) gr->dx[i] += tmp[i];
   }
+  if (Fs > 0) {
+    moe8__shared_buf sb;
+    moe8__shared_buf_carve(L, T, w.shared, &sb);
+    st = moe8__shared_backward(L, x, w.xq, w.sx, T, dout, &sb, gr->dx, gr);
+  }
 done:
   free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(ones); free(tmp);
+  return st;
+}
+
+moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
+                                  const float *dout, moe8__shared_buf *b, float *dx, const moe8_layer_grads *gr) {
+  const int64_t D = L->cfg.hidden;
+  const bool gated = L->cfg.shared_gate;
+  if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
+  float *dys = malloc(sizeof(float) * (size_t)(T * D) + 4), *dxs = malloc(sizeof(float) * (size_t)(T * D) + 4);
+  float *dgl = malloc(sizeof(float) * (size_t)T + 4);
+  moe8_status st = dys && dxs && dgl ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+  if (st == MOE8_OK) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      float s = 0.0f;
+      const float g = gated ? b->g[t] : 1.0f;
+      for (int64_t c = 0; c < D; c++) {
+        dys[t * D + c] = gated ? g * dout[t * D + c] : dout[t * D + c];
+        s += dout[t * D + c] * b->y[t * D + c];
+      }
+      dgl[t] = s * (g * (1.0f - g));
+    }
+    const int32_t one[1] = {(int32_t)T};
+    st = moe8__experts_backward(L, 1, T, one, 0, 1, dys, b->x, xq, sx, b->h, b->hq, b->sh, b->gu, dxs, gr->dwsg, gr->dwsu, gr->dwsd);
+  }
+  if (st == MOE8_OK && dx) {
+    const float *wsg = gated ? L->w[MOE8_W_SHARED_GATE_W] : NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++) {
+        dx[t * D + d] += dxs[t * D + d];
+        if (gated) dx[t * D + d] += dgl[t] * wsg[d];
+      }
+  }
+  if (st == MOE8_OK && gated && gr->dwsgate) {
+    float *acc = gr->dwsgate;
+    #pragma omp parallel for schedule(static)
+    for (int64_t d = 0; d < D; d++)
+      for (int64_t t = 0; t < T; t++) acc[d] += x[t * D + d] * dgl[t];
+  }
+  free(dys); free(dxs); free(dgl);
   return st;
 }

@@ -10,6 +10,20 @@
 
 #include "../core/internal.h"
 
+/* One set of experts as the kernels consume them: the routed experts
+** (E of width F) or the shared expert (one of width Fs). */
+typedef struct moe8__xset {
+  int64_t  E, F;
+  int      wg, wu, wd;              /* master ids of gate, up, down            */
+  float   *wgu_f32;                 /* [E, D, 2F] fused unquantized weights    */
+  float   *wd_f32;                  /* [E, F, D]: the down master, or owned    */
+  bool     own_wd;                  /* wd_f32 is not a master (inference)      */
+  uint8_t *wgu_q, *wd_q;            /* quantized values [E, K, N], or NULL when only packed */
+  float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
+  uint8_t *wgu_pk, *wd_pk;          /* codes packed (moe8_gmm_pack_rhs), or NULL */
+  bool     coded;                   /* codes put by a load since begin_load    */
+} moe8__xset;
+
 struct moe8_layer {
   moe8_layer_config cfg;
   moe8_rule         rule;           /* a copy; has_rule says if valid          */
@@ -19,22 +33,72 @@ struct moe8_layer {
   bool              wq, aq;         /* weights / activations quantized         */
   bool              before_sort;
   bool              prepared;
+  /* Loaded for inference: no f32 masters of the expert weights; the
+  ** kernels' buffers are filled once at load and never re-quantized. */
+  bool              inference;
+  bool              from_codes;     /* the load put codes (a quantized file)   */
   char              describe[256];
-  /* f32 masters */
+  /* f32 masters (the expert weights' only in training layers) */
   float *w[MOE8_W_COUNT];
   size_t n[MOE8_W_COUNT];
-  /* expert weights as the kernels consume them */
-  float   *wgu_f32;                 /* [E, D, 2F] fused masters               */
-  uint8_t *wgu_q, *wd_q;            /* quantized values                        */
-  float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
-  uint8_t *wgu_pk, *wd_pk;          /* FP8 values packed at prepare (moe8_gmm_pack_rhs), or NULL */
+  int        nsets;                 /* 1, or 2 with a shared expert            */
+  moe8__xset xs[2];
+  /* Packed codes borrowed from a file mapping: released at destroy. */
+  void      *keep;
+  void     (*release)(void *keep);
+  bool       borrowed;
 };
 
-/* Expert part of the forward for the G groups starting at expert g0, whose
+/* Per-token buffers of the shared expert for T tokens. */
+typedef struct moe8__shared_buf {
+  float   *x;      /* [T, D] copy of the input (the gmm may dequantize in place) */
+  float   *gu, *h; /* [T, 2Fs], [T, Fs]                                        */
+  uint8_t *hq;     /* [T, Fs] when activations are quantized                   */
+  float   *sh;     /* h's scales                                               */
+  float   *y;      /* [T, D] the shared expert's output                        */
+  float   *g;      /* [T] gate values (shared_gate)                            */
+} moe8__shared_buf;
+
+/* Bytes of the buffers for T tokens (64-byte aligned pieces); carve them
+** from base (64-byte aligned). */
+size_t moe8__shared_buf_size(const moe8_layer *L, int64_t T);
+void   moe8__shared_buf_carve(const moe8_layer *L, int64_t T, void *base, moe8__shared_buf *b);
+
+/* The shared expert on T tokens x (and, when the rule quantizes
+** activations, their per-token quantization xq/sx): fills b->y and b->g. */
+moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
+                                 moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
+/* out[t] = out[t] + g_t · y[t] (or + y[t] without a gate). */
+void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b, float *out);
+/* Its backward from dout [T, D]: dx (may be NULL) += the shared expert's
+** part (the MLP's, then the gate's), and the grads' shared fields. */
+moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
+                                  const float *dout, moe8__shared_buf *b, float *dx, const moe8_layer_grads *gr);
+
+/* Loading (io/model.c): begin with the file's weight dtype and K tile
+** (MOE8_DTYPE_NONE: unquantized f32 values), put every expert of every
+** set (gate|up [D, 2F] and down [F, D], as f32 or as codes with their
+** [nb, 1, N] scales), end. */
+moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype file_qt, int64_t tile);
+moe8_status moe8__layer_put_expert(moe8_layer *L, int set, int64_t e, const float *gu, const float *dn, const uint8_t *gq,
+                                   const float *gs, const uint8_t *dq, const float *ds);
+/* Packed codes of set s as they are in a mapping that outlives the layer
+** through keep/release (inference layers only). */
+moe8_status moe8__layer_put_packed(moe8_layer *L, int set, const uint8_t *gu_pk, const float *gs, const uint8_t *dn_pk,
+                                   const float *ds);
+moe8_status moe8__layer_end_load(moe8_layer *L);
+/* A layer without f32 expert masters (inference). */
+moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
+                               moe8_layer **out);
+/* Whether set s's weights can be held packed (the K blocks whole pairs or quads). */
+bool moe8__layer_packable(const moe8_layer *L, int set);
+
+/* Expert part of the forward of set (0 routed, 1 shared) for the G groups
+** starting at expert g0, whose
 ** rows (gsz[G] of them, consecutive) are the inputs xs (f32) and, when the
 ** rule quantizes activations, xsq/sxs.  Writes gu [rows, 2F], h [rows, F],
 ** hq/sh (quantized h) and y [rows, D]. */
-moe8_status moe8__experts_forward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
+moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes);
 
@@ -46,7 +110,7 @@ void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, 
 /* Expert part of the backward for groups [g0, g0 + G): from dy [rows, D]
 ** and the saved xsq/sxs or xs, hq/sh or h, gu, writes dxs [rows, D] and
 ** the groups' slices of dwg, dwu, dwd (full-size arrays; may be NULL). */
-moe8_status moe8__experts_backward(const moe8_layer *L, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
+moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
                                    const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd);
 
@@ -62,6 +126,10 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
 /* acc[D, E] += Σ_t x[t]ᵀ · dl[t], each element one chain in t order, so a
 ** relay over token shards in order gives the single-process bytes. */
 void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, int64_t D, int64_t E);
+
+/* MOE8_ERR_NONFINITE naming the layer and the first token when out[T, D]
+** holds NaN or inf. */
+moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T);
 
 /* Quantizes the expert weights from the masters (unless prepared). */
 moe8_status moe8__layer_quantize_weights(moe8_layer *L);

@@ -44,12 +44,21 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     for (int64_t e = 0; e < E; e++)
       if (!isfinite(cfg->selection_bias[e]))
         return moe8__fail(MOE8_ERR_NONFINITE, "route: selection_bias[%lld] is not finite", (long long)e);
+  const int64_t NG = cfg->n_group > 1 ? cfg->n_group : 1, KG = NG > 1 ? cfg->topk_group : 1;
+  if (NG > 1 && (E % NG != 0 || E / NG < 2))
+    return moe8__fail(MOE8_ERR_SHAPE, "route: n_group = %lld must divide num_experts = %lld into groups of at least 2", (long long)NG,
+                      (long long)E);
+  if (NG > 1 && (KG < 1 || KG > NG))
+    return moe8__fail(MOE8_ERR_SHAPE, "route: topk_group = %lld must be in [1, n_group = %lld]", (long long)KG, (long long)NG);
+  if (NG > 1 && K > KG * (E / NG))
+    return moe8__fail(MOE8_ERR_SHAPE, "route: top_k = %lld exceeds the %lld experts of topk_group = %lld groups", (long long)K,
+                      (long long)(KG * (E / NG)), (long long)KG);
   const float scale = cfg->routed_scaling_factor != 0.0f ? cfg->routed_scaling_factor : 1.0f;
   /* Per-token scratch lives on the stack: E is capped at MOE8_MAX_EXPERTS,
   ** so routing never allocates (the fused forward relies on that). */
   #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; t++) {
-    float sbuf[MOE8_MAX_EXPERTS];
+    float sbuf[MOE8_MAX_EXPERTS], sel[MOE8_MAX_EXPERTS];
     uint64_t taken[MOE8_MAX_EXPERTS / 64];
     const float *l = logits + t * E;
     float *sc = scores ? scores + t * E : sbuf;
@@ -61,13 +70,41 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     } else {
       for (int64_t e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-l[e]));
     }
+    for (int64_t e = 0; e < E; e++) sel[e] = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
+    if (NG > 1) {
+      /* Group score: its best selection value plus its second best; the
+      ** KG best groups stay, ties to the lower group; the others' experts
+      ** get a selection value of 0. */
+      const int64_t gs = E / NG;
+      float gsc[MOE8_MAX_EXPERTS / 2];
+      uint64_t keep[MOE8_MAX_EXPERTS / 128 + 1];
+      for (int64_t g = 0; g < NG; g++) {
+        float b1 = sel[g * gs], b2 = sel[g * gs + 1];
+        if (b2 > b1) { const float tmp = b1; b1 = b2; b2 = tmp; }
+        for (int64_t e = g * gs + 2; e < (g + 1) * gs; e++) {
+          if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
+          else if (sel[e] > b2) b2 = sel[e];
+        }
+        gsc[g] = b1 + b2;
+      }
+      memset(keep, 0, sizeof keep);
+      for (int64_t j = 0; j < KG; j++) {
+        int64_t bg = -1;
+        for (int64_t g = 0; g < NG; g++)
+          if (!(keep[g >> 6] >> (g & 63) & 1) && (bg < 0 || gsc[g] > gsc[bg])) bg = g;
+        keep[bg >> 6] |= 1ull << (bg & 63);
+      }
+      for (int64_t g = 0; g < NG; g++)
+        if (!(keep[g >> 6] >> (g & 63) & 1))
+          for (int64_t e = g * gs; e < (g + 1) * gs; e++) sel[e] = 0.0f;
+    }
     memset(taken, 0, sizeof(uint64_t) * (size_t)((E + 63) / 64));
     for (int64_t j = 0; j < K; j++) {
       int64_t best = -1;
       float bv = 0.0f;
       for (int64_t e = 0; e < E; e++) {
         if (taken[e >> 6] >> (e & 63) & 1) continue;
-        const float v = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
+        const float v = sel[e];
         if (best < 0 || v > bv) { best = e; bv = v; } /* strict: ties keep the lower index */
       }
       taken[best >> 6] |= 1ull << (best & 63);

@@ -3,7 +3,7 @@
 **
 ** One step: forward, the mean-squared-error loss against the target plus
 ** the auxiliary loss, backward, then Adam (β1 0.9, β2 0.999, ε 1e-8, bias
-** corrected) on Wr, Wg, Wu and Wd.  The selection bias is not trained: it
+** corrected) on Wr, Wg, Wu, Wd and the shared expert's weights and gate.  The selection bias is not trained: it
 ** does not enter the weights, so it has no gradient.
 */
 #include "../core/internal.h"
@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NTRAIN = 4 }; /* router, gate, up, down */
+enum { NTRAIN = 8 };
+static const moe8_weight_id k_ids[NTRAIN] = {MOE8_W_ROUTER, MOE8_W_GATE, MOE8_W_UP, MOE8_W_DOWN,
+                                             MOE8_W_SHARED_GATE, MOE8_W_SHARED_UP, MOE8_W_SHARED_DOWN, MOE8_W_SHARED_GATE_W};
 
 struct moe8_trainer {
   moe8_layer *layer;
@@ -39,8 +41,12 @@ moe8_status moe8_trainer_create(moe8_layer *layer, float lr, moe8_trainer **out)
   if (!tr) return moe8__fail(MOE8_ERR_NOMEM, "trainer: out of memory");
   tr->layer = layer;
   tr->lr = lr;
+  if (!moe8_layer_weight(layer, MOE8_W_GATE, NULL)) {
+    free(tr);
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "trainer: the layer was loaded for inference (no f32 masters)");
+  }
   for (int i = 0; i < NTRAIN; i++) {
-    moe8_layer_weight(layer, (moe8_weight_id)i, &tr->n[i]);
+    if (!moe8_layer_weight(layer, k_ids[i], &tr->n[i])) continue;
     tr->m[i] = calloc(tr->n[i], sizeof(float));
     tr->v[i] = calloc(tr->n[i], sizeof(float));
     tr->g[i] = malloc(tr->n[i] * sizeof(float));
@@ -79,14 +85,15 @@ moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *tar
     tr->dout[i] = k * d;
   }
   if (loss) *loss = (float)(sse / (double)TD) + aux;
-  const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3]};
+  const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3], tr->g[4], tr->g[5], tr->g[6], tr->g[7]};
   st = moe8_layer_backward(tr->layer, x, T, tr->dout, ws, ws_size, &g);
   if (st != MOE8_OK) return st;
   tr->step++;
   const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
   const float c1 = 1.0f - powf(b1, (float)tr->step), c2 = 1.0f - powf(b2, (float)tr->step);
   for (int w = 0; w < NTRAIN; w++) {
-    float *p = moe8_layer_weight(tr->layer, (moe8_weight_id)w, NULL), *m = tr->m[w], *v = tr->v[w];
+    if (!tr->n[w]) continue;
+    float *p = moe8_layer_weight(tr->layer, k_ids[w], NULL), *m = tr->m[w], *v = tr->v[w];
     const float *gr = tr->g[w];
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < tr->n[w]; i++) {
