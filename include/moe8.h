@@ -602,6 +602,7 @@ moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, c
 moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dtype t, size_t count);
 
 /* Hugging Face config.json of an MoE model. */
+#define MOE8_MAX_MLP_ONLY 1024
 typedef enum moe8_arch {
   MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3
 } moe8_arch;
@@ -610,21 +611,48 @@ typedef struct moe8_hf_config {
   moe8_arch         arch;
   char              model_type[64];
   int64_t           num_layers;
-  moe8_layer_config layer;          /* E, top_k, D, F, score, norm, scaling */
+  moe8_layer_config layer;          /* E, top_k, D, F, score, norm, scaling, groups, shared expert */
   bool              fp8;            /* quantization_config quant_method fp8   */
   int64_t           block_n, block_k; /* weight_block_size                    */
   bool              has_bias;       /* DeepSeek e_score_correction_bias       */
   int64_t           moe8_tile;      /* moe8_quantization.tile_size (0: none)  */
+  int               moe8_packed;    /* moe8_quantization.packed_layout (0: plain codes) */
+  /* Which layers are MoE (the others are dense MLPs): DeepSeek-V3
+  ** first_k_dense_replace and moe_layer_freq; Qwen decoder_sparse_step and
+  ** mlp_only_layers. */
+  int64_t           first_k_dense_replace, moe_layer_freq, decoder_sparse_step;
+  int64_t           n_mlp_only;
+  int64_t           mlp_only_layers[MOE8_MAX_MLP_ONLY];
 } moe8_hf_config;
 
+/* Parses config.json.  Supported model_type values: "qwen2_moe",
+** "qwen3_moe", "mixtral", "deepseek_v3"; each missing key takes the
+** default of the family's reference configuration (docs/models.md has the
+** table).  Refused, with the key named: another model_type, a hidden_act
+** other than silu, DeepSeek's scoring_func other than sigmoid or
+** topk_method other than noaux_tc, values of the wrong type, integers
+** given as fractions or out of range.  Without model_type the family is
+** inferred from the expert-count key and only the keys present are used. */
 moe8_status moe8_hf_config_load(const char *path, moe8_hf_config *out);
 moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name, moe8_hf_config *out);
+/* The same, reading the file as family model_type (an explicit override
+** for a compatible model_type moe8 does not know); NULL: as written. */
+moe8_status moe8_hf_config_parse_as(const char *json, size_t len, const char *name, const char *model_type,
+                                    moe8_hf_config *out);
 const char *moe8_arch_name(moe8_arch a);
+/* MOE8_OK when layer L is an MoE layer; else MOE8_ERR_INVALID_ARG with a
+** message naming the key that makes it dense (or the layer range). */
+moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t layer);
+/* The first MoE layer, or -1 when there is none. */
+int64_t     moe8_hf_config_first_moe_layer(const moe8_hf_config *c);
 
 /* A model directory: config.json and one or more *.safetensors shards. */
 typedef struct moe8_model moe8_model;
 
 moe8_status moe8_model_open(const char *dir, moe8_model **out);
+/* The same, reading config.json as family model_type (see
+** moe8_hf_config_parse_as); NULL: as written. */
+moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_model **out);
 void        moe8_model_close(moe8_model *m);
 const moe8_hf_config   *moe8_model_config(const moe8_model *m);
 size_t                  moe8_model_tensor_count(const moe8_model *m);
@@ -645,6 +673,31 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
 ** the layer is then ready for moe8_layer_forward_fused.  Every tensor's
 ** presence, dtype and shape is checked against the config. */
 moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, moe8_layer **out);
+
+/* How moe8_model_load_layer_ex builds the layer.
+**   TRAINING   f32 masters (quantized checkpoints: their values), for
+**              forward/backward/training and moe8_layer_prepare;
+**   INFERENCE  no f32 masters: each expert goes from the file to the
+**              kernels' layout once (quantized by the rule, or as the
+**              checkpoint stores it, never re-quantized through f32;
+**              packed where the K blocks allow); moe8-format packed files
+**              are used in place (the model's mapping stays alive with the
+**              layer, after moe8_model_close too).  The layer is prepared
+**              on return; backward and training are refused.
+** progress (may be NULL) is called about once a second on long loads with
+** the experts done and the total.  Options grow at the end: set size to
+** sizeof(moe8_load_options). */
+typedef enum moe8_load_mode { MOE8_LOAD_TRAINING = 0, MOE8_LOAD_INFERENCE = 1 } moe8_load_mode;
+typedef struct moe8_load_options {
+  size_t         size;
+  moe8_load_mode mode;
+  void         (*progress)(void *ctx, int64_t done, int64_t total);
+  void          *progress_ctx;
+} moe8_load_options;
+
+/* moe8_model_load_layer with options (NULL: training). */
+moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
+                                     moe8_layer **out);
 
 /* Installs already-quantized expert weights as a layer's prepared weights
 ** (copied); the masters become their dequantized values. */

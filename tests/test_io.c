@@ -214,13 +214,66 @@ static void test_hf_configs(void **state) {
   assert_int_equal(c.layer.score, MOE8_SCORE_SIGMOID);
   assert_true(c.layer.routed_scaling_factor == 2.5f);
   assert_true(c.fp8 && c.block_n == 128 && c.block_k == 128 && c.has_bias);
-  const char *bad[] = {"{\"num_experts\": 8, \"hidden_size\": 8, \"moe_intermediate_size\": 8}", "{\"num_experts\": \"8\"}",
-                       "{\"num_experts\":4,\"num_experts_per_tok\":5,\"hidden_size\":8,\"moe_intermediate_size\":8}", "{\"a\":"};
-  const char *want[] = {"num_experts_per_tok", "non-negative integer", "inconsistent", "malformed JSON"};
-  for (int i = 0; i < 4; i++) {
-    assert_int_equal(moe8_hf_config_parse(bad[i], strlen(bad[i]), "config.json", &c), MOE8_ERR_PARSE);
-    if (!strstr(moe8_last_error(), want[i])) TU_FAIL("config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), want[i]);
+  /* Every missing key takes the family's reference default. */
+  const char *q2 = "{\"model_type\":\"qwen2_moe\"}", *q3 = "{\"model_type\":\"qwen3_moe\"}", *mx = "{\"model_type\":\"mixtral\"}",
+             *dv3 = "{\"model_type\":\"deepseek_v3\"}";
+  assert_int_equal(moe8_hf_config_parse(q2, strlen(q2), "q2", &c), MOE8_OK);
+  assert_true(c.layer.num_experts == 60 && c.layer.top_k == 4 && c.layer.hidden == 2048 && c.layer.ffn == 1408 && c.num_layers == 24);
+  assert_true(c.layer.shared_ffn == 5632 && c.layer.shared_gate && !c.layer.norm_topk_prob && c.layer.score == MOE8_SCORE_SOFTMAX);
+  assert_int_equal(moe8_hf_config_parse(q3, strlen(q3), "q3", &c), MOE8_OK);
+  assert_true(c.layer.num_experts == 128 && c.layer.top_k == 8 && c.layer.hidden == 2048 && c.layer.ffn == 768 && c.num_layers == 24);
+  assert_true(c.layer.shared_ffn == 0 && !c.layer.norm_topk_prob && c.decoder_sparse_step == 1 && c.n_mlp_only == 0);
+  assert_int_equal(moe8_hf_config_parse(mx, strlen(mx), "mx", &c), MOE8_OK);
+  assert_true(c.layer.num_experts == 8 && c.layer.top_k == 2 && c.layer.hidden == 4096 && c.layer.ffn == 14336 && c.num_layers == 32);
+  assert_true(c.layer.norm_topk_prob && c.layer.shared_ffn == 0);
+  assert_int_equal(moe8_hf_config_parse(dv3, strlen(dv3), "ds", &c), MOE8_OK);
+  assert_true(c.layer.num_experts == 256 && c.layer.top_k == 8 && c.layer.hidden == 7168 && c.layer.ffn == 2048 && c.num_layers == 61);
+  assert_true(c.layer.routed_scaling_factor == 2.5f && c.layer.n_group == 8 && c.layer.topk_group == 4 && c.layer.norm_topk_prob);
+  assert_true(c.layer.shared_ffn == 2048 && !c.layer.shared_gate && c.first_k_dense_replace == 3 && c.has_bias);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 3);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "first_k_dense_replace"));
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_OK);
+  const char *ds2 = "{\"model_type\":\"deepseek_v3\",\"n_shared_experts\":2,\"moe_intermediate_size\":64,\"first_k_dense_replace\":0,"
+                    "\"n_routed_experts\":16,\"n_group\":4,\"topk_group\":2,\"num_experts_per_tok\":4}";
+  assert_int_equal(moe8_hf_config_parse(ds2, strlen(ds2), "ds2", &c), MOE8_OK);
+  assert_true(c.layer.shared_ffn == 128 && c.layer.n_group == 4 && c.layer.topk_group == 2);
+  const char *dense[] = {"{\"model_type\":\"qwen3_moe\",\"mlp_only_layers\":[0, 2]}", "{\"model_type\":\"qwen2_moe\",\"decoder_sparse_step\":2}",
+                         "{\"model_type\":\"deepseek_v3\",\"first_k_dense_replace\":1,\"moe_layer_freq\":2}"};
+  const char *dkey[] = {"mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace"};
+  const int64_t dfirst[] = {1, 1, 2};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(moe8_hf_config_parse(dense[i], strlen(dense[i]), "dense", &c), MOE8_OK);
+    assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+    if (!strstr(moe8_last_error(), dkey[i])) TU_FAIL("dense %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), dkey[i]);
+    assert_int_equal(moe8_hf_config_first_moe_layer(&c), dfirst[i]);
   }
+  /* Refused, naming the key. */
+  const char *bad[] = {"{\"num_experts\": \"8\"}",
+                       "{\"model_type\":\"qwen3_moe\",\"num_experts\":4,\"num_experts_per_tok\":5}",
+                       "{\"a\":",
+                       "{\"model_type\":\"qwen3_moe\",\"hidden_act\":\"gelu\"}",
+                       "{\"model_type\":\"deepseek_v2\"}",
+                       "{\"model_type\":\"qwen3_next\",\"num_experts\":8}",
+                       "{\"model_type\":\"deepseek_v3\",\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[1e300,1e300]}}",
+                       "{\"model_type\":\"qwen3_moe\",\"num_experts\":128.7}",
+                       "{\"model_type\":\"qwen3_moe\",\"hidden_size\":-4}",
+                       "{\"model_type\":\"qwen3_moe\",\"moe_intermediate_size\":1e300}",
+                       "{\"model_type\":\"deepseek_v3\",\"scoring_func\":\"softmax\"}",
+                       "{\"model_type\":\"deepseek_v3\",\"topk_method\":\"greedy\"}",
+                       "{\"model_type\":\"deepseek_v3\",\"n_routed_experts\":64,\"n_group\":5}",
+                       "{\"model_type\":\"qwen3_moe\",\"norm_topk_prob\":1}"};
+  const char *want[] = {"num_experts", "num_experts_per_tok", "malformed JSON", "hidden_act", "model_type", "model_type",
+                        "weight_block_size", "num_experts", "hidden_size", "moe_intermediate_size", "scoring_func", "topk_method",
+                        "n_group", "norm_topk_prob"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const moe8_status st = moe8_hf_config_parse(bad[i], strlen(bad[i]), "config.json", &c);
+    if (st == MOE8_OK) TU_FAIL("config %zu was accepted", i);
+    if (!strstr(moe8_last_error(), want[i])) TU_FAIL("config %zu: \"%s\" lacks \"%s\"", i, moe8_last_error(), want[i]);
+  }
+  /* An explicit override runs a compatible family under another name. */
+  assert_int_equal(moe8_hf_config_parse_as(bad[4], strlen(bad[4]), "config.json", "deepseek_v3", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_DEEPSEEK_V3);
 }
 
 /* DeepSeek blocks with partial edges: N = 200, K = 300 -> scale_inv [2, 3]. */
@@ -445,7 +498,7 @@ static void test_cli_files(void **state) {
     {"byte size vs dtype x shape", e_size, 0, 0, "needs"},
     {"unknown dtype", e_dtype, 0, 0, "unknown dtype 'F33'"},
     {"missing expert tensor", e_missing, 0, 0, "missing tensor '" T_UP3 "'"},
-    {"wrong shape", e_shape, 0, 0, "has shape [200, 136], the config says [136, 200]"},
+    {"wrong shape", e_shape, 0, 0, "is 2-D [200, 136], the config says 2-D [136, 200]"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     corrupt(src, bad, cases[i].edit, cases[i].trunc, cases[i].hlen);
@@ -467,7 +520,7 @@ static void test_cli_files(void **state) {
   write_text(c2, "{\"model_type\": \"qwen3_moe\", \"num_experts\": 8, \"num_experts_per_tok\": 2, \"hidden_size\": 200,"
                  " \"moe_intermediate_size\": 136, \"num_hidden_layers\": 1}");
   assert_int_equal(sh("'%s' run --model '%s' --input '%s' --output '%s/out.npy'", M, bad, x, g_dir), 1);
-  assert_non_null(strstr(g_err, "model.layers.0.mlp.gate.weight' has shape [4, 200], the config says [8, 200]"));
+  assert_non_null(strstr(g_err, "model.layers.0.mlp.gate.weight' is 2-D [4, 200], the config says 2-D [8, 200]"));
   assert_int_equal(sh("'%s' run --model '%s' --input '%s' --output '%s/out.npy'", M, src, xnan, g_dir), 1);
   assert_non_null(strstr(g_err, "xnan.npy: 1 non-finite value(s), first at [3, 7]"));
   assert_int_not_equal(sh("test -e '%s/out.npy'", g_dir), 0);

@@ -112,6 +112,15 @@ static inline float moe8__expf(float x) {
   return p * moe8__bits_f32((uint32_t)((int32_t)n + 127) << 23);
 }
 
+/* Opens an input file without blocking on FIFOs or devices and checks it
+** is a regular file (file.c); *size gets its length. */
+moe8_status moe8__open_regular(const char *path, int *fd, size_t *size);
+/* Reads a whole regular file of at most cap bytes; *buf is malloc'ed and
+** NUL-terminated. */
+moe8_status moe8__read_small(const char *path, size_t cap, char **buf, size_t *len);
+/* config.json with an optional family override (hfconfig.c). */
+moe8_status moe8__config_load_as(const char *path, const char *model_type, moe8_hf_config *out);
+
 /* Scalar f32 -> i8 as the quantizer needs it: round half even, clamp. */
 int8_t moe8__f32_to_i8(float x);
 

@@ -1,14 +1,14 @@
 /*
-** hfconfig.c — the MoE keys of a Hugging Face config.json (SPEC §9).
+** hfconfig.c — the MoE keys of a Hugging Face config.json, per family
+** (docs/models.md).
 **
-** Key sets: Qwen2-MoE / Qwen3-MoE (num_experts, moe_intermediate_size,
-** norm_topk_prob), Mixtral (num_local_experts, intermediate_size; top-k
-** weights are renormalized), DeepSeek-V3 (n_routed_experts,
-** moe_intermediate_size, scoring_func "sigmoid", routed_scaling_factor,
-** e_score_correction_bias, quantization_config fp8 with
-** weight_block_size).  The architecture comes from model_type, else from
-** which key set is present.  Keys moe8 does not use are ignored; a key it
-** uses with the wrong type is an error naming it.
+** Families: qwen2_moe, qwen3_moe, mixtral, deepseek_v3, chosen by
+** model_type (or, when it is absent, by which expert-count key is
+** present).  Every key moe8 uses takes, when missing or null, the default
+** of the family's reference configuration class; a key with the wrong
+** type, a fraction where an integer belongs or a value out of range is an
+** error naming it.  What moe8 cannot compute exactly (another activation,
+** another routing method, static activation scales) is refused by key.
 */
 #include "../core/internal.h"
 
@@ -29,124 +29,249 @@ const char *moe8_arch_name(moe8_arch a) {
   }
 }
 
-static moe8_status get_int(const cJSON *root, const char *file, const char *key, int64_t *out, bool *found) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-  *found = v != NULL && !cJSON_IsNull(v);
-  if (!*found) return MOE8_OK;
+/* The reference defaults of each family (the configuration classes of the
+** Hugging Face implementations). */
+typedef struct family {
+  moe8_arch   arch;
+  const char *experts_key, *ffn_key;
+  int64_t     hidden, layers, experts, top_k, ffn, shared;
+  bool        norm;
+  double      scaling;
+} family;
+
+static const family k_families[] = {
+  {MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", 2048, 24, 60, 4, 1408, 5632, false, 1.0},
+  {MOE8_ARCH_QWEN3_MOE, "num_experts", "moe_intermediate_size", 2048, 24, 128, 8, 768, 0, false, 1.0},
+  {MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", 4096, 32, 8, 2, 14336, 0, true, 1.0},
+  {MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", 7168, 61, 256, 8, 2048, 1, true, 2.5},
+};
+
+static const cJSON *item(const cJSON *o, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* An integer key in [lo, hi], or def when absent. */
+static moe8_status get_int(const cJSON *o, const char *file, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+  const cJSON *v = item(o, key);
+  if (!v) { *out = def; return MOE8_OK; }
   /* Range first: converting an out-of-range double to an integer is undefined. */
-  if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1e12) || v->valuedouble != floor(v->valuedouble))
-    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a non-negative integer", file, key);
+  if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) || v->valuedouble != floor(v->valuedouble))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be an integer in [%lld, %lld]", file, key, (long long)lo, (long long)hi);
   *out = (int64_t)v->valuedouble;
   return MOE8_OK;
 }
 
-moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name, moe8_hf_config *c) {
-  const char *file = name ? name : "config.json";
-  if (!json || !c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL argument");
-  memset(c, 0, sizeof *c);
-  cJSON *root = cJSON_ParseWithLength(json, len);
-  if (!root) {
-    const char *ep = cJSON_GetErrorPtr();
-    return moe8__fail(MOE8_ERR_PARSE, "%s: malformed JSON near byte %zu", file, ep ? (size_t)(ep - json) : 0);
-  }
-  moe8_status st = MOE8_OK;
-  if (!cJSON_IsObject(root)) { st = moe8__fail(MOE8_ERR_PARSE, "%s: not a JSON object", file); goto done; }
-  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-  if (mt && cJSON_IsString(mt)) snprintf(c->model_type, sizeof c->model_type, "%s", mt->valuestring);
-  bool f_e1, f_e2, f_e3, f_k, f_d, f_moe_f, f_f, f_l;
-  int64_t e1 = 0, e2 = 0, e3 = 0, moe_f = 0, f = 0;
-  if ((st = get_int(root, file, "num_experts", &e1, &f_e1)) || (st = get_int(root, file, "num_local_experts", &e2, &f_e2)) ||
-      (st = get_int(root, file, "n_routed_experts", &e3, &f_e3)) ||
-      (st = get_int(root, file, "num_experts_per_tok", &c->layer.top_k, &f_k)) ||
-      (st = get_int(root, file, "hidden_size", &c->layer.hidden, &f_d)) ||
-      (st = get_int(root, file, "moe_intermediate_size", &moe_f, &f_moe_f)) ||
-      (st = get_int(root, file, "intermediate_size", &f, &f_f)) ||
-      (st = get_int(root, file, "num_hidden_layers", &c->num_layers, &f_l)))
-    goto done;
-  if (!strcmp(c->model_type, "mixtral") || (!c->model_type[0] && f_e2)) c->arch = MOE8_ARCH_MIXTRAL;
-  else if (!strcmp(c->model_type, "deepseek_v3") || (!c->model_type[0] && f_e3)) c->arch = MOE8_ARCH_DEEPSEEK_V3;
-  else if (!strcmp(c->model_type, "qwen3_moe")) c->arch = MOE8_ARCH_QWEN3_MOE;
-  else if (!strcmp(c->model_type, "qwen2_moe") || (!c->model_type[0] && f_e1)) c->arch = MOE8_ARCH_QWEN2_MOE;
-  c->layer.num_experts = f_e1 ? e1 : f_e2 ? e2 : e3;
-  c->layer.ffn = c->arch == MOE8_ARCH_MIXTRAL ? (f_f ? f : moe_f) : (f_moe_f ? moe_f : f);
-  if (!f_l) c->num_layers = 1;
-  if (!(f_e1 || f_e2 || f_e3)) { st = moe8__fail(MOE8_ERR_PARSE, "%s: no expert count (num_experts, num_local_experts or n_routed_experts)", file); goto done; }
-  if (!f_k) { st = moe8__fail(MOE8_ERR_PARSE, "%s: missing \"num_experts_per_tok\"", file); goto done; }
-  if (!f_d) { st = moe8__fail(MOE8_ERR_PARSE, "%s: missing \"hidden_size\"", file); goto done; }
-  if (!(f_moe_f || f_f)) { st = moe8__fail(MOE8_ERR_PARSE, "%s: missing \"moe_intermediate_size\" / \"intermediate_size\"", file); goto done; }
-  /* Routing: defaults per architecture, then explicit keys. */
-  c->layer.norm_topk_prob = c->arch == MOE8_ARCH_MIXTRAL || c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_QWEN3_MOE;
-  c->layer.score = c->arch == MOE8_ARCH_DEEPSEEK_V3 ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob");
-  if (v) {
-    if (!cJSON_IsBool(v)) { st = moe8__fail(MOE8_ERR_PARSE, "%s: \"norm_topk_prob\" must be true or false", file); goto done; }
-    c->layer.norm_topk_prob = cJSON_IsTrue(v);
-  }
-  v = cJSON_GetObjectItemCaseSensitive(root, "scoring_func");
-  if (v) {
-    if (cJSON_IsString(v) && !strcmp(v->valuestring, "softmax")) c->layer.score = MOE8_SCORE_SOFTMAX;
-    else if (cJSON_IsString(v) && !strcmp(v->valuestring, "sigmoid")) c->layer.score = MOE8_SCORE_SIGMOID;
-    else { st = moe8__fail(MOE8_ERR_PARSE, "%s: \"scoring_func\" must be \"softmax\" or \"sigmoid\"", file); goto done; }
-  }
-  v = cJSON_GetObjectItemCaseSensitive(root, "routed_scaling_factor");
-  if (v) {
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)) {
-      st = moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a positive number", file);
-      goto done;
+static moe8_status get_bool(const cJSON *o, const char *file, const char *key, bool def, bool *out) {
+  const cJSON *v = item(o, key);
+  if (!v) { *out = def; return MOE8_OK; }
+  if (!cJSON_IsBool(v)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be true or false", file, key);
+  *out = cJSON_IsTrue(v);
+  return MOE8_OK;
+}
+
+/* A string key equal to one of the allowed values (or absent). */
+static moe8_status want_str(const cJSON *o, const char *file, const char *key, const char *allowed, const char *what) {
+  const cJSON *v = item(o, key);
+  if (!v) return MOE8_OK;
+  if (!cJSON_IsString(v)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a string", file, key);
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", allowed);
+  for (char *save = NULL, *t = strtok_r(buf, "|", &save); t; t = strtok_r(NULL, "|", &save))
+    if (!strcmp(t, v->valuestring)) return MOE8_OK;
+  return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is \"%.60s\": %s", file, key, v->valuestring, what);
+}
+
+static moe8_status parse_root(const cJSON *root, const char *file, const char *override, moe8_hf_config *c) {
+  moe8_status st;
+#define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
+  if (!cJSON_IsObject(root)) return moe8__fail(MOE8_ERR_PARSE, "%s: not a JSON object", file);
+  const cJSON *mt = item(root, "model_type");
+  if (mt && !cJSON_IsString(mt)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" must be a string", file);
+  const char *type = override ? override : mt ? mt->valuestring : NULL;
+  const family *fam = NULL;
+  if (type) {
+    for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
+      if (!strcmp(type, moe8_arch_name(k_families[i].arch))) fam = &k_families[i];
+    if (!fam)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, mixtral, deepseek_v3)%s",
+                        file, override ? "the family override" : "\"model_type\"", type,
+                        override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
+  } else if (item(root, "n_routed_experts")) fam = &k_families[3];
+  else if (item(root, "num_local_experts")) fam = &k_families[2];
+  else if (item(root, "shared_expert_intermediate_size")) fam = &k_families[0];
+  else if (item(root, "num_experts")) fam = &k_families[1];
+  else return moe8__fail(MOE8_ERR_PARSE, "%s: no \"model_type\" and no expert count (num_experts, num_local_experts or n_routed_experts)", file);
+  c->arch = fam->arch;
+  snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt->valuestring : moe8_arch_name(fam->arch));
+  const bool ds = fam->arch == MOE8_ARCH_DEEPSEEK_V3, qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
+  const int64_t BIG = (int64_t)1 << 30;
+  moe8_layer_config *L = &c->layer;
+  TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
+  TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
+  TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
+  TRY(get_int(root, file, fam->experts_key, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
+  TRY(get_int(root, file, "num_experts_per_tok", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
+  TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
+  if (L->top_k > L->num_experts)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds \"%s\" = %lld", file, (long long)L->top_k,
+                      fam->experts_key, (long long)L->num_experts);
+  /* Routing. */
+  L->score = ds ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
+  if (fam->arch == MOE8_ARCH_MIXTRAL) L->norm_topk_prob = true; /* the reference always renormalizes */
+  else TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
+  L->routed_scaling_factor = 1.0f;
+  if (ds) {
+    const cJSON *v = item(root, "routed_scaling_factor");
+    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
+    L->routed_scaling_factor = (float)(v ? v->valuedouble : fam->scaling);
+    TRY(want_str(root, file, "scoring_func", "sigmoid", "DeepSeek-V3 routes by sigmoid scores"));
+    TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
+    TRY(get_int(root, file, "n_group", 8, 1, MOE8_MAX_EXPERTS, &L->n_group));
+    TRY(get_int(root, file, "topk_group", 4, 1, MOE8_MAX_EXPERTS, &L->topk_group));
+    if (L->n_group > 1) {
+      const int64_t E = L->num_experts, G = L->n_group;
+      if (E % G || E / G < 2)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_group\" = %lld must divide \"n_routed_experts\" = %lld into groups of at least 2",
+                          file, (long long)G, (long long)E);
+      if (L->topk_group > G)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_group\" = %lld exceeds \"n_group\" = %lld", file, (long long)L->topk_group,
+                          (long long)G);
+      if (L->top_k > L->topk_group * (E / G))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld experts of \"topk_group\" = %lld groups",
+                          file, (long long)L->top_k, (long long)(L->topk_group * (E / G)), (long long)L->topk_group);
     }
-    c->layer.routed_scaling_factor = (float)v->valuedouble;
+    c->has_bias = L->use_selection_bias = true;
+    int64_t nsh;
+    TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
+    L->shared_ffn = nsh * L->ffn;
+    TRY(get_int(root, file, "first_k_dense_replace", 3, 0, 1 << 20, &c->first_k_dense_replace));
+    TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
+  } else {
+    const cJSON *v = item(root, "scoring_func");
+    if (v) TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax"));
+    c->moe_layer_freq = 1;
   }
-  c->has_bias = c->arch == MOE8_ARCH_DEEPSEEK_V3;
-  c->layer.use_selection_bias = c->has_bias;
-  const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-  if (q) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsObject(q) || !cJSON_IsString(m)) { st = moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.quant_method must be a string", file); goto done; }
-    if (!strcmp(m->valuestring, "fp8")) {
-      const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt"), *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-      if (fmt && !(cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "e4m3"))) {
-        st = moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.fmt must be \"e4m3\"", file);
-        goto done;
+  if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
+    TRY(get_int(root, file, "shared_expert_intermediate_size", fam->shared, 0, BIG, &L->shared_ffn));
+    L->shared_gate = L->shared_ffn > 0;
+  }
+  c->decoder_sparse_step = 1;
+  if (qwen) {
+    TRY(get_int(root, file, "decoder_sparse_step", 1, 1, 1 << 20, &c->decoder_sparse_step));
+    const cJSON *v = item(root, "mlp_only_layers");
+    if (v) {
+      if (!cJSON_IsArray(v)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_only_layers\" must be a list of layer indices", file);
+      const int n = cJSON_GetArraySize(v);
+      if (n > MOE8_MAX_MLP_ONLY) return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_only_layers\" has %d entries (at most %d)", file, n, MOE8_MAX_MLP_ONLY);
+      for (const cJSON *e = v->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < (double)(1 << 20)) || e->valuedouble != floor(e->valuedouble))
+          return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_only_layers\" entry %lld must be a layer index", file, (long long)c->n_mlp_only);
+        c->mlp_only_layers[c->n_mlp_only++] = (int64_t)e->valuedouble;
       }
+    }
+  }
+  /* Weights quantization in the checkpoint. */
+  const cJSON *q = item(root, "quantization_config");
+  if (q) {
+    const cJSON *m = item(q, "quant_method");
+    if (!cJSON_IsObject(q) || !cJSON_IsString(m)) return moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.quant_method must be a string", file);
+    if (!strcmp(m->valuestring, "fp8")) {
+      const cJSON *fmt = item(q, "fmt"), *bs = item(q, "weight_block_size");
+      if (fmt && !(cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "e4m3")))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.fmt must be \"e4m3\"", file);
+      TRY(want_str(q, file, "activation_scheme", "dynamic", "quantization_config.activation_scheme: moe8 quantizes activations dynamically"));
       c->fp8 = true;
       c->block_n = c->block_k = 128;
       if (bs) {
-        if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(bs->child) || !cJSON_IsNumber(bs->child->next) ||
-            bs->child->valuedouble < 1 || bs->child->next->valuedouble < 1) {
-          st = moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.weight_block_size must be [n, k]", file);
-          goto done;
-        }
-        c->block_n = (int64_t)bs->child->valuedouble;
-        c->block_k = (int64_t)bs->child->next->valuedouble;
+        if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2)
+          return moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.weight_block_size must be [n, k]", file);
+        const cJSON *b0 = bs->child, *b1 = b0->next;
+        if (!cJSON_IsNumber(b0) || !cJSON_IsNumber(b1) || !(b0->valuedouble >= 1 && b0->valuedouble <= 65536) ||
+            !(b1->valuedouble >= 1 && b1->valuedouble <= 65536) || b0->valuedouble != floor(b0->valuedouble) ||
+            b1->valuedouble != floor(b1->valuedouble))
+          return moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.weight_block_size must be two integers in [1, 65536]", file);
+        c->block_n = (int64_t)b0->valuedouble;
+        c->block_k = (int64_t)b1->valuedouble;
       }
     }
   }
-  const cJSON *mq = cJSON_GetObjectItemCaseSensitive(root, "moe8_quantization");
+  const cJSON *mq = item(root, "moe8_quantization");
   if (mq) {
-    bool found;
-    if (!cJSON_IsObject(mq) || (st = get_int(mq, file, "tile_size", &c->moe8_tile, &found)) != MOE8_OK) {
-      if (st == MOE8_OK) st = moe8__fail(MOE8_ERR_PARSE, "%s: \"moe8_quantization\" must be an object", file);
-      goto done;
-    }
+    if (!cJSON_IsObject(mq)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe8_quantization\" must be an object", file);
+    int64_t pk;
+    TRY(get_int(mq, file, "tile_size", 0, 0, BIG, &c->moe8_tile));
+    TRY(get_int(mq, file, "packed_layout", 0, 0, 1, &pk));
+    c->moe8_packed = (int)pk;
   }
-  if (c->layer.num_experts < 1 || c->layer.top_k < 1 || c->layer.top_k > c->layer.num_experts || c->layer.hidden < 1 || c->layer.ffn < 1)
-    st = moe8__fail(MOE8_ERR_PARSE, "%s: inconsistent sizes: experts %lld, num_experts_per_tok %lld, hidden %lld, ffn %lld", file,
-                    (long long)c->layer.num_experts, (long long)c->layer.top_k, (long long)c->layer.hidden, (long long)c->layer.ffn);
-done:
+#undef TRY
+  return MOE8_OK;
+}
+
+moe8_status moe8_hf_config_parse_as(const char *json, size_t len, const char *name, const char *model_type, moe8_hf_config *c) {
+  const char *file = name ? name : "config.json";
+  if (!json || !c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL argument");
+  memset(c, 0, sizeof *c);
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+  if (!root) {
+    /* The end pointer of this call (not the library's global one) locates the error. */
+    return moe8__fail(MOE8_ERR_PARSE, "%s: malformed JSON near byte %zu", file, end && end >= json ? (size_t)(end - json) : 0);
+  }
+  moe8_status st = parse_root(root, file, model_type, c);
   cJSON_Delete(root);
+  if (st != MOE8_OK) memset(c, 0, sizeof *c);
+  return st;
+}
+
+moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name, moe8_hf_config *c) {
+  return moe8_hf_config_parse_as(json, len, name, NULL, c);
+}
+
+moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t layer) {
+  if (!c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL");
+  if (layer < 0 || layer >= c->num_layers)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, num_hidden_layers = %lld)", (long long)layer, (long long)c->num_layers);
+  if (c->arch == MOE8_ARCH_DEEPSEEK_V3) {
+    if (layer < c->first_k_dense_replace)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (first_k_dense_replace = %lld): the MoE layers start at %lld",
+                        (long long)layer, (long long)c->first_k_dense_replace, (long long)moe8_hf_config_first_moe_layer(c));
+    if (layer % c->moe_layer_freq)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_freq = %lld)", (long long)layer,
+                        (long long)c->moe_layer_freq);
+  }
+  for (int64_t i = 0; i < c->n_mlp_only; i++)
+    if (c->mlp_only_layers[i] == layer)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (listed in mlp_only_layers)", (long long)layer);
+  if (c->decoder_sparse_step > 1 && (layer + 1) % c->decoder_sparse_step)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (decoder_sparse_step = %lld: MoE where (layer + 1) %% %lld == 0)",
+                      (long long)layer, (long long)c->decoder_sparse_step, (long long)c->decoder_sparse_step);
+  return MOE8_OK;
+}
+
+int64_t moe8_hf_config_first_moe_layer(const moe8_hf_config *c) {
+  if (!c) return -1;
+  for (int64_t l = 0; l < c->num_layers && l < (1 << 20); l++) {
+    if (c->arch == MOE8_ARCH_DEEPSEEK_V3 && (l < c->first_k_dense_replace || (c->moe_layer_freq > 0 && l % c->moe_layer_freq))) continue;
+    bool dense = c->decoder_sparse_step > 1 && (l + 1) % c->decoder_sparse_step;
+    for (int64_t i = 0; i < c->n_mlp_only && !dense; i++) dense = c->mlp_only_layers[i] == l;
+    if (!dense) return l;
+  }
+  return -1;
+}
+
+moe8_status moe8__config_load_as(const char *path, const char *model_type, moe8_hf_config *out) {
+  if (!path || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL argument");
+  char *buf;
+  size_t n;
+  moe8_status st = moe8__read_small(path, (size_t)1 << 20, &buf, &n);
+  if (st != MOE8_OK) return st;
+  st = moe8_hf_config_parse_as(buf, n, path, model_type, out);
+  free(buf);
   return st;
 }
 
 moe8_status moe8_hf_config_load(const char *path, moe8_hf_config *out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return moe8__fail(MOE8_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  char *buf = malloc(1 << 20);
-  const size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
-  const bool big = buf && n == (1 << 20);
-  fclose(f);
-  if (!buf) return moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", path);
-  if (big) { free(buf); return moe8__fail(MOE8_ERR_FORMAT, "%s: larger than 1 MiB", path); }
-  moe8_status st = moe8_hf_config_parse(buf, n, path, out);
-  free(buf);
-  return st;
+  return moe8__config_load_as(path, NULL, out);
 }

@@ -1,27 +1,47 @@
 /*
 ** model.c — a Hugging Face model directory: config.json plus safetensors
-** shards, and the loading of one MoE layer from it (SPEC §9).
+** shards, and the loading of one MoE layer from it (docs/models.md).
 **
 ** Tensor names, for layer L (prefix P = "model.layers.L.mlp." or, for
-** Mixtral, "model.layers.L.block_sparse_moe."):
+** Mixtral, "model.layers.L.block_sparse_moe." when that is what the file
+** has):
 **   P gate.weight                       router, [E, D]
 **   P gate.e_score_correction_bias      DeepSeek-V3 selection bias, [E]
-**   P experts.e.{gate,up,down}_proj.weight  [F, D], [F, D], [D, F] (out × in);
-**     Mixtral: experts.e.{w1,w3,w2}.weight
-**   P experts.e.*.weight_scale_inv      DeepSeek FP8: F32 [ceil(N/bn), ceil(K/bk)]
-**   P experts.gate_up_proj.qweight / .scale, P experts.down_proj.qweight /
-**     .scale                            moe8's own format: [E, D, 2F] and
-**                                       [E, nb, 1, 2F]; [E, F, D] and [E, nb, 1, D]
+**   routed experts, one of:
+**     P experts.e.{gate,up,down}_proj.weight  [F, D], [F, D], [D, F] (out × in)
+**       (Mixtral: experts.e.{w1,w3,w2}.weight); float, or F8_E4M3 with
+**       .weight_scale_inv [ceil(N/bn), ceil(K/bk)] in F32, BF16 or F16;
+**     P experts.gate_up_proj [E, 2F, D] and P experts.down_proj [E, D, F]
+**       (the fused 3-D layout; gate rows first), float;
+**     P experts.gate_up_proj.qweight / .scale, P experts.down_proj.qweight /
+**       .scale: moe8's own [E, D, 2F] codes and [E, nb, 1, 2F] scales, or
+**       .qweight_packed [E, bytes]: the codes in the kernels' packed layout
+**       (moe8_quantization.packed_layout = 1), mapped, never copied;
+**   shared expert: P shared_experts.{gate,up,down}_proj.weight (DeepSeek-V3)
+**     or P shared_expert.{...}.weight and P shared_expert_gate.weight [1, D]
+**     (Qwen2-MoE), float or FP8 blocks.
 ** Every tensor's presence, dtype and shape is checked against the config
-** before anything is used; a message names the tensor, the file and what
-** was expected.
+** before it is used; a message names the tensor, the file and what was
+** expected.  Loading goes expert by expert: an inference layer never holds
+** more than one expert in f32, and the file's pages of an expert are
+** dropped once it is converted.
 */
+#define _DEFAULT_SOURCE 1 /* madvise(MADV_DONTNEED) */
 #include "../core/internal.h"
+#include "../kernels/gmm.h"
+#include "../moe/layer_internal.h"
 
 #include <dirent.h>
+#include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_SHARDS 100000
 
 struct moe8_model {
   moe8_hf_config cfg;
@@ -30,6 +50,7 @@ struct moe8_model {
   const moe8_tensor_view **all;  /* every tensor of every shard, by name */
   size_t         count;
   char           fmt[128];
+  atomic_int     refs;           /* the caller's handle + layers borrowing its mappings */
 };
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -37,53 +58,64 @@ static int cmp_view(const void *a, const void *b) {
   return strcmp((*(const moe8_tensor_view *const *)a)->name, (*(const moe8_tensor_view *const *)b)->name);
 }
 
-void moe8_model_close(moe8_model *m) {
-  if (!m) return;
+static void model_free(moe8_model *m) {
   for (size_t i = 0; i < m->nshards; i++) moe8_st_close(m->shards[i]);
   free(m->shards);
   free(m->all);
   free(m);
 }
 
-moe8_status moe8_model_open(const char *dir, moe8_model **out) {
+static void model_release(void *p) {
+  moe8_model *m = p;
+  if (m && atomic_fetch_sub(&m->refs, 1) == 1) model_free(m);
+}
+
+void moe8_model_close(moe8_model *m) { model_release(m); }
+
+moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_model **out) {
   if (!dir || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
   *out = NULL;
   char path[4096];
   moe8_model *m = calloc(1, sizeof *m);
   if (!m) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  atomic_init(&m->refs, 1);
   snprintf(path, sizeof path, "%s/config.json", dir);
-  moe8_status st = moe8_hf_config_load(path, &m->cfg);
-  if (st != MOE8_OK) { moe8_model_close(m); return st; }
+  moe8_status st = moe8__config_load_as(path, model_type, &m->cfg);
+  if (st != MOE8_OK) { model_free(m); return st; }
   DIR *d = opendir(dir);
-  if (!d) { moe8_model_close(m); return moe8__fail(MOE8_ERR_IO, "%s: cannot open the model directory", dir); }
+  if (!d) { model_free(m); return moe8__fail(MOE8_ERR_IO, "%s: cannot open the model directory", dir); }
   char **names = NULL;
   size_t n = 0, cap = 0;
   for (struct dirent *e; (e = readdir(d));) {
     const size_t l = strlen(e->d_name);
     if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors")) {
+      if (n == MAX_SHARDS) { st = moe8__fail(MOE8_ERR_FORMAT, "%s: more than %d *.safetensors shards", dir, MAX_SHARDS); break; }
       if (n == cap) {
         char **nn = realloc(names, (cap = cap ? cap * 2 : 8) * sizeof *names);
-        if (!nn) break;
+        if (!nn) { st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); break; }
         names = nn;
       }
-      names[n++] = strdup(e->d_name);
+      if (!(names[n] = strdup(e->d_name))) { st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); break; }
+      n++;
     }
   }
   closedir(d);
-  if (n == 0) { free(names); moe8_model_close(m); return moe8__fail(MOE8_ERR_IO, "%s: no *.safetensors file", dir); }
-  qsort(names, n, sizeof *names, cmp_str);
-  m->shards = calloc(n, sizeof *m->shards);
+  if (st == MOE8_OK && n == 0) st = moe8__fail(MOE8_ERR_IO, "%s: no *.safetensors file", dir);
+  if (st == MOE8_OK) {
+    qsort(names, n, sizeof *names, cmp_str);
+    m->shards = calloc(n, sizeof *m->shards);
+    if (!m->shards) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  }
   for (size_t i = 0; i < n && st == MOE8_OK; i++) {
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-    if (!m->shards) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
-    else if ((st = moe8_st_open(path, &m->shards[i])) == MOE8_OK) m->nshards++;
+    if ((st = moe8_st_open(path, &m->shards[i])) == MOE8_OK) m->nshards++;
   }
   for (size_t i = 0; i < n; i++) free(names[i]);
   free(names);
-  if (st != MOE8_OK) { moe8_model_close(m); return st; }
+  if (st != MOE8_OK) { model_free(m); return st; }
   for (size_t i = 0; i < m->nshards; i++) m->count += moe8_st_count(m->shards[i]);
   m->all = malloc((m->count ? m->count : 1) * sizeof *m->all);
-  if (!m->all) { moe8_model_close(m); return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); }
+  if (!m->all) { model_free(m); return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); }
   size_t k = 0;
   for (size_t i = 0; i < m->nshards; i++)
     for (size_t j = 0; j < moe8_st_count(m->shards[i]); j++) m->all[k++] = moe8_st_at(m->shards[i], j);
@@ -91,12 +123,14 @@ moe8_status moe8_model_open(const char *dir, moe8_model **out) {
   for (size_t i = 1; i < m->count; i++)
     if (!strcmp(m->all[i]->name, m->all[i - 1]->name)) {
       st = moe8__fail(MOE8_ERR_FORMAT, "%s: tensor '%s' is in two shards", dir, m->all[i]->name);
-      moe8_model_close(m);
+      model_free(m);
       return st;
     }
   *out = m;
   return MOE8_OK;
 }
+
+moe8_status moe8_model_open(const char *dir, moe8_model **out) { return moe8_model_open_as(dir, NULL, out); }
 
 const moe8_hf_config *moe8_model_config(const moe8_model *m) { return m ? &m->cfg : NULL; }
 size_t moe8_model_tensor_count(const moe8_model *m) { return m ? m->count : 0; }
@@ -110,8 +144,9 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 }
 
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
-  snprintf(buf, cap, "model.layers.%lld.%s", (long long)layer,
-           m && m->cfg.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : "mlp.");
+  snprintf(buf, cap, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)layer);
+  const bool bsm = m && m->cfg.arch == MOE8_ARCH_MIXTRAL && moe8_model_find(m, buf);
+  snprintf(buf, cap, "model.layers.%lld.%s", (long long)layer, bsm ? "block_sparse_moe." : "mlp.");
 }
 
 static const char *proj_name(const moe8_model *m, int which) {
@@ -119,24 +154,34 @@ static const char *proj_name(const moe8_model *m, int which) {
   return m->cfg.arch == MOE8_ARCH_MIXTRAL ? mx[which] : hf[which];
 }
 
-/* Finds a tensor and checks its dtype class and shape. */
+static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
+  buf[0] = 0;
+  for (int i = 0; i < ndim; i++) snprintf(buf + strlen(buf), cap - strlen(buf), "%s%lld", i ? ", " : "", (long long)shape[i]);
+}
+
+/* Finds a tensor and checks its shape. */
 static moe8_status need(const moe8_model *m, const char *name, int ndim, const int64_t *shape, const moe8_tensor_view **out) {
   const moe8_tensor_view *t = moe8_model_find(m, name);
   *out = t;
-  char want[96] = "", got[96] = "";
-  for (int i = 0; i < ndim; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
+  char want[128], got[128];
+  dims(want, sizeof want, ndim, shape);
   if (!t) return moe8__fail(MOE8_ERR_FORMAT, "model: missing tensor '%s' (expected [%s])", name, want);
   bool ok = t->ndim == ndim;
-  for (int i = 0; i < t->ndim; i++) {
-    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    if (ok) ok = t->shape[i] == shape[i];
-  }
-  if (!ok) return moe8__fail(MOE8_ERR_SHAPE, "model: tensor '%s' has shape [%s], the config says [%s]", name, got, want);
+  for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+  dims(got, sizeof got, t->ndim, t->shape);
+  if (!ok) return moe8__fail(MOE8_ERR_SHAPE, "model: tensor '%s' is %d-D [%s], the config says %d-D [%s]", name, t->ndim, got, ndim, want);
   return MOE8_OK;
 }
 
-static bool is_float_file(moe8_file_dtype t) {
-  return t == MOE8_FDT_F32 || t == MOE8_FDT_BF16 || t == MOE8_FDT_F16;
+static bool is_float_file(moe8_file_dtype t) { return t == MOE8_FDT_F32 || t == MOE8_FDT_BF16 || t == MOE8_FDT_F16; }
+
+/* Drops the file pages behind a tensor we are done with (they are read
+** again from the file if needed). */
+static void drop_pages(const moe8_tensor_view *t) {
+  if (!t || !t->nbytes) return;
+  const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data, b = a + t->nbytes;
+  const uintptr_t a0 = (a + pg - 1) / pg * pg, b0 = b / pg * pg; /* whole pages inside the tensor only */
+  if (b0 > a0) (void)madvise((void *)a0, b0 - a0, MADV_DONTNEED);
 }
 
 const char *moe8_model_format(const moe8_model *m, int64_t layer) {
@@ -144,13 +189,21 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   moe8_model *mm = (moe8_model *)m;
   char p[128], n[256];
   moe8_model_prefix(m, layer, p, sizeof p);
-  snprintf(n, sizeof n, "%sexperts.gate_up_proj.qweight", p);
-  const moe8_tensor_view *t = moe8_model_find(m, n);
-  if (t) {
-    snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
-    const moe8_tensor_view *s = moe8_model_find(m, n);
-    const int64_t nb = s && s->ndim == 4 ? s->shape[1] : 0;
-    snprintf(mm->fmt, sizeof mm->fmt, "moe8 %s [E,%lld,1,N]", t->dtype == MOE8_FDT_I8 ? "i8" : "f8e4m3", (long long)nb);
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  const moe8_tensor_view *s = moe8_model_find(m, n), *t;
+  if (s) {
+    snprintf(n, sizeof n, "%sexperts.gate_up_proj.qweight_packed", p);
+    const moe8_tensor_view *pk = moe8_model_find(m, n);
+    snprintf(n, sizeof n, "%sexperts.gate_up_proj.qweight", p);
+    t = pk ? pk : moe8_model_find(m, n);
+    const int64_t nb = s->ndim == 4 ? s->shape[1] : 0;
+    snprintf(mm->fmt, sizeof mm->fmt, "moe8 %s [E,%lld,1,N]%s", t && t->dtype == MOE8_FDT_I8 ? "i8" : "f8e4m3", (long long)nb,
+             pk ? " packed" : "");
+    return mm->fmt;
+  }
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
+  if ((t = moe8_model_find(m, n))) {
+    snprintf(mm->fmt, sizeof mm->fmt, "%s fused 3-D (unquantized)", moe8_file_dtype_name(t->dtype));
     return mm->fmt;
   }
   snprintf(n, sizeof n, "%sexperts.0.%s.weight", p, proj_name(m, 0));
@@ -163,158 +216,354 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   return mm->fmt;
 }
 
-/* Loads an unquantized [out, in] weight transposed into dst [in, out] with
-** row stride ld (so gate and up can share one fused buffer). */
-static moe8_status load_transposed(const moe8_tensor_view *t, float *dst, int64_t out_n, int64_t in_k, int64_t ld, float *tmp) {
-  moe8_status st = moe8_file_to_f32(tmp, t->data, t->dtype, (size_t)(out_n * in_k));
+/* ---- reading one expert ---------------------------------------------------------- */
+/* One expert's weights as the layer takes them: gate|up [D, 2F] and down
+** [F, D], as f32 values or as codes with [nb, 1, N] scales. */
+typedef struct xbuf {
+  float   *gu, *dn;
+  uint8_t *gq, *dq;
+  float   *gs, *ds;
+} xbuf;
+
+static float f32_at(const moe8_tensor_view *t, size_t i) {
+  const unsigned char *p = (const unsigned char *)t->data + i * moe8_file_dtype_size(t->dtype);
+  float v = 0.0f;
+  (void)moe8_file_to_f32(&v, p, t->dtype, 1);
+  return v;
+}
+
+/* An unquantized [N, K] (out × in) weight into dst [K, ld] at column col0. */
+static moe8_status put_float(const moe8_tensor_view *t, const void *data, int64_t N, int64_t K, float *dst, int64_t ld, int64_t col0,
+                             float *tmp) {
+  moe8_status st = moe8_file_to_f32(tmp, data, t->dtype, (size_t)(N * K));
   if (st != MOE8_OK) return st;
-  for (int64_t n = 0; n < out_n; n++)
-    for (int64_t k = 0; k < in_k; k++) dst[k * ld + n] = tmp[n * in_k + k];
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t k = 0; k < K; k++) dst[k * ld + col0 + n] = tmp[n * K + k];
   return MOE8_OK;
 }
 
-/* A DeepSeek FP8 weight q[N, K] with scale_inv[ceil(N/bn), ceil(K/bk)] into
-** the kernels' layout: q transposed into dst[K, ld] at column col0, and
-** per-column K-block scales s[kb, ld] (each block's scale repeated over its
-** bn columns: a 2-D block scale is a special case of [nb, 1, N]). */
-static void load_fp8_block(const moe8_tensor_view *q, const moe8_tensor_view *si, int64_t N, int64_t K, int64_t bn, int64_t bk,
-                           uint8_t *dst, float *s, int64_t ld, int64_t col0) {
+/* A DeepSeek FP8 weight q[N, K] with scale_inv [ceil(N/bn), ceil(K/bk)]
+** into codes dst [K, ld] at col0 and per-column K-block scales s [kb, ld]
+** (each block's scale repeated over its bn columns: a 2-D block scale is a
+** special case of [nb, 1, N]). */
+static void put_fp8(const moe8_tensor_view *q, const moe8_tensor_view *si, int64_t N, int64_t K, int64_t bn, int64_t bk, uint8_t *dst,
+                    float *s, int64_t ld, int64_t col0) {
   const uint8_t *qb = q->data;
-  const unsigned char *sb = si->data;
-  const int64_t nbk = moe8__cdiv(K, bk), nbn = moe8__cdiv(N, bn);
+  const int64_t nbk = moe8__cdiv(K, bk);
   for (int64_t n = 0; n < N; n++)
     for (int64_t k = 0; k < K; k++) dst[k * ld + col0 + n] = qb[n * K + k];
   for (int64_t kb = 0; kb < nbk; kb++)
-    for (int64_t n = 0; n < N; n++) {
-      float v;
-      memcpy(&v, sb + 4 * (size_t)((n / bn) * nbk + kb), 4);
-      s[kb * ld + col0 + n] = v;
-    }
-  (void)nbn;
+    for (int64_t n = 0; n < N; n++) s[kb * ld + col0 + n] = f32_at(si, (size_t)((n / bn) * nbk + kb));
 }
 
-moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, moe8_layer **out) {
+/* FP8 codes whose exponent and mantissa bits are all ones are NaN in e4m3fn. */
+static moe8_status check_codes(const moe8_tensor_view *t) {
+  const uint8_t *q = t->data;
+  for (size_t i = 0; i < t->nbytes; i++)
+    if ((q[i] & 0x7F) == 0x7F)
+      return moe8__fail(MOE8_ERR_NONFINITE, "model: tensor '%s' holds the NaN code 0x%02X at element %zu (byte offset %zu in the file)",
+                        t->name, q[i], i, t->offset + i);
+  return MOE8_OK;
+}
+
+static moe8_status check_scale_tensor(const moe8_tensor_view *t) {
+  const size_t n = t->nbytes / moe8_file_dtype_size(t->dtype);
+  for (size_t i = 0; i < n; i++) {
+    const float v = f32_at(t, i);
+    if (!(v > 0.0f) || !isfinite(v))
+      return moe8__fail(MOE8_ERR_NONFINITE, "model: scale tensor '%s' element %zu is %g (scales must be positive and finite)", t->name, i,
+                        (double)v);
+  }
+  return MOE8_OK;
+}
+
+typedef struct loader {
+  const moe8_model *m;
+  const char       *p;          /* tensor-name prefix of the layer */
+  int64_t           D, bn, bk;
+  float            *tmp;        /* [max(N·K)] */
+  bool              fp8;        /* the routed experts are FP8 blocks */
+} loader;
+
+/* Reads weight w (0 gate, 1 up, 2 down) of one expert whose tensors are
+** named base + {gate,up,down}_proj.weight (or w1/w3/w2), width F. */
+static moe8_status read_proj(loader *ld, const char *base, int w, int64_t F, bool fp8, xbuf *b, const moe8_tensor_view **used) {
+  char n[320];
+  const int64_t D = ld->D, N = w == 2 ? D : F, K = w == 2 ? F : D, shape[2] = {N, K};
+  const moe8_tensor_view *t, *ts;
+  snprintf(n, sizeof n, "%s%s.weight", base, proj_name(ld->m, w));
+  moe8_status st = need(ld->m, n, 2, shape, &t);
+  if (st != MOE8_OK) return st;
+  used[0] = t;
+  if (!fp8) {
+    if (!is_float_file(t->dtype))
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16%s", n, moe8_file_dtype_name(t->dtype),
+                        t->dtype == MOE8_FDT_F8_E4M3 ? " (F8_E4M3 only when the routed experts are F8_E4M3)" : "");
+    return w == 2 ? put_float(t, t->data, N, K, b->dn, D, 0, ld->tmp) : put_float(t, t->data, N, K, b->gu, 2 * F, w ? F : 0, ld->tmp);
+  }
+  if (t->dtype != MOE8_FDT_F8_E4M3)
+    return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s but the routed experts are F8_E4M3 (every expert weight must be)", n,
+                      moe8_file_dtype_name(t->dtype));
+  if ((st = check_codes(t)) != MOE8_OK) return st;
+  snprintf(n, sizeof n, "%s%s.weight_scale_inv", base, proj_name(ld->m, w));
+  const int64_t sshape[2] = {moe8__cdiv(N, ld->bn), moe8__cdiv(K, ld->bk)};
+  if ((st = need(ld->m, n, 2, sshape, &ts)) != MOE8_OK) return st;
+  if (!is_float_file(ts->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(ts->dtype));
+  if ((st = check_scale_tensor(ts)) != MOE8_OK) return st;
+  used[1] = ts;
+  if (w == 2) put_fp8(t, ts, N, K, ld->bn, ld->bk, b->dq, b->ds, D, 0);
+  else put_fp8(t, ts, N, K, ld->bn, ld->bk, b->gq, b->gs, 2 * F, w ? F : 0);
+  return MOE8_OK;
+}
+
+static moe8_status read_expert(loader *ld, const char *base, int64_t F, bool fp8, xbuf *b, bool drop) {
+  const moe8_tensor_view *used[3][2] = {{0}};
+  moe8_status st = MOE8_OK;
+  for (int w = 0; w < 3 && st == MOE8_OK; w++) st = read_proj(ld, base, w, F, fp8, b, used[w]);
+  for (int w = 0; w < 3 && drop; w++) { drop_pages(used[w][0]); drop_pages(used[w][1]); }
+  return st;
+}
+
+static moe8_status xbuf_alloc(xbuf *b, int64_t D, int64_t F, bool codes, int64_t bk) {
+  memset(b, 0, sizeof *b);
+  if (codes) {
+    b->gq = malloc((size_t)(D * 2 * F)); b->dq = malloc((size_t)(F * D));
+    b->gs = malloc(sizeof(float) * (size_t)(moe8__cdiv(D, bk) * 2 * F)); b->ds = malloc(sizeof(float) * (size_t)(moe8__cdiv(F, bk) * D));
+    if (b->gq && b->dq && b->gs && b->ds) return MOE8_OK;
+  } else {
+    b->gu = malloc(sizeof(float) * (size_t)(D * 2 * F)); b->dn = malloc(sizeof(float) * (size_t)(F * D));
+    if (b->gu && b->dn) return MOE8_OK;
+  }
+  return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory for one expert's weights");
+}
+
+static void xbuf_free(xbuf *b) { free(b->gu); free(b->dn); free(b->gq); free(b->dq); free(b->gs); free(b->ds); }
+
+/* The moe8 format: [E, D, 2F] / [E, F, D] codes (or packed) and [E, nb, 1, N] scales. */
+static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *borrowed) {
+  const moe8_model *m = ld->m;
+  const moe8_hf_config *c = &m->cfg;
+  const int64_t E = c->layer.num_experts, D = ld->D, F = c->layer.ffn;
+  const char *p = ld->p;
+  char n[320];
+  const moe8_tensor_view *gq = NULL, *dq = NULL, *gs, *ds;
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  gs = moe8_model_find(m, n);
+  if (!gs || gs->ndim != 4 || gs->dtype != MOE8_FDT_F32 || gs->shape[0] != E || gs->shape[1] < 1 || gs->shape[2] != 1 || gs->shape[3] != 2 * F)
+    return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)(2 * F));
+  /* The tile is in config.json (moe8_quantization.tile_size): a block
+  ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128). */
+  const int64_t nb = gs->shape[1], tile = nb == 1 && c->moe8_tile >= D ? 0 : c->moe8_tile;
+  if (moe8__cdiv(D, tile ? tile : D) != nb)
+    return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' has %lld K blocks, but moe8_quantization.tile_size %lld in config.json gives %lld", n,
+                      (long long)nb, (long long)c->moe8_tile, (long long)moe8__cdiv(D, tile ? tile : D));
+  const int64_t dshape_s[4] = {E, tile ? moe8__cdiv(F, tile) : 1, 1, D};
+  snprintf(n, sizeof n, "%sexperts.down_proj.scale", p);
+  moe8_status st = need(m, n, 4, dshape_s, &ds);
+  if (st != MOE8_OK) return st;
+  if (ds->dtype != MOE8_FDT_F32) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' must be F32", n);
+  if ((st = check_scale_tensor(gs)) != MOE8_OK || (st = check_scale_tensor(ds)) != MOE8_OK) return st;
+  const bool packed = c->moe8_packed == 1;
+  moe8_dtype qt = MOE8_DTYPE_NONE;
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.%s", p, packed ? "qweight_packed" : "qweight");
+  const moe8_tensor_view *probe = moe8_model_find(m, n);
+  if (!probe) return moe8__fail(MOE8_ERR_FORMAT, "model: missing tensor '%s'%s", n, packed ? " (config.json says moe8_quantization.packed_layout 1)" : "");
+  qt = probe->dtype == MOE8_FDT_F8_E4M3 ? MOE8_DTYPE_F8E4M3 : probe->dtype == MOE8_FDT_I8 ? MOE8_DTYPE_I8 : MOE8_DTYPE_NONE;
+  if (qt == MOE8_DTYPE_NONE) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' must be F8_E4M3 or I8, not %s", n, moe8_file_dtype_name(probe->dtype));
+  if (packed) {
+    const int64_t s1[2] = {E, (int64_t)moe8_gmm_packed_size(qt, 1, D, 2 * F)}, s2[2] = {E, (int64_t)moe8_gmm_packed_size(qt, 1, F, D)};
+    if ((st = need(m, n, 2, s1, &gq)) != MOE8_OK) return st;
+    snprintf(n, sizeof n, "%sexperts.down_proj.qweight_packed", p);
+    if ((st = need(m, n, 2, s2, &dq)) != MOE8_OK) return st;
+  } else {
+    const int64_t s1[3] = {E, D, 2 * F}, s2[3] = {E, F, D};
+    if ((st = need(m, n, 3, s1, &gq)) != MOE8_OK) return st;
+    snprintf(n, sizeof n, "%sexperts.down_proj.qweight", p);
+    if ((st = need(m, n, 3, s2, &dq)) != MOE8_OK) return st;
+  }
+  if (dq->dtype != gq->dtype) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' and '%s' must have one dtype", gq->name, dq->name);
+  if (qt == MOE8_DTYPE_F8E4M3 && ((st = check_codes(gq)) != MOE8_OK || (st = check_codes(dq)) != MOE8_OK)) return st;
+  if ((st = moe8__layer_begin_load(L, qt, tile)) != MOE8_OK) return st;
+  /* Scales may be unaligned inside the mapping: copied (they are ~3% of the codes). */
+  float *sg = malloc(gs->nbytes + 4), *sd = malloc(ds->nbytes + 4);
+  if (!sg || !sd) { free(sg); free(sd); return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); }
+  memcpy(sg, gs->data, gs->nbytes);
+  memcpy(sd, ds->data, ds->nbytes);
+  const size_t ngs = gs->nbytes / 4 / (size_t)E, nds = ds->nbytes / 4 / (size_t)E;
+  if (packed && L->inference && moe8__layer_packable(L, 0)) {
+    /* The codes stay where they are: the layer borrows the mapping. */
+    st = moe8__layer_put_packed(L, 0, gq->data, sg, dq->data, sd);
+    if (st == MOE8_OK) { atomic_fetch_add(&mm->refs, 1); *borrowed = true; }
+  } else if (packed) {
+    /* A training layer (or a layout these sizes cannot use): unpack. */
+    uint8_t *g1 = malloc((size_t)(D * 2 * F)), *d1 = malloc((size_t)(F * D));
+    if (!g1 || !d1) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+    const size_t pg = moe8_gmm_packed_size(qt, 1, D, 2 * F), pd = moe8_gmm_packed_size(qt, 1, F, D);
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      const uint8_t *a = (const uint8_t *)gq->data + (size_t)e * pg, *b = (const uint8_t *)dq->data + (size_t)e * pd;
+      for (int64_t k = 0; k < D; k++)
+        for (int64_t j = 0; j < 2 * F; j++) g1[k * 2 * F + j] = a[moe8__pk_offset(qt, D, 2 * F, k, j)];
+      for (int64_t k = 0; k < F; k++)
+        for (int64_t j = 0; j < D; j++) d1[k * D + j] = b[moe8__pk_offset(qt, F, D, k, j)];
+      st = moe8__layer_put_expert(L, 0, e, NULL, NULL, g1, sg + (size_t)e * ngs, d1, sd + (size_t)e * nds);
+    }
+    free(g1); free(d1);
+  } else {
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++)
+      st = moe8__layer_put_expert(L, 0, e, NULL, NULL, (const uint8_t *)gq->data + (size_t)(e * D * 2 * F), sg + (size_t)e * ngs,
+                                  (const uint8_t *)dq->data + (size_t)(e * F * D), sd + (size_t)e * nds);
+    if (L->inference) { drop_pages(gq); drop_pages(dq); }
+  }
+  free(sg); free(sd);
+  return st;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
+                                     moe8_layer **out) {
   if (!m || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
   *out = NULL;
+  moe8_load_options o = {sizeof o, MOE8_LOAD_TRAINING, NULL, NULL};
+  if (opt) {
+    if (opt->size < offsetof(moe8_load_options, progress) || opt->size > (size_t)1 << 16)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "model: moe8_load_options.size = %zu is not a size this library knows", opt->size);
+    memcpy(&o, opt, opt->size < sizeof o ? opt->size : sizeof o);
+  }
+  if (o.mode != MOE8_LOAD_TRAINING && o.mode != MOE8_LOAD_INFERENCE)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "model: unknown load mode %d", (int)o.mode);
   const moe8_hf_config *c = &m->cfg;
-  if (layer < 0 || layer >= c->num_layers)
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "model: layer %lld is outside [0, %lld)", (long long)layer, (long long)c->num_layers);
-  const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn;
-  char p[128], n[256], mp[160];
+  moe8_status st = moe8_hf_config_check_moe_layer(c, layer);
+  if (st != MOE8_OK) return st;
+  const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn, Fs = c->layer.shared_ffn;
+  char p[128], n[320], mp[160];
   moe8_model_prefix(m, layer, p, sizeof p);
   snprintf(mp, sizeof mp, "%sexperts", p);
-  const moe8_tensor_view *t, *ts;
-  moe8_status st;
+  const moe8_tensor_view *t;
   /* Router and bias first: every format has them. */
   snprintf(n, sizeof n, "%sgate.weight", p);
   const int64_t rshape[2] = {E, D};
   if ((st = need(m, n, 2, rshape, &t)) != MOE8_OK) return st;
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
-  const moe8_tensor_view *router = t, *bias = NULL;
+  const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL;
   if (c->has_bias) {
     snprintf(n, sizeof n, "%sgate.e_score_correction_bias", p);
     bias = moe8_model_find(m, n);
     if (bias && (bias->ndim != 1 || bias->shape[0] != E || !is_float_file(bias->dtype)))
       return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld", n, (long long)E);
   }
+  if (Fs > 0 && c->layer.shared_gate) {
+    snprintf(n, sizeof n, "%sshared_expert_gate.weight", p);
+    const int64_t gshape[2] = {1, D};
+    if ((st = need(m, n, 2, gshape, &sgate)) != MOE8_OK) return st;
+    if (!is_float_file(sgate->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sgate->dtype));
+  }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
+  const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
+  loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
+  ld.tmp = malloc(sizeof(float) * (size_t)(big * (big > E ? big : E) + 16));
+  if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   moe8_layer *L = NULL;
-  float *tmp = malloc(sizeof(float) * (size_t)((D > E ? D : E) * (F > E ? F : E) + E * D + 16));
-  if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
-  if ((st = moe8_layer_create(&lc, rules, mp, &L)) != MOE8_OK) { free(tmp); return st; }
-  if ((st = load_transposed(router, moe8_layer_weight(L, MOE8_W_ROUTER, NULL), E, D, E, tmp)) != MOE8_OK) goto fail;
-  if (bias && (st = moe8_file_to_f32(moe8_layer_weight(L, MOE8_W_BIAS, NULL), bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
+  bool borrowed = false, routed_done = false;
+  xbuf b = {0};
+  if ((st = moe8__layer_create(&lc, rules, mp, o.mode == MOE8_LOAD_INFERENCE, &L)) != MOE8_OK) { free(ld.tmp); return st; }
+  if ((st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp)) != MOE8_OK) goto fail;
+  if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
+  if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
 
-  /* moe8's own format? */
-  snprintf(n, sizeof n, "%sexperts.gate_up_proj.qweight", p);
+  /* The routed experts' format. */
+  double t0 = now_s(), last = t0;
+  const int64_t total = E + (Fs > 0);
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   if (moe8_model_find(m, n)) {
-    const moe8_tensor_view *gq, *gs, *dq, *ds;
-    const int64_t gshape[3] = {E, D, 2 * F}, dshape[3] = {E, F, D};
-    if ((st = need(m, n, 3, gshape, &gq)) != MOE8_OK) goto fail;
-    snprintf(n, sizeof n, "%sexperts.down_proj.qweight", p);
-    if ((st = need(m, n, 3, dshape, &dq)) != MOE8_OK) goto fail;
-    const moe8_dtype qt = gq->dtype == MOE8_FDT_F8_E4M3 ? MOE8_DTYPE_F8E4M3 : gq->dtype == MOE8_FDT_I8 ? MOE8_DTYPE_I8 : MOE8_DTYPE_NONE;
-    if (qt == MOE8_DTYPE_NONE || dq->dtype != gq->dtype) {
-      st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' and '%s' must both be F8_E4M3 or I8", gq->name, dq->name);
+    if ((st = load_moe8(&ld, L, (moe8_model *)m, &borrowed)) != MOE8_OK) goto fail;
+    routed_done = true;
+    ld.fp8 = L->wq;
+  }
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
+  const moe8_tensor_view *fgu = routed_done ? NULL : moe8_model_find(m, n), *fdn = NULL;
+  if (!routed_done && fgu) {
+    /* Fused 3-D: gate_up_proj [E, 2F, D] (gate rows, then up rows), down_proj [E, D, F]. */
+    const int64_t s1[3] = {E, 2 * F, D}, s2[3] = {E, D, F};
+    if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
+    snprintf(n, sizeof n, "%sexperts.down_proj", p);
+    if ((st = need(m, n, 3, s2, &fdn)) != MOE8_OK) goto fail;
+    if (!is_float_file(fgu->dtype) || !is_float_file(fdn->dtype)) {
+      st = moe8__fail(MOE8_ERR_DTYPE, "model: fused expert tensors '%s' (%s) and '%s' (%s) must be F32, BF16 or F16", fgu->name,
+                      moe8_file_dtype_name(fgu->dtype), fdn->name, moe8_file_dtype_name(fdn->dtype));
       goto fail;
     }
-    snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
-    gs = moe8_model_find(m, n);
-    if (!gs || gs->ndim != 4 || gs->dtype != MOE8_FDT_F32 || gs->shape[0] != E || gs->shape[1] < 1 || gs->shape[2] != 1 || gs->shape[3] != 2 * F) {
-      st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)(2 * F));
-      goto fail;
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
+    const size_t es1 = moe8_file_dtype_size(fgu->dtype) * (size_t)(2 * F * D), es2 = moe8_file_dtype_size(fdn->dtype) * (size_t)(D * F);
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, 2 * F, D, b.gu, 2 * F, 0, ld.tmp);
+      if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
+      if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }
-    /* The tile is in config.json (moe8_quantization.tile_size): a block
-    ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128). */
-    const int64_t nb = gs->shape[1], tile = nb == 1 && c->moe8_tile >= D ? 0 : c->moe8_tile;
-    if (moe8__cdiv(D, tile ? tile : D) != nb) {
-      st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s' has %lld K blocks, but moe8_quantization.tile_size %lld in config.json gives %lld",
-                      n, (long long)nb, (long long)c->moe8_tile, (long long)moe8__cdiv(D, tile ? tile : D));
-      goto fail;
-    }
-    const int64_t dshape_s[4] = {E, tile ? moe8__cdiv(F, tile) : 1, 1, D};
-    snprintf(n, sizeof n, "%sexperts.down_proj.scale", p);
-    if ((st = need(m, n, 4, dshape_s, &ds)) != MOE8_OK) goto fail;
-    if (ds->dtype != MOE8_FDT_F32) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' must be F32", n); goto fail; }
-    /* Scales may be unaligned inside the mapping: copy them. */
-    float *sgu = malloc(gs->nbytes + 4), *sd = malloc(ds->nbytes + 4);
-    if (!sgu || !sd) { free(sgu); free(sd); st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); goto fail; }
-    memcpy(sgu, gs->data, gs->nbytes);
-    memcpy(sd, ds->data, ds->nbytes);
-    const moe8_prepared pr = {qt, tile, gq->data, sgu, dq->data, sd};
-    st = moe8_layer_load_prepared(L, &pr);
-    free(sgu); free(sd);
+    xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
-    free(tmp);
-    *out = L;
-    return MOE8_OK;
+    routed_done = true;
   }
-
-  /* Per-expert tensors: all unquantized, or all DeepSeek FP8. */
-  snprintf(n, sizeof n, "%sexperts.0.%s.weight", p, proj_name(m, 0));
-  const moe8_tensor_view *first = moe8_model_find(m, n);
-  const bool fp8 = first && first->dtype == MOE8_FDT_F8_E4M3;
-  const int64_t bn = c->block_n ? c->block_n : 128, bk = c->block_k ? c->block_k : 128;
-  uint8_t *gq = NULL, *dq = NULL;
-  float *gsc = NULL, *dsc = NULL;
-  if (fp8) {
-    gq = malloc((size_t)(E * D * 2 * F)); dq = malloc((size_t)(E * F * D));
-    gsc = malloc(sizeof(float) * (size_t)(E * moe8__cdiv(D, bk) * 2 * F)); dsc = malloc(sizeof(float) * (size_t)(E * moe8__cdiv(F, bk) * D));
-    if (!gq || !dq || !gsc || !dsc) { st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); goto fail_fp8; }
-  }
-  float *wg = moe8_layer_weight(L, MOE8_W_GATE, NULL), *wu = moe8_layer_weight(L, MOE8_W_UP, NULL), *wd = moe8_layer_weight(L, MOE8_W_DOWN, NULL);
-  for (int64_t e = 0; e < E; e++)
-    for (int w = 0; w < 3; w++) {
-      const int64_t N = w == 2 ? D : F, K = w == 2 ? F : D, shape[2] = {N, K};
-      snprintf(n, sizeof n, "%sexperts.%lld.%s.weight", p, (long long)e, proj_name(m, w));
-      if ((st = need(m, n, 2, shape, &t)) != MOE8_OK) goto fail_fp8;
-      if (fp8) {
-        if (t->dtype != MOE8_FDT_F8_E4M3) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s but expert 0 is F8_E4M3", n, moe8_file_dtype_name(t->dtype)); goto fail_fp8; }
-        snprintf(n, sizeof n, "%sexperts.%lld.%s.weight_scale_inv", p, (long long)e, proj_name(m, w));
-        const int64_t sshape[2] = {moe8__cdiv(N, bn), moe8__cdiv(K, bk)};
-        if ((st = need(m, n, 2, sshape, &ts)) != MOE8_OK) goto fail_fp8;
-        if (ts->dtype != MOE8_FDT_F32) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' must be F32", n); goto fail_fp8; }
-        if (w == 2) load_fp8_block(t, ts, N, K, bn, bk, dq + e * F * D, dsc + e * moe8__cdiv(F, bk) * D, D, 0);
-        else load_fp8_block(t, ts, N, K, bn, bk, gq + e * D * 2 * F, gsc + e * moe8__cdiv(D, bk) * 2 * F, 2 * F, w ? F : 0);
-      } else {
-        if (!is_float_file(t->dtype)) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16, F16 (or F8_E4M3 for every expert)", n, moe8_file_dtype_name(t->dtype)); goto fail_fp8; }
-        float *dst = w == 0 ? wg + e * D * F : w == 1 ? wu + e * D * F : wd + e * F * D;
-        if ((st = load_transposed(t, dst, N, K, N, tmp)) != MOE8_OK) goto fail_fp8;
-      }
+  if (!routed_done) {
+    snprintf(n, sizeof n, "%sexperts.0.%s.weight", p, proj_name(m, 0));
+    const moe8_tensor_view *first = moe8_model_find(m, n);
+    if (!first) {
+      st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has no expert weights: none of '%s', '%sexperts.gate_up_proj', "
+                      "'%sexperts.gate_up_proj.qweight'", (long long)layer, n, p, p);
+      goto fail;
     }
-  if (fp8) {
-    const moe8_prepared pr = {MOE8_DTYPE_F8E4M3, bk, gq, gsc, dq, dsc};
-    st = moe8_layer_load_prepared(L, &pr);
+    ld.fp8 = first->dtype == MOE8_FDT_F8_E4M3;
+    if ((st = moe8__layer_begin_load(L, ld.fp8 ? MOE8_DTYPE_F8E4M3 : MOE8_DTYPE_NONE, ld.fp8 ? ld.bk : 0)) != MOE8_OK) goto fail;
+    if ((st = xbuf_alloc(&b, D, F, ld.fp8, ld.bk)) != MOE8_OK) goto fail;
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      snprintf(n, sizeof n, "%sexperts.%lld.", p, (long long)e);
+      st = read_expert(&ld, n, F, ld.fp8, &b, L->inference);
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, b.gq, b.gs, b.dq, b.ds);
+      if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
+    }
+    xbuf_free(&b);
+    if (st != MOE8_OK) goto fail;
   }
-fail_fp8:
-  free(gq); free(dq); free(gsc); free(dsc);
-  if (st != MOE8_OK) goto fail;
-  free(tmp);
+  /* The shared expert, in the family's names, as the routed ones are stored. */
+  if (Fs > 0) {
+    snprintf(n, sizeof n, "%s%s.", p, c->arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert");
+    char probe[400];
+    snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, 0));
+    const moe8_tensor_view *sf = moe8_model_find(m, probe);
+    const bool sfp8 = sf && sf->dtype == MOE8_FDT_F8_E4M3;
+    if (sfp8 && !L->wq) {
+      st = moe8__fail(MOE8_ERR_DTYPE, "model: the shared expert '%s' is F8_E4M3 but the routed experts are not quantized", probe);
+      goto fail;
+    }
+    if (sfp8 && L->wspec.tile != ld.bk) {
+      st = moe8__fail(MOE8_ERR_SHAPE, "model: the shared expert's K blocks (%lld) differ from the routed experts' (%lld)", (long long)ld.bk,
+                      (long long)L->wspec.tile);
+      goto fail;
+    }
+    if ((st = xbuf_alloc(&b, D, Fs, sfp8, ld.bk)) == MOE8_OK && (st = read_expert(&ld, n, Fs, sfp8, &b, L->inference)) == MOE8_OK)
+      st = moe8__layer_put_expert(L, 1, 0, b.gu, b.dn, b.gq, b.gs, b.dq, b.ds);
+    xbuf_free(&b);
+    if (st != MOE8_OK) goto fail;
+  }
+  if ((st = moe8__layer_end_load(L)) != MOE8_OK) goto fail;
+  if (o.progress && now_s() - t0 > 1.0) o.progress(o.progress_ctx, total, total);
+  if (borrowed) { L->keep = (void *)m; L->release = model_release; }
+  free(ld.tmp);
   *out = L;
   return MOE8_OK;
 fail:
-  free(tmp);
+  if (borrowed) { L->borrowed = false; L->xs[0].wgu_pk = L->xs[0].wd_pk = NULL; model_release((void *)m); }
+  free(ld.tmp);
   moe8_layer_destroy(L);
   return st;
+}
+
+moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, moe8_layer **out) {
+  return moe8_model_load_layer_ex(m, layer, rules, NULL, out);
 }

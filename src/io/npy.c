@@ -111,16 +111,12 @@ bad:
 moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int *ndim, int64_t shape[MOE8_MAX_DIMS], void **data) {
   if (!path || !data) return moe8__fail(MOE8_ERR_INVALID_ARG, "npy: NULL argument");
   *data = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return moe8__fail(MOE8_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return moe8__fail(MOE8_ERR_IO, "%s: cannot seek", path); }
-  const long sz = ftell(f);
-  rewind(f);
-  unsigned char *buf = sz > 0 ? malloc((size_t)sz) : NULL;
-  if (sz < 0 || (sz > 0 && !buf)) { fclose(f); return moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", path); }
-  const bool ok = sz == 0 || fread(buf, 1, (size_t)sz, f) == (size_t)sz;
-  fclose(f);
-  if (!ok) { free(buf); return moe8__fail(MOE8_ERR_IO, "%s: read error", path); }
+  char *cbuf;
+  size_t len;
+  moe8_status rs = moe8__read_small(path, SIZE_MAX / 2, &cbuf, &len);
+  if (rs != MOE8_OK) return rs;
+  unsigned char *buf = (unsigned char *)cbuf;
+  const long sz = (long)len;
   size_t off;
   moe8_status st = moe8_npy_parse(buf ? (const void *)buf : (const void *)"", (size_t)sz, path, dtype, ndim, shape, &off);
   if (st != MOE8_OK) { free(buf); return st; }

@@ -203,14 +203,10 @@ done:
 moe8_status moe8_st_open(const char *path, moe8_st_file **out) {
   if (!path || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "safetensors: NULL argument");
   *out = NULL;
-  const int fd = open(path, O_RDONLY);
-  if (fd < 0) return moe8__fail(MOE8_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    close(fd);
-    return moe8__fail(MOE8_ERR_IO, "%s: not a regular file", path);
-  }
-  const size_t len = (size_t)sb.st_size;
+  int fd;
+  size_t len;
+  moe8_status ost = moe8__open_regular(path, &fd, &len);
+  if (ost != MOE8_OK) return ost;
   void *map = NULL;
   if (len > 0) {
     map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
