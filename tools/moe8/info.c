@@ -6,10 +6,11 @@
 #include <string.h>
 
 int cmd_info(int argc, char **argv) {
-  const char *dir = NULL;
+  const char *dir = NULL, *arch = NULL;
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--arch") && i + 1 < argc) { arch = argv[++i]; continue; }
     if (cli_is_help(argv[i])) {
-      printf("usage: moe8 info MODEL_DIR\n\nPrints the tensors (name, dtype, shape, bytes), the detected architecture,\n"
+      printf("usage: moe8 info MODEL_DIR [--arch FAMILY]\n\nPrints the tensors (name, dtype, shape, bytes), the detected architecture,\n"
              "the MoE sizes from config.json and the expert-weight quantization.\nexit codes: 0 ok, 1 failure, 2 usage\n");
       return EXIT_OK;
     }
@@ -18,7 +19,7 @@ int cmd_info(int argc, char **argv) {
   }
   if (!dir) { fprintf(stderr, "usage: moe8 info MODEL_DIR\n"); return EXIT_USAGE; }
   moe8_model *m;
-  moe8_status st = moe8_model_open(dir, &m);
+  moe8_status st = moe8_model_open_as(dir, arch, &m);
   if (st != MOE8_OK) return cli_report(st, "info");
   const moe8_hf_config *c = moe8_model_config(m);
   size_t total = 0;
@@ -34,7 +35,35 @@ int cmd_info(int argc, char **argv) {
          (long long)c->layer.num_experts, (long long)c->layer.top_k, (long long)c->layer.hidden, (long long)c->layer.ffn,
          c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid" : "softmax", c->layer.norm_topk_prob ? "true" : "false",
          c->layer.routed_scaling_factor ? (double)c->layer.routed_scaling_factor : 1.0, c->has_bias ? ", selection bias" : "");
-  printf("quantization: layer 0 experts %s%s\n", moe8_model_format(m, 0), c->fp8 ? " (config: quant_method fp8)" : "");
+  if (c->layer.n_group > 1)
+    printf("routing: group-limited top-k: %lld groups of %lld experts, the best %lld kept (group score: sum of the top-2 scores + bias)\n",
+           (long long)c->layer.n_group, (long long)(c->layer.num_experts / c->layer.n_group), (long long)c->layer.topk_group);
+  else
+    printf("routing: top-%lld of %lld (%s)\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
+           c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores" : "softmax over all experts");
+  if (c->layer.shared_ffn > 0)
+    printf("shared expert: width %lld, %s\n", (long long)c->layer.shared_ffn,
+           c->layer.shared_gate ? "scaled by sigmoid(x . shared_expert_gate)" : "added ungated");
+  else
+    printf("shared expert: none\n");
+  /* Which layers are MoE: runs of consecutive indices. */
+  printf("moe layers:");
+  int64_t nmoe = 0, run0 = -1;
+  for (int64_t l = 0; l <= c->num_layers; l++) {
+    const int moe = l < c->num_layers && moe8_hf_config_check_moe_layer(c, l) == MOE8_OK;
+    if (moe && run0 < 0) run0 = l;
+    if (!moe && run0 >= 0) {
+      printf(" %lld%s", (long long)run0, l - 1 > run0 ? "" : "");
+      if (l - 1 > run0) printf("-%lld", (long long)(l - 1));
+      nmoe += l - run0;
+      run0 = -1;
+    }
+  }
+  moe8_clear_error();
+  printf(" (%lld of %lld; the others are dense MLP layers)\n", (long long)nmoe, (long long)c->num_layers);
+  const int64_t l0 = moe8_hf_config_first_moe_layer(c);
+  printf("quantization: layer %lld experts %s%s\n", (long long)(l0 < 0 ? 0 : l0), moe8_model_format(m, l0 < 0 ? 0 : l0),
+         c->fp8 ? " (config: quant_method fp8)" : "");
   printf("tensors: %zu, total %zu bytes (%.2f MiB)\n", moe8_model_tensor_count(m), total, (double)total / 1048576.0);
   moe8_model_close(m);
   return EXIT_OK;

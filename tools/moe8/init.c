@@ -58,14 +58,16 @@ int cmd_init(int argc, char **argv) {
   const bool bf = !strcmp(dtype, "bf16");
   const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
   const size_t es = bf ? 2 : 4;
-  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E);
+  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 4;
   moe8_tensor_view *tv = calloc(per_layer * (size_t)NL, sizeof *tv);
   char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
   void **bufs = calloc(per_layer * (size_t)NL, sizeof *bufs);
   if (!tv || !names || !bufs) { fprintf(stderr, "moe8 init: out of memory\n"); return EXIT_FAIL; }
   size_t nt = 0;
   int rc = EXIT_OK;
+  const int64_t Fs = hc.layer.shared_ffn;
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
+    if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) continue; /* dense MLP layers are not moe8's */
     moe8_layer *L;
     moe8_layer_config lc = hc.layer;
     lc.use_selection_bias = false;
@@ -78,12 +80,22 @@ int cmd_init(int argc, char **argv) {
     /* (name, master, rows N, cols K as stored out x in, master is [K, N] per expert) */
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
-    for (int64_t e = -1; e < E; e++)
-      for (int w = 0; w < (e < 0 ? 1 : 3); w++) {
+    /* e = -1 the router, e = E the shared expert, e = E + 1 its gate. */
+    for (int64_t e = -1; e < E + (Fs > 0 ? 2 : 0); e++)
+      for (int w = 0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
         const float *src;
         int64_t N, K;
         if (e < 0) { src = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL); N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
-        else {
+        else if (e == E + 1) {
+          if (!hc.layer.shared_gate) continue;
+          src = moe8_layer_weight_read(L, MOE8_W_SHARED_GATE_W, NULL); N = 1; K = D;
+          snprintf(names[nt], 256, "%sshared_expert_gate.weight", p);
+        } else if (e == E) {
+          const moe8_weight_id id = w == 0 ? MOE8_W_SHARED_GATE : w == 1 ? MOE8_W_SHARED_UP : MOE8_W_SHARED_DOWN;
+          N = w == 2 ? D : Fs; K = w == 2 ? Fs : D;
+          src = moe8_layer_weight_read(L, id, NULL);
+          snprintf(names[nt], 256, "%s%s.%s.weight", p, hc.arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert", proj[w]);
+        } else {
           const moe8_weight_id id = w == 0 ? MOE8_W_GATE : w == 1 ? MOE8_W_UP : MOE8_W_DOWN;
           N = w == 2 ? D : F; K = w == 2 ? F : D;
           src = moe8_layer_weight_read(L, id, NULL) + e * N * K;

@@ -58,7 +58,9 @@ static void outset_free(outset *o) {
 }
 
 /* Is this tensor an expert weight (or scale) of some layer? */
-static int is_expert_tensor(const char *name) { return strstr(name, ".experts.") != NULL; }
+static int is_expert_tensor(const char *name, int deepseek) {
+  return strstr(name, ".experts.") != NULL || (deepseek && (strstr(name, ".shared_experts.") || strstr(name, ".shared_expert.")));
+}
 
 int cmd_quantize(int argc, char **argv) {
   const char *in = NULL, *outdir = NULL, *rules_path = NULL, *format = "moe8";
@@ -83,6 +85,7 @@ int cmd_quantize(int argc, char **argv) {
   outset o = {0};
   int rc = EXIT_OK, quantized_layers = 0;
   int64_t qtile = 0;
+  int packed_layout = 0;
   moe8_dtype qtype = MOE8_DTYPE_NONE;
   /* Which layers get quantized, and their new tensors. */
   unsigned char *replace = calloc((size_t)hc->num_layers, 1);
@@ -91,6 +94,10 @@ int cmd_quantize(int argc, char **argv) {
     moe8_model_prefix(m, l, p, sizeof p);
     snprintf(mp, sizeof mp, "%sexperts", p);
     const moe8_rule *r = moe8_rules_match(rules, mp);
+    if (moe8_hf_config_check_moe_layer(hc, l) != MOE8_OK) {
+      if (!cli_quiet) printf("layer %lld: a dense MLP layer, copied\n", (long long)l);
+      continue;
+    }
     if (strstr(moe8_model_format(m, l), "unquantized") == NULL) {
       fprintf(stderr, "moe8 quantize: %s: layer %lld is already quantized (%s)\n", in, (long long)l, moe8_model_format(m, l));
       rc = EXIT_FAIL;
@@ -120,15 +127,30 @@ int cmd_quantize(int argc, char **argv) {
       if ((st = moe8_layer_prepare(L)) != MOE8_OK || (st = moe8_layer_prepared(L, &pr)) != MOE8_OK) { rc = cli_report(st, "quantize"); moe8_layer_destroy(L); break; }
       const int64_t nbg = pr.tile ? (D + pr.tile - 1) / pr.tile : 1, nbd = pr.tile ? (F + pr.tile - 1) / pr.tile : 1;
       const moe8_file_dtype fq = pr.dtype == MOE8_DTYPE_I8 ? MOE8_FDT_I8 : MOE8_FDT_F8_E4M3;
+      /* The kernels' packed layout when the K blocks allow (a run maps it
+      ** in place), else the plain [E, K, N] codes. */
+      const int64_t per = pr.dtype == MOE8_DTYPE_I8 ? 4 : 2;
+      const int pk = (!pr.tile || pr.tile % per == 0);
+      const size_t pgu = moe8_gmm_packed_size(pr.dtype, 1, D, 2 * F), pdn = moe8_gmm_packed_size(pr.dtype, 1, F, D);
       const int64_t s1[3] = {E, D, 2 * F}, s2[4] = {E, nbg, 1, 2 * F}, s3[3] = {E, F, D}, s4[4] = {E, nbd, 1, D};
-      const size_t b1 = (size_t)(E * D * 2 * F), b2 = (size_t)(E * nbg * 2 * F) * 4, b3 = (size_t)(E * F * D), b4 = (size_t)(E * nbd * D) * 4;
+      const int64_t p1[2] = {E, (int64_t)pgu}, p3[2] = {E, (int64_t)pdn};
+      const size_t b1 = pk ? (size_t)E * pgu : (size_t)(E * D * 2 * F), b2 = (size_t)(E * nbg * 2 * F) * 4;
+      const size_t b3 = pk ? (size_t)E * pdn : (size_t)(E * F * D), b4 = (size_t)(E * nbd * D) * 4;
       void *c1 = malloc(b1), *c2 = malloc(b2), *c3 = malloc(b3), *c4 = malloc(b4);
-      if (!c1 || !c2 || !c3 || !c4) { rc = EXIT_FAIL; moe8_layer_destroy(L); break; }
-      memcpy(c1, pr.w_gate_up, b1); memcpy(c2, pr.s_gate_up, b2); memcpy(c3, pr.w_down, b3); memcpy(c4, pr.s_down, b4);
-      snprintf(n, sizeof n, "%sexperts.gate_up_proj.qweight", p); add(&o, n, fq, 3, s1, c1, b1, c1);
-      if (!cli_quiet) printf("quantize %s [%lld, %lld, %lld] -> %s\n", n, (long long)E, (long long)D, (long long)(2 * F), moe8_file_dtype_name(fq));
+      if (!c1 || !c2 || !c3 || !c4) { free(c1); free(c2); free(c3); free(c4); rc = EXIT_FAIL; moe8_layer_destroy(L); break; }
+      if (pk) {
+        st = moe8_gmm_pack_rhs(pr.dtype, pr.w_gate_up, E, D, 2 * F, c1);
+        if (st == MOE8_OK) st = moe8_gmm_pack_rhs(pr.dtype, pr.w_down, E, F, D, c3);
+        if (st != MOE8_OK) { free(c1); free(c2); free(c3); free(c4); rc = cli_report(st, "quantize"); moe8_layer_destroy(L); break; }
+      } else {
+        memcpy(c1, pr.w_gate_up, b1); memcpy(c3, pr.w_down, b3);
+      }
+      packed_layout = pk;
+      memcpy(c2, pr.s_gate_up, b2); memcpy(c4, pr.s_down, b4);
+      snprintf(n, sizeof n, "%sexperts.gate_up_proj.%s", p, pk ? "qweight_packed" : "qweight"); add(&o, n, fq, pk ? 2 : 3, pk ? p1 : s1, c1, b1, c1);
+      if (!cli_quiet) printf("quantize %s [%lld, %lld, %lld] -> %s%s\n", n, (long long)E, (long long)D, (long long)(2 * F), moe8_file_dtype_name(fq), pk ? " (packed)" : "");
       snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p); add(&o, n, MOE8_FDT_F32, 4, s2, c2, b2, c2);
-      snprintf(n, sizeof n, "%sexperts.down_proj.qweight", p); add(&o, n, fq, 3, s3, c3, b3, c3);
+      snprintf(n, sizeof n, "%sexperts.down_proj.%s", p, pk ? "qweight_packed" : "qweight"); add(&o, n, fq, pk ? 2 : 3, pk ? p3 : s3, c3, b3, c3);
       if (!cli_quiet) printf("quantize %s [%lld, %lld, %lld] -> %s\n", n, (long long)E, (long long)F, (long long)D, moe8_file_dtype_name(fq));
       snprintf(n, sizeof n, "%sexperts.down_proj.scale", p); add(&o, n, MOE8_FDT_F32, 4, s4, c4, b4, c4);
     } else {
@@ -136,25 +158,33 @@ int cmd_quantize(int argc, char **argv) {
       const char *proj[3] = {hc->arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc->arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                              hc->arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
       const float *mw[3] = {moe8_layer_weight_read(L, MOE8_W_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_UP, NULL), moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
-      for (int64_t e = 0; e < E && rc == EXIT_OK; e++)
+      const float *sw[3] = {moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL),
+                            moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL)};
+      const int64_t Fs = hc->layer.shared_ffn;
+      const char *sname = hc->arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert";
+      /* e = E is the shared expert (when the layer has one). */
+      for (int64_t e = 0; e < E + (Fs > 0) && rc == EXIT_OK; e++)
         for (int w = 0; w < 3 && rc == EXIT_OK; w++) {
-          const int64_t N = w == 2 ? D : F, K = w == 2 ? F : D;
+          const int sh = e == E;
+          const int64_t FF = sh ? Fs : F, N = w == 2 ? D : FF, K = w == 2 ? FF : D;
           float *wt = malloc(sizeof(float) * (size_t)(N * K));
           const size_t ns = (size_t)(((N + 127) / 128) * ((K + 127) / 128));
           void *q = malloc((size_t)(N * K)), *s = malloc(ns * 4);
           if (!wt || !q || !s) { free(wt); free(q); free(s); rc = EXIT_FAIL; break; }
-          const float *src = mw[w] + e * N * K; /* master [K, N] */
+          const float *src = sh ? sw[w] : mw[w] + e * N * K; /* master [K, N] */
           for (int64_t nn = 0; nn < N; nn++)
             for (int64_t k = 0; k < K; k++) wt[nn * K + k] = src[k * N + nn];
           st = moe8_quantize(&spec, wt, 1, N, K, q, s, NULL);
           free(wt);
           if (st != MOE8_OK) { free(q); free(s); rc = cli_report(st, "quantize"); break; }
           const int64_t qs[2] = {N, K}, ss[2] = {(N + 127) / 128, (K + 127) / 128};
-          snprintf(n, sizeof n, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
+          if (sh) snprintf(n, sizeof n, "%s%s.%s.weight", p, sname, proj[w]);
+          else snprintf(n, sizeof n, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
           add(&o, n, MOE8_FDT_F8_E4M3, 2, qs, q, (size_t)(N * K), q);
           if (!cli_quiet) printf("quantize %s [%lld, %lld] -> F8_E4M3 + weight_scale_inv [%lld, %lld]\n", n, (long long)N, (long long)K,
                  (long long)ss[0], (long long)ss[1]);
-          snprintf(n, sizeof n, "%sexperts.%lld.%s.weight_scale_inv", p, (long long)e, proj[w]);
+          if (sh) snprintf(n, sizeof n, "%s%s.%s.weight_scale_inv", p, sname, proj[w]);
+          else snprintf(n, sizeof n, "%sexperts.%lld.%s.weight_scale_inv", p, (long long)e, proj[w]);
           add(&o, n, MOE8_FDT_F32, 2, ss, s, ns * 4, s);
         }
     }
@@ -164,7 +194,7 @@ int cmd_quantize(int argc, char **argv) {
   for (size_t i = 0; i < moe8_model_tensor_count(m) && rc == EXIT_OK; i++) {
     const moe8_tensor_view *t = moe8_model_tensor_at(m, i);
     long long l = -1;
-    if (is_expert_tensor(t->name) && sscanf(t->name, "model.layers.%lld.", &l) == 1 && l >= 0 && l < hc->num_layers && replace[l]) continue;
+    if (is_expert_tensor(t->name, deepseek) && sscanf(t->name, "model.layers.%lld.", &l) == 1 && l >= 0 && l < hc->num_layers && replace[l]) continue;
     add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
   }
   if (rc == EXIT_OK) rc = cli_mkdir(outdir);
@@ -198,6 +228,7 @@ int cmd_quantize(int argc, char **argv) {
         cJSON_AddStringToObject(q, "weight_qtype", moe8_dtype_info(qtype)->name);
         cJSON_AddNumberToObject(q, "tile_size", (double)qtile);
         cJSON_AddStringToObject(q, "scale_layout", "[E, nb, 1, N]");
+        cJSON_AddNumberToObject(q, "packed_layout", packed_layout);
       }
     }
     if (root) {

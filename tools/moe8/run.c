@@ -13,15 +13,29 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L]\n\n"
+  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L] [--arch FAMILY] [--training-load]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
+             "--layer L       the MoE layer to run (default: the first MoE layer of the config)\n"
+             "--arch FAMILY   read config.json as qwen2_moe, qwen3_moe, mixtral or deepseek_v3 (a compatible model_type moe8 does not know)\n"
+             "--training-load build f32 master weights as training does (more memory; same output)\n"
+             "The layer is loaded for inference: expert weights go from the file to the kernels' layout once, without f32 copies.\n"
              "Under mpirun -n P the layer runs expert-parallel (P must divide the experts); rank 0 writes Y.\n"
              "exit codes: 0 ok, 1 failure (bad file, non-finite input; no output written), 2 usage\n");
 }
 
+typedef struct progress_ctx { double t0; int64_t layer; } progress_ctx;
+
+/* A line on stderr about every second once a load has taken two. */
+static void progress(void *ctx, int64_t done, int64_t total) {
+  const progress_ctx *p = ctx;
+  const double t = cli_now() - p->t0;
+  if (t > 2.0) fprintf(stderr, "load: layer %lld: %lld/%lld experts, %.1f s\n", (long long)p->layer, (long long)done, (long long)total, t);
+}
+
 int cmd_run(int argc, char **argv) {
-  const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL;
-  int64_t layer = 0;
+  const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL, *arch = NULL;
+  int64_t layer = -1;
+  int training_load = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (cli_is_help(a)) { usage(stdout); return EXIT_OK; }
@@ -29,6 +43,8 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--input") && v) input = argv[++i];
     else if (!strcmp(a, "--output") && v) output = argv[++i];
     else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
+    else if (!strcmp(a, "--arch") && v) arch = argv[++i];
+    else if (!strcmp(a, "--training-load")) training_load = 1;
     else if (!strcmp(a, "--layer") && v) { char *e; layer = strtoll(v, &e, 10); if (*e || layer < 0) { usage(stderr); return EXIT_USAGE; } i++; }
     else { fprintf(stderr, "moe8 run: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
   }
@@ -39,7 +55,12 @@ int cmd_run(int argc, char **argv) {
   void *x = NULL, *ws = NULL;
   float *xf = NULL, *y = NULL;
   int rc = EXIT_OK;
-  moe8_status st = moe8_model_open(dir, &m);
+  double tl0 = cli_now();
+  moe8_status st = moe8_model_open_as(dir, arch, &m);
+  if (st == MOE8_OK && layer < 0) {
+    layer = moe8_hf_config_first_moe_layer(moe8_model_config(m));
+    if (layer < 0) { fprintf(stderr, "moe8 run: %s: config.json has no MoE layer\n", dir); rc = EXIT_FAIL; goto done; }
+  }
   if (st == MOE8_OK && rules_path) st = moe8_rules_load(rules_path, &rules);
   if (st == MOE8_OK && !rules_path && strstr(moe8_model_format(m, layer), "f8e4m3")) {
     char j[256];
@@ -53,8 +74,13 @@ int cmd_run(int argc, char **argv) {
     }
     st = moe8_rules_parse(j, strlen(j), "dynamic activation rule", &rules);
   }
-  if (st == MOE8_OK) st = moe8_model_load_layer(m, layer, rules, &L);
+  if (st == MOE8_OK) {
+    progress_ctx pc = {tl0, layer};
+    const moe8_load_options lo = {sizeof lo, training_load ? MOE8_LOAD_TRAINING : MOE8_LOAD_INFERENCE, progress, &pc};
+    st = moe8_model_load_layer_ex(m, layer, rules, &lo, &L);
+  }
   if (st != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  if (cli_now() - tl0 > 2.0) fprintf(stderr, "load: layer %lld ready in %.1f s\n", (long long)layer, cli_now() - tl0);
   const int64_t D = moe8_model_config(m)->layer.hidden;
   moe8_file_dtype dt;
   int nd;
