@@ -466,7 +466,9 @@ moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const m
   lc.use_selection_bias = bias != NULL;
   const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
-  ld.tmp = malloc(sizeof(float) * (size_t)(big * (big > E ? big : E) + 16));
+  /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D]. */
+  const int64_t rows_max = 2 * F > big ? (2 * F > E ? 2 * F : E) : (big > E ? big : E);
+  ld.tmp = malloc(sizeof(float) * (size_t)(rows_max * big + 16));
   if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   moe8_layer *L = NULL;
   bool borrowed = false, routed_done = false;

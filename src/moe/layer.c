@@ -555,6 +555,7 @@ static moe8_status check_scales(const moe8_layer *L) {
   const int64_t D = L->cfg.hidden;
   for (int s = 0; s < L->nsets; s++) {
     const moe8__xset *X = &L->xs[s];
+    if (!L->inference && !X->coded) continue; /* quantized from its masters at the end of the load */
     const size_t n[2] = {(size_t)(X->E * nblocks(D, L->wspec.tile) * 2 * X->F), (size_t)(X->E * nblocks(X->F, L->wspec.tile) * D)};
     const float *p[2] = {X->wgu_s, X->wd_s};
     for (int w = 0; w < 2; w++)

@@ -1,0 +1,178 @@
+"""Float64 implementations of the Hugging Face MoE blocks moe8 runs, and a
+tiny safetensors / .npy toolkit, for the family tests.  Nothing here is
+moe8's code: every formula is written from the reference implementations
+(Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
+DeepseekV3MoE with its TopkRouter)."""
+import json
+import struct
+
+import numpy as np
+
+# ---- files -------------------------------------------------------------------------
+_ST = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2), "F8_E4M3": (np.uint8, 1), "U8": (np.uint8, 1)}
+
+
+def bf16_bytes(a):
+    """Round-to-nearest-even f32 -> bf16, as uint16."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return r
+
+
+def bf16_values(a):
+    return (bf16_bytes(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype string, numpy array of the stored values/bytes)."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        dt, arr = tensors[name]
+        if dt == "BF16":
+            raw = bf16_bytes(arr).tobytes()
+        elif dt == "F8_E4M3":
+            raw = np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
+        else:
+            raw = np.ascontiguousarray(arr, dtype=_ST[dt][0]).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def write_npy(path, a):
+    np.save(path, np.ascontiguousarray(a, dtype=np.float32))
+
+
+# ---- FP8 e4m3fn ----------------------------------------------------------------------
+E4M3_VALUES = np.zeros(256)
+for _c in range(256):
+    _s, _e, _m = _c >> 7, (_c >> 3) & 15, _c & 7
+    _v = (_m / 8.0) * 2.0 ** -6 if _e == 0 else (1 + _m / 8.0) * 2.0 ** (_e - 7)
+    E4M3_VALUES[_c] = np.nan if (_c & 0x7F) == 0x7F else (-_v if _s else _v)
+
+
+def e4m3_round(v):
+    """Round to nearest even on the e4m3fn grid, saturating at 448."""
+    v = np.asarray(v, dtype=np.float64)
+    a = np.abs(v)
+    e = np.floor(np.log2(np.maximum(a, 2.0 ** -10)))
+    e = np.maximum(e, -6.0)
+    step = 2.0 ** (e - 3)
+    q = np.minimum(np.round(a / step) * step, 448.0)
+    return np.sign(v) * q
+
+
+def e4m3_encode(q):
+    """Codes of values already on the grid."""
+    q = np.asarray(q, dtype=np.float64)
+    a = np.abs(q)
+    sign = (q < 0).astype(np.uint8) << 7
+    e = np.floor(np.log2(np.maximum(a, 2.0 ** -10)))
+    normal = a >= 2.0 ** -6
+    en = np.where(normal, e, -7)
+    mant = np.where(normal, np.round((a / 2.0 ** en - 1) * 8), np.round(a / 2.0 ** -9))
+    code = np.where(normal, ((en + 7).astype(np.int64) << 3) | mant.astype(np.int64), mant.astype(np.int64))
+    return (sign | code.astype(np.uint8)).astype(np.uint8)
+
+
+def scale_from_absmax(am):
+    """moe8's scale: absmax / 448 in f32, 1 for zero (or tiny) blocks."""
+    s = np.asarray(am, dtype=np.float32) / np.float32(448.0)
+    return np.where(s >= np.float32(2.0 ** -126), s, np.float32(1.0)).astype(np.float32)
+
+
+def quant_rows(x, tile):
+    """Per-row (per token), per K tile of `tile`, e4m3 with f32 scales and
+    an f32 division, as moe8 quantizes activations; returns the
+    dequantized values in f64."""
+    x32 = np.asarray(x, dtype=np.float32)
+    out = np.empty(x32.shape, dtype=np.float64)
+    K = x32.shape[-1]
+    for k0 in range(0, K, tile):
+        blk = x32[..., k0:k0 + tile]
+        s = scale_from_absmax(np.max(np.abs(blk), axis=-1, keepdims=True))
+        out[..., k0:k0 + tile] = e4m3_round((blk / s).astype(np.float32)) * s.astype(np.float64)
+    return out
+
+
+def quant_cols(w, tile):
+    """A weight [K, N] quantized per column per K tile (moe8's
+    [E, K/tile, 1, N] layout for one expert), dequantized, f64."""
+    return quant_rows(np.asarray(w, dtype=np.float32).T, tile).T
+
+
+# ---- blocks --------------------------------------------------------------------------
+def silu(v):
+    return v / (1.0 + np.exp(-v))
+
+
+def mlp(x, wg, wu, wd, act_q=None):
+    """SwiGLU MLP with HF Linear weights (out x in): down(silu(gate x) * up x).
+    act_q: optional activation quantizer applied to x and h."""
+    xa = act_q(x) if act_q else x
+    h = silu(xa @ wg.T) * (xa @ wu.T)
+    if act_q:
+        h = act_q(h)
+    return h @ wd.T
+
+
+def softmax(l):
+    m = l.max(axis=-1, keepdims=True)
+    p = np.exp(l - m)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def topk_idx(v, k):
+    """Indices of the k largest, decreasing; ties to the lower index."""
+    return np.argsort(-v, kind="stable")[:k]
+
+
+def route_softmax(x, wr, k, norm):
+    p = softmax(x @ wr.T)
+    ids = np.array([topk_idx(r, k) for r in p])
+    w = np.take_along_axis(p, ids, axis=1)
+    if norm:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
+def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale):
+    s = 1.0 / (1.0 + np.exp(-(x @ wr.T)))
+    sel = s + bias[None, :]
+    T, E = sel.shape
+    if n_group > 1:
+        g = sel.reshape(T, n_group, E // n_group)
+        gs = np.sort(g, axis=2)[:, :, -2:].sum(axis=2)
+        mask = np.zeros((T, n_group), dtype=bool)
+        for t in range(T):
+            mask[t, topk_idx(gs[t], topk_group)] = True
+        sel = np.where(np.repeat(mask, E // n_group, axis=1), sel, 0.0)
+    ids = np.array([topk_idx(r, k) for r in sel])
+    w = np.take_along_axis(s, ids, axis=1)
+    if norm:
+        w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
+    return ids, w * scale
+
+
+def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None):
+    """routing: (ids [T, k], weights [T, k]); experts[e] = (wg, wu, wd);
+    shared = (wg, wu, wd) or None; shared_gate: [1, D] (Qwen2) or None."""
+    ids, w = routing
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            wg, wu, wd = experts[ids[t, j]]
+            out[t] += w[t, j] * mlp(x[t:t + 1], wg, wu, wd, act_q)[0]
+    if shared is not None:
+        y = mlp(x, *shared, act_q)
+        if shared_gate is not None:
+            y = y / (1.0 + np.exp(-(x @ shared_gate.T)))
+        out = out + y
+    return out

@@ -1,0 +1,286 @@
+"""Each supported family's MoE block, run by `moe8 run` on a small random
+checkpoint written in the family's own tensor names and config keys, against
+a float64 implementation of the Hugging Face block (hfref.py).
+
+Usage: test_families.py MOE8_BINARY
+f32 checkpoints: relative error <= 1e-5.  FP8 (DeepSeek's F8_E4M3 blocks, or
+an f32 checkpoint run with FP8 rules): the same reference with moe8's
+quantizers emulated (per-token 1x128 activations, per-column 128-blocks of
+weights), relative error <= 1e-4 (f32 against f64 summation only)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hfref as R  # noqa: E402
+
+MOE8 = sys.argv[1] if len(sys.argv) > 1 else "moe8"
+FAILS = []
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def run(dirpath, x, extra=()):
+    xp, yp = os.path.join(dirpath, "x.npy"), os.path.join(dirpath, "y.npy")
+    R.write_npy(xp, x)
+    p = subprocess.run([MOE8, "run", "--model", dirpath, "--input", xp, "--output", yp, *extra], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("moe8 run failed (%d): %s" % (p.returncode, p.stderr.strip()))
+    return np.load(yp).astype(np.float64), p.stdout
+
+
+def check(name, got, ref, tol):
+    e = rel(got, ref)
+    ok = e <= tol
+    print("%-58s rel err %.2e (tol %.0e) %s" % (name, e, tol, "ok" if ok else "FAIL"))
+    if not ok:
+        FAILS.append(name)
+
+
+def rnd(rng, *shape, scale=1.0):
+    return rng.standard_normal(shape) * scale
+
+
+def make_experts(rng, E, D, F):
+    return [(rnd(rng, F, D, scale=D ** -0.5), rnd(rng, F, D, scale=D ** -0.5), rnd(rng, D, F, scale=F ** -0.5)) for _ in range(E)]
+
+
+def store(arr, dt):
+    """The values a file of dtype dt holds for arr (what the reference must use)."""
+    return R.bf16_values(arr) if dt == "BF16" else np.asarray(arr, dtype=np.float32).astype(np.float64)
+
+
+def write_model(d, config, tensors):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    R.write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+
+
+def per_expert(tensors, prefix, experts, names, dt):
+    out = []
+    for e, (wg, wu, wd) in enumerate(experts):
+        vals = []
+        for nm, w in zip(names, (wg, wu, wd)):
+            tensors["%sexperts.%d.%s.weight" % (prefix, e, nm)] = (dt, w.astype(np.float32))
+            vals.append(store(w, dt))
+        out.append(tuple(vals))
+    return out
+
+
+RULES_FP8 = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 128}]}
+
+
+def fp8_emulated(experts, shared):
+    """The weights as moe8's FP8 rule quantizes them (per column, 128-blocks along K)."""
+    q = lambda w: R.quant_cols(w.T, 128).T  # HF [out, in] -> [in, out] = [K, N] per column
+    ex = [tuple(q(w) for w in e) for e in experts]
+    sh = tuple(q(w) for w in shared) if shared is not None else None
+    return ex, sh
+
+
+def fam_qwen(tmp, rng, qtype, keys, dt="F32", T=24):
+    E, k, D, F, Fs = 16, 4, 256, 192, 320
+    cfg = {"model_type": qtype, "num_experts": E, "num_experts_per_tok": k, "hidden_size": D, "moe_intermediate_size": F,
+           "num_hidden_layers": 1}
+    cfg.update(keys)
+    p = "model.layers.0.mlp."
+    t = {}
+    wr = rnd(rng, E, D, scale=0.5)
+    t[p + "gate.weight"] = (dt, wr.astype(np.float32))
+    experts = per_expert(t, p, make_experts(rng, E, D, F), ("gate_proj", "up_proj", "down_proj"), dt)
+    shared = sgate = None
+    if qtype == "qwen2_moe":
+        Fs = cfg.get("shared_expert_intermediate_size", 5632)
+        sw = make_experts(rng, 1, D, Fs)[0]
+        shared = []
+        for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+            t[p + "shared_expert.%s.weight" % nm] = (dt, w.astype(np.float32))
+            shared.append(store(w, dt))
+        g = rnd(rng, 1, D, scale=D ** -0.5)
+        t[p + "shared_expert_gate.weight"] = (dt, g.astype(np.float32))
+        sgate = store(g, dt)
+    d = os.path.join(tmp, "%s_%d" % (qtype, len(os.listdir(tmp))))
+    write_model(d, cfg, t)
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    norm = cfg.get("norm_topk_prob", False)
+    routing = R.route_softmax(x, store(wr, dt), k, norm)
+    return d, x, routing, experts, shared, sgate
+
+
+def test_qwen(tmp, rng):
+    for qtype, keys, label in [("qwen2_moe", {"shared_expert_intermediate_size": 320, "norm_topk_prob": False, "hidden_act": "silu",
+                                              "decoder_sparse_step": 1, "mlp_only_layers": []}, "all keys"),
+                               ("qwen2_moe", {"shared_expert_intermediate_size": 320}, "optional keys absent"),
+                               ("qwen3_moe", {"norm_topk_prob": True}, "norm_topk_prob true"),
+                               ("qwen3_moe", {}, "optional keys absent (norm_topk_prob false)")]:
+        d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, qtype, keys)
+        got, _ = run(d, x)
+        check("%s f32, %s" % (qtype, label), got, R.moe_block(x, routing, ex, sh, sg), 1e-5)
+    # bf16 checkpoint
+    d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 320}, dt="BF16")
+    got, _ = run(d, x)
+    check("qwen2_moe bf16 checkpoint", got, R.moe_block(x, routing, ex, sh, sg), 1e-5)
+    # FP8 by rules, quantizers emulated
+    rp = os.path.join(tmp, "fp8_rules.json")
+    with open(rp, "w") as f:
+        json.dump(RULES_FP8, f)
+    for qtype, keys in [("qwen2_moe", {"shared_expert_intermediate_size": 320}), ("qwen3_moe", {})]:
+        d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, qtype, keys)
+        got, _ = run(d, x, ("--rules", rp))
+        qex, qsh = fp8_emulated(ex, sh)
+        check("%s FP8 rules (quantizers emulated)" % qtype, got,
+              R.moe_block(x, routing, qex, qsh, sg, act_q=lambda v: R.quant_rows(v, 128)), 1e-4)
+        # moe8's own format (packed codes, mapped in place): the same bytes
+        q = d + "_moe8"
+        r = subprocess.run([MOE8, "quantize", d, q, "--rules", rp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("moe8 quantize failed: " + r.stderr)
+        got2, out2 = run(q, x)
+        same = np.array_equal(got, got2) and "packed" in out2
+        print("%-58s %s" % ("%s moe8 packed format == f32 file + FP8 rules" % qtype, "ok" if same else "FAIL: " + out2))
+        if not same:
+            FAILS.append("%s moe8 format" % qtype)
+        got3, _ = run(q, x, ("--training-load",))
+        if not np.array_equal(got2, got3):
+            FAILS.append("%s training load" % qtype)
+            print("%s: --training-load differs from the inference load" % qtype)
+
+
+def test_mixtral(tmp, rng):
+    E, k, D, F, T = 8, 2, 256, 160, 20
+    for variant in ("block_sparse_moe", "fused 3-D"):
+        cfg = {"model_type": "mixtral", "num_local_experts": E, "num_experts_per_tok": k, "hidden_size": D, "intermediate_size": F,
+               "num_hidden_layers": 1}
+        t = {}
+        wr = rnd(rng, E, D, scale=0.5)
+        ex = make_experts(rng, E, D, F)
+        if variant == "block_sparse_moe":
+            p = "model.layers.0.block_sparse_moe."
+            t[p + "gate.weight"] = ("F32", wr)
+            experts = per_expert(t, p, ex, ("w1", "w3", "w2"), "F32")
+        else:
+            p = "model.layers.0.mlp."
+            t[p + "gate.weight"] = ("F32", wr)
+            t[p + "experts.gate_up_proj"] = ("F32", np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex]))
+            t[p + "experts.down_proj"] = ("F32", np.stack([dn for _, _, dn in ex]))
+            experts = [tuple(store(w, "F32") for w in e) for e in ex]
+        d = os.path.join(tmp, "mixtral_%d" % len(os.listdir(tmp)))
+        write_model(d, cfg, t)
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        routing = R.route_softmax(x, store(wr, "F32"), k, True)
+        got, _ = run(d, x)
+        check("mixtral f32, %s" % variant, got, R.moe_block(x, routing, experts), 1e-5)
+
+
+def ds_config(E, k, D, F, keys):
+    cfg = {"model_type": "deepseek_v3", "n_routed_experts": E, "num_experts_per_tok": k, "hidden_size": D, "moe_intermediate_size": F,
+           "num_hidden_layers": 2, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "n_shared_experts": 2}
+    cfg.update(keys)
+    return cfg
+
+
+def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32):
+    E, k, D, F = 32, 4, 256, 192
+    cfg = ds_config(E, k, D, F, keys)
+    L = 1  # layer 0 is dense (first_k_dense_replace = 1)
+    p = "model.layers.%d.mlp." % L
+    t = {"model.layers.0.mlp.gate_proj.weight": ("F32", np.zeros((8, D))), }
+    wr = rnd(rng, E, D, scale=0.5)
+    bias = rnd(rng, E, scale=0.05)
+    t[p + "gate.weight"] = ("F32", wr)
+    t[p + "gate.e_score_correction_bias"] = ("F32", bias)
+    Fs = F * cfg.get("n_shared_experts", 1)
+    raw = make_experts(rng, E, D, F)
+    rawsh = make_experts(rng, 1, D, Fs)[0]
+
+    def put(name, w):
+        if not fp8:
+            t[name + ".weight"] = ("F32", w)
+            return store(w, "F32")
+        N, K = w.shape
+        q = np.zeros((N, K))
+        s = np.zeros(((N + 127) // 128, (K + 127) // 128), dtype=np.float32)
+        for i in range(s.shape[0]):
+            for j in range(s.shape[1]):
+                blk = np.asarray(w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128], dtype=np.float32)
+                s[i, j] = R.scale_from_absmax(np.max(np.abs(blk)))
+                q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = R.e4m3_round((blk / s[i, j]).astype(np.float32))
+        t[name + ".weight"] = ("F8_E4M3", R.e4m3_encode(q))
+        sv = store(s, scale_dt)
+        t[name + ".weight_scale_inv"] = (scale_dt, s)
+        return q * np.repeat(np.repeat(sv, 128, axis=0), 128, axis=1)[:N, :K]
+
+    experts = [tuple(put("%sexperts.%d.%s" % (p, e, nm), w) for nm, w in zip(("gate_proj", "up_proj", "down_proj"), ex))
+               for e, ex in enumerate(raw)]
+    shared = tuple(put("%sshared_experts.%s" % (p, nm), w) for nm, w in zip(("gate_proj", "up_proj", "down_proj"), rawsh))
+    if fp8:
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+    d = os.path.join(tmp, "deepseek_%d" % len(os.listdir(tmp)))
+    write_model(d, cfg, t)
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    scale = cfg.get("routed_scaling_factor", 2.5)
+    routing = R.route_deepseek(x, wr.astype(np.float32).astype(np.float64), bias.astype(np.float32).astype(np.float64), k,
+                               cfg["n_group"], cfg["topk_group"], cfg.get("norm_topk_prob", True), scale)
+    return d, x, routing, experts, shared
+
+
+def test_deepseek(tmp, rng):
+    d, x, routing, ex, sh = deepseek_case(tmp, rng, {"routed_scaling_factor": 2.5, "norm_topk_prob": True, "scoring_func": "sigmoid",
+                                                     "topk_method": "noaux_tc"})
+    got, _ = run(d, x)
+    check("deepseek_v3 f32, all keys", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    d, x, routing, ex, sh = deepseek_case(tmp, rng, {})
+    got, _ = run(d, x)
+    check("deepseek_v3 f32, optional keys absent (scaling 2.5)", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    # the group-limited routing matters here: plain top-k differs for most tokens
+    plain = R.route_deepseek(x, *_router_of(d), 4, 1, 1, True, 2.5)
+    differ = sum(set(a) != set(b) for a, b in zip(plain[0], routing[0]))
+    print("deepseek_v3 routing: %d of %d tokens pick other experts without group limits" % (differ, len(x)))
+    if differ < len(x) // 2:
+        FAILS.append("group routing does not matter in this case")
+    for scale_dt in ("F32", "BF16"):
+        d, x, routing, ex, sh = deepseek_case(tmp, rng, {}, fp8=True, scale_dt=scale_dt)
+        got, _ = run(d, x)
+        check("deepseek_v3 FP8 128x128 blocks, %s scale_inv" % scale_dt, got,
+              R.moe_block(x, routing, ex, sh, act_q=lambda v: R.quant_rows(v, 128)), 1e-4)
+        got2, _ = run(d, x, ("--training-load",))
+        if not np.array_equal(got, got2):
+            FAILS.append("deepseek fp8 training load")
+            print("deepseek_v3 FP8: --training-load differs from the inference load")
+
+
+def _router_of(d):
+    import struct as S
+    with open(os.path.join(d, "model.safetensors"), "rb") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        base = 8 + n
+
+        def get(name):
+            m = h[name]
+            f.seek(base + m["data_offsets"][0])
+            return np.frombuffer(f.read(m["data_offsets"][1] - m["data_offsets"][0]), dtype=np.float32).reshape(m["shape"]).astype(np.float64)
+        return get("model.layers.1.mlp.gate.weight"), get("model.layers.1.mlp.gate.e_score_correction_bias")
+
+
+def main():
+    rng = np.random.default_rng(20261201)
+    with tempfile.TemporaryDirectory() as tmp:
+        test_qwen(tmp, rng)
+        test_mixtral(tmp, rng)
+        test_deepseek(tmp, rng)
+    if FAILS:
+        print("FAILED: " + ", ".join(FAILS))
+        sys.exit(1)
+    print("families: ok")
+
+
+if __name__ == "__main__":
+    main()
