@@ -21,9 +21,15 @@
 static int g_rank, g_size;
 static moe8_comm *g_comm;
 
-typedef struct grads { float *dx, *dwr, *dwg, *dwu, *dwd; } grads;
+typedef struct grads { float *dx, *dwr, *dwg, *dwu, *dwd, *sg, *su, *sd, *sgate; } grads;
+
+enum { FS = 24 }; /* the shared expert's width in the shared scenarios */
 
 static void grads_alloc(grads *g, int64_t T, int64_t D, int64_t E, int64_t F) {
+  g->sg = malloc(sizeof(float) * (size_t)(D * FS));
+  g->su = malloc(sizeof(float) * (size_t)(D * FS));
+  g->sd = malloc(sizeof(float) * (size_t)(D * FS));
+  g->sgate = malloc(sizeof(float) * (size_t)D);
   g->dx = malloc(sizeof(float) * (size_t)(T * D + 1));
   g->dwr = malloc(sizeof(float) * (size_t)(D * E));
   g->dwg = malloc(sizeof(float) * (size_t)(E * D * F));
@@ -31,7 +37,9 @@ static void grads_alloc(grads *g, int64_t T, int64_t D, int64_t E, int64_t F) {
   g->dwd = malloc(sizeof(float) * (size_t)(E * F * D));
 }
 
-static void grads_free(grads *g) { free(g->dx); free(g->dwr); free(g->dwg); free(g->dwu); free(g->dwd); }
+static void grads_free(grads *g) {
+  free(g->dx); free(g->dwr); free(g->dwg); free(g->dwu); free(g->dwd); free(g->sg); free(g->su); free(g->sd); free(g->sgate);
+}
 
 static moe8_rules *rules_for(int mode, bool before) {
   if (mode == 0) return NULL;
@@ -61,11 +69,14 @@ typedef struct scenario {
   int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts */
   int         shard_variant;
   float       aux, capacity;
+  int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated) */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
   const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
-  const moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, sc->bias != 0, sc->capacity, sc->aux};
+  moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, sc->bias != 0, sc->capacity, sc->aux};
+  if (sc->shared) { cfg.shared_ffn = FS; cfg.shared_gate = sc->shared == 2; }
+  if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(4242);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
@@ -95,7 +106,7 @@ static void run_scenario(const scenario *sc) {
     grads g;
     grads_alloc(&g, T, D, E, F);
     assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
-    const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd};
+    const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, g.sg, g.su, g.sd, g.sgate};
     assert_int_equal(moe8_layer_backward(L, x, T, r, ws, wsz, &lg), MOE8_OK);
     /* The ring of experts on this rank's shard. */
     moe8_ep *ep;
@@ -105,7 +116,7 @@ static void run_scenario(const scenario *sc) {
     grads_alloc(&eg, Tl, D, E, F);
     moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
     if (st != MOE8_OK) TU_FAIL("%s: ep forward: %s", sc->name, moe8_last_error());
-    const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd};
+    const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, eg.sg, eg.su, eg.sd, eg.sgate};
     st = moe8_ep_backward(ep, x + T0 * D, Tl, r + T0 * D, &el);
     if (st != MOE8_OK) TU_FAIL("%s: ep backward: %s", sc->name, moe8_last_error());
     /* Bytes, against the single process. */
@@ -123,6 +134,12 @@ static void run_scenario(const scenario *sc) {
       for (int64_t e = 0; e < E; e++)
         if (e < e0 || e >= e0 + Eloc)
           for (size_t i = 0; i < per; i++) assert_true(a[e * (int64_t)per + (int64_t)i] == 0.0f);
+    }
+    if (sc->shared) { /* the shared expert's gradients, whole, on every rank */
+      const float *a[4] = {eg.sg, eg.su, eg.sd, eg.sgate}, *b[4] = {g.sg, g.su, g.sd, g.sgate};
+      for (int w = 0; w < (sc->shared == 2 ? 4 : 3); w++)
+        if (memcmp(a[w], b[w], sizeof(float) * (size_t)(w == 3 ? D : D * FS)) != 0)
+          TU_FAIL("%s (%s, P=%d): shared expert gradient %d differs", sc->name, what, g_size, w);
     }
     /* The bytes on the wire: with FP8 before the gather, D·(1 + 4/tile) per token. */
     const moe8_ep_stats *s = moe8_ep_get_stats(ep);
@@ -172,6 +189,10 @@ static void test_ep_equals_single_process(void **state) {
     {"fp8 1x16, expert 5 unused", 2, 1, 0, 0.02f, 0},
     {"fp8 per-token, all tokens on rank 0's experts", 1, 2, 1, 0, 0},
     {"f32 with capacity 1.0", 0, 0, 0, 0, 1.0f},
+    {"f32, DeepSeek-V3 shared expert and group routing", 0, 0, 1, 0, 0, 1},
+    {"fp8 1x16, DeepSeek-V3 shared expert, expert 5 unused", 2, 1, 0, 0.01f, 0, 1},
+    {"fp8 per-token, Qwen2-MoE gated shared expert", 1, 0, 0, 0, 0, 2},
+    {"f32, Qwen2-MoE gated shared expert", 0, 0, 1, 0.01f, 0, 2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_scenario(&cases[i]);
 }

@@ -43,6 +43,9 @@ typedef struct ref {
   double *x, *wr, *wg, *wu, *wd;      /* parameters (perturbed by the FD)     */
   const double *xoff, *hoff;          /* straight-through offsets or NULL     */
   double *h_out;                      /* [T*K, F]: h before its offset        */
+  /* group-limited routing (n_group > 1) and a shared expert (Fs > 0) */
+  int64_t ng, kg, Fs;
+  double *wsg, *wsu, *wsd, *gw;       /* [D, Fs], [D, Fs], [Fs, D], gate [D] or NULL */
 } ref;
 
 static double ref_loss(const ref *p, const double *r) {
@@ -62,14 +65,34 @@ static double ref_loss(const ref *p, const double *r) {
     if (p->score == MOE8_SCORE_SOFTMAX)
       for (int64_t e = 0; e < E; e++) s[e] /= sum;
     int64_t id[64];
-    double wsel[64], wsum = 0.0;
+    double wsel[64], wsum = 0.0, sel[64];
     bool taken[64] = {false};
+    for (int64_t e = 0; e < E; e++) sel[e] = s[e] + (p->bias ? p->bias[e] : 0.0);
+    if (p->ng > 1) { /* keep the kg groups with the largest top-2 sums; zero the others */
+      const int64_t gs = E / p->ng;
+      double gsc[64];
+      bool keep[64] = {false};
+      for (int64_t g = 0; g < p->ng; g++) {
+        double b1 = -1e300, b2 = -1e300;
+        for (int64_t e = g * gs; e < (g + 1) * gs; e++) {
+          if (sel[e] > b1) { b2 = b1; b1 = sel[e]; } else if (sel[e] > b2) b2 = sel[e];
+        }
+        gsc[g] = b1 + b2;
+      }
+      for (int64_t j = 0; j < p->kg; j++) {
+        int64_t bg = -1;
+        for (int64_t g = 0; g < p->ng; g++)
+          if (!keep[g] && (bg < 0 || gsc[g] > gsc[bg])) bg = g;
+        keep[bg] = true;
+      }
+      for (int64_t e = 0; e < E; e++)
+        if (!keep[e / gs]) sel[e] = 0.0;
+    }
     for (int64_t j = 0; j < K; j++) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; e++) {
         if (taken[e]) continue;
-        const double v = s[e] + (p->bias ? p->bias[e] : 0.0), bv = best < 0 ? 0 : s[best] + (p->bias ? p->bias[best] : 0.0);
-        if (best < 0 || v > bv) best = e;
+        if (best < 0 || sel[e] > sel[best]) best = e;
       }
       taken[best] = true;
       id[j] = best;
@@ -97,6 +120,25 @@ static double ref_loss(const ref *p, const double *r) {
         double y = 0.0;
         for (int64_t c = 0; c < F; c++) y += h[c] * p->wd[(e * F + c) * D + d];
         loss += r[t * D + d] * wt * y;
+      }
+    }
+    if (p->Fs > 0) { /* the shared expert, gated by sigmoid(x · gw) when gw is set */
+      double hs[64], gl = 0.0;
+      for (int64_t c = 0; c < p->Fs; c++) {
+        double g = 0.0, u = 0.0;
+        for (int64_t d = 0; d < D; d++) {
+          g += p->x[t * D + d] * p->wsg[d * p->Fs + c];
+          u += p->x[t * D + d] * p->wsu[d * p->Fs + c];
+        }
+        hs[c] = g / (1.0 + exp(-g)) * u;
+      }
+      if (p->gw)
+        for (int64_t d = 0; d < D; d++) gl += p->x[t * D + d] * p->gw[d];
+      const double gate = p->gw ? 1.0 / (1.0 + exp(-gl)) : 1.0;
+      for (int64_t d = 0; d < D; d++) {
+        double y = 0.0;
+        for (int64_t c = 0; c < p->Fs; c++) y += hs[c] * p->wsd[c * D + d];
+        loss += r[t * D + d] * gate * y;
       }
     }
   }
@@ -217,6 +259,58 @@ static void test_f32_gradients_vs_finite_differences(void **state) {
     if (fabs(lf - lr) > 1e-4 * (1.0 + fabs(lr))) TU_FAIL("%s: forward loss %.9g vs reference %.9g", cases[ci].name, lf, lr);
     check_grads(&u, &p, 1e-4, cases[ci].name);
     free(rr); free(p.x); free(p.wr); free(p.wg); free(p.wu); free(p.wd);
+    run_free(&u);
+  }
+}
+
+/* Shared experts (ungated, DeepSeek-V3; sigmoid-gated, Qwen2-MoE) with
+** group-limited routing: every gradient against finite differences. */
+static void test_shared_expert_gradients(void **state) {
+  (void)state;
+  for (int gated = 0; gated < 2; gated++) {
+    moe8_layer_config c = {8, 2, 6, 5, gated ? MOE8_SCORE_SOFTMAX : MOE8_SCORE_SIGMOID, true, gated ? 0.0f : 2.5f, !gated, 0, 0};
+    c.shared_ffn = 7;
+    c.shared_gate = gated;
+    if (!gated) { c.n_group = 4; c.topk_group = 2; }
+    run u;
+    run_init(&u, &c, NULL, 5, 300 + (uint64_t)gated);
+    const int64_t D = u.D, Fs = c.shared_ffn;
+    float *dwsg = malloc(sizeof(float) * (size_t)(D * Fs)), *dwsu = malloc(sizeof(float) * (size_t)(D * Fs));
+    float *dwsd = malloc(sizeof(float) * (size_t)(D * Fs)), *dgw = malloc(sizeof(float) * (size_t)D);
+    double bias[8] = {0};
+    if (c.use_selection_bias) {
+      float *b = moe8_layer_weight(u.L, MOE8_W_BIAS, NULL);
+      for (int64_t e = 0; e < u.E; e++) b[e] = (float)(bias[e] = 0.03 * (double)((e * 5) % 7) - 0.1);
+    }
+    assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, &u.aux, u.ws, u.ws_size), MOE8_OK);
+    const moe8_layer_grads g = {u.dx, u.dwr, u.dwg, u.dwu, u.dwd, dwsg, dwsu, dwsd, gated ? dgw : NULL};
+    if (moe8_layer_backward(u.L, u.x, u.T, u.r, u.ws, u.ws_size, &g) != MOE8_OK) TU_FAIL("backward: %s", moe8_last_error());
+    ref p = {u.T, D, u.F, u.E, u.K, c.score, c.norm_topk_prob, c.routed_scaling_factor != 0 ? c.routed_scaling_factor : 1.0, 0.0,
+             c.use_selection_bias ? bias : NULL,
+             to_double(u.x, (size_t)(u.T * D)), to_double(moe8_layer_weight(u.L, MOE8_W_ROUTER, NULL), (size_t)(D * u.E)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_GATE, NULL), (size_t)(u.E * D * u.F)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_UP, NULL), (size_t)(u.E * D * u.F)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_DOWN, NULL), (size_t)(u.E * u.F * D)), NULL, NULL, NULL,
+             c.n_group, c.topk_group, Fs,
+             to_double(moe8_layer_weight(u.L, MOE8_W_SHARED_GATE, NULL), (size_t)(D * Fs)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_SHARED_UP, NULL), (size_t)(D * Fs)),
+             to_double(moe8_layer_weight(u.L, MOE8_W_SHARED_DOWN, NULL), (size_t)(Fs * D)),
+             gated ? to_double(moe8_layer_weight(u.L, MOE8_W_SHARED_GATE_W, NULL), (size_t)D) : NULL};
+    double *rr = to_double(u.r, (size_t)(u.T * D));
+    double lf = 0.0;
+    for (int64_t i = 0; i < u.T * D; i++) lf += (double)u.r[i] * u.out[i];
+    const double lr = ref_loss(&p, rr);
+    if (fabs(lf - lr) > 1e-4 * (1.0 + fabs(lr))) TU_FAIL("shared %d: forward loss %.9g vs reference %.9g", gated, lf, lr);
+    check_grads(&u, &p, 1e-4, gated ? "shared expert, sigmoid gate" : "shared expert, group routing");
+    const struct { const char *name; double *v; size_t n; const float *gr; } t[] = {
+      {"dWsg", p.wsg, (size_t)(D * Fs), dwsg}, {"dWsu", p.wsu, (size_t)(D * Fs), dwsu}, {"dWsd", p.wsd, (size_t)(Fs * D), dwsd},
+      {"dgate", p.gw, (size_t)D, dgw}};
+    for (int i = 0; i < (gated ? 4 : 3); i++) {
+      const double err = fd_error(&p, rr, t[i].v, t[i].n, t[i].gr);
+      if (!(err <= 1e-4)) TU_FAIL("shared %d: %s normalized error %.3g", gated, t[i].name, err);
+    }
+    free(rr); free(p.x); free(p.wr); free(p.wg); free(p.wu); free(p.wd); free(p.wsg); free(p.wsu); free(p.wsd); free(p.gw);
+    free(dwsg); free(dwsu); free(dwsd); free(dgw);
     run_free(&u);
   }
 }
@@ -548,6 +642,7 @@ int main(void) {
     cmocka_unit_test(test_fused_equals_unfused_no_alloc),
     cmocka_unit_test(test_seed_a_quantize_before_sort),
     cmocka_unit_test(test_f32_gradients_vs_finite_differences),
+    cmocka_unit_test(test_shared_expert_gradients),
     cmocka_unit_test(test_quantized_gradients_straight_through),
     cmocka_unit_test(test_training_reduces_loss),
   };

@@ -58,6 +58,79 @@ static void test_router_ties_and_options(void **state) {
   assert_non_null(strstr(moe8_last_error(), "1 non-finite"));
 }
 
+/* DeepSeek-V3's group-limited top-k: E = 64 in 8 groups, the best 4
+** groups by the sum of their two best (score + bias), then the top 8 of
+** those.  Checked against a direct implementation here, and it must pick
+** other experts than plain top-k for most tokens (else the test proves
+** nothing). */
+static void test_router_group_limited(void **state) {
+  (void)state;
+  enum { T = 64, E = 64, NG = 8, KG = 4, K = 8, GS = E / NG };
+  float *logits = malloc(sizeof(float) * T * E), bias[E], w[T * K], wp[T * K], sc[T * E];
+  int32_t ids[T * K], idp[T * K];
+  tu_rng_reset(99);
+  tu_fill_normal(logits, (size_t)(T * E), 1.5f);
+  tu_fill_normal(bias, E, 0.1f);
+  moe8_router_config cfg = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true,
+                            .routed_scaling_factor = 2.5f, .selection_bias = bias, .n_group = NG, .topk_group = KG};
+  assert_int_equal(moe8_route(&cfg, logits, T, sc, ids, w), MOE8_OK);
+  moe8_router_config plain = cfg;
+  plain.n_group = 0;
+  assert_int_equal(moe8_route(&plain, logits, T, NULL, idp, wp), MOE8_OK);
+  int differ = 0;
+  for (int t = 0; t < T; t++) {
+    /* the reference */
+    float sel[E], gsc[NG];
+    bool keep[NG] = {false}, taken[E] = {false};
+    for (int e = 0; e < E; e++) sel[e] = sc[t * E + e] + bias[e];
+    for (int g = 0; g < NG; g++) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = g * GS; e < (g + 1) * GS; e++) {
+        if (sel[e] > b1) { b2 = b1; b1 = sel[e]; } else if (sel[e] > b2) b2 = sel[e];
+      }
+      gsc[g] = b1 + b2;
+    }
+    for (int j = 0; j < KG; j++) {
+      int bg = -1;
+      for (int g = 0; g < NG; g++) if (!keep[g] && (bg < 0 || gsc[g] > gsc[bg])) bg = g;
+      keep[bg] = true;
+    }
+    float sum = 0.0f;
+    int32_t rid[K];
+    for (int j = 0; j < K; j++) {
+      int be = -1;
+      for (int e = 0; e < E; e++) {
+        const float v = keep[e / GS] ? sel[e] : 0.0f;
+        if (!taken[e] && (be < 0 || v > (keep[be / GS] ? sel[be] : 0.0f))) be = e;
+      }
+      taken[be] = true;
+      rid[j] = be;
+      sum += sc[t * E + be];
+    }
+    for (int j = 0; j < K; j++) {
+      if (ids[t * K + j] != rid[j]) TU_FAIL("token %d slot %d: expert %d, the reference picks %d", t, j, ids[t * K + j], rid[j]);
+      const float ref = sc[t * E + rid[j]] / sum * 2.5f;
+      if (fabsf(w[t * K + j] - ref) > 1e-6f * ref) TU_FAIL("token %d slot %d: weight %g vs %g", t, j, (double)w[t * K + j], (double)ref);
+      if (!keep[ids[t * K + j] / GS]) TU_FAIL("token %d: expert %d from a dropped group", t, ids[t * K + j]);
+    }
+    uint64_t a = 0, b = 0;
+    for (int j = 0; j < K; j++) { a |= 1ull << ids[t * K + j]; b |= 1ull << idp[t * K + j]; }
+    differ += a != b;
+  }
+  if (differ < T / 2) TU_FAIL("group-limited and plain top-k differ for only %d of %d tokens", differ, T);
+  /* Bad group configs name the key. */
+  moe8_router_config bad = cfg;
+  bad.n_group = 5;
+  assert_int_equal(moe8_route(&bad, logits, T, NULL, ids, w), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "n_group"));
+  bad = cfg;
+  bad.topk_group = 1;
+  bad.top_k = 9;
+  assert_int_equal(moe8_route(&bad, logits, T, NULL, ids, w), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "top_k"));
+  free(logits);
+}
+
 static void test_router_logits(void **state) {
   (void)state;
   const int64_t T = 5, D = 37, E = 6;
@@ -277,6 +350,7 @@ int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_router_ties_and_options),
+    cmocka_unit_test(test_router_group_limited),
     cmocka_unit_test(test_router_logits),
     cmocka_unit_test(test_router_logits_isas),
     cmocka_unit_test(test_swiglu_isas),
