@@ -582,7 +582,7 @@ const moe8_tensor_view *moe8_st_find(const moe8_st_file *f, const char *name);
 const char *moe8_st_path(const moe8_st_file *f);
 
 /* Writes tensors (data pointers are the caller's) as one safetensors file
-** through path.tmp and a rename; on failure nothing is left at path. */
+** through moe8_file_write_atomic; on failure nothing is left at path. */
 moe8_status moe8_st_write(const char *path, const moe8_tensor_view *tensors, size_t count);
 
 /* Reads a whole .npy (v1/v2, C order, little-endian <f4, <f2, <u2 read as
@@ -594,8 +594,15 @@ moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_f
 /* Writes a v1 .npy (F32 as <f4, BF16 as <u2, F16 as <f2, I8, U8) via a rename. */
 moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, const int64_t *shape, const void *data);
 
-/* Writes the parts, in order, to path.tmp, flushes and renames it over
-** path; on any failure the temporary file is removed and path is untouched. */
+/* Writes the parts, in order, to path.  A regular file (or a new one) is
+** written to a temporary file created exclusively, with an unpredictable
+** name, in the same directory (mode: the existing file's, else 0666 less
+** the umask), flushed to disk and renamed over path; on any failure the
+** temporary file is removed and path is untouched.  A symbolic link is
+** followed (the file it names is replaced; a dangling link is refused).  A
+** character device or a FIFO with a reader is written in place, never
+** replaced; a directory, block device, socket or reader-less FIFO is
+** refused. */
 moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, const size_t *lens, size_t nparts);
 
 /* Any of F32, F16, BF16, F8_E4M3, F8_E5M2, I8, U8 to f32 (exact). */
@@ -726,6 +733,14 @@ moe8_status moe8_comm_create_single(moe8_comm **out);
 moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out);
 int         moe8_comm_rank(const moe8_comm *c);
 int         moe8_comm_size(const moe8_comm *c);
+/* The collective deadline: with MOE8_EP_TIMEOUT=S (seconds) in the
+** environment when an MPI communicator is created, a rank that waits more
+** than S seconds for another at a collective returns MOE8_ERR_IO naming
+** the collective and the ranks that did not arrive; the communicator is
+** then broken (true here) and the job should end (MPI_Abort): the missing
+** rank can never complete the collective.  Unset or 0: no deadline (the
+** library's default; the moe8 command sets 600 s unless told otherwise). */
+bool        moe8_comm_broken(const moe8_comm *c);
 void        moe8_comm_destroy(moe8_comm *c);
 
 /* What went over the wire in the last forward and backward, as bytes this

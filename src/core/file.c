@@ -6,10 +6,13 @@
 ** a regular file with fstat; only then is the descriptor switched back to
 ** blocking reads.  A directory, FIFO, socket or device is an error naming
 ** the path and what it is.
+**
+** Every output goes through moe8_file_write_atomic: see there.
 */
-#define _GNU_SOURCE 1
+#define _GNU_SOURCE 1 /* O_CLOEXEC, mkstemp, realpath, strndup */
 #include "internal.h"
 
+#include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -69,4 +72,108 @@ moe8_status moe8__read_small(const char *path, size_t cap, char **buf, size_t *l
   *buf = b;
   *len = size;
   return MOE8_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+/* The process's umask without changing it (umask() would, for every
+** thread): the "Umask:" line of /proc/self/status, else 022. */
+static mode_t current_umask(void) {
+  mode_t m = 022;
+  char *buf;
+  size_t len;
+  if (moe8__read_small("/proc/self/status", (size_t)1 << 16, &buf, &len) == MOE8_OK) {
+    const char *u = strstr(buf, "\nUmask:");
+    if (u) m = (mode_t)strtol(u + 7, NULL, 8) & 0777;
+    free(buf);
+  }
+  moe8_clear_error();
+  return m;
+}
+
+static moe8_status write_all(int fd, const char *path, const void *const *parts, const size_t *lens, size_t nparts) {
+  for (size_t i = 0; i < nparts; i++) {
+    const char *p = parts[i];
+    size_t left = lens[i];
+    while (left) {
+      const ssize_t w = write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return moe8__fail(MOE8_ERR_IO, "%s: write failed: %s", path, w < 0 ? strerror(errno) : "no progress");
+      p += w;
+      left -= (size_t)w;
+    }
+  }
+  return MOE8_OK;
+}
+
+moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, const size_t *lens, size_t nparts) {
+  if (!path || !*path || (nparts && (!parts || !lens))) return moe8__fail(MOE8_ERR_INVALID_ARG, "write: NULL or empty argument");
+  /* A symbolic link is followed: the file it names is replaced. */
+  char *target = NULL;
+  struct stat sb;
+  bool exists = false;
+  if (lstat(path, &sb) == 0) {
+    exists = true;
+    if (S_ISLNK(sb.st_mode)) {
+      target = realpath(path, NULL);
+      if (!target) return moe8__fail(MOE8_ERR_IO, "%s: a symbolic link to a missing file or directory (%s): not written", path, strerror(errno));
+      if (stat(target, &sb) != 0) exists = false;
+    }
+  }
+  const char *t = target ? target : path;
+  if (exists && S_ISDIR(sb.st_mode)) {
+    free(target);
+    return moe8__fail(MOE8_ERR_IO, "%s: is a directory, not written", path);
+  }
+  if (exists && !S_ISREG(sb.st_mode)) {
+    /* A device or a FIFO is written in place (e.g. /dev/null, /dev/stdout),
+    ** never replaced; a FIFO without a reader, a socket or a block device is refused. */
+    moe8_status st = MOE8_OK;
+    if (S_ISBLK(sb.st_mode) || S_ISSOCK(sb.st_mode)) st = moe8__fail(MOE8_ERR_IO, "%s: is %s: refused as an output", path, kind(sb.st_mode));
+    int fd = -1;
+    if (st == MOE8_OK && (fd = open(t, O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK)) < 0)
+      st = moe8__fail(MOE8_ERR_IO, "%s: cannot open %s for writing: %s", path, kind(sb.st_mode),
+                      errno == ENXIO ? "no process reads the FIFO" : strerror(errno));
+    if (st == MOE8_OK) {
+      const int fl = fcntl(fd, F_GETFL);
+      if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+      st = write_all(fd, path, parts, lens, nparts);
+    }
+    if (fd >= 0) close(fd);
+    free(target);
+    return st;
+  }
+  /* A regular file (or none): a temporary file created exclusively with an
+  ** unpredictable name in the same directory, written, flushed to disk,
+  ** then renamed over the target; on any failure it is removed and the
+  ** target is untouched. */
+  const size_t tl = strlen(t);
+  const char *slash = strrchr(t, '/');
+  const size_t dl = slash ? (size_t)(slash - t) + 1 : 0;
+  char *tmp = malloc(tl + 16);
+  if (!tmp) { free(target); return moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", path); }
+  memcpy(tmp, t, dl);
+  snprintf(tmp + dl, tl + 16 - dl, ".%s.XXXXXX", t + dl);
+  const int fd = mkstemp(tmp);
+  if (fd < 0) {
+    moe8_status st = moe8__fail(MOE8_ERR_IO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+    free(tmp); free(target);
+    return st;
+  }
+  /* mkstemp makes 0600: the target's mode when it exists, else 0666 less the umask. */
+  (void)fchmod(fd, exists ? (sb.st_mode & 07777) : (0666 & ~current_umask()));
+  moe8_status st = write_all(fd, path, parts, lens, nparts);
+  if (st == MOE8_OK && fsync(fd) != 0 && errno != EINVAL) st = moe8__fail(MOE8_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+  if (close(fd) != 0 && st == MOE8_OK) st = moe8__fail(MOE8_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+  if (st == MOE8_OK && rename(tmp, t) != 0) st = moe8__fail(MOE8_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
+  if (st != MOE8_OK) unlink(tmp);
+  else {
+    /* The rename itself is durable once the directory is flushed. */
+    char *dir = strndup(t, dl ? dl : 1);
+    const int dfd = dir ? open(dl ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) { (void)fsync(dfd); close(dfd); }
+    free(dir);
+  }
+  free(tmp);
+  free(target);
+  return st;
 }

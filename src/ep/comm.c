@@ -39,13 +39,14 @@ moe8_status moe8_comm_create_single(moe8_comm **out) {
   if (!out) return moe8__fail(MOE8_ERR_INVALID_ARG, "comm: NULL argument");
   moe8_comm *c = calloc(1, sizeof *c);
   if (!c) return moe8__fail(MOE8_ERR_NOMEM, "comm: out of memory");
-  *c = (moe8_comm){0, 1, NULL, s_allgatherv, s_alltoallv, s_p2p, s_recv, s_bcast, s_destroy};
+  *c = (moe8_comm){.rank = 0, .size = 1, .allgatherv = s_allgatherv, .alltoallv = s_alltoallv, .send = s_p2p, .recv = s_recv, .bcast = s_bcast, .destroy = s_destroy};
   *out = c;
   return MOE8_OK;
 }
 
 int  moe8_comm_rank(const moe8_comm *c) { return c ? c->rank : 0; }
 int  moe8_comm_size(const moe8_comm *c) { return c ? c->size : 1; }
+bool moe8_comm_broken(const moe8_comm *c) { return c && c->broken; }
 void moe8_comm_destroy(moe8_comm *c) { if (c) c->destroy(c); }
 
 #ifndef MOE8_HAVE_MPI

@@ -11,6 +11,7 @@
 
 struct moe8_comm {
   int   rank, size;
+  bool  broken;   /* a collective missed its deadline */
   void *impl;
   /* recv gets every rank's send, in rank order; recv_bytes[P]. */
   moe8_status (*allgatherv)(moe8_comm *c, const void *send, size_t send_bytes, void *recv, const size_t *recv_bytes);

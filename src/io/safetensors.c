@@ -284,30 +284,3 @@ moe8_status moe8_st_write(const char *path, const moe8_tensor_view *t, size_t co
 
 /* Writes the parts to path.tmp, flushes, renames over path; removes the
 ** temporary file on any failure. */
-moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, const size_t *lens, size_t nparts) {
-  const size_t pl = strlen(path);
-  char *tmp = malloc(pl + 5);
-  if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", path);
-  memcpy(tmp, path, pl);
-  memcpy(tmp + pl, ".tmp", 5);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    moe8_status st = moe8__fail(MOE8_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    free(tmp);
-    return st;
-  }
-  bool ok = true;
-  for (size_t i = 0; i < nparts && ok; i++) ok = !lens[i] || fwrite(parts[i], 1, lens[i], f) == lens[i];
-  ok = (fflush(f) == 0) & ok;
-  ok = (fsync(fileno(f)) == 0 || errno == EINVAL) & ok;
-  ok = (fclose(f) == 0) & ok;
-  if (!ok || rename(tmp, path) != 0) {
-    const int err = errno;
-    remove(tmp);
-    moe8_status st = moe8__fail(MOE8_ERR_IO, "%s: write failed: %s", path, strerror(err));
-    free(tmp);
-    return st;
-  }
-  free(tmp);
-  return MOE8_OK;
-}

@@ -47,6 +47,9 @@ int cli_report(moe8_status st, const char *what);
 /* Wall-clock seconds from a monotonic clock. */
 double cli_now(void);
 
+/* True when a and b name the same existing file (device and inode). */
+int cli_same_file(const char *a, const char *b);
+
 /* True when argv[i] is -h or --help. */
 int cli_is_help(const char *arg);
 

@@ -26,6 +26,8 @@ moe8_status cli_comm_open(moe8_comm **out) {
       g_inited = 1;
     }
     MPI_Comm world = MPI_COMM_WORLD;
+    /* The command's collective deadline: 600 s unless MOE8_EP_TIMEOUT says otherwise. */
+    if (!getenv("MOE8_EP_TIMEOUT")) setenv("MOE8_EP_TIMEOUT", "600", 0);
     return moe8_comm_create_mpi(&world, out);
   }
 #endif
@@ -33,6 +35,15 @@ moe8_status cli_comm_open(moe8_comm **out) {
 }
 
 void cli_comm_close(moe8_comm *c) {
+#ifdef MOE8_HAVE_MPI
+  if (g_inited && moe8_comm_broken(c)) {
+    /* A rank missed a deadline: it cannot finish any collective, so the
+    ** job ends here, non-zero (the message was printed by the caller). */
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+#endif
   moe8_comm_destroy(c);
 #ifdef MOE8_HAVE_MPI
   if (g_inited) { MPI_Finalize(); g_inited = 0; }
