@@ -10,9 +10,12 @@
 ** tensors overlap.  Every error names the file and the tensor, and the
 ** byte offset where it applies.
 **
+** Limits: a header of at most 100 MiB and 200 000 tensors (counted before
+** the JSON is parsed, so memory stays bounded).
+**
 ** Writing builds the header with cJSON, pads it with spaces to a multiple
-** of 8 bytes, writes path.tmp and renames it over path, so a failure never
-** leaves a half file.
+** of 8 bytes and writes it through moe8_file_write_atomic, so a failure
+** never leaves a half file.
 */
 #include "../core/internal.h"
 
@@ -27,6 +30,7 @@
 #include <unistd.h>
 
 #define HEADER_CAP ((uint64_t)100 << 20)
+#define MOE8_ST_MAX_TENSORS 200000
 
 static const struct { const char *name; size_t size; } g_fdt[MOE8_FDT_COUNT] = {
   [MOE8_FDT_F32] = {"F32", 4}, [MOE8_FDT_F16] = {"F16", 2}, [MOE8_FDT_BF16] = {"BF16", 2},
@@ -136,10 +140,20 @@ moe8_status moe8_st_parse(const void *buf, size_t len, const char *name, moe8_st
   if (hlen > len - 8)
     return moe8__fail(MOE8_ERR_FORMAT, "%s: header length %llu at byte 0 runs past the end of the file (%zu bytes; truncated?)", file,
                       (unsigned long long)hlen, len);
+  /* Bounded memory: the parse tree costs some hundred bytes a tensor, so
+  ** the tensor count is checked before parsing (an upper bound: the
+  ** "data_offsets" keys). */
+  size_t ntens = 0;
+  const char *hb = (const char *)p + 8, *he = hb + hlen;
+  for (const char *q = hb; (q = memchr(q, 'd', (size_t)(he - q))) != NULL; q++)
+    if ((size_t)(he - q) >= 12 && !memcmp(q, "data_offsets", 12)) ntens++;
+  if (ntens > MOE8_ST_MAX_TENSORS)
+    return moe8__fail(MOE8_ERR_FORMAT, "%s: the header lists %zu tensors, more than the %d one file may hold", file, ntens,
+                      MOE8_ST_MAX_TENSORS);
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts((const char *)p + 8, (size_t)hlen, &end, false);
   if (!root) {
-    const char *ep = cJSON_GetErrorPtr();
+    const char *ep = end; /* this call's, not the library's global pointer */
     const size_t at = ep ? (size_t)(ep - ((const char *)p + 8)) + 8 : 8;
     return moe8__fail(MOE8_ERR_FORMAT, "%s: malformed JSON header near byte %zu", file, at);
   }

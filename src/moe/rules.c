@@ -190,7 +190,9 @@ moe8_status moe8_rules_parse(const char *json, size_t len, const char *name, moe
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
   if (!root) {
-    const char *ep = cJSON_GetErrorPtr();
+    /* This call's end pointer locates the error (the library's global error
+    ** pointer is shared by every thread). */
+    const char *ep = end;
     size_t off = ep && ep >= json && ep <= json + len ? (size_t)(ep - json) : len;
     int line, col;
     line_col(&c, off, &line, &col);

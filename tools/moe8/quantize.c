@@ -17,14 +17,16 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe8 quantize IN_DIR OUT_DIR --rules RULES.json [--format moe8|deepseek]\n\n"
+  fprintf(f, "usage: moe8 quantize IN_DIR OUT_DIR --rules RULES.json [--format moe8|deepseek] [--force]\n\n"
              "Pre-quantizes the expert weights of each layer whose '<prefix>experts' module path matches a\n"
              "rule with a weight_qtype (f8e4m3 or int8; f8e5m2 is left unquantized with a notice).\n"
              "  --format moe8      [E, nb, 1, N] scales as the fused kernels consume them (default)\n"
              "  --format deepseek  DeepSeek-V3 FP8: F8_E4M3 .weight + F32 .weight_scale_inv per 128x128 block\n"
              "Other tensors are copied. One progress line per tensor.\n"
+             "OUT_DIR must not be IN_DIR; a model already in OUT_DIR is replaced only with --force.\n"
              "exit codes: 0 ok, 1 failure (nothing written), 2 usage\n");
 }
 
@@ -64,10 +66,12 @@ static int is_expert_tensor(const char *name, int deepseek) {
 
 int cmd_quantize(int argc, char **argv) {
   const char *in = NULL, *outdir = NULL, *rules_path = NULL, *format = "moe8";
+  int force = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (cli_is_help(a)) { usage(stdout); return EXIT_OK; }
     if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
+    else if (!strcmp(a, "--force")) force = 1;
     else if (!strcmp(a, "--format") && v) format = argv[++i];
     else if (a[0] != '-' && !in) in = a;
     else if (a[0] != '-' && !outdir) outdir = a;
@@ -75,6 +79,27 @@ int cmd_quantize(int argc, char **argv) {
   }
   const int deepseek = !strcmp(format, "deepseek");
   if (!in || !outdir || !rules_path || (!deepseek && strcmp(format, "moe8"))) { usage(stderr); return EXIT_USAGE; }
+  /* Never over the input, and not over another model unless asked. */
+  if (cli_same_file(in, outdir)) {
+    fprintf(stderr, "moe8 quantize: the output directory %s is the input model %s: refused\n", outdir, in);
+    return EXIT_FAIL;
+  }
+  {
+    char a1[4096], a2[4096];
+    const char *files[2] = {"config.json", "model.safetensors"};
+    for (int k = 0; k < 2; k++) {
+      snprintf(a1, sizeof a1, "%s/%s", outdir, files[k]);
+      snprintf(a2, sizeof a2, "%s/%s", in, files[k]);
+      if (cli_same_file(a1, a2)) {
+        fprintf(stderr, "moe8 quantize: %s is the input's %s: refused\n", a1, a2);
+        return EXIT_FAIL;
+      }
+      if (!force && access(a1, F_OK) == 0) {
+        fprintf(stderr, "moe8 quantize: %s already holds a model (%s): refused without --force\n", outdir, a1);
+        return EXIT_FAIL;
+      }
+    }
+  }
   moe8_rules *rules = NULL;
   moe8_model *m = NULL;
   moe8_status st = moe8_rules_load(rules_path, &rules);

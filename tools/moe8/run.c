@@ -8,6 +8,7 @@
 */
 #include "cli.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,27 @@ static void usage(FILE *f) {
              "The layer is loaded for inference: expert weights go from the file to the kernels' layout once, without f32 copies.\n"
              "Under mpirun -n P the layer runs expert-parallel (P must divide the experts); rank 0 writes Y.\n"
              "exit codes: 0 ok, 1 failure (bad file, non-finite input; no output written), 2 usage\n");
+}
+
+/* The output must not be one of the inputs (same file, by device and inode). */
+static int output_is_input(const char *output, const char *input, const char *dir) {
+  if (cli_same_file(output, input)) {
+    fprintf(stderr, "moe8 run: the output %s is the input %s: refused\n", output, input);
+    return 1;
+  }
+  DIR *d = opendir(dir);
+  if (!d) return 0; /* the model open reports it */
+  char path[4096];
+  int same = 0;
+  for (struct dirent *e; !same && (e = readdir(d));) {
+    const size_t l = strlen(e->d_name);
+    if (strcmp(e->d_name, "config.json") && !(l > 12 && !strcmp(e->d_name + l - 12, ".safetensors"))) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (cli_same_file(output, path)) same = 1;
+  }
+  closedir(d);
+  if (same) fprintf(stderr, "moe8 run: the output %s is %s, a file of the model: refused\n", output, path);
+  return same;
 }
 
 typedef struct progress_ctx { double t0; int64_t layer; } progress_ctx;
@@ -49,6 +71,7 @@ int cmd_run(int argc, char **argv) {
     else { fprintf(stderr, "moe8 run: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
   }
   if (!dir || !input || !output) { usage(stderr); return EXIT_USAGE; }
+  if (output_is_input(output, input, dir)) return EXIT_FAIL;
   moe8_model *m = NULL;
   moe8_rules *rules = NULL;
   moe8_layer *L = NULL;
@@ -87,8 +110,10 @@ int cmd_run(int argc, char **argv) {
   int64_t shape[MOE8_MAX_DIMS];
   if ((st = moe8_npy_read(input, &dt, &nd, shape, &x)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
   if (nd != 2 || shape[1] != D) {
-    fprintf(stderr, "moe8 run: %s: shape must be [T, %lld] (the model's hidden size), got %d-D [%lld%s%lld]\n", input, (long long)D, nd,
-            nd > 0 ? (long long)shape[0] : 0LL, nd > 1 ? ", " : "", nd > 1 ? (long long)shape[1] : 0LL);
+    char dims[160] = "";
+    for (int i = 0; i < nd; i++) snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", i ? ", " : "", (long long)shape[i]);
+    fprintf(stderr, "moe8 run: %s: shape must be [T, %lld] (the model's hidden size), got %d-D %s [%s]\n", input, (long long)D, nd,
+            moe8_file_dtype_name(dt), dims);
     rc = EXIT_FAIL;
     goto done;
   }
@@ -114,7 +139,19 @@ int cmd_run(int argc, char **argv) {
     /* Expert parallel: rank q runs its shard of the tokens; rank 0 writes. */
     moe8_comm *c = NULL;
     moe8_ep *ep = NULL;
-    if ((st = cli_comm_open(&c)) == MOE8_OK) st = moe8_ep_create(L, c, &ep);
+    if ((st = cli_comm_open(&c)) == MOE8_OK) {
+      /* Every rank read its own copy of the input: they must agree on its
+      ** size before any row moves (the same message on every rank). */
+      const double tmax = cli_allreduce_max(c, (double)T), tmin = -cli_allreduce_max(c, -(double)T);
+      if (tmax != tmin) {
+        fprintf(stderr, "moe8 run: rank %d: the ranks were given inputs with different token counts (from %.0f to %.0f rows in %s): "
+                "every rank must read the same input\n", moe8_comm_rank(c), tmin, tmax, input);
+        cli_comm_close(c);
+        rc = EXIT_FAIL;
+        goto done;
+      }
+      st = moe8_ep_create(L, c, &ep);
+    }
     if (st == MOE8_OK) {
       P = moe8_comm_size(c);
       rank = moe8_comm_rank(c);

@@ -43,7 +43,12 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--top-k") && v && cli_parse_i64(v, &K)) i++;
     else if (!strcmp(a, "--hidden") && v && cli_parse_i64(v, &D)) i++;
     else if (!strcmp(a, "--ffn") && v && cli_parse_i64(v, &F)) i++;
-    else if (!strcmp(a, "--lr") && v && (lr = strtof(v, NULL)) > 0) i++;
+    else if (!strcmp(a, "--lr") && v) {
+      char *end;
+      lr = strtof(v, &end);
+      if (*end || !(lr > 0.0f && lr < 1.0f)) { fprintf(stderr, "moe8 train: --lr '%s' must be a number in (0, 1)\n", v); return EXIT_USAGE; }
+      i++;
+    }
     else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
     else if (!strcmp(a, "--csv") && v) csv = argv[++i];
     else { fprintf(stderr, "moe8 train: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
@@ -66,7 +71,12 @@ int cmd_train(int argc, char **argv) {
       (st = moe8_layer_init_random(student, 2000 + (uint64_t)seed)) == MOE8_OK)
     st = moe8_trainer_create(student, lr, &tr);
   moe8_rules_destroy(rules);
-  if (st != MOE8_OK) return cli_report(st, "train");
+  if (st != MOE8_OK) {
+    const int rc = cli_report(st, "train");
+    moe8_layer_destroy(teacher);
+    moe8_layer_destroy(student);
+    return rc;
+  }
   const size_t TD = (size_t)(T * cfg.hidden);
   const size_t wsz = moe8_layer_workspace_size(student, T);
   void *ws = NULL;
