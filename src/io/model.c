@@ -232,13 +232,27 @@ static float f32_at(const moe8_tensor_view *t, size_t i) {
   return v;
 }
 
+/* dst[k·ld + n] = src[n·K + k]: a transpose in 64×64 tiles (each tile's
+** reads and writes stay in the L1 cache), tiles over the threads. */
+#define TRANSPOSE(name, type)                                                                                      \
+  static void name(type *dst, const type *src, int64_t N, int64_t K, int64_t ld) {                                  \
+    _Pragma("omp parallel for collapse(2) schedule(static)")                                                        \
+    for (int64_t n0 = 0; n0 < N; n0 += 64)                                                                          \
+      for (int64_t k0 = 0; k0 < K; k0 += 64) {                                                                      \
+        const int64_t n1 = n0 + 64 < N ? n0 + 64 : N, k1 = k0 + 64 < K ? k0 + 64 : K;                               \
+        for (int64_t k = k0; k < k1; k++)                                                                           \
+          for (int64_t n = n0; n < n1; n++) dst[k * ld + n] = src[n * K + k];                                       \
+      }                                                                                                             \
+  }
+TRANSPOSE(transpose_u8, uint8_t)
+TRANSPOSE(transpose_f32, float)
+
 /* An unquantized [N, K] (out × in) weight into dst [K, ld] at column col0. */
 static moe8_status put_float(const moe8_tensor_view *t, const void *data, int64_t N, int64_t K, float *dst, int64_t ld, int64_t col0,
                              float *tmp) {
   moe8_status st = moe8_file_to_f32(tmp, data, t->dtype, (size_t)(N * K));
   if (st != MOE8_OK) return st;
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t k = 0; k < K; k++) dst[k * ld + col0 + n] = tmp[n * K + k];
+  transpose_f32(dst + col0, tmp, N, K, ld);
   return MOE8_OK;
 }
 
@@ -248,12 +262,13 @@ static moe8_status put_float(const moe8_tensor_view *t, const void *data, int64_
 ** special case of [nb, 1, N]). */
 static void put_fp8(const moe8_tensor_view *q, const moe8_tensor_view *si, int64_t N, int64_t K, int64_t bn, int64_t bk, uint8_t *dst,
                     float *s, int64_t ld, int64_t col0) {
-  const uint8_t *qb = q->data;
-  const int64_t nbk = moe8__cdiv(K, bk);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t k = 0; k < K; k++) dst[k * ld + col0 + n] = qb[n * K + k];
+  const int64_t nbk = moe8__cdiv(K, bk), nbn = moe8__cdiv(N, bn);
+  transpose_u8(dst + col0, q->data, N, K, ld);
+  float *sv = malloc(sizeof(float) * (size_t)(nbn * nbk));
+  if (sv) (void)moe8_file_to_f32(sv, si->data, si->dtype, (size_t)(nbn * nbk));
   for (int64_t kb = 0; kb < nbk; kb++)
-    for (int64_t n = 0; n < N; n++) s[kb * ld + col0 + n] = f32_at(si, (size_t)((n / bn) * nbk + kb));
+    for (int64_t n = 0; n < N; n++) s[kb * ld + col0 + n] = sv ? sv[(n / bn) * nbk + kb] : f32_at(si, (size_t)((n / bn) * nbk + kb));
+  free(sv);
 }
 
 /* FP8 codes whose exponent and mantissa bits are all ones are NaN in e4m3fn. */
