@@ -753,14 +753,40 @@ typedef struct moe8_ep_stats {
   uint64_t dx_bytes;         double dx_s;         /* backward all-to-all of input gradients */
   uint64_t router_bytes;     double router_s;     /* backward relay + broadcast of dWr */
   uint64_t shared_bytes;     double shared_s;     /* backward all-gather of x for the shared expert */
+  /* Bytes this rank sent to and received from the other ranks (its own
+  ** rows excluded), every phase of the last forward and backward. */
+  uint64_t fwd_sent_bytes, fwd_recv_bytes, bwd_sent_bytes, bwd_recv_bytes;
+  /* All-to-all mode: token rows dispatched to / received from other ranks
+  ** in the last forward (one row per token and destination rank). */
+  uint64_t dispatch_rows_sent, dispatch_rows_recv;
 } moe8_ep_stats;
 
 typedef struct moe8_ep moe8_ep;
+
+/* How tokens travel (docs/parallelism.md):
+**   RING      every token row is all-gathered to every rank with its
+**             routing; each rank sorts all assignments and runs its experts
+**             (the seeds' design; bytes independent of the routing);
+**   ALLTOALL  each token row goes only to the ranks that hold one of its
+**             top-k experts, once per rank (quantized first, with its scale
+**             row, when the rule says so), by MPI_Alltoallv; expert outputs
+**             come back to the token's owner, which combines them in slot
+**             order.  Fewer bytes when k is small against P.
+** Both give the single-process bytes for every P.  Options grow at the
+** end: set size to sizeof(moe8_ep_options). */
+typedef enum moe8_ep_mode { MOE8_EP_RING = 0, MOE8_EP_ALLTOALL = 1 } moe8_ep_mode;
+typedef struct moe8_ep_options {
+  size_t       size;
+  moe8_ep_mode mode;
+} moe8_ep_options;
 
 /* Collective.  Checks that every rank has the same config, rule, P and
 ** weights (a checksum) and that P divides E; otherwise every rank gets the
 ** same message.  The layer stays the caller's. */
 moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out);
+/* The same with options (NULL: the ring); every rank must choose the same mode. */
+moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_options *opt, moe8_ep **out);
+moe8_ep_mode moe8_ep_get_mode(const moe8_ep *ep);
 void        moe8_ep_destroy(moe8_ep *ep);
 
 /* out_local[T_local, D] for this rank's tokens; *aux_loss (may be NULL) is

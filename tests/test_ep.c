@@ -20,6 +20,12 @@
 
 static int g_rank, g_size;
 static moe8_comm *g_comm;
+static moe8_ep_mode g_mode; /* the mode under test */
+
+static moe8_status ep_create(moe8_layer *L, moe8_ep **ep) {
+  const moe8_ep_options o = {sizeof o, g_mode};
+  return moe8_ep_create_ex(L, g_comm, &o, ep);
+}
 
 typedef struct grads { float *dx, *dwr, *dwg, *dwu, *dwd, *sg, *su, *sd, *sgate; } grads;
 
@@ -44,6 +50,13 @@ static void grads_free(grads *g) {
 static moe8_rules *rules_for(int mode, bool before) {
   if (mode == 0) return NULL;
   char j[512];
+  if (mode == 3) {
+    snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}],"
+             " \"quantize_before_ep_all_gather\": %s}", before ? "true" : "false");
+    moe8_rules *r = NULL;
+    assert_int_equal(moe8_rules_parse(j, strlen(j), "inline", &r), MOE8_OK);
+    return r;
+  }
   snprintf(j, sizeof j,
            "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\"%s}],"
            " \"quantize_before_ep_all_gather\": %s}",
@@ -55,17 +68,19 @@ static moe8_rules *rules_for(int mode, bool before) {
 
 /* Shards of T tokens over P ranks: uneven, sometimes empty. */
 static void shards(int variant, int64_t T, int64_t *off) {
-  static const int64_t p2[2][2] = {{15, 22}, {37, 0}}, p4[2][4] = {{10, 7, 0, 20}, {20, 0, 12, 5}};
+  static const int64_t p2[2][2] = {{15, 22}, {37, 0}}, p4[2][4] = {{10, 7, 0, 20}, {20, 0, 12, 5}},
+                       p8[2][8] = {{5, 5, 5, 5, 5, 4, 4, 4}, {0, 10, 0, 5, 7, 0, 15, 0}};
   off[0] = 0;
   for (int q = 0; q < g_size; q++) {
-    const int64_t n = g_size == 1 ? T : g_size == 2 ? p2[variant][q] : g_size == 4 ? p4[variant][q] : T / g_size + (q < T % g_size);
+    const int64_t n = g_size == 1 ? T : g_size == 2 ? p2[variant][q] : g_size == 4 ? p4[variant][q] : g_size == 8 ? p8[variant][q]
+                    : T / g_size + (q < T % g_size);
     off[q + 1] = off[q] + n;
   }
 }
 
 typedef struct scenario {
   const char *name;
-  int         mode;       /* 0 f32, 1 fp8 per-token, 2 fp8 1x16 */
+  int         mode;       /* 0 f32, 1 fp8 per-token, 2 fp8 1x16, 3 i8 per-token */
   int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts */
   int         shard_variant;
   float       aux, capacity;
@@ -81,7 +96,7 @@ static void run_scenario(const scenario *sc) {
   tu_rng_reset(4242);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
   tu_fill_normal(r, (size_t)(T * D), 1.0f);
-  int64_t off[5];
+  int64_t off[9];
   shards(sc->shard_variant, T, off);
   const int64_t T0 = off[g_rank], Tl = off[g_rank + 1] - off[g_rank];
   float *out_b[2] = {NULL, NULL}, aux_b[2];
@@ -110,7 +125,7 @@ static void run_scenario(const scenario *sc) {
     assert_int_equal(moe8_layer_backward(L, x, T, r, ws, wsz, &lg), MOE8_OK);
     /* The ring of experts on this rank's shard. */
     moe8_ep *ep;
-    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_OK);
+    assert_int_equal(ep_create(L, &ep), MOE8_OK);
     float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
     grads eg;
     grads_alloc(&eg, Tl, D, E, F);
@@ -120,7 +135,8 @@ static void run_scenario(const scenario *sc) {
     st = moe8_ep_backward(ep, x + T0 * D, Tl, r + T0 * D, &el);
     if (st != MOE8_OK) TU_FAIL("%s: ep backward: %s", sc->name, moe8_last_error());
     /* Bytes, against the single process. */
-    const char *what = before ? "quantize-before" : "quantize-after";
+    const char *what = g_mode == MOE8_EP_ALLTOALL ? (before ? "all-to-all, quantize-before" : "all-to-all, quantize-after")
+                                                  : (before ? "ring, quantize-before" : "ring, quantize-after");
     if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("%s (%s, P=%d): output differs", sc->name, what, g_size);
     if (memcmp(&aux, &ref_aux, 4) != 0 && sc->aux != 0) TU_FAIL("%s: aux loss differs", sc->name);
     if (memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("%s (%s, P=%d): dx differs", sc->name, what, g_size);
@@ -143,13 +159,38 @@ static void run_scenario(const scenario *sc) {
     }
     /* The bytes on the wire: with FP8 before the gather, D·(1 + 4/tile) per token. */
     const moe8_ep_stats *s = moe8_ep_get_stats(ep);
-    if (sc->mode && before) {
+    if (g_mode == MOE8_EP_ALLTOALL) {
+      /* The formula on this routing: a token goes once to each other rank
+      ** that holds one of its experts. */
+      int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
+      float *lgt = malloc(sizeof(float) * (size_t)(T * E)), *wt = malloc(sizeof(float) * (size_t)(T * K));
+      const moe8_router_config rc = {E, K, cfg.score, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+                                     cfg.use_selection_bias ? moe8_layer_weight_read(L, MOE8_W_BIAS, NULL) : NULL, cfg.n_group, cfg.topk_group};
+      assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lgt), MOE8_OK);
+      assert_int_equal(moe8_route(&rc, lgt, T, NULL, ids, wt), MOE8_OK);
+      const int64_t El = E / g_size;
+      uint64_t want_recv = 0, want_sent = 0;
+      for (int64_t t = 0; t < T; t++) {
+        const bool mine = t >= T0 && t < T0 + Tl;
+        for (int q = 0; q < g_size; q++) {
+          bool hit = false;
+          for (int64_t j = 0; j < K; j++) hit |= ids[t * K + j] / El == q;
+          if (hit && mine && q != g_rank) want_sent++;
+          if (hit && !mine && q == g_rank) want_recv++;
+        }
+      }
+      if (s->dispatch_rows_recv != want_recv || s->dispatch_rows_sent != want_sent)
+        TU_FAIL("%s (%s, P=%d): dispatch rows sent %llu / received %llu, the formula says %llu / %llu", sc->name, what, g_size,
+                (unsigned long long)s->dispatch_rows_sent, (unsigned long long)s->dispatch_rows_recv, (unsigned long long)want_sent,
+                (unsigned long long)want_recv);
+      free(ids); free(lgt); free(wt);
+    } else if (sc->mode && before) {
       const uint64_t per_tok = (uint64_t)D + 4u * (sc->mode == 2 ? (uint64_t)(D / 16) : 1u);
       assert_int_equal(s->tokens_bytes, (uint64_t)T * per_tok);
-    } else {
+    } else if (sc->mode != 3 || !before) {
       assert_int_equal(s->tokens_bytes, (uint64_t)T * (uint64_t)D * 4u);
     }
-    if (sc->mode) {
+    if (sc->mode == 1 || sc->mode == 2) {
       /* Prepared weights (FP8, packed at prepare): each rank's experts are
       ** read at its offset into the packed copy; same output bytes. */
       assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
@@ -193,12 +234,54 @@ static void test_ep_equals_single_process(void **state) {
     {"fp8 1x16, DeepSeek-V3 shared expert, expert 5 unused", 2, 1, 0, 0.01f, 0, 1},
     {"fp8 per-token, Qwen2-MoE gated shared expert", 1, 0, 0, 0, 0, 2},
     {"f32, Qwen2-MoE gated shared expert", 0, 0, 1, 0.01f, 0, 2},
+    {"i8 per-token", 3, 0, 1, 0.01f, 0},
+    {"i8 per-token, capacity 1.25, expert 5 unused", 3, 1, 0, 0, 1.25f},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_scenario(&cases[i]);
+  for (int m = 0; m < 2; m++) {
+    g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_scenario(&cases[i]);
+  }
+  g_mode = MOE8_EP_RING;
+}
+
+/* P = 8, k = 8, E = 64: the all-to-all mode receives fewer bytes per
+** rank than the ring (f32 and FP8 before the exchange). */
+static void test_ep_bytes_p8(void **state) {
+  (void)state;
+  if (g_size != 8) { if (g_rank == 0) printf("notice: the byte comparison runs at P = 8 only\n"); return; }
+  const int64_t E = 64, K = 8, D = 256, F = 32, Tl = 16;
+  const moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+  float *x = malloc(sizeof(float) * (size_t)(Tl * D)), *out = malloc(sizeof(float) * (size_t)(Tl * D));
+  tu_rng_reset(900 + (uint64_t)g_rank);
+  tu_fill_normal(x, (size_t)(Tl * D), 1.0f);
+  for (int mode = 0; mode < 2; mode++) {
+    moe8_rules *rules = rules_for(mode ? 2 : 0, true);
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+    uint64_t got[2];
+    for (int m = 0; m < 2; m++) {
+      const moe8_ep_options o = {sizeof o, m ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+      moe8_ep *ep;
+      assert_int_equal(moe8_ep_create_ex(L, g_comm, &o, &ep), MOE8_OK);
+      assert_int_equal(moe8_ep_forward(ep, x, Tl, out, NULL), MOE8_OK);
+      got[m] = moe8_ep_get_stats(ep)->fwd_recv_bytes;
+      moe8_ep_destroy(ep);
+    }
+    if (g_rank == 0) printf("P=8 k=8 E=64 %s: forward bytes received by rank 0: ring %llu, all-to-all %llu (%.2fx)\n", mode ? "fp8 1x16" : "f32",
+                            (unsigned long long)got[0], (unsigned long long)got[1], (double)got[1] / (double)got[0]);
+    if (!(got[1] < got[0])) TU_FAIL("rank %d: all-to-all received %llu bytes, the ring %llu", g_rank, (unsigned long long)got[1],
+                                    (unsigned long long)got[0]);
+    moe8_layer_destroy(L);
+    moe8_rules_destroy(rules);
+  }
+  free(x); free(out);
 }
 
 static void test_ep_failures(void **state) {
   (void)state;
+  for (int m = 0; m < 2; m++) {
+  g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
   /* Ranks that disagree on the config: every rank gets the same message. */
   if (g_size > 1) {
     const moe8_layer_config c = {8, g_rank == 1 ? 3 : 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
@@ -206,7 +289,7 @@ static void test_ep_failures(void **state) {
     moe8_ep *ep = (moe8_ep *)0x1;
     assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
     assert_int_equal(moe8_layer_init_random(L, 1), MOE8_OK);
-    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_ERR_INVALID_ARG);
+    assert_int_equal(ep_create(L, &ep), MOE8_ERR_INVALID_ARG);
     assert_null(ep);
     if (!strstr(moe8_last_error(), "ranks disagree on the layer config: rank 1 has top_k = 3, rank 0 has 2"))
       TU_FAIL("rank %d: message \"%s\"", g_rank, moe8_last_error());
@@ -215,7 +298,7 @@ static void test_ep_failures(void **state) {
     const moe8_layer_config c2 = {8, 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
     assert_int_equal(moe8_layer_create(&c2, NULL, NULL, &L), MOE8_OK);
     assert_int_equal(moe8_layer_init_random(L, (uint64_t)(1 + (g_rank == g_size - 1))), MOE8_OK);
-    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_ERR_INVALID_ARG);
+    assert_int_equal(ep_create(L, &ep), MOE8_ERR_INVALID_ARG);
     assert_non_null(strstr(moe8_last_error(), "weights differ"));
     moe8_layer_destroy(L);
   }
@@ -225,7 +308,7 @@ static void test_ep_failures(void **state) {
     moe8_layer *L;
     moe8_ep *ep;
     assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
-    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_ERR_SHAPE);
+    assert_int_equal(ep_create(L, &ep), MOE8_ERR_SHAPE);
     assert_non_null(strstr(moe8_last_error(), "cannot be split evenly"));
     moe8_layer_destroy(L);
   }
@@ -236,7 +319,7 @@ static void test_ep_failures(void **state) {
     moe8_ep *ep;
     assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
     assert_int_equal(moe8_layer_init_random(L, 1), MOE8_OK);
-    assert_int_equal(moe8_ep_create(L, g_comm, &ep), MOE8_OK);
+    assert_int_equal(ep_create(L, &ep), MOE8_OK);
     float x[4 * 16], out[4 * 16];
     for (int i = 0; i < 64; i++) x[i] = 0.1f * (float)(i % 7);
     if (g_rank == g_size - 1) x[5] = NAN;
@@ -250,6 +333,19 @@ static void test_ep_failures(void **state) {
     moe8_ep_destroy(ep);
     moe8_layer_destroy(L);
   }
+  /* Ranks that disagree on the mode. */
+  if (g_size > 1) {
+    const moe8_layer_config c = {8, 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    moe8_layer *L;
+    moe8_ep *ep;
+    assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
+    const moe8_ep_options o = {sizeof o, g_rank == 1 ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+    assert_int_equal(moe8_ep_create_ex(L, g_comm, &o, &ep), MOE8_ERR_INVALID_ARG);
+    assert_non_null(strstr(moe8_last_error(), "rank 1 has expert-parallel mode = 1, rank 0 has 0"));
+    moe8_layer_destroy(L);
+  }
+  }
+  g_mode = MOE8_EP_RING;
 }
 
 int main(int argc, char **argv) {
@@ -262,6 +358,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_ep_equals_single_process),
     cmocka_unit_test(test_ep_failures),
+    cmocka_unit_test(test_ep_bytes_p8),
   };
   const int rc = cmocka_run_group_tests(tests, NULL, NULL);
   moe8_comm_destroy(g_comm);

@@ -26,9 +26,8 @@
 ** batch-invariant), every per-token sum runs in slot order, and the sums
 ** over tokens (aux loss, dWr) run in global token order.
 */
-#include "comm.h"
+#include "ep_internal.h"
 #include "../kernels/gmm.h"
-#include "../moe/layer_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,27 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-struct moe8_ep {
-  moe8_layer   *L;
-  moe8_comm    *c;
-  int           P, r;
-  int64_t       Eloc, g0;
-  moe8_ep_stats st;
-  /* saved by the forward */
-  int64_t  Tl, T, rows, P0, nrecv;
-  int64_t *Toff;
-  float   *scores_g, *w_g;
-  int32_t *ids_g, *token_of, *slot_of, *pos_of, *gsz;
-  int64_t *offs;
-  float   *xs, *sxs, *gu, *h, *sh, *y;
-  uint8_t *xsq, *hq;
-  int32_t *dest, *recvrow;
-  size_t  *sendcnt, *recvcnt;  /* rows per peer */
-  double   f[MOE8_MAX_EXPERTS];
-  bool     have_forward;
-};
-
-static double now(void) {
+double moe8__ep_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -64,7 +43,7 @@ static double now(void) {
 
 /* Every rank learns every rank's status; the first failure is returned on
 ** all of them, with its rank and message. */
-static moe8_status agree(moe8_ep *ep, moe8_status st) {
+moe8_status moe8__ep_agree(moe8_ep *ep, moe8_status st) {
   typedef struct { int32_t st; char msg[400]; } vote;
   vote mine = {(int32_t)st, ""};
   if (st != MOE8_OK) snprintf(mine.msg, sizeof mine.msg, "%s", moe8_last_error());
@@ -97,13 +76,14 @@ static void free_state(moe8_ep *ep) {
 void moe8_ep_destroy(moe8_ep *ep) {
   if (!ep) return;
   free_state(ep);
+  moe8__a2a_free(ep);
   free(ep);
 }
 
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 24
+#define NFP 25
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -112,7 +92,7 @@ static const char *const k_fp_names[NFP] = {
   "num_experts", "top_k", "hidden", "ffn", "score function", "norm_topk_prob", "routed_scaling_factor",
   "selection bias", "capacity_factor", "aux_loss_weight", "weight quantization", "weight qtype", "weight tile",
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
-  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "weights (checksum)"};
+  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "expert-parallel mode", "weights (checksum)"};
 
 static uint64_t checksum(const float *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; i++) h = (h ^ moe8__f32_bits(p[i])) * 0x100000001B3ULL;
@@ -126,7 +106,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->routed_scaling_factor), c->use_selection_bias, moe8__f32_bits(c->capacity_factor),
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
-                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, 0}};
+                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, ep->mode, 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);
@@ -143,10 +123,23 @@ static fingerprint make_fp(const moe8_ep *ep) {
 }
 
 moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out) {
+  return moe8_ep_create_ex(layer, comm, NULL, out);
+}
+
+moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_options *opt, moe8_ep **out) {
   if (!layer || !comm || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: NULL argument");
   *out = NULL;
+  moe8_ep_options o = {sizeof o, MOE8_EP_RING};
+  if (opt) {
+    if (opt->size < sizeof(size_t) + sizeof(moe8_ep_mode) || opt->size > ((size_t)1 << 16))
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: moe8_ep_options.size = %zu is not a size this library knows", opt->size);
+    memcpy(&o, opt, opt->size < sizeof o ? opt->size : sizeof o);
+  }
+  if (o.mode != MOE8_EP_RING && o.mode != MOE8_EP_ALLTOALL)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: unknown expert-parallel mode %d", (int)o.mode);
   moe8_ep *ep = calloc(1, sizeof *ep);
   if (!ep) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  ep->mode = o.mode;
   ep->L = layer;
   ep->c = comm;
   ep->P = comm->size;
@@ -183,7 +176,7 @@ moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out) {
 }
 
 /* ---- helpers ----------------------------------------------------------------- */
-static moe8_status allgather_rows(moe8_ep *ep, const void *send, size_t row_bytes, void *recv) {
+moe8_status moe8__ep_allgather_rows(moe8_ep *ep, const void *send, size_t row_bytes, void *recv) {
   size_t *rb = malloc(sizeof(size_t) * (size_t)ep->P);
   if (!rb) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
   for (int q = 0; q < ep->P; q++) rb[q] = (size_t)(ep->Toff[q + 1] - ep->Toff[q]) * row_bytes;
@@ -203,7 +196,8 @@ static int owner_of(const moe8_ep *ep, int64_t t) {
 
 /* Sends each local row (width floats) to its token's owner, rows in local
 ** order per peer; returns the received rows, [nrecv, width]. */
-static moe8_status exchange(moe8_ep *ep, const float *rows, int64_t width, float **recv_out, uint64_t *bytes) {
+static moe8_status exchange(moe8_ep *ep, const float *rows, int64_t width, float **recv_out, uint64_t *bytes, uint64_t *sent_other,
+                            uint64_t *recv_other) {
   const int P = ep->P;
   const size_t rb = sizeof(float) * (size_t)width;
   float *send = malloc(rb * (size_t)ep->rows + 4), *recv = malloc(rb * (size_t)ep->nrecv + 4);
@@ -213,8 +207,10 @@ static moe8_status exchange(moe8_ep *ep, const float *rows, int64_t width, float
   size_t off = 0;
   for (int q = 0; q < P; q++) { sb[q] = ep->sendcnt[q] * rb; rbytes[q] = ep->recvcnt[q] * rb; cur[q] = off; off += ep->sendcnt[q]; }
   for (int64_t i = 0; i < ep->rows; i++) memcpy(send + (cur[ep->dest[i]]++) * (size_t)width, rows + i * width, rb);
-  moe8_status st = ep->c->alltoallv(ep->c, send, sb, recv, rbytes);
+  for (int q = 0; q < P; q++)
+    if (q != ep->r) { *sent_other += sb[q]; *recv_other += rbytes[q]; }
   *bytes = (uint64_t)(rb * (size_t)ep->nrecv);
+  moe8_status st = ep->c->alltoallv(ep->c, send, sb, recv, rbytes);
   free(send);
   free(sb);
   if (st != MOE8_OK) { free(recv); return st; }
@@ -224,7 +220,7 @@ static moe8_status exchange(moe8_ep *ep, const float *rows, int64_t width, float
 
 /* The shared expert on T tokens of x: forward, then (dout non-NULL) its
 ** backward adding to dx[T, D] and the grads; else out += its output. */
-static moe8_status shared_run(moe8_ep *ep, const float *x, int64_t T, float *out, const float *dout, float *dx,
+moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *out, const float *dout, float *dx,
                               const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   const int64_t D = L->cfg.hidden, nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
@@ -249,14 +245,13 @@ static moe8_status shared_run(moe8_ep *ep, const float *x, int64_t T, float *out
 }
 
 static moe8_status shared_local(moe8_ep *ep, const float *x, int64_t Tl, float *out) {
-  return shared_run(ep, x, Tl, out, NULL, NULL, NULL);
+  return moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
 }
 
 #define ALLOC(p, n) do { (p) = malloc(sizeof(*(p)) * (size_t)(n) + 64); if (!(p)) ok = false; } while (0)
 
 /* ---- forward -------------------------------------------------------------------- */
-moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
-  if (!ep) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: NULL");
+static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
   const int P = ep->P;
@@ -269,7 +264,7 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
     if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep forward: input x [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
   }
   if (st == MOE8_OK) st = moe8__layer_quantize_weights(L);
-  if ((st = agree(ep, st)) != MOE8_OK) return st;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   free_state(ep);
   memset(&ep->st, 0, sizeof ep->st);
   ep->Tl = Tl;
@@ -328,16 +323,21 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
     free(q); free(s);
   }
   free(sc_l); free(w_l); free(id_l); free(logits);
-  if ((st = agree(ep, st)) != MOE8_OK) { free(route_l); free(route_g); free(xg); free(xq_l); return st; }
-  double t0 = now();
-  st = before ? allgather_rows(ep, xq_l, qrow, xg) : allgather_rows(ep, x, sizeof(float) * (size_t)D, xg);
-  ep->st.tokens_s = now() - t0;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(route_l); free(route_g); free(xg); free(xq_l); return st; }
+  double t0 = moe8__ep_now();
+  st = before ? moe8__ep_allgather_rows(ep, xq_l, qrow, xg) : moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, xg);
+  ep->st.tokens_s = moe8__ep_now() - t0;
   ep->st.tokens_bytes = (uint64_t)T * (before ? qrow : sizeof(float) * (size_t)D);
   free(xq_l);
-  t0 = now();
-  if (st == MOE8_OK) st = allgather_rows(ep, route_l, sizeof(float) * (size_t)(2 * K + E), route_g);
-  ep->st.routing_s = now() - t0;
+  t0 = moe8__ep_now();
+  if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, route_l, sizeof(float) * (size_t)(2 * K + E), route_g);
+  ep->st.routing_s = moe8__ep_now() - t0;
   ep->st.routing_bytes = (uint64_t)T * sizeof(float) * (uint64_t)(2 * K + E);
+  {
+    const uint64_t row = (before ? qrow : sizeof(float) * (size_t)D) + sizeof(float) * (size_t)(2 * K + E);
+    ep->st.fwd_sent_bytes += (uint64_t)Tl * row * (uint64_t)(P - 1);
+    ep->st.fwd_recv_bytes += (uint64_t)(T - Tl) * row;
+  }
   free(route_l);
   if (st != MOE8_OK) { free(route_g); free(xg); return st; }
   for (int64_t t = 0; t < T; t++) {
@@ -400,11 +400,11 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
     free(base);
     free(cnt);
   }
-  if ((st = agree(ep, st)) != MOE8_OK) return st;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   float *recv = NULL;
-  t0 = now();
-  st = exchange(ep, ep->y, D, &recv, &ep->st.combine_bytes);
-  ep->st.combine_s = now() - t0;
+  t0 = moe8__ep_now();
+  st = exchange(ep, ep->y, D, &recv, &ep->st.combine_bytes, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
+  ep->st.combine_s = moe8__ep_now() - t0;
   if (st == MOE8_OK) st = moe8_combine(recv, ep->nrecv, ep->recvrow, ep->w_g + T0 * K, Tl, K, D, out);
   free(recv);
   /* The shared expert: the owner's tokens, on the owner (rows are
@@ -416,12 +416,11 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
     if (aux && L->cfg.aux_loss_weight != 0.0f) *aux = a;
     ep->have_forward = true;
   }
-  return agree(ep, st);
+  return moe8__ep_agree(ep, st);
 }
 
 /* ---- backward ------------------------------------------------------------------- */
-moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
-  if (!ep || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL argument");
+static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
   moe8_status st = MOE8_OK;
@@ -434,7 +433,7 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
     for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(dout[i]);
     if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
   }
-  if ((st = agree(ep, st)) != MOE8_OK) return st;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(Tl * D));
   if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
   if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
@@ -452,11 +451,13 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
   ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E); ALLOC(ones, Tl * K); ALLOC(acc, D * E); ALLOC(tmp, Tl * D);
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-  if ((st = agree(ep, st)) != MOE8_OK) goto done;
-  double t0 = now();
-  st = allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dg);
-  ep->st.dout_s = now() - t0;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
+  double t0 = moe8__ep_now();
+  st = moe8__ep_allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dg);
+  ep->st.dout_s = moe8__ep_now() - t0;
   ep->st.dout_bytes = (uint64_t)(T * D) * sizeof(float);
+  ep->st.bwd_sent_bytes = (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(ep->P - 1);
+  ep->st.bwd_recv_bytes = (uint64_t)((T - Tl) * D) * sizeof(float);
   if (st != MOE8_OK) goto done;
   /* this rank's experts */
   moe8__dy_dw(rows, ep->token_of + ep->P0, ep->slot_of + ep->P0, ep->w_g, K, Dg, ep->y, D, dy, dwrow);
@@ -466,12 +467,12 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
     memcpy(packed + i * (D + 1), dxs + i * D, sizeof(float) * (size_t)D);
     packed[i * (D + 1) + D] = dwrow[i];
   }
-  if ((st = agree(ep, st)) != MOE8_OK) goto done;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   /* rows back to the owners */
   float *recv = NULL;
-  t0 = now();
-  st = exchange(ep, packed, D + 1, &recv, &ep->st.dx_bytes);
-  ep->st.dx_s = now() - t0;
+  t0 = moe8__ep_now();
+  st = exchange(ep, packed, D + 1, &recv, &ep->st.dx_bytes, &ep->st.bwd_sent_bytes, &ep->st.bwd_recv_bytes);
+  ep->st.dx_s = moe8__ep_now() - t0;
   if (st != MOE8_OK) goto done;
   float *rx = malloc(sizeof(float) * (size_t)(ep->nrecv * D) + 4);
   if (!rx) { free(recv); st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory"); goto agreed; }
@@ -486,16 +487,16 @@ moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const floa
   /* router */
   if (st == MOE8_OK) moe8__router_backward(L, Tl, ep->scores_g + T0 * E, ep->ids_g + T0 * K, dw_l, ep->f, T, dl);
 agreed:
-  if ((st = agree(ep, st)) != MOE8_OK) goto done;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   /* dWr: a relay in rank order (one chain per element over the global
   ** token order), then a broadcast from the last rank. */
-  t0 = now();
+  t0 = moe8__ep_now();
   memset(acc, 0, sizeof(float) * (size_t)(D * E));
   if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)(D * E));
   if (st == MOE8_OK) moe8__router_wgrad(acc, x, dl, Tl, D, E);
   if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)(D * E));
   if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)(D * E));
-  ep->st.router_s = now() - t0;
+  ep->st.router_s = moe8__ep_now() - t0;
   ep->st.router_bytes = (uint64_t)(D * E) * sizeof(float) * (ep->P > 1 ? 2u : 0u);
   if (st == MOE8_OK && gr->dwr) memcpy(gr->dwr, acc, sizeof(float) * (size_t)(D * E));
   if (st == MOE8_OK && gr->dx && Tl > 0) {
@@ -510,20 +511,33 @@ agreed:
   ** order, so each rank gathers all token rows and runs the single-process
   ** shared backward on them (dout is gathered already); its dx rows are
   ** added to this rank's own. */
-  if ((st = agree(ep, st)) == MOE8_OK && L->cfg.shared_ffn > 0) {
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK && L->cfg.shared_ffn > 0) {
     float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
     if (!Xg || (gr->dx && !Dx)) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-    t0 = now();
-    if (st == MOE8_OK) st = allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
-    ep->st.shared_s = now() - t0;
+    t0 = moe8__ep_now();
+    if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
+    ep->st.shared_s = moe8__ep_now() - t0;
     ep->st.shared_bytes = (uint64_t)(T * D) * sizeof(float);
     if (st == MOE8_OK && Dx) memcpy(Dx + T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
-    if (st == MOE8_OK) st = shared_run(ep, Xg, T, NULL, Dg, Dx, gr);
+    if (st == MOE8_OK) st = moe8__ep_shared_run(ep, Xg, T, NULL, Dg, Dx, gr);
     if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + T0 * D, sizeof(float) * (size_t)(Tl * D));
     free(Xg); free(Dx);
   }
-  st = agree(ep, st);
+  st = moe8__ep_agree(ep, st);
 done:
   free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones); free(acc); free(tmp);
   return st;
 }
+
+/* ---- the modes ------------------------------------------------------------------ */
+moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
+  if (!ep) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: NULL");
+  return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_forward(ep, x, Tl, out, aux) : ring_forward(ep, x, Tl, out, aux);
+}
+
+moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
+  if (!ep || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL argument");
+  return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_backward(ep, x, Tl, dout, gr) : ring_backward(ep, x, Tl, dout, gr);
+}
+
+moe8_ep_mode moe8_ep_get_mode(const moe8_ep *ep) { return ep ? ep->mode : MOE8_EP_RING; }

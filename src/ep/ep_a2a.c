@@ -1,0 +1,487 @@
+/*
+** ep_a2a.c — expert parallelism by all-to-all dispatch (docs/parallelism.md).
+**
+** Forward on rank r of P (E_loc = E/P experts from g0 = r·E_loc):
+**   1. agree on valid input; all-gather the token counts (global token
+**      order is rank order, as in the ring);
+**   2. route the local tokens;
+**   3. the dispatch plan: token t goes to rank q when one of its top-k
+**      experts lives on q — once per rank, however many of its experts q
+**      holds; rows to q in local token order;
+**   4. the wire rows (wire format below), quantized per token first when the
+**      rule quantizes activations before the exchange; a count exchange,
+**      then MPI_Alltoallv of the rows;
+**   5. the received rows arrive grouped by source rank in rank order, each
+**      group in its source's token order: global token order.  Their
+**      assignments to this rank's experts are sorted stably by expert (so
+**      within an expert, by global token — the single-process order), with
+**      the single-process capacity ceil(T·k/E · c) from the global T;
+**   6. the experts run (the layer's own phase); each (token, local slot)
+**      output row returns to the token's owner with a kept flag (MPI
+**      Alltoallv), and the owner combines its slots in order j = 0, 1, ...
+**      exactly as the single-process layer (moe8_combine);
+**   7. the shared expert on the owner's rows; the aux loss from the global
+**      expert counts (all-gathered integers) and the scores' per-expert sums
+**      relayed over the ranks in order (one chain in global token order).
+** Backward mirrors it: dout rows and the tokens' routing weights go out by
+** the same plan; each rank differentiates its experts' rows; the
+** input-gradient rows and the routing-weight gradients return to the
+** owners; the router backward, the dWr relay and the shared expert are the
+** ring's.
+**
+** Wire format of a dispatched row (4-byte aligned): int32 expert ids[k],
+** then either f32 scales[nb] and the quantized codes[D] padded to 4 bytes
+** (quantized before the exchange) or f32 x[D].  A returned row: f32 y[D]
+** and f32 kept (1 or 0).  A backward row out: f32 weights[k], f32 dout[D];
+** back: f32 dx[D], f32 dweight.
+*/
+#include "ep_internal.h"
+#include "../kernels/gmm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct a2a_state {
+  int64_t  T, T0, Tl;
+  int32_t *ids;              /* [Tl·K] local routing                               */
+  float   *w, *scores;       /* [Tl·K], [Tl·E]                                     */
+  size_t  *scnt, *rcnt;      /* dispatch rows to / from each peer [P]              */
+  size_t  *bcnt, *brcnt;     /* return rows to / from each peer [P]                */
+  int64_t  nsend, nrecv, nback, nbrecv;
+  int32_t *rids;             /* [nrecv·K] the received rows' expert ids            */
+  int64_t  rows;             /* kept assignments on this rank                      */
+  int32_t *gsz;              /* [E_loc]                                            */
+  int32_t *tok_of, *slot_of; /* [rows] received row and slot of each sorted row   */
+  int32_t *pos;              /* [nrecv·K] sorted row, or -1 (dropped, not local)   */
+  int32_t *recvrow;          /* [Tl·K] owner: return row of each slot, or -1       */
+  float   *xs, *sxs, *gu, *h, *sh, *y;
+  uint8_t *xsq, *hq;
+  double   f[MOE8_MAX_EXPERTS];
+};
+
+void moe8__a2a_free(moe8_ep *ep) {
+  a2a_state *s = ep->a2a;
+  if (!s) return;
+  void *p[] = {s->ids, s->w, s->scores, s->scnt, s->rcnt, s->bcnt, s->brcnt, s->rids, s->gsz, s->tok_of, s->slot_of, s->pos,
+               s->recvrow, s->xs, s->sxs, s->gu, s->h, s->sh, s->y, s->xsq, s->hq};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+  free(s);
+  ep->a2a = NULL;
+  ep->have_forward = false;
+}
+
+#define ALLOC(p, n) do { (p) = malloc(sizeof(*(p)) * (size_t)(n) + 64); if (!(p)) ok = false; } while (0)
+
+static size_t r4(size_t n) { return (n + 3) & ~(size_t)3; }
+
+/* Bytes of a dispatched row. */
+static size_t wire_row(const moe8_layer *L, bool quant) {
+  const int64_t D = L->cfg.hidden, K = L->cfg.top_k, nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
+  return 4 * (size_t)K + (quant ? 4 * (size_t)nbD + r4((size_t)D) : 4 * (size_t)D);
+}
+
+/* One Alltoallv of rows: cnt[q] rows of row_bytes to q, rcnt[q] from q;
+** the bytes to and from other ranks are added to *sent / *got. */
+static moe8_status a2a_rows(moe8_ep *ep, const void *send, const size_t *cnt, void *recv, const size_t *rcnt, size_t row_bytes,
+                            uint64_t *sent, uint64_t *got) {
+  const int P = ep->P;
+  size_t *sb = malloc(sizeof(size_t) * 2 * (size_t)P);
+  if (!sb) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  for (int q = 0; q < P; q++) {
+    sb[q] = cnt[q] * row_bytes;
+    sb[P + q] = rcnt[q] * row_bytes;
+    if (q != ep->r) { *sent += sb[q]; *got += sb[P + q]; }
+  }
+  moe8_status st = ep->c->alltoallv(ep->c, send, sb, recv, sb + P);
+  free(sb);
+  return st;
+}
+
+/* The dWr relay and the router's part of dx, as in the ring. */
+static moe8_status router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr) {
+  moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
+  float *acc = calloc((size_t)(D * E) + 1, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t)(Tl * D) + 4);
+  moe8_status st = acc && tmp ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(acc); free(tmp); return st; }
+  const double t0 = moe8__ep_now();
+  if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)(D * E));
+  if (st == MOE8_OK) moe8__router_wgrad(acc, x, dl, Tl, D, E);
+  if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)(D * E));
+  if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)(D * E));
+  ep->st.router_s = moe8__ep_now() - t0;
+  ep->st.router_bytes = (uint64_t)(D * E) * sizeof(float) * (ep->P > 1 ? 2u : 0u);
+  if (st == MOE8_OK && gr->dwr) memcpy(gr->dwr, acc, sizeof(float) * (size_t)(D * E));
+  if (st == MOE8_OK && gr->dx && Tl > 0) {
+    const int32_t one[1] = {(int32_t)Tl};
+    const moe8_gmm_args a = {.M = Tl, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
+                             .lhs = {MOE8_DTYPE_F32, dl, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
+    st = moe8_gmm(&a);
+    for (int64_t i = 0; st == MOE8_OK && i < Tl * D; i++) gr->dx[i] += tmp[i];
+  }
+  free(acc); free(tmp);
+  return st;
+}
+
+/* The aux loss and f_e from every rank's routing: expert counts (integers,
+** summed exactly) and each expert's score sum as one chain over the global
+** token order (relayed rank to rank), then the single-process formula. */
+static moe8_status aux_loss(moe8_ep *ep, a2a_state *s, bool want_aux, float *aux) {
+  moe8_layer *L = ep->L;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, T = s->T, A = T * K;
+  const int P = ep->P;
+  int64_t *cnt = calloc((size_t)(E * (P + 1)), sizeof(int64_t));
+  double *Pe = calloc((size_t)E + 1, sizeof(double));
+  size_t *rb = malloc(sizeof(size_t) * (size_t)P);
+  moe8_status st = cnt && Pe && rb ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (st == MOE8_OK) {
+    for (int64_t a = 0; a < s->Tl * K; a++) cnt[s->ids[a]]++;
+    for (int q = 0; q < P; q++) rb[q] = sizeof(int64_t) * (size_t)E;
+    st = ep->c->allgatherv(ep->c, cnt, sizeof(int64_t) * (size_t)E, cnt + E, rb);
+  }
+  if (st == MOE8_OK)
+    for (int64_t e = 0; e < E; e++) {
+      int64_t n = 0;
+      for (int q = 0; q < P; q++) n += cnt[E + q * E + e];
+      s->f[e] = A ? (double)n / (double)A : 0.0;
+    }
+  if (st == MOE8_OK && want_aux) {
+    if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, Pe, sizeof(double) * (size_t)E);
+    for (int64_t e = 0; st == MOE8_OK && e < E; e++)
+      for (int64_t t = 0; t < s->Tl; t++) Pe[e] += s->scores[t * E + e];
+    if (st == MOE8_OK && ep->r < P - 1) st = ep->c->send(ep->c, ep->r + 1, Pe, sizeof(double) * (size_t)E);
+    if (st == MOE8_OK) st = ep->c->bcast(ep->c, P - 1, Pe, sizeof(double) * (size_t)E);
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; e++) sum += s->f[e] * (T ? Pe[e] / (double)T : 0.0);
+    if (st == MOE8_OK) *aux = (float)(L->cfg.aux_loss_weight * (double)E * sum);
+  }
+  free(cnt); free(Pe); free(rb);
+  return st;
+}
+
+moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
+  moe8_layer *L = ep->L;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
+  const int P = ep->P;
+  moe8_status st = MOE8_OK;
+  if (Tl < 0) st = moe8__fail(MOE8_ERR_SHAPE, "ep forward: T_local = %lld", (long long)Tl);
+  else if (Tl > 0 && (!x || !out)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep forward: NULL x or out");
+  else {
+    size_t bad = 0;
+    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(x[i]);
+    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep forward: input x [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
+  }
+  if (st == MOE8_OK) st = moe8__layer_quantize_weights(L);
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  moe8__a2a_free(ep);
+  memset(&ep->st, 0, sizeof ep->st);
+  a2a_state *s = ep->a2a = calloc(1, sizeof *s);
+  if (!s) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
+  /* 1. token counts */
+  free(ep->Toff);
+  ep->Toff = malloc(sizeof(int64_t) * (size_t)(P + 1));
+  int64_t *Tsz = malloc(sizeof(int64_t) * (size_t)P);
+  size_t *rb = malloc(sizeof(size_t) * (size_t)P);
+  if (!ep->Toff || !Tsz || !rb) { free(Tsz); free(rb); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
+  for (int q = 0; q < P; q++) rb[q] = sizeof(int64_t);
+  st = ep->c->allgatherv(ep->c, &Tl, sizeof Tl, Tsz, rb);
+  free(rb);
+  if (st != MOE8_OK) { free(Tsz); return st; }
+  ep->Toff[0] = 0;
+  for (int q = 0; q < P; q++) ep->Toff[q + 1] = ep->Toff[q] + Tsz[q];
+  free(Tsz);
+  s->Tl = ep->Tl = Tl;
+  s->T = ep->T = ep->Toff[P];
+  s->T0 = ep->Toff[ep->r];
+  if (aux) *aux = 0.0f;
+  bool ok = true;
+  /* 2. local routing */
+  float *logits;
+  ALLOC(logits, Tl * E); ALLOC(s->ids, Tl * K); ALLOC(s->w, Tl * K); ALLOC(s->scores, Tl * E);
+  ALLOC(s->scnt, P); ALLOC(s->rcnt, P); ALLOC(s->bcnt, P); ALLOC(s->brcnt, P); ALLOC(s->recvrow, Tl * K);
+  if (!ok) { free(logits); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
+  const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
+                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
+  st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], Tl, D, E, logits);
+  if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, s->scores, s->ids, s->w);
+  free(logits);
+  /* 3. the dispatch plan and the owner's return plan */
+  for (int q = 0; q < P; q++) s->scnt[q] = s->brcnt[q] = 0;
+  for (int64_t t = 0; st == MOE8_OK && t < Tl; t++) {
+    uint64_t seen[8] = {0}; /* ranks hit by this token (P <= 512 here; larger P goes through the slow path below) */
+    for (int64_t j = 0; j < K; j++) {
+      const int q = (int)(s->ids[t * K + j] / Eloc);
+      s->brcnt[q]++;
+      bool first = true;
+      if (P <= 512) { first = !(seen[q >> 6] >> (q & 63) & 1); seen[q >> 6] |= 1ull << (q & 63); }
+      else for (int64_t i = 0; i < j; i++) first &= s->ids[t * K + i] / Eloc != q;
+      if (first) s->scnt[q]++;
+    }
+  }
+  /* 4. counts, then rows */
+  const bool quant = L->aq && L->before_sort;
+  const size_t row = wire_row(L, quant);
+  const int64_t nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  size_t *cb = malloc(sizeof(size_t) * 2 * (size_t)P);
+  if (!cb) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
+  for (int q = 0; q < P; q++) cb[q] = cb[P + q] = sizeof(size_t);
+  st = ep->c->alltoallv(ep->c, s->scnt, cb, s->rcnt, cb + P);
+  free(cb);
+  if (st != MOE8_OK) return st;
+  s->nsend = s->nrecv = 0;
+  for (int q = 0; q < P; q++) { s->nsend += (int64_t)s->scnt[q]; s->nrecv += (int64_t)s->rcnt[q]; }
+  uint8_t *sendb = malloc(row * (size_t)s->nsend + 64), *recvb = malloc(row * (size_t)s->nrecv + 64), *xq = NULL;
+  float *sx = NULL;
+  if (quant) { xq = malloc((size_t)(Tl * D) + 1); sx = malloc(sizeof(float) * (size_t)(Tl * nbD) + 4); }
+  if (!sendb || !recvb || (quant && (!xq || !sx))) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (st == MOE8_OK && quant) st = moe8_quantize(&L->aspec, x, 1, Tl, D, xq, sx, NULL);
+  if (st == MOE8_OK) {
+    size_t n = 0;
+    for (int q = 0; q < P; q++)
+      for (int64_t t = 0; t < Tl; t++) {
+        bool hit = false;
+        for (int64_t j = 0; j < K && !hit; j++) hit = s->ids[t * K + j] / Eloc == q;
+        if (!hit) continue;
+        uint8_t *o = sendb + n++ * row;
+        memcpy(o, s->ids + t * K, 4 * (size_t)K);
+        if (quant) {
+          memcpy(o + 4 * K, sx + t * nbD, 4 * (size_t)nbD);
+          memset(o + 4 * K + 4 * nbD, 0, r4((size_t)D));
+          memcpy(o + 4 * K + 4 * nbD, xq + t * D, (size_t)D);
+        } else {
+          memcpy(o + 4 * K, x + t * D, 4 * (size_t)D);
+        }
+      }
+  }
+  free(xq); free(sx);
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(sendb); free(recvb); return st; }
+  double t0 = moe8__ep_now();
+  st = a2a_rows(ep, sendb, s->scnt, recvb, s->rcnt, row, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
+  ep->st.tokens_s = moe8__ep_now() - t0;
+  ep->st.tokens_bytes = (uint64_t)s->nrecv * row;
+  for (int q = 0; q < P; q++)
+    if (q != ep->r) { ep->st.dispatch_rows_sent += s->scnt[q]; ep->st.dispatch_rows_recv += s->rcnt[q]; }
+  free(sendb);
+  if (st != MOE8_OK) { free(recvb); return st; }
+  /* 5. this rank's assignments, sorted by expert, with the global capacity */
+  const int64_t NR = s->nrecv;
+  ALLOC(s->rids, NR * K); ALLOC(s->pos, NR * K); ALLOC(s->gsz, Eloc);
+  int64_t *off = malloc(sizeof(int64_t) * (size_t)(Eloc + 1));
+  if (!ok || !off) { free(recvb); free(off); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
+  for (int64_t i = 0; i < NR; i++) memcpy(s->rids + i * K, recvb + (size_t)i * row, 4 * (size_t)K);
+  const int64_t cap = L->cfg.capacity_factor > 0.0f ? (int64_t)ceil((double)(s->T * K) / (double)E * (double)L->cfg.capacity_factor)
+                                                    : INT64_MAX;
+  for (int64_t g = 0; g < Eloc; g++) s->gsz[g] = 0;
+  for (int64_t a = 0; a < NR * K; a++) {
+    const int64_t g = s->rids[a] - g0;
+    if (g >= 0 && g < Eloc && s->gsz[g] < cap) s->gsz[g]++;
+  }
+  off[0] = 0;
+  for (int64_t g = 0; g < Eloc; g++) off[g + 1] = off[g] + s->gsz[g];
+  const int64_t rows = s->rows = off[Eloc];
+  ALLOC(s->tok_of, rows); ALLOC(s->slot_of, rows);
+  ALLOC(s->xs, rows * D); ALLOC(s->gu, rows * 2 * F); ALLOC(s->h, rows * F); ALLOC(s->y, rows * D);
+  if (L->aq) {
+    ALLOC(s->xsq, rows * D); ALLOC(s->sxs, rows * nbD); ALLOC(s->hq, rows * F);
+    ALLOC(s->sh, rows * moe8__cdiv(F, L->aspec.tile ? L->aspec.tile : F));
+  }
+  if (!ok) { free(recvb); free(off); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
+  int64_t *fill = calloc((size_t)Eloc + 1, sizeof(int64_t));
+  for (int64_t a = 0; fill && a < NR * K; a++) {
+    const int64_t g = s->rids[a] - g0;
+    s->pos[a] = -1;
+    if (g < 0 || g >= Eloc || fill[g] >= s->gsz[g]) continue;
+    const int64_t p = off[g] + fill[g]++;
+    s->pos[a] = (int32_t)p;
+    s->tok_of[p] = (int32_t)(a / K);
+    s->slot_of[p] = (int32_t)(a % K);
+  }
+  if (!fill) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  free(fill); free(off);
+  /* the expert input rows */
+  for (int64_t p = 0; st == MOE8_OK && p < rows; p++) {
+    const uint8_t *src = recvb + (size_t)s->tok_of[p] * row + 4 * K;
+    if (quant) {
+      memcpy(s->sxs + p * nbD, src, 4 * (size_t)nbD);
+      memcpy(s->xsq + p * D, src + 4 * nbD, (size_t)D);
+    } else {
+      memcpy(s->xs + p * D, src, 4 * (size_t)D);
+    }
+  }
+  free(recvb);
+  if (st == MOE8_OK && L->aq && !quant) st = moe8_quantize(&L->aspec, s->xs, 1, rows, D, s->xsq, s->sxs, NULL);
+  /* 6. the experts, and their rows back to the owners */
+  if (st == MOE8_OK)
+    st = moe8__experts_forward(L, 0, rows, s->gsz, g0, Eloc, s->xs, s->xsq, s->sxs, s->gu, s->h, s->hq, s->sh, s->y, NULL, 0);
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  s->nback = s->nbrecv = 0;
+  for (int q = 0, i0 = 0; q < P; q++) {
+    s->bcnt[q] = 0;
+    for (int64_t i = i0; i < i0 + (int64_t)s->rcnt[q]; i++)
+      for (int64_t j = 0; j < K; j++) s->bcnt[q] += s->rids[i * K + j] / Eloc == ep->r;
+    i0 += (int)s->rcnt[q];
+    s->nback += (int64_t)s->bcnt[q];
+    s->nbrecv += (int64_t)s->brcnt[q];
+  }
+  const size_t brow = sizeof(float) * (size_t)(D + 1);
+  float *bsend = malloc(brow * (size_t)s->nback + 4), *brecv = malloc(brow * (size_t)s->nbrecv + 4);
+  float *rx = malloc(sizeof(float) * (size_t)(s->nbrecv * D) + 4);
+  if (!bsend || !brecv || !rx) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  for (int64_t i = 0, n = 0; st == MOE8_OK && i < NR; i++)
+    for (int64_t j = 0; j < K; j++) {
+      if (s->rids[i * K + j] / Eloc != ep->r) continue;
+      float *o = bsend + (size_t)n++ * (size_t)(D + 1);
+      const int32_t p = s->pos[i * K + j];
+      if (p >= 0) memcpy(o, s->y + (int64_t)p * D, sizeof(float) * (size_t)D);
+      else memset(o, 0, sizeof(float) * (size_t)D);
+      o[D] = p >= 0 ? 1.0f : 0.0f;
+    }
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(bsend); free(brecv); free(rx); return st; }
+  t0 = moe8__ep_now();
+  st = a2a_rows(ep, bsend, s->bcnt, brecv, s->brcnt, brow, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
+  ep->st.combine_s = moe8__ep_now() - t0;
+  ep->st.combine_bytes = (uint64_t)s->nbrecv * brow;
+  free(bsend);
+  if (st == MOE8_OK) {
+    /* the owner's slots: rows from rank q in (token, slot) order */
+    int64_t *base = malloc(sizeof(int64_t) * (size_t)(P + 1));
+    if (!base) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+    else {
+      base[0] = 0;
+      for (int q = 0; q < P; q++) base[q + 1] = base[q] + (int64_t)s->brcnt[q];
+      for (int64_t t = 0; t < Tl; t++)
+        for (int64_t j = 0; j < K; j++) {
+          const int q = (int)(s->ids[t * K + j] / Eloc);
+          const int64_t i = base[q]++;
+          s->recvrow[t * K + j] = brecv[i * (D + 1) + D] != 0.0f ? (int32_t)i : -1;
+        }
+      for (int64_t i = 0; i < s->nbrecv; i++) memcpy(rx + i * D, brecv + i * (D + 1), sizeof(float) * (size_t)D);
+      free(base);
+    }
+  }
+  free(brecv);
+  if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, s->w, Tl, K, D, out);
+  free(rx);
+  /* 7. the shared expert, the output check, the aux loss */
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
+  if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  float a = 0.0f;
+  st = aux_loss(ep, s, aux && L->cfg.aux_loss_weight != 0.0f, &a);
+  if (st == MOE8_OK && aux) *aux = a;
+  if (st == MOE8_OK) ep->have_forward = true;
+  return moe8__ep_agree(ep, st);
+}
+
+moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
+  moe8_layer *L = ep->L;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
+  const int64_t Fs = L->cfg.shared_ffn;
+  const int P = ep->P;
+  a2a_state *s = ep->a2a;
+  moe8_status st = MOE8_OK;
+  if (!ep->have_forward || !s) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: no forward to differentiate");
+  else if (L->inference) st = moe8__fail(MOE8_ERR_UNSUPPORTED, "ep backward: the layer was loaded for inference (no f32 masters)");
+  else if (Tl != s->Tl) st = moe8__fail(MOE8_ERR_SHAPE, "ep backward: T_local = %lld, the forward had %lld", (long long)Tl, (long long)s->Tl);
+  else if (Tl > 0 && (!x || !dout)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL x or dout");
+  else {
+    size_t bad = 0;
+    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(dout[i]);
+    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
+  }
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(Tl * D));
+  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
+  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
+  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
+  ep->st.bwd_sent_bytes = ep->st.bwd_recv_bytes = 0;
+  if (s->T == 0) return MOE8_OK;
+  const int64_t NR = s->nrecv, rows = s->rows;
+  /* dout rows and the tokens' weights out, by the dispatch plan */
+  const size_t orow = sizeof(float) * (size_t)(K + D), brow = sizeof(float) * (size_t)(D + 1);
+  bool ok = true;
+  float *osend, *orecv, *wr, *dr, *dy, *dwrow, *dxs, *bsend, *brecv, *rx, *dw_l, *ones, *dl;
+  ALLOC(osend, s->nsend * (K + D)); ALLOC(orecv, NR * (K + D)); ALLOC(wr, NR * K); ALLOC(dr, NR * D);
+  ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(bsend, s->nback * (D + 1)); ALLOC(brecv, s->nbrecv * (D + 1));
+  ALLOC(rx, s->nbrecv * D); ALLOC(dw_l, Tl * K); ALLOC(ones, Tl * K); ALLOC(dl, Tl * E);
+  if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  for (int q = 0, n = 0; st == MOE8_OK && q < P; q++)
+    for (int64_t t = 0; t < Tl; t++) {
+      bool hit = false;
+      for (int64_t j = 0; j < K && !hit; j++) hit = s->ids[t * K + j] / Eloc == q;
+      if (!hit) continue;
+      float *o = osend + (size_t)n++ * (size_t)(K + D);
+      memcpy(o, s->w + t * K, sizeof(float) * (size_t)K);
+      memcpy(o + K, dout + t * D, sizeof(float) * (size_t)D);
+    }
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
+  double t0 = moe8__ep_now();
+  st = a2a_rows(ep, osend, s->scnt, orecv, s->rcnt, orow, &ep->st.bwd_sent_bytes, &ep->st.bwd_recv_bytes);
+  ep->st.dout_s = moe8__ep_now() - t0;
+  ep->st.dout_bytes = (uint64_t)NR * orow;
+  if (st != MOE8_OK) goto done;
+  for (int64_t i = 0; i < NR; i++) {
+    memcpy(wr + i * K, orecv + i * (K + D), sizeof(float) * (size_t)K);
+    memcpy(dr + i * D, orecv + i * (K + D) + K, sizeof(float) * (size_t)D);
+  }
+  /* this rank's experts */
+  moe8__dy_dw(rows, s->tok_of, s->slot_of, wr, K, dr, s->y, D, dy, dwrow);
+  st = moe8__experts_backward(L, 0, rows, s->gsz, g0, Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh, s->gu, dxs, gr->dwg, gr->dwu,
+                              gr->dwd);
+  for (int64_t i = 0, n = 0; st == MOE8_OK && i < NR; i++)
+    for (int64_t j = 0; j < K; j++) {
+      if (s->rids[i * K + j] / Eloc != ep->r) continue;
+      float *o = bsend + (size_t)n++ * (size_t)(D + 1);
+      const int32_t p = s->pos[i * K + j];
+      if (p >= 0) { memcpy(o, dxs + (int64_t)p * D, sizeof(float) * (size_t)D); o[D] = dwrow[p]; }
+      else memset(o, 0, brow);
+    }
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
+  t0 = moe8__ep_now();
+  st = a2a_rows(ep, bsend, s->bcnt, brecv, s->brcnt, brow, &ep->st.bwd_sent_bytes, &ep->st.bwd_recv_bytes);
+  ep->st.dx_s = moe8__ep_now() - t0;
+  ep->st.dx_bytes = (uint64_t)s->nbrecv * brow;
+  if (st == MOE8_OK) {
+    for (int64_t i = 0; i < s->nbrecv; i++) memcpy(rx + i * D, brecv + i * (D + 1), sizeof(float) * (size_t)D);
+    for (int64_t a = 0; a < Tl * K; a++) {
+      dw_l[a] = s->recvrow[a] >= 0 ? brecv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
+      ones[a] = 1.0f;
+    }
+    if (gr->dx) st = moe8_combine(rx, s->nbrecv, s->recvrow, ones, Tl, K, D, gr->dx);
+    if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);
+  }
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
+  st = router_tail(ep, x, Tl, dl, gr);
+  /* the shared expert: all token rows and dout rows, the single-process backward */
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK && Fs > 0) {
+    const int64_t T = s->T;
+    float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dg = malloc(sizeof(float) * (size_t)(T * D) + 4);
+    float *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
+    if (!Xg || !Dg || (gr->dx && !Dx)) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+    t0 = moe8__ep_now();
+    if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
+    if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dg);
+    ep->st.shared_s = moe8__ep_now() - t0;
+    ep->st.shared_bytes = 2 * (uint64_t)(T * D) * sizeof(float);
+    ep->st.bwd_sent_bytes += 2 * (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(P - 1);
+    ep->st.bwd_recv_bytes += 2 * (uint64_t)((T - Tl) * D) * sizeof(float);
+    if (st == MOE8_OK && Dx) memcpy(Dx + s->T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
+    if (st == MOE8_OK) st = moe8__ep_shared_run(ep, Xg, T, NULL, Dg, Dx, gr);
+    if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + s->T0 * D, sizeof(float) * (size_t)(Tl * D));
+    free(Xg); free(Dg); free(Dx);
+  }
+  st = moe8__ep_agree(ep, st);
+done:
+  free(osend); free(orecv); free(wr); free(dr); free(dy); free(dwrow); free(dxs); free(bsend); free(brecv); free(rx);
+  free(dw_l); free(ones); free(dl);
+  return st;
+}

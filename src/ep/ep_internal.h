@@ -1,0 +1,54 @@
+/*
+** ep_internal.h — the expert-parallel object and what its two modes share
+** (docs/parallelism.md): the ring of experts (ep.c) and the all-to-all
+** dispatch (ep_a2a.c).  Both call the layer's own phases
+** (moe/layer_internal.h) on the same rows in the same order as the single
+** process, which is what makes their bytes equal to it.
+*/
+#ifndef MOE8_EP_INTERNAL_H
+#define MOE8_EP_INTERNAL_H
+
+#include "comm.h"
+#include "../moe/layer_internal.h"
+
+typedef struct a2a_state a2a_state;
+
+struct moe8_ep {
+  moe8_layer   *L;
+  moe8_comm    *c;
+  moe8_ep_mode  mode;
+  a2a_state    *a2a;           /* the all-to-all mode's saved forward */
+  int           P, r;
+  int64_t       Eloc, g0;
+  moe8_ep_stats st;
+  /* saved by the forward */
+  int64_t  Tl, T, rows, P0, nrecv;
+  int64_t *Toff;
+  float   *scores_g, *w_g;
+  int32_t *ids_g, *token_of, *slot_of, *pos_of, *gsz;
+  int64_t *offs;
+  float   *xs, *sxs, *gu, *h, *sh, *y;
+  uint8_t *xsq, *hq;
+  int32_t *dest, *recvrow;
+  size_t  *sendcnt, *recvcnt;  /* rows per peer */
+  double   f[MOE8_MAX_EXPERTS];
+  bool     have_forward;
+};
+
+
+double      moe8__ep_now(void);
+/* Every rank learns every rank's status; the first failure is returned on
+** all of them with its rank and message. */
+moe8_status moe8__ep_agree(moe8_ep *ep, moe8_status st);
+/* All-gather of each rank's Tl rows of row_bytes (Toff must be set). */
+moe8_status moe8__ep_allgather_rows(moe8_ep *ep, const void *send, size_t row_bytes, void *recv);
+/* The shared expert on T tokens of x: forward, then (dout non-NULL) its
+** backward adding to dx[T, D] and the grads; else out += its output. */
+moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *out, const float *dout, float *dx,
+                                const moe8_layer_grads *gr);
+/* The all-to-all mode (ep_a2a.c). */
+moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux);
+moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
+void        moe8__a2a_free(moe8_ep *ep);
+
+#endif
