@@ -410,57 +410,126 @@ static int bench_layer(FILE *json) {
 }
 
 /* ---- moe8 bench ep ------------------------------------------------------ */
-/* Under mpirun: the token all-gather of T = 2048 tokens at D = 2048 as f32
-** rows, bf16 rows, and f8e4m3 rows with 1x128 scales (quantized first). */
-static int bench_ep_worker(void) {
+/* Under mpirun: the real expert-parallel layer, both modes, forward and
+** backward, on E = 64 experts, top-8, D = 2048, F = 512, 64 tokens a rank,
+** FP8 1x128 activations quantized before the exchange; uniform routing
+** (a random router) and skewed routing (a selection bias sends most
+** tokens to the experts of ranks 0 and 1).  Per rank: bytes sent and
+** received, time (best of 5, slowest rank), and the dispatch rows of the
+** all-to-all mode against the formula evaluated on the routing used. */
+enum { EP_E = 64, EP_K = 8, EP_D = 2048, EP_F = 512, EP_TL = 64 };
+
+static int bench_ep_worker(const char *transport) {
   moe8_comm *c;
   moe8_status st = cli_comm_open(&c);
   if (st != MOE8_OK) return cli_report(st, "bench ep");
   const int P = moe8_comm_size(c), r = moe8_comm_rank(c);
-  const int64_t T = 2048, D = 2048, tile = 128, Tl = T / P, nb = D / tile;
-  const size_t f32row = 4 * (size_t)D, bf16row = 2 * (size_t)D, q8row = (size_t)D + 4 * (size_t)nb;
-  float *x = malloc(f32row * (size_t)Tl);
-  unsigned char *send = malloc(f32row * (size_t)Tl), *recv = malloc(f32row * (size_t)T);
-  uint8_t *q = malloc((size_t)(Tl * D));
-  float *s = malloc(sizeof(float) * (size_t)(Tl * nb));
-  if (!x || !send || !recv || !q || !s) { fprintf(stderr, "moe8 bench ep: out of memory\n"); cli_comm_close(c); return EXIT_FAIL; }
-  for (int64_t i = 0; i < Tl * D; i++) x[i] = (float)((i * 2654435761u) % 2001) * 0.001f - 1.0f;
-  const int reps = 15;
-  const double t_f32 = cli_time_allgather(c, x, f32row * (size_t)Tl, recv, reps);
-  moe8_convert(send, MOE8_DTYPE_BF16, x, MOE8_DTYPE_F32, (size_t)(Tl * D), 0);
-  const double t_bf16 = cli_time_allgather(c, send, bf16row * (size_t)Tl, recv, reps);
-  /* Quantize-before: per-token 1x128 f8e4m3, packed q | scales per row. */
-  const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_ROW_TILE, .tile = tile, .clip = 1.0f};
-  double t_q = 1e30;
-  for (int i = 0; i < reps; i++) {
-    const double t0 = cli_now();
-    moe8_quantize(&spec, x, 1, Tl, D, q, s, NULL);
-    for (int64_t t = 0; t < Tl; t++) {
-      memcpy(send + (size_t)t * q8row, q + t * D, (size_t)D);
-      memcpy(send + (size_t)t * q8row + D, s + t * nb, 4 * (size_t)nb);
-    }
-    const double dt = cli_allreduce_max(c, cli_now() - t0);
-    if (dt < t_q) t_q = dt;
+  const int64_t E = EP_E, K = EP_K, D = EP_D, F = EP_F, Tl = EP_TL;
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\","
+                   " \"tile_size\": 128}], \"quantize_before_ep_all_gather\": true}";
+  moe8_rules *rules = NULL;
+  if ((st = moe8_rules_parse(rj, strlen(rj), "bench", &rules)) != MOE8_OK) { cli_comm_close(c); return cli_report(st, "bench ep"); }
+  float *x = malloc(sizeof(float) * (size_t)(Tl * D)), *y = malloc(sizeof(float) * (size_t)(Tl * D)), *dy = malloc(sizeof(float) * (size_t)(Tl * D));
+  float *dx = malloc(sizeof(float) * (size_t)(Tl * D)), *lg = malloc(sizeof(float) * (size_t)(Tl * E)), *wt = malloc(sizeof(float) * (size_t)(Tl * K));
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)(Tl * K));
+  if (!x || !y || !dy || !dx || !lg || !wt || !ids) { fprintf(stderr, "moe8 bench ep: out of memory\n"); cli_comm_close(c); return EXIT_FAIL; }
+  for (int64_t i = 0; i < Tl * D; i++) {
+    x[i] = (float)(((uint64_t)(i + r * Tl * D) * 2654435761u) % 2001) * 0.001f - 1.0f;
+    dy[i] = (float)(((uint64_t)(i * 7 + r) * 40503u) % 1001) * 0.001f - 0.5f;
   }
-  const double t_fp8 = cli_time_allgather(c, send, q8row * (size_t)Tl, recv, reps);
   if (r == 0) {
-    const double bt = (double)T;
-    printf("P=%d: all-gather of %lld tokens x D=%lld (best of %d, slowest rank)\n", P, (long long)T, (long long)D, reps);
-    printf("  %-34s %8.0f B/token %10.1f MB %9.3f ms\n", "f32 rows", (double)f32row, bt * (double)f32row / 1e6, t_f32 * 1e3);
-    printf("  %-34s %8.0f B/token %10.1f MB %9.3f ms\n", "bf16 rows", (double)bf16row, bt * (double)bf16row / 1e6, t_bf16 * 1e3);
-    printf("  %-34s %8.0f B/token %10.1f MB %9.3f ms (+ %.3f ms to quantize)\n", "f8e4m3 rows + 1x128 scales (before)",
-           (double)q8row, bt * (double)q8row / 1e6, t_fp8 * 1e3, t_q * 1e3);
-    printf("  bytes: f32/fp8 = %.2fx, bf16/fp8 = %.2fx;  time: f32/fp8 = %.2fx, bf16/fp8 = %.2fx "
-           "(with quantization: %.2fx, %.2fx)\n", (double)f32row / (double)q8row, (double)bf16row / (double)q8row,
-           t_f32 / t_fp8, t_bf16 / t_fp8, t_f32 / (t_fp8 + t_q), t_bf16 / (t_fp8 + t_q));
+    printf("\nP=%d over %s: E=%d top-%d D=%d F=%d, %d tokens a rank, FP8 1x128 before the exchange (best of 5, slowest rank)\n", P,
+           transport, EP_E, EP_K, EP_D, EP_F, EP_TL);
+    printf("  %-8s %-11s %12s %12s %12s %12s %9s %9s  %s\n", "routing", "mode", "fwd sent", "fwd recv", "bwd sent", "bwd recv", "fwd ms",
+           "bwd ms", "dispatch rows recv: measured / formula");
   }
-  free(x); free(send); free(recv); free(q); free(s);
+  int rc = EXIT_OK;
+  for (int skew = 0; skew < 2 && st == MOE8_OK; skew++) {
+    const moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, skew != 0, 0, 0};
+    moe8_layer *L = NULL;
+    if ((st = moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L)) != MOE8_OK ||
+        (st = moe8_layer_init_random(L, 77)) != MOE8_OK)
+      break;
+    if (skew) { /* most tokens to ranks 0 and 1 */
+      float *bias = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
+      for (int64_t e = 0; e < E; e++) bias[e] = e < 2 * (E / P) && e < E / 2 ? 0.5f : 0.0f;
+    }
+    /* the formula on this routing: rows each rank receives from the others */
+    const moe8_router_config rcfg = {E, K, cfg.score, true, 0, skew ? moe8_layer_weight_read(L, MOE8_W_BIAS, NULL) : NULL};
+    double *hits = calloc((size_t)P, sizeof(double));
+    moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), Tl, D, E, lg);
+    moe8_route(&rcfg, lg, Tl, NULL, ids, wt);
+    for (int64_t t = 0; t < Tl; t++)
+      for (int q = 0; q < P; q++) {
+        bool hit = false;
+        for (int64_t j = 0; j < K; j++) hit |= ids[t * K + j] / (E / P) == q;
+        if (hit && q != r) hits[q] += 1.0;
+      }
+    cli_allreduce_sum(c, hits, P);
+    for (int m = 0; m < 2 && st == MOE8_OK; m++) {
+      const moe8_ep_options o = {sizeof o, m ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+      moe8_ep *ep = NULL;
+      if ((st = moe8_ep_create_ex(L, c, &o, &ep)) != MOE8_OK) break;
+      const moe8_layer_grads g = {.dx = dx};
+      double bf = 1e30, bb = 1e30;
+      for (int rep = 0; rep < 5 && st == MOE8_OK; rep++) {
+        double t0 = cli_now();
+        st = moe8_ep_forward(ep, x, Tl, y, NULL);
+        const double tf = cli_allreduce_max(c, cli_now() - t0);
+        t0 = cli_now();
+        if (st == MOE8_OK) st = moe8_ep_backward(ep, x, Tl, dy, &g);
+        const double tb = cli_allreduce_max(c, cli_now() - t0);
+        if (tf < bf) bf = tf;
+        if (tb < bb) bb = tb;
+      }
+      const moe8_ep_stats *s = moe8_ep_get_stats(ep);
+      const double fs = cli_allreduce_max(c, (double)s->fwd_sent_bytes), fr = cli_allreduce_max(c, (double)s->fwd_recv_bytes);
+      const double bs = cli_allreduce_max(c, (double)s->bwd_sent_bytes), br = cli_allreduce_max(c, (double)s->bwd_recv_bytes);
+      const double mismatch = cli_allreduce_max(c, m && (double)s->dispatch_rows_recv != hits[r] ? 1.0 : 0.0);
+      if (mismatch) rc = EXIT_FAIL;
+      if (r == 0) {
+        char disp[96] = "-";
+        if (m) snprintf(disp, sizeof disp, "%llu / %.0f (rank 0)%s", (unsigned long long)s->dispatch_rows_recv, hits[0],
+                        mismatch ? "  MISMATCH on some rank" : "  equal on every rank");
+        printf("  %-8s %-11s %10.2f MB %10.2f MB %10.2f MB %10.2f MB %9.2f %9.2f  %s\n", skew ? "skewed" : "uniform", m ? "all-to-all" : "ring",
+               fs / 1e6, fr / 1e6, bs / 1e6, br / 1e6, bf * 1e3, bb * 1e3, disp);
+      }
+      moe8_ep_destroy(ep);
+    }
+    free(hits);
+    moe8_layer_destroy(L);
+  }
+  if (st != MOE8_OK) rc = cli_report(st, "bench ep");
+  if (r == 0) printf("  (bytes: the largest over the ranks, to and from other ranks only)\n");
+  moe8_rules_destroy(rules);
+  free(x); free(y); free(dy); free(dx); free(lg); free(wt); free(ids);
   cli_comm_close(c);
-  return EXIT_OK;
+  return rc;
 }
 
+/* log C(n, k) */
+static double lchoose(double n, double k) { return lgamma(n + 1) - lgamma(k + 1) - lgamma(n - k + 1); }
+
 static int bench_ep(void) {
-  if (cli_under_mpirun()) return bench_ep_worker();
+  const char *tr = getenv("MOE8_BENCH_EP_TRANSPORT");
+  if (cli_under_mpirun()) return bench_ep_worker(tr ? tr : "?");
+  /* The formula: forward token rows a rank receives from the others, per
+  ** token of a shard, with uniformly random distinct top-k experts. */
+  printf("moe8 bench ep: the ring of experts and the all-to-all dispatch\n\n"
+         "Forward token rows a rank receives from the others, per local token (T_local tokens a rank, uniform routing):\n"
+         "  ring: P - 1;  all-to-all: (P - 1) * (1 - C(E - E/P, k) / C(E, k))  [a token reaches a rank when one of its k\n"
+         "  distinct experts is there]; bytes per row at D = 7168, FP8 1x128 before: ring %d (codes, scales, ids, weights,\n"
+         "  scores of E = 256), all-to-all %d (codes, scales, ids); each expert output row returns as D + 1 floats.\n",
+         7168 + 4 * 56 + 4 * (2 * 8 + 256), 7168 + 4 * 56 + 4 * 8);
+  printf("  %6s %6s %4s %12s %14s %8s\n", "P", "E", "k", "ring rows", "all-to-all rows", "ratio");
+  static const int Ps[] = {2, 4, 8, 16, 32, 64, 128, 256};
+  for (size_t i = 0; i < sizeof Ps / sizeof Ps[0]; i++)
+    for (int ei = 0; ei < 2; ei++) {
+      const double P = Ps[i], E = ei ? 256 : 64, k = 8;
+      if (P > E) continue;
+      const double a2a = (P - 1) * (1 - exp(lchoose(E - E / P, k) - lchoose(E, k)));
+      printf("  %6.0f %6.0f %4.0f %12.2f %14.2f %8.3f\n", P, E, k, P - 1, a2a, a2a / (P - 1));
+    }
   if (!moe8_has_mpi()) {
     printf("moe8 bench ep: this build has no MPI (apt-get install libopenmpi-dev openmpi-bin, then rebuild)\n");
     return EXIT_OK;
@@ -469,19 +538,21 @@ static int bench_ep(void) {
     printf("moe8 bench ep: mpirun not found (apt-get install openmpi-bin)\n");
     return EXIT_OK;
   }
-  printf("moe8 bench ep: token all-gather with and without quantize-before, D=2048, tile 128\n"
-         "(ranks on one machine: the all-gather runs through shared memory, so the times show the\n"
-         "copy cost; across machines the byte ratio is the bandwidth ratio)\n");
+  printf("\nMeasured (ranks on one machine, oversubscribed where P exceeds the cores: times show the copies and the\n"
+         "scheduling, bytes are what would cross a network):\n");
   int rc = EXIT_OK;
-  for (int P = 2; P <= 4; P += 2) {
-    char cmd[4200], self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return EXIT_FAIL;
-    self[n] = '\0';
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 mpirun %s--oversubscribe -n %d '%s' bench ep", geteuid() == 0 ? "--allow-run-as-root " : "", P, self);
-    fflush(stdout);
-    if (system(cmd) != 0) { fprintf(stderr, "moe8 bench ep: '%s' failed\n", cmd); rc = EXIT_FAIL; }
-  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return EXIT_FAIL;
+  self[n] = '\0';
+  for (int P = 2; P <= 8; P *= 2)
+    for (int t = 0; t < 2; t++) {
+      char cmd[4400];
+      snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 MOE8_BENCH_EP_TRANSPORT=%s mpirun %s--oversubscribe --mca btl %s -n %d '%s' bench ep",
+               t ? "tcp" : "shared-memory", geteuid() == 0 ? "--allow-run-as-root " : "", t ? "tcp,self" : "vader,self", P, self);
+      fflush(stdout);
+      if (system(cmd) != 0) { fprintf(stderr, "moe8 bench ep: '%s' failed\n", cmd); rc = EXIT_FAIL; }
+    }
   return rc;
 }
 
@@ -499,7 +570,8 @@ int cmd_bench(int argc, char **argv) {
              "          D=2048 F=1408; T=1024 E=64 k=8 D=2048 F=768) and decode shapes (T=1, 8, 32, E=64 k=8),\n"
              "          1 and 2 threads, against a per-expert OpenBLAS sgemm loop and oneDNN bf16/s8 matmuls\n"
              "  layer   the whole layer (f32, f8e4m3, i8) against PyTorch eager f32 and bf16 (python3-torch)\n"
-             "  ep      token all-gather bytes and time, f32 / bf16 / f8e4m3 quantized before, P = 2 and 4\n"
+             "  ep      expert parallelism, ring vs all-to-all: bytes and time of the real forward and backward,\n"
+             "          P = 2, 4, 8, shared memory and TCP; the bytes formula up to P = 256\n"
              "  --json FILE  one JSON object per measurement, written to FILE\n"
              "  --shapes S   only the prefill or only the decode shapes of gmm and layer\n"
              "peers that are not installed are skipped with a notice.\nexit codes: 0 ok, 1 failure, 2 usage\n");

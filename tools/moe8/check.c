@@ -5,6 +5,7 @@
 ** prints one line per property with its largest difference and PASS/FAIL:
 **   quantize-before on vs off (forward, backward),
 **   ring of experts vs the single-process layer (forward, backward),
+**   all-to-all dispatch vs the single-process layer (forward, backward),
 ** for FP8 per-token and 1×tile activations and for f32.  PASS means the
 ** bytes are equal.  Exit 0 when every line passes, 1 otherwise.
 */
@@ -65,6 +66,8 @@ int cmd_check(int argc, char **argv) {
   if (r == 0 && !quiet) printf("%-72s %12s  %s\n", "property", "max |diff|", "result");
   const char *modes[3] = {"fp8 per-token", "fp8 1x32", "f32"};
   int failures = 0;
+  static const char *const epname[2] = {"ring of experts", "all-to-all"};
+  for (int em = 0; em < 2 && st == MOE8_OK; em++)
   for (int m = 0; m < 3 && st == MOE8_OK; m++) {
     res single = {0}, ep[2] = {{0}};
     for (int before = 1; before >= 0 && st == MOE8_OK; before--) {
@@ -79,7 +82,10 @@ int cmd_check(int argc, char **argv) {
       moe8_ep *e = NULL;
       if ((st = moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L)) == MOE8_OK &&
           (st = moe8_layer_init_random(L, 2024)) == MOE8_OK)
-        st = moe8_ep_create(L, comm, &e);
+      {
+        const moe8_ep_options eo = {sizeof eo, em ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+        st = moe8_ep_create_ex(L, comm, &eo, &e);
+      }
       res *R = &ep[before];
       R->out = malloc(sizeof(float) * (size_t)(Tl * D + 1));
       R->dx = malloc(sizeof(float) * (size_t)(Tl * D + 1));
@@ -115,10 +121,10 @@ int cmd_check(int argc, char **argv) {
       {"forward: quantize-before on vs off, output", ep[1].out, ep[0].out, (size_t)(Tl * D)},
       {"backward: quantize-before on vs off, dx", ep[1].dx, ep[0].dx, (size_t)(Tl * D)},
       {"backward: quantize-before on vs off, dWr and dWg", ep[1].dwr, ep[0].dwr, (size_t)(D * E)},
-      {"forward: ring of experts vs single process, output", ep[1].out, single.out + T0 * D, (size_t)(Tl * D)},
-      {"backward: ring of experts vs single process, dx", ep[1].dx, single.dx + T0 * D, (size_t)(Tl * D)},
-      {"backward: ring of experts vs single process, dWr", ep[1].dwr, single.dwr, (size_t)(D * E)},
-      {"backward: ring of experts vs single process, own dWg", ep[1].dwe, single.dwe, (size_t)(E * D * F)},
+      {"forward: %s vs single process, output", ep[1].out, single.out + T0 * D, (size_t)(Tl * D)},
+      {"backward: %s vs single process, dx", ep[1].dx, single.dx + T0 * D, (size_t)(Tl * D)},
+      {"backward: %s vs single process, dWr", ep[1].dwr, single.dwr, (size_t)(D * E)},
+      {"backward: %s vs single process, own dWg", ep[1].dwe, single.dwe, (size_t)(E * D * F)},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
       if (m == 2 && i < 3) continue; /* f32 has no quantize-before */
@@ -130,8 +136,9 @@ int cmd_check(int argc, char **argv) {
       const int fail = (int)cli_allreduce_max(comm, eq ? 0.0 : 1.0);
       failures += fail;
       if (r == 0 && (!quiet || fail)) {
-        char name[128];
-        snprintf(name, sizeof name, "%s (%s)", rows[i].what, modes[m]);
+        char what[128], name[160];
+        snprintf(what, sizeof what, rows[i].what, epname[em]);
+        snprintf(name, sizeof name, "%s (%s%s)", what, modes[m], i < 3 ? (em ? ", all-to-all" : ", ring") : "");
         printf("%-72s %12.3e  %s\n", name, d, fail ? "FAIL" : "PASS");
       }
     }

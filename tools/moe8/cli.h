@@ -30,6 +30,7 @@ int         cli_under_mpirun(void);
 moe8_status cli_comm_open(moe8_comm **out);
 void        cli_comm_close(moe8_comm *c);
 double      cli_allreduce_max(moe8_comm *c, double v);
+void        cli_allreduce_sum(moe8_comm *c, double *v, int n);
 moe8_status cli_gather_rows(moe8_comm *c, const float *send, int64_t rows, int64_t row_floats, float *recv);
 double      cli_time_allgather(moe8_comm *c, const void *send, size_t n, void *recv, int reps);
 

@@ -50,6 +50,15 @@ void cli_comm_close(moe8_comm *c) {
 #endif
 }
 
+/* Sum over ranks of v[n] in place. */
+void cli_allreduce_sum(moe8_comm *c, double *v, int n) {
+#ifdef MOE8_HAVE_MPI
+  if (g_inited && moe8_comm_size(c) > 1) MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+#else
+  (void)c; (void)v; (void)n;
+#endif
+}
+
 /* Max over ranks of v (a flag or a difference); v itself on one process. */
 double cli_allreduce_max(moe8_comm *c, double v) {
 #ifdef MOE8_HAVE_MPI

@@ -20,6 +20,7 @@ static void usage(FILE *f) {
              "--arch FAMILY   read config.json as qwen2_moe, qwen3_moe, mixtral or deepseek_v3 (a compatible model_type moe8 does not know)\n"
              "--training-load build f32 master weights as training does (more memory; same output)\n"
              "--repeat N      run the forward N times and report the fastest (timing)\n"
+             "--ep-mode M     under mpirun: ring (default) or alltoall (docs/parallelism.md)\n"
              "The layer is loaded for inference: expert weights go from the file to the kernels' layout once, without f32 copies.\n"
              "Under mpirun -n P the layer runs expert-parallel (P must divide the experts); rank 0 writes Y.\n"
              "exit codes: 0 ok, 1 failure (bad file, non-finite input; no output written), 2 usage\n");
@@ -60,6 +61,7 @@ int cmd_run(int argc, char **argv) {
   int64_t layer = -1;
   int training_load = 0;
   int64_t repeat = 1;
+  moe8_ep_mode ep_mode = MOE8_EP_RING;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (cli_is_help(a)) { usage(stdout); return EXIT_OK; }
@@ -69,6 +71,7 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
     else if (!strcmp(a, "--arch") && v) arch = argv[++i];
     else if (!strcmp(a, "--training-load")) training_load = 1;
+    else if (!strcmp(a, "--ep-mode") && v && (!strcmp(v, "ring") || !strcmp(v, "alltoall"))) { ep_mode = !strcmp(v, "ring") ? MOE8_EP_RING : MOE8_EP_ALLTOALL; i++; }
     else if (!strcmp(a, "--repeat") && v && cli_parse_i64(v, &repeat) && repeat <= 1000) i++;
     else if (!strcmp(a, "--layer") && v) { char *e; layer = strtoll(v, &e, 10); if (*e || layer < 0) { usage(stderr); return EXIT_USAGE; } i++; }
     else { fprintf(stderr, "moe8 run: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
@@ -153,7 +156,8 @@ int cmd_run(int argc, char **argv) {
         rc = EXIT_FAIL;
         goto done;
       }
-      st = moe8_ep_create(L, c, &ep);
+      const moe8_ep_options eo = {sizeof eo, ep_mode};
+      st = moe8_ep_create_ex(L, c, &eo, &ep);
     }
     if (st == MOE8_OK) {
       P = moe8_comm_size(c);
