@@ -31,10 +31,27 @@
 extern "C" {
 #endif
 
+/* Symbols of the shared library: only what this header declares is
+** exported (the library is built with hidden visibility). */
+#if defined(_WIN32) && defined(MOE8_SHARED_BUILD)
+#define MOE8_API __declspec(dllexport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define MOE8_API __attribute__((visibility("default")))
+#else
+#define MOE8_API
+#endif
+
 #define MOE8_VERSION_MAJOR 0
-#define MOE8_VERSION_MINOR 1
+#define MOE8_VERSION_MINOR 2
 #define MOE8_VERSION_PATCH 0
-#define MOE8_VERSION_STRING "0.1.0"
+#define MOE8_VERSION_STRING "0.2.0"
+/* MAJOR·10000 + MINOR·100 + PATCH, for comparisons. */
+#define MOE8_VERSION_NUMBER (MOE8_VERSION_MAJOR * 10000 + MOE8_VERSION_MINOR * 100 + MOE8_VERSION_PATCH)
+
+/* The version of the library actually linked (the macros above are the
+** header's): MOE8_VERSION_NUMBER's encoding, and "0.2.0". */
+MOE8_API int         moe8_version(void);
+MOE8_API const char *moe8_version_string(void);
 
 /* ------------------------------------------------------------------------
 ** 1. Status
@@ -54,14 +71,14 @@ typedef enum moe8_status {
 } moe8_status;
 
 /* A fixed English string for a status; never NULL. */
-const char *moe8_status_str(moe8_status status);
+MOE8_API const char *moe8_status_str(moe8_status status);
 
 /* The detail of the last error on the calling thread: "" when none.  The
 ** pointer stays valid until the next moe8 call on the same thread. */
-const char *moe8_last_error(void);
+MOE8_API const char *moe8_last_error(void);
 
 /* Clears the calling thread's last-error message. */
-void moe8_clear_error(void);
+MOE8_API void moe8_clear_error(void);
 
 /* ------------------------------------------------------------------------
 ** 2. Number formats
@@ -84,11 +101,11 @@ typedef struct moe8_dtype_traits {
 } moe8_dtype_traits;
 
 /* Traits of a dtype; NULL for MOE8_DTYPE_NONE or an out-of-range value. */
-const moe8_dtype_traits *moe8_dtype_info(moe8_dtype dtype);
+MOE8_API const moe8_dtype_traits *moe8_dtype_info(moe8_dtype dtype);
 
 /* Parses "f32", "bf16", "f8e4m3", "float8_e4m3fn", "f8e5m2", "float8_e5m2",
 ** "i8", "int8", "bfloat16", "float32".  Returns MOE8_DTYPE_NONE if unknown. */
-moe8_dtype moe8_dtype_from_name(const char *name);
+MOE8_API moe8_dtype moe8_dtype_from_name(const char *name);
 
 /* Conversion flags. */
 #define MOE8_CONVERT_NOSAT 1u  /* FP8: overflow to NaN (e4m3) or ±inf (e5m2) */
@@ -103,16 +120,16 @@ moe8_dtype moe8_dtype_from_name(const char *name);
 **            the call returns MOE8_ERR_NONFINITE after converting the rest.
 ** FP8 -> f32/bf16 and i8 -> f32/bf16 are exact.  dst and src must not
 ** overlap unless they are the same pointer with equal element sizes. */
-moe8_status moe8_convert(void *dst, moe8_dtype dst_type, const void *src,
+MOE8_API moe8_status moe8_convert(void *dst, moe8_dtype dst_type, const void *src,
                          moe8_dtype src_type, size_t count, unsigned flags);
 
 /* Scalar conversions, the ground truth every kernel is tested against. */
-uint8_t  moe8_f32_to_f8e4m3(float x, bool saturate);
-uint8_t  moe8_f32_to_f8e5m2(float x, bool saturate);
-float    moe8_f8e4m3_to_f32(uint8_t x);
-float    moe8_f8e5m2_to_f32(uint8_t x);
-uint16_t moe8_f32_to_bf16(float x);
-float    moe8_bf16_to_f32(uint16_t x);
+MOE8_API uint8_t  moe8_f32_to_f8e4m3(float x, bool saturate);
+MOE8_API uint8_t  moe8_f32_to_f8e5m2(float x, bool saturate);
+MOE8_API float    moe8_f8e4m3_to_f32(uint8_t x);
+MOE8_API float    moe8_f8e5m2_to_f32(uint8_t x);
+MOE8_API uint16_t moe8_f32_to_bf16(float x);
+MOE8_API float    moe8_bf16_to_f32(uint16_t x);
 
 /* ------------------------------------------------------------------------
 ** 3. Quantization (SPEC §2)
@@ -157,12 +174,12 @@ typedef struct moe8_quant_spec {
 
 /* Number of f32 scale elements the spec yields for x[E, R, C]; 0 and
 ** MOE8_ERR_* in *status when the spec or sizes are invalid. */
-size_t moe8_quant_scale_count(const moe8_quant_spec *spec, int64_t E, int64_t R,
+MOE8_API size_t moe8_quant_scale_count(const moe8_quant_spec *spec, int64_t E, int64_t R,
                               int64_t C, moe8_status *status);
 
 /* The scale of one block from its absolute maximum (SPEC §2): clip, divide by
 ** qmax in f32, 1 when zero or below 2^-126, then optionally a power of two. */
-float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool pow2);
+MOE8_API float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool pow2);
 
 /* Quantizes x[E, R, C] (f32).  q receives E·R·C bytes (one per element),
 ** scale receives moe8_quant_scale_count() floats.  Values are
@@ -170,12 +187,12 @@ float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool po
 ** i8 rounds half to even and clamps to [-127, 127].  If x holds NaN or inf,
 ** returns MOE8_ERR_NONFINITE, stores the count in *nonfinite (may be NULL)
 ** and leaves q and scale unspecified. */
-moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E,
+MOE8_API moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E,
                           int64_t R, int64_t C, void *q, float *scale,
                           size_t *nonfinite);
 
 /* The inverse: y = q · s, exact in f32 up to the one rounding of the product. */
-moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q,
+MOE8_API moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q,
                             const float *scale, int64_t E, int64_t R, int64_t C,
                             float *y);
 
@@ -198,21 +215,21 @@ typedef struct moe8_rules moe8_rules;
 
 /* Parses a rule set from JSON text; name is used in messages (a file name).
 ** Errors name the field, its JSON path and its line:column. */
-moe8_status moe8_rules_parse(const char *json, size_t len, const char *name,
+MOE8_API moe8_status moe8_rules_parse(const char *json, size_t len, const char *name,
                              moe8_rules **out);
-moe8_status moe8_rules_load(const char *path, moe8_rules **out);
-void        moe8_rules_destroy(moe8_rules *rules);
+MOE8_API moe8_status moe8_rules_load(const char *path, moe8_rules **out);
+MOE8_API void        moe8_rules_destroy(moe8_rules *rules);
 
 /* The first rule whose module_path matches (regexec, unanchored), or NULL. */
-const moe8_rule *moe8_rules_match(const moe8_rules *rules, const char *module_path);
-size_t           moe8_rules_count(const moe8_rules *rules);
-const moe8_rule *moe8_rules_at(const moe8_rules *rules, size_t i);
-bool             moe8_rules_quantize_before_ep_all_gather(const moe8_rules *rules);
+MOE8_API const moe8_rule *moe8_rules_match(const moe8_rules *rules, const char *module_path);
+MOE8_API size_t           moe8_rules_count(const moe8_rules *rules);
+MOE8_API const moe8_rule *moe8_rules_at(const moe8_rules *rules, size_t i);
+MOE8_API bool             moe8_rules_quantize_before_ep_all_gather(const moe8_rules *rules);
 
 /* The quant spec a rule implies for a weight w[E, K, N] or an activation
 ** x[T, K]; false when that operand is not quantized by the rule. */
-bool moe8_rule_weight_spec(const moe8_rule *rule, moe8_quant_spec *spec);
-bool moe8_rule_act_spec(const moe8_rule *rule, moe8_quant_spec *spec);
+MOE8_API bool moe8_rule_weight_spec(const moe8_rule *rule, moe8_quant_spec *spec);
+MOE8_API bool moe8_rule_act_spec(const moe8_rule *rule, moe8_quant_spec *spec);
 
 /* ------------------------------------------------------------------------
 ** 5. ISA selection
@@ -231,12 +248,12 @@ typedef enum moe8_isa {
   MOE8_ISA_COUNT
 } moe8_isa;
 
-const char *moe8_isa_name(moe8_isa isa);
-bool        moe8_isa_supported(moe8_isa isa); /* built, CPUID and XGETBV    */
-moe8_isa    moe8_isa_active(void);
+MOE8_API const char *moe8_isa_name(moe8_isa isa);
+MOE8_API bool        moe8_isa_supported(moe8_isa isa); /* built, CPUID and XGETBV    */
+MOE8_API moe8_isa    moe8_isa_active(void);
 /* Forces the ISA for the whole process (tests, benchmarks).  Not to be
 ** called while other threads run moe8 calls. */
-moe8_status moe8_isa_set(moe8_isa isa);
+MOE8_API moe8_status moe8_isa_set(moe8_isa isa);
 
 
 /* ------------------------------------------------------------------------
@@ -271,7 +288,7 @@ typedef struct moe8_router_config {
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
 ** order 0..D-1 (batch-invariant). */
-moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64_t D, int64_t E,
+MOE8_API moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64_t D, int64_t E,
                                float *logits);
 
 /* From logits[T, E]: scores (softmax or sigmoid, written to scores[T, E]
@@ -281,7 +298,7 @@ moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64
 ** scaling factor.  With n_group > 1, E must be a multiple of n_group with
 ** at least two experts per group, 1 <= topk_group <= n_group and top_k <=
 ** topk_group · E / n_group. */
-moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64_t T,
+MOE8_API moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64_t T,
                        float *scores, int32_t *expert_ids, float *weights);
 
 /* The result of the dispatch sort: caller-allocated arrays. */
@@ -298,12 +315,12 @@ typedef struct moe8_dispatch {
 ** capacity_factor c > 0 each expert keeps at most ceil(T·K_top/E · c) rows,
 ** the first in sorted order; c <= 0 is dropless.  An expert id outside
 ** [0, E) is an error naming the assignment. */
-moe8_status moe8_dispatch_sort(const int32_t *expert_ids, int64_t T, int64_t top_k, int64_t E,
+MOE8_API moe8_status moe8_dispatch_sort(const int32_t *expert_ids, int64_t T, int64_t top_k, int64_t E,
                                float capacity_factor, moe8_dispatch *out);
 
 /* dst[p] = src[index[p]] for p < n, rows of row_bytes bytes; src has
 ** src_rows rows; an index out of range is an error naming it. */
-moe8_status moe8_gather_rows(void *dst, const void *src, size_t row_bytes, const int32_t *index,
+MOE8_API moe8_status moe8_gather_rows(void *dst, const void *src, size_t row_bytes, const int32_t *index,
                              int64_t n, int64_t src_rows);
 
 /* Gather of a quantized array's rows (SPEC §4.2): qvalue rows are always
@@ -312,7 +329,7 @@ moe8_status moe8_gather_rows(void *dst, const void *src, size_t row_bytes, const
 ** per-channel [1, cols] scale is copied through unchanged, and
 ** *scale_gathered says which happened.  dst_scale has room for
 ** n · scale_cols floats.  Any other scale shape is MOE8_ERR_SHAPE. */
-moe8_status moe8_gather_qrows(void *dst_q, float *dst_scale, bool *scale_gathered,
+MOE8_API moe8_status moe8_gather_qrows(void *dst_q, float *dst_scale, bool *scale_gathered,
                               const void *src_q, const float *src_scale, int64_t rows, int64_t cols,
                               int64_t scale_rows, int64_t scale_cols, const int32_t *index, int64_t n);
 
@@ -360,15 +377,15 @@ typedef struct moe8_gmm_args {
   const void    *rhs_packed;
 } moe8_gmm_args;
 
-moe8_status moe8_gmm(const moe8_gmm_args *args);
+MOE8_API moe8_status moe8_gmm(const moe8_gmm_args *args);
 
 /* Pre-packing of quantized expert weights [G, K, N] (e4m3, e5m2 or i8
 ** codes) into the layout the kernels stream (column tiles; k pairs for
 ** FP8, k quads for i8, interleaved; see docs/kernels.md): done once, e.g.
 ** at moe8_layer_prepare.  dst holds moe8_gmm_packed_size(dtype, G, K, N)
 ** bytes (about G·K·N, rounded up to whole pairs or quads and strips). */
-size_t      moe8_gmm_packed_size(moe8_dtype dtype, int64_t G, int64_t K, int64_t N);
-moe8_status moe8_gmm_pack_rhs(moe8_dtype dtype, const void *rhs, int64_t G, int64_t K, int64_t N, void *dst);
+MOE8_API size_t      moe8_gmm_packed_size(moe8_dtype dtype, int64_t G, int64_t K, int64_t N);
+MOE8_API moe8_status moe8_gmm_pack_rhs(moe8_dtype dtype, const void *rhs, int64_t G, int64_t K, int64_t N, void *dst);
 
 /* Transposed grouped matmul for weight gradients: for each local group g,
 ** out[g - group_offset] = lhs_gᵀ · dy_g, with lhs [M, K], dy [M, N] (f32
@@ -376,14 +393,14 @@ moe8_status moe8_gmm_pack_rhs(moe8_dtype dtype, const void *rhs, int64_t G, int6
 ** kernels with the group's rows as the contraction axis, so its sums have
 ** the gmm's fixed order and do not depend on threads.  Groups with no rows
 ** give zeros. */
-moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M, int64_t K,
+MOE8_API moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, int64_t M, int64_t K,
                       int64_t N, int64_t num_groups, const int32_t *group_sizes,
                       int64_t group_offset, int64_t num_local, float *out);
 
 /* Combine (SPEC §4.5): out[t] = Σ_j weights[t, j] · y[pos_of[t·K_top + j]]
 ** in f32, slots in order j = 0, 1, ...; a dropped slot (pos_of < 0) adds
 ** nothing.  y is [rows, D] f32; out is [T, D]. */
-moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, const float *weights,
+MOE8_API moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, const float *weights,
                          int64_t T, int64_t top_k, int64_t D, float *out);
 
 /* ------------------------------------------------------------------------
@@ -436,37 +453,37 @@ typedef struct moe8_layer moe8_layer;
 
 /* rules may be NULL (no quantization); module_path selects the rule (the
 ** first match of moe8_rules_match), e.g. "model.layers.0.mlp.experts". */
-moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
+MOE8_API moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
                               moe8_layer **out);
-void        moe8_layer_destroy(moe8_layer *layer);
+MOE8_API void        moe8_layer_destroy(moe8_layer *layer);
 
 /* The writable f32 master weight and its element count; NULL for an
 ** unknown id (or the bias when the layer has none).  Taking it marks the
 ** layer unprepared (the caller may change the weights). */
-float      *moe8_layer_weight(moe8_layer *layer, moe8_weight_id id, size_t *count);
+MOE8_API float      *moe8_layer_weight(moe8_layer *layer, moe8_weight_id id, size_t *count);
 /* The same, read-only: the layer stays prepared. */
-const float *moe8_layer_weight_read(const moe8_layer *layer, moe8_weight_id id, size_t *count);
+MOE8_API const float *moe8_layer_weight_read(const moe8_layer *layer, moe8_weight_id id, size_t *count);
 
 /* Fills the weights from a seeded generator (N(0, 1/fan_in)). */
-moe8_status moe8_layer_init_random(moe8_layer *layer, uint64_t seed);
+MOE8_API moe8_status moe8_layer_init_random(moe8_layer *layer, uint64_t seed);
 
 /* Seed A at one process: quantize the activations before the token sort
 ** (true) or after it (false).  Defaults to the rule set's
 ** quantize_before_ep_all_gather.  The output is bitwise the same. */
-void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool before);
+MOE8_API void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool before);
 
 /* The rule the layer uses (NULL: none) and a one-line description of what
 ** is quantized, e.g. "weights f8e4m3 [E,16,1,N], activations f8e4m3 1x128". */
-const moe8_rule *moe8_layer_rule(const moe8_layer *layer);
-const moe8_layer_config *moe8_layer_get_config(const moe8_layer *layer);
-const char      *moe8_layer_describe(const moe8_layer *layer);
+MOE8_API const moe8_rule *moe8_layer_rule(const moe8_layer *layer);
+MOE8_API const moe8_layer_config *moe8_layer_get_config(const moe8_layer *layer);
+MOE8_API const char      *moe8_layer_describe(const moe8_layer *layer);
 
-size_t      moe8_layer_workspace_size(const moe8_layer *layer, int64_t T);
+MOE8_API size_t      moe8_layer_workspace_size(const moe8_layer *layer, int64_t T);
 
 /* out[T, D] = the layer applied to x[T, D]; *aux_loss (may be NULL) gets
 ** the auxiliary loss.  Non-finite values in x or the weights are an error
 ** naming the tensor and the count. */
-moe8_status moe8_layer_forward(moe8_layer *layer, const float *x, int64_t T, float *out, float *aux_loss,
+MOE8_API moe8_status moe8_layer_forward(moe8_layer *layer, const float *x, int64_t T, float *out, float *aux_loss,
                                void *ws, size_t ws_size);
 
 /* Gradients of L = Σ dout ⊙ out + aux_loss at the last forward (same x, T
@@ -482,7 +499,7 @@ typedef struct moe8_layer_grads {
   float *dwsg, *dwsu, *dwsd, *dwsgate;
 } moe8_layer_grads;
 
-moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
+MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
                                 size_t ws_size, const moe8_layer_grads *grads);
 
 /* Inference (SPEC §6, seed B): quantize [Wg|Wu] ([E, D, 2F]) and Wd once
@@ -491,12 +508,12 @@ moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, co
 ** weight type moe8 does not pre-quantize (f8e5m2), leaves the weights as
 ** they are; the latter with a notice in moe8_layer_describe().  Call again
 ** after changing the weights. */
-moe8_status moe8_layer_prepare(moe8_layer *layer);
+MOE8_API moe8_status moe8_layer_prepare(moe8_layer *layer);
 
 /* The forward over the prepared weights: route, dispatch, gmm, SwiGLU, gmm,
 ** combine, with no allocation and no re-quantization.  Bitwise equal to
 ** moe8_layer_forward on the same weights. */
-moe8_status moe8_layer_forward_fused(moe8_layer *layer, const float *x, int64_t T, float *out, void *ws,
+MOE8_API moe8_status moe8_layer_forward_fused(moe8_layer *layer, const float *x, int64_t T, float *out, void *ws,
                                      size_t ws_size);
 
 /* The prepared expert weights as the kernels consume them: gate|up fused
@@ -511,7 +528,7 @@ typedef struct moe8_prepared {
   const float *s_down;        /* [E, ceil(F/tile) or 1, 1, D]      */
 } moe8_prepared;
 
-moe8_status moe8_layer_prepared(const moe8_layer *layer, moe8_prepared *out);
+MOE8_API moe8_status moe8_layer_prepared(const moe8_layer *layer, moe8_prepared *out);
 
 /* Seed B's weight preparation for one expert weight w of shape[ndim]; it
 ** must be 3-D [E, K, N] (a 2-D weight is MOE8_ERR_SHAPE).  With no rule, no
@@ -519,7 +536,7 @@ moe8_status moe8_layer_prepared(const moe8_layer *layer, moe8_prepared *out);
 ** weight is left as it is: spec->qtype = MOE8_DTYPE_NONE, nothing written,
 ** and *notice (may be NULL) says why.  Otherwise q gets E·K·N bytes, scale
 ** gets [E, ceil(K/tile) or 1, 1, N] floats and *spec the spec used. */
-moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, int ndim, const int64_t *shape,
+MOE8_API moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, int ndim, const int64_t *shape,
                                         void *q, float *scale, moe8_quant_spec *spec, const char **notice);
 
 /* ------------------------------------------------------------------------
@@ -533,11 +550,11 @@ moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, i
 */
 typedef struct moe8_trainer moe8_trainer;
 
-moe8_status moe8_trainer_create(moe8_layer *layer, float lr, moe8_trainer **out);
-void        moe8_trainer_destroy(moe8_trainer *tr);
+MOE8_API moe8_status moe8_trainer_create(moe8_layer *layer, float lr, moe8_trainer **out);
+MOE8_API void        moe8_trainer_destroy(moe8_trainer *tr);
 /* Changes the learning rate for the next steps (schedules). */
-moe8_status moe8_trainer_set_lr(moe8_trainer *tr, float lr);
-moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *target, int64_t T, float *loss,
+MOE8_API moe8_status moe8_trainer_set_lr(moe8_trainer *tr, float lr);
+MOE8_API moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *target, int64_t T, float *loss,
                               void *ws, size_t ws_size);
 
 /* ------------------------------------------------------------------------
@@ -565,34 +582,34 @@ typedef struct moe8_tensor_view {
   size_t          offset;    /* byte offset of the data in the file  */
 } moe8_tensor_view;
 
-const char *moe8_file_dtype_name(moe8_file_dtype t);   /* "F32", "BF16", ... */
-size_t      moe8_file_dtype_size(moe8_file_dtype t);
+MOE8_API const char *moe8_file_dtype_name(moe8_file_dtype t);   /* "F32", "BF16", ... */
+MOE8_API size_t      moe8_file_dtype_size(moe8_file_dtype t);
 
 typedef struct moe8_st_file moe8_st_file;
 
 /* Maps and validates a whole safetensors file (header capped at 100 MiB). */
-moe8_status moe8_st_open(const char *path, moe8_st_file **out);
+MOE8_API moe8_status moe8_st_open(const char *path, moe8_st_file **out);
 /* The same validation on bytes in memory (name is used in messages); the
 ** buffer must outlive the handle. */
-moe8_status moe8_st_parse(const void *buf, size_t len, const char *name, moe8_st_file **out);
-void        moe8_st_close(moe8_st_file *f);
-size_t      moe8_st_count(const moe8_st_file *f);
-const moe8_tensor_view *moe8_st_at(const moe8_st_file *f, size_t i);   /* sorted by name */
-const moe8_tensor_view *moe8_st_find(const moe8_st_file *f, const char *name);
-const char *moe8_st_path(const moe8_st_file *f);
+MOE8_API moe8_status moe8_st_parse(const void *buf, size_t len, const char *name, moe8_st_file **out);
+MOE8_API void        moe8_st_close(moe8_st_file *f);
+MOE8_API size_t      moe8_st_count(const moe8_st_file *f);
+MOE8_API const moe8_tensor_view *moe8_st_at(const moe8_st_file *f, size_t i);   /* sorted by name */
+MOE8_API const moe8_tensor_view *moe8_st_find(const moe8_st_file *f, const char *name);
+MOE8_API const char *moe8_st_path(const moe8_st_file *f);
 
 /* Writes tensors (data pointers are the caller's) as one safetensors file
 ** through moe8_file_write_atomic; on failure nothing is left at path. */
-moe8_status moe8_st_write(const char *path, const moe8_tensor_view *tensors, size_t count);
+MOE8_API moe8_status moe8_st_write(const char *path, const moe8_tensor_view *tensors, size_t count);
 
 /* Reads a whole .npy (v1/v2, C order, little-endian <f4, <f2, <u2 read as
 ** bf16, |i1, |u1).  *data is malloc'ed (free it). */
-moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int *ndim, int64_t shape[MOE8_MAX_DIMS],
+MOE8_API moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int *ndim, int64_t shape[MOE8_MAX_DIMS],
                           void **data);
-moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_file_dtype *dtype, int *ndim,
+MOE8_API moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_file_dtype *dtype, int *ndim,
                            int64_t shape[MOE8_MAX_DIMS], size_t *data_offset);
 /* Writes a v1 .npy (F32 as <f4, BF16 as <u2, F16 as <f2, I8, U8) via a rename. */
-moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, const int64_t *shape, const void *data);
+MOE8_API moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, const int64_t *shape, const void *data);
 
 /* Writes the parts, in order, to path.  A regular file (or a new one) is
 ** written to a temporary file created exclusively, with an unpredictable
@@ -603,10 +620,10 @@ moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, co
 ** character device or a FIFO with a reader is written in place, never
 ** replaced; a directory, block device, socket or reader-less FIFO is
 ** refused. */
-moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, const size_t *lens, size_t nparts);
+MOE8_API moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, const size_t *lens, size_t nparts);
 
 /* Any of F32, F16, BF16, F8_E4M3, F8_E5M2, I8, U8 to f32 (exact). */
-moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dtype t, size_t count);
+MOE8_API moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dtype t, size_t count);
 
 /* Hugging Face config.json of an MoE model. */
 #define MOE8_MAX_MLP_ONLY 1024
@@ -640,38 +657,38 @@ typedef struct moe8_hf_config {
 ** topk_method other than noaux_tc, values of the wrong type, integers
 ** given as fractions or out of range.  Without model_type the family is
 ** inferred from the expert-count key and only the keys present are used. */
-moe8_status moe8_hf_config_load(const char *path, moe8_hf_config *out);
-moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name, moe8_hf_config *out);
+MOE8_API moe8_status moe8_hf_config_load(const char *path, moe8_hf_config *out);
+MOE8_API moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name, moe8_hf_config *out);
 /* The same, reading the file as family model_type (an explicit override
 ** for a compatible model_type moe8 does not know); NULL: as written. */
-moe8_status moe8_hf_config_parse_as(const char *json, size_t len, const char *name, const char *model_type,
+MOE8_API moe8_status moe8_hf_config_parse_as(const char *json, size_t len, const char *name, const char *model_type,
                                     moe8_hf_config *out);
-const char *moe8_arch_name(moe8_arch a);
+MOE8_API const char *moe8_arch_name(moe8_arch a);
 /* MOE8_OK when layer L is an MoE layer; else MOE8_ERR_INVALID_ARG with a
 ** message naming the key that makes it dense (or the layer range). */
-moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t layer);
+MOE8_API moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t layer);
 /* The first MoE layer, or -1 when there is none. */
-int64_t     moe8_hf_config_first_moe_layer(const moe8_hf_config *c);
+MOE8_API int64_t     moe8_hf_config_first_moe_layer(const moe8_hf_config *c);
 
 /* A model directory: config.json and one or more *.safetensors shards. */
 typedef struct moe8_model moe8_model;
 
-moe8_status moe8_model_open(const char *dir, moe8_model **out);
+MOE8_API moe8_status moe8_model_open(const char *dir, moe8_model **out);
 /* The same, reading config.json as family model_type (see
 ** moe8_hf_config_parse_as); NULL: as written. */
-moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_model **out);
-void        moe8_model_close(moe8_model *m);
-const moe8_hf_config   *moe8_model_config(const moe8_model *m);
-size_t                  moe8_model_tensor_count(const moe8_model *m);
-const moe8_tensor_view *moe8_model_tensor_at(const moe8_model *m, size_t i);
-const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name);
+MOE8_API moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_model **out);
+MOE8_API void        moe8_model_close(moe8_model *m);
+MOE8_API const moe8_hf_config   *moe8_model_config(const moe8_model *m);
+MOE8_API size_t                  moe8_model_tensor_count(const moe8_model *m);
+MOE8_API const moe8_tensor_view *moe8_model_tensor_at(const moe8_model *m, size_t i);
+MOE8_API const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name);
 /* The checkpoint's expert-weight format: "f32/bf16/f16 (unquantized)",
 ** "deepseek f8e4m3 128x128 blocks" or "moe8 f8e4m3 [E,16,1,N]" and so on. */
-const char *moe8_model_format(const moe8_model *m, int64_t layer);
+MOE8_API const char *moe8_model_format(const moe8_model *m, int64_t layer);
 
 /* The tensor-name prefix of layer L's MoE block: "model.layers.L.mlp." or,
 ** for Mixtral, "model.layers.L.block_sparse_moe.". */
-void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap);
+MOE8_API void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap);
 
 /* A layer from layer L of the model, with the rule that matches
 ** "<prefix>experts".  f32/bf16/f16 weights are converted to the f32
@@ -679,7 +696,7 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
 ** installed as the prepared weights as they are (no re-quantization), and
 ** the layer is then ready for moe8_layer_forward_fused.  Every tensor's
 ** presence, dtype and shape is checked against the config. */
-moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, moe8_layer **out);
+MOE8_API moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, moe8_layer **out);
 
 /* How moe8_model_load_layer_ex builds the layer.
 **   TRAINING   f32 masters (quantized checkpoints: their values), for
@@ -703,12 +720,12 @@ typedef struct moe8_load_options {
 } moe8_load_options;
 
 /* moe8_model_load_layer with options (NULL: training). */
-moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
+MOE8_API moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                                      moe8_layer **out);
 
 /* Installs already-quantized expert weights as a layer's prepared weights
 ** (copied); the masters become their dequantized values. */
-moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);
+MOE8_API moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);
 
 /* ------------------------------------------------------------------------
 ** 10. Expert parallelism (SPEC §7): a ring of experts over a communicator
@@ -726,13 +743,13 @@ moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);
 */
 typedef struct moe8_comm moe8_comm;
 
-bool        moe8_has_mpi(void);                      /* built with MPI?          */
-moe8_status moe8_comm_create_single(moe8_comm **out);
+MOE8_API bool        moe8_has_mpi(void);                      /* built with MPI?          */
+MOE8_API moe8_status moe8_comm_create_single(moe8_comm **out);
 /* mpi_comm points to an MPI_Comm (MPI already initialized); it is
 ** duplicated.  MOE8_ERR_UNSUPPORTED in a build without MPI. */
-moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out);
-int         moe8_comm_rank(const moe8_comm *c);
-int         moe8_comm_size(const moe8_comm *c);
+MOE8_API moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out);
+MOE8_API int         moe8_comm_rank(const moe8_comm *c);
+MOE8_API int         moe8_comm_size(const moe8_comm *c);
 /* The collective deadline: with MOE8_EP_TIMEOUT=S (seconds) in the
 ** environment when an MPI communicator is created, a rank that waits more
 ** than S seconds for another at a collective returns MOE8_ERR_IO naming
@@ -740,8 +757,8 @@ int         moe8_comm_size(const moe8_comm *c);
 ** then broken (true here) and the job should end (MPI_Abort): the missing
 ** rank can never complete the collective.  Unset or 0: no deadline (the
 ** library's default; the moe8 command sets 600 s unless told otherwise). */
-bool        moe8_comm_broken(const moe8_comm *c);
-void        moe8_comm_destroy(moe8_comm *c);
+MOE8_API bool        moe8_comm_broken(const moe8_comm *c);
+MOE8_API void        moe8_comm_destroy(moe8_comm *c);
 
 /* What went over the wire in the last forward and backward, as bytes this
 ** rank received (its own rows included) and seconds spent in the call. */
@@ -783,23 +800,23 @@ typedef struct moe8_ep_options {
 /* Collective.  Checks that every rank has the same config, rule, P and
 ** weights (a checksum) and that P divides E; otherwise every rank gets the
 ** same message.  The layer stays the caller's. */
-moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out);
+MOE8_API moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out);
 /* The same with options (NULL: the ring); every rank must choose the same mode. */
-moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_options *opt, moe8_ep **out);
-moe8_ep_mode moe8_ep_get_mode(const moe8_ep *ep);
-void        moe8_ep_destroy(moe8_ep *ep);
+MOE8_API moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_options *opt, moe8_ep **out);
+MOE8_API moe8_ep_mode moe8_ep_get_mode(const moe8_ep *ep);
+MOE8_API void        moe8_ep_destroy(moe8_ep *ep);
 
 /* out_local[T_local, D] for this rank's tokens; *aux_loss (may be NULL) is
 ** the aux loss over all tokens. */
-moe8_status moe8_ep_forward(moe8_ep *ep, const float *x_local, int64_t T_local, float *out_local, float *aux_loss);
+MOE8_API moe8_status moe8_ep_forward(moe8_ep *ep, const float *x_local, int64_t T_local, float *out_local, float *aux_loss);
 
 /* Gradients at the last forward: dx [T_local, D] for this rank's tokens;
 ** dwr [D, E] on every rank; dwg, dwu, dwd full-size with this rank's
 ** experts written and the others zero.  Any pointer may be NULL. */
-moe8_status moe8_ep_backward(moe8_ep *ep, const float *x_local, int64_t T_local, const float *dout_local,
+MOE8_API moe8_status moe8_ep_backward(moe8_ep *ep, const float *x_local, int64_t T_local, const float *dout_local,
                              const moe8_layer_grads *grads);
 
-const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep);
+MOE8_API const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep);
 
 #ifdef __cplusplus
 }

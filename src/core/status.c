@@ -40,3 +40,6 @@ moe8_status moe8__fail(moe8_status status, const char *fmt, ...) {
   va_end(ap);
   return status;
 }
+
+int         moe8_version(void) { return MOE8_VERSION_NUMBER; }
+const char *moe8_version_string(void) { return MOE8_VERSION_STRING; }
