@@ -1,0 +1,349 @@
+"""moe8 from Python: the quantized Mixture-of-Experts layer over the shared
+library libmoe8.so (ctypes; numpy arrays in and out).
+
+    import numpy as np, moe8
+    layer = moe8.Layer.from_model("model_dir")            # inference load
+    y = layer.forward(np.zeros((4, layer.hidden), np.float32))
+
+Arrays: inputs must be C-contiguous float32 (others are converted, which
+copies); outputs are new arrays unless `out=` is given, which is written in
+place.  `Layer.weight(name)` is a view of the layer's own f32 master (no
+copy): writing to it changes the layer.  Every failing call raises
+`moe8.Error` carrying moe8_last_error()'s message and the status.
+The library: $MOE8_LIBRARY, else the copy installed with this package,
+else the system's (ldconfig / LD_LIBRARY_PATH)."""
+import ctypes as C
+import ctypes.util
+import glob
+import json
+import os
+
+import numpy as np
+
+__all__ = ["Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES"]
+
+# ---- the library -----------------------------------------------------------------------
+def _find_library():
+    env = os.environ.get("MOE8_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for pat in ("_lib/libmoe8.so*", "../../build/libmoe8.so*"):
+        hits = sorted(glob.glob(os.path.join(here, pat)))
+        if hits:
+            return hits[0]
+    found = ctypes.util.find_library("moe8")
+    if found:
+        return found
+    raise OSError("moe8: libmoe8.so not found (set MOE8_LIBRARY, install the package with the library, or install moe8)")
+
+
+library_path = _find_library()
+_lib = C.CDLL(library_path)
+
+_P = C.c_void_p
+_i64 = C.c_int64
+
+
+def _fn(name, res, *args):
+    f = getattr(_lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+DTYPES = {"none": 0, "f32": 1, "bf16": 2, "f8e4m3": 3, "f8e5m2": 4, "i8": 5}
+_NP = {1: np.float32, 2: np.uint16, 3: np.uint8, 4: np.uint8, 5: np.int8}
+_GRAN = {"tensor": 0, "row": 1, "row_tile": 2, "channel": 3, "channel_tile": 4, "block2d": 5}
+_STATUS = ["ok", "invalid argument", "shape mismatch", "unsupported dtype", "non-finite value", "out of memory", "i/o error",
+           "format error", "parse error", "unsupported", "internal error"]
+
+
+class Error(Exception):
+    """A moe8 call failed: .status (int), .status_name, and the message."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = _STATUS[status] if 0 <= status < len(_STATUS) else str(status)
+        super().__init__("moe8: %s: %s" % (self.status_name, message))
+
+
+_last_error = _fn("moe8_last_error", C.c_char_p)
+
+
+def _check(st):
+    if st != 0:
+        raise Error(st, _last_error().decode("utf-8", "replace"))
+
+
+class _LayerConfig(C.Structure):
+    _fields_ = [("num_experts", _i64), ("top_k", _i64), ("hidden", _i64), ("ffn", _i64), ("score", C.c_int),
+                ("norm_topk_prob", C.c_bool), ("routed_scaling_factor", C.c_float), ("use_selection_bias", C.c_bool),
+                ("capacity_factor", C.c_float), ("aux_loss_weight", C.c_float), ("n_group", _i64), ("topk_group", _i64),
+                ("shared_ffn", _i64), ("shared_gate", C.c_bool)]
+
+
+class _QuantSpec(C.Structure):
+    _fields_ = [("qtype", C.c_int), ("gran", C.c_int), ("tile", _i64), ("block_n", _i64), ("calib", C.c_int), ("clip", C.c_float),
+                ("pow2", C.c_bool)]
+
+
+class _Grads(C.Structure):
+    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate")]
+
+
+class _LoadOptions(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("mode", C.c_int), ("progress", _P), ("ctx", _P)]
+
+
+_version_string = _fn("moe8_version_string", C.c_char_p)
+_rules_parse = _fn("moe8_rules_parse", C.c_int, C.c_char_p, C.c_size_t, C.c_char_p, C.POINTER(_P))
+_rules_destroy = _fn("moe8_rules_destroy", None, _P)
+_layer_create = _fn("moe8_layer_create", C.c_int, C.POINTER(_LayerConfig), _P, C.c_char_p, C.POINTER(_P))
+_layer_destroy = _fn("moe8_layer_destroy", None, _P)
+_layer_weight = _fn("moe8_layer_weight", C.POINTER(C.c_float), _P, C.c_int, C.POINTER(C.c_size_t))
+_layer_init_random = _fn("moe8_layer_init_random", C.c_int, _P, C.c_uint64)
+_layer_get_config = _fn("moe8_layer_get_config", C.POINTER(_LayerConfig), _P)
+_layer_describe = _fn("moe8_layer_describe", C.c_char_p, _P)
+_layer_ws = _fn("moe8_layer_workspace_size", C.c_size_t, _P, _i64)
+_layer_forward = _fn("moe8_layer_forward", C.c_int, _P, _P, _i64, _P, C.POINTER(C.c_float), _P, C.c_size_t)
+_layer_forward_fused = _fn("moe8_layer_forward_fused", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t)
+_layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t, C.POINTER(_Grads))
+_layer_prepare = _fn("moe8_layer_prepare", C.c_int, _P)
+_model_open_as = _fn("moe8_model_open_as", C.c_int, C.c_char_p, C.c_char_p, C.POINTER(_P))
+_model_close = _fn("moe8_model_close", None, _P)
+_model_load = _fn("moe8_model_load_layer_ex", C.c_int, _P, _i64, _P, C.POINTER(_LoadOptions), C.POINTER(_P))
+_first_moe = _fn("moe8_hf_config_first_moe_layer", _i64, _P)
+_model_config = _fn("moe8_model_config", _P, _P)
+_quantize = _fn("moe8_quantize", C.c_int, C.POINTER(_QuantSpec), _P, _i64, _i64, _i64, _P, _P, C.POINTER(C.c_size_t))
+_dequantize = _fn("moe8_dequantize", C.c_int, C.POINTER(_QuantSpec), _P, _P, _i64, _i64, _i64, _P)
+_scale_count = _fn("moe8_quant_scale_count", C.c_size_t, C.POINTER(_QuantSpec), _i64, _i64, _i64, C.POINTER(C.c_int))
+_convert = _fn("moe8_convert", C.c_int, _P, C.c_int, _P, C.c_int, C.c_size_t, C.c_uint)
+
+
+def version():
+    """The linked library's version string, e.g. "0.2.0"."""
+    return _version_string().decode()
+
+
+def _f32(a, name, ndim=None):
+    """a as a C-contiguous float32 array (no copy when it already is one)."""
+    arr = np.ascontiguousarray(a, dtype=np.float32)
+    if ndim is not None and arr.ndim != ndim:
+        raise Error(2, "%s must be %d-D, got %d-D %s" % (name, ndim, arr.ndim, list(arr.shape)))
+    return arr
+
+
+def _ptr(a):
+    return C.c_void_p(a.ctypes.data) if a is not None else None
+
+
+# ---- rules -------------------------------------------------------------------------------
+class Rules:
+    """A quantization rule set, from JSON text, a dict or a file path."""
+
+    def __init__(self, rules):
+        if isinstance(rules, dict):
+            text = json.dumps(rules)
+        elif isinstance(rules, str) and os.path.exists(rules):
+            with open(rules) as f:
+                text = f.read()
+        else:
+            text = str(rules)
+        raw = text.encode()
+        h = _P()
+        _check(_rules_parse(raw, len(raw), b"rules", C.byref(h)))
+        self._h = h
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _rules_destroy(self._h)
+            self._h = None
+
+
+def _as_rules(rules):
+    return rules if rules is None or isinstance(rules, Rules) else Rules(rules)
+
+
+# ---- quantization ------------------------------------------------------------------------
+def _spec(qtype, granularity, tile, block_n, clip, pow2):
+    return _QuantSpec(DTYPES[qtype], _GRAN[granularity], tile, block_n, 0, clip, pow2)
+
+
+def quantize(x, qtype="f8e4m3", granularity="row", tile=0, block_n=0, clip=1.0, pow2=False):
+    """Quantizes x (2-D [R, C] or 3-D [E, R, C], float32) as moe8 does;
+    returns (codes, scales) with the granularity's scale shape flattened."""
+    x = _f32(x, "x")
+    E, R, Cc = (1,) + x.shape if x.ndim == 2 else x.shape
+    s = _spec(qtype, granularity, tile, block_n, clip, pow2)
+    st = C.c_int(0)
+    n = _scale_count(C.byref(s), E, R, Cc, C.byref(st))
+    _check(st.value)
+    q = np.empty(x.shape, dtype=_NP[DTYPES[qtype]])
+    sc = np.empty(n, dtype=np.float32)
+    _check(_quantize(C.byref(s), _ptr(x), E, R, Cc, _ptr(q), _ptr(sc), None))
+    return q, sc
+
+
+def dequantize(q, scales, qtype="f8e4m3", granularity="row", tile=0, block_n=0):
+    q = np.ascontiguousarray(q)
+    E, R, Cc = (1,) + q.shape if q.ndim == 2 else q.shape
+    s = _spec(qtype, granularity, tile, block_n, 1.0, False)
+    scales = _f32(scales, "scales")
+    y = np.empty(q.shape, dtype=np.float32)
+    _check(_dequantize(C.byref(s), _ptr(q), _ptr(scales), E, R, Cc, _ptr(y)))
+    return y
+
+
+def convert(x, dst="f8e4m3", src="f32", saturate=True):
+    """Element conversion between f32, bf16 (uint16 bits), f8e4m3/f8e5m2
+    (uint8 codes) and i8, each a single rounding of the exact value."""
+    x = np.ascontiguousarray(x, dtype=_NP[DTYPES[src]])
+    y = np.empty(x.shape, dtype=_NP[DTYPES[dst]])
+    _check(_convert(_ptr(y), DTYPES[dst], _ptr(x), DTYPES[src], x.size, 0 if saturate else 1))
+    return y
+
+
+# ---- the layer ---------------------------------------------------------------------------
+_WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
+            "shared_gate_w": 8}
+
+
+class _Workspace:
+    """A 64-byte aligned scratch buffer of at least n bytes."""
+
+    def __init__(self, n):
+        self.buf = np.empty(n + 64, dtype=np.uint8)
+        off = (-self.buf.ctypes.data) % 64
+        self.view = self.buf[off:off + n]
+        self.n = n
+
+    @property
+    def ptr(self):
+        return C.c_void_p(self.view.ctypes.data)
+
+
+class Layer:
+    """One MoE layer.  Layer(num_experts=, top_k=, hidden=, ffn=, ...) makes
+    one with zero weights (fill them through weight() or init_random());
+    Layer.from_model(dir) loads one from a checkpoint."""
+
+    def __init__(self, num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False,
+                 routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
+                 shared_ffn=0, shared_gate=False, rules=None, module_path="experts", _handle=None, _keep=None):
+        self._keep = _keep
+        self._ws = None
+        self._saved = None
+        if _handle is not None:
+            self._h = _handle
+        else:
+            cfg = _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
+                               use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate)
+            self._rules = _as_rules(rules)
+            h = _P()
+            _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
+            self._h = h
+        c = _layer_get_config(self._h).contents
+        self.num_experts, self.top_k, self.hidden, self.ffn = c.num_experts, c.top_k, c.hidden, c.ffn
+        self.shared_ffn, self.shared_gate = c.shared_ffn, bool(c.shared_gate)
+
+    @classmethod
+    def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None):
+        """Layer `layer` (default: the first MoE layer) of a model directory;
+        mode "inference" (no f32 masters) or "training"."""
+        m = _P()
+        _check(_model_open_as(os.fsencode(model_dir), arch.encode() if arch else None, C.byref(m)))
+        try:
+            if layer is None:
+                layer = _first_moe(_model_config(m))
+            r = _as_rules(rules)
+            opt = _LoadOptions(C.sizeof(_LoadOptions), 1 if mode == "inference" else 0, None, None)
+            h = _P()
+            _check(_model_load(m, layer, r._h if r else None, C.byref(opt), C.byref(h)))
+        finally:
+            _model_close(m)
+        obj = cls(_handle=h)
+        obj._rules = r
+        return obj
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _layer_destroy(self._h)
+            self._h = None
+
+    def describe(self):
+        return _layer_describe(self._h).decode()
+
+    def weight(self, name):
+        """The f32 master weight `name` (router [D, E], gate/up [E, D, F],
+        down [E, F, D], bias [E], shared_gate/shared_up [D, Fs],
+        shared_down [Fs, D], shared_gate_w [D]) as a numpy view of the
+        layer's memory: no copy; writes go to the layer."""
+        n = C.c_size_t(0)
+        p = _layer_weight(self._h, _WEIGHTS[name], C.byref(n))
+        if not p:
+            raise Error(1, "layer has no %s weight (inference layers hold no expert masters)" % name)
+        E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        shape = {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
+                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,)}[name]
+        a = np.ctypeslib.as_array(p, shape=(n.value,)).reshape(shape)
+        a.flags.writeable = True
+        return a
+
+    def init_random(self, seed=0):
+        _check(_layer_init_random(self._h, seed))
+
+    def prepare(self):
+        _check(_layer_prepare(self._h))
+
+    def _workspace(self, T):
+        n = _layer_ws(self._h, T)
+        if self._ws is None or self._ws.n < n:
+            self._ws = _Workspace(max(n, 64))
+        return self._ws
+
+    def new_workspace(self, T):
+        """A private workspace for T tokens (to keep several forwards'
+        saved state for their backwards, as an autograd graph does)."""
+        return _Workspace(max(_layer_ws(self._h, T), 64))
+
+    def forward(self, x, out=None, fused=False, workspace=None):
+        """out[T, D] = the layer on x[T, D]; returns (out, aux_loss), or out
+        alone when fused (the prepared inference path).  The backward needs
+        the same workspace (by default the layer's own, reused by the next
+        forward)."""
+        x = _f32(x, "x", 2)
+        T = x.shape[0]
+        if out is None:
+            out = np.empty((T, self.hidden), dtype=np.float32)
+        elif out.dtype != np.float32 or not out.flags.c_contiguous or out.shape != (T, self.hidden):
+            raise Error(2, "out must be a C-contiguous float32 array of shape %s" % ((T, self.hidden),))
+        ws = workspace or self._workspace(T)
+        if fused:
+            _check(_layer_forward_fused(self._h, _ptr(x), T, _ptr(out), ws.ptr, ws.n))
+            return out
+        aux = C.c_float(0)
+        _check(_layer_forward(self._h, _ptr(x), T, _ptr(out), C.byref(aux), ws.ptr, ws.n))
+        self._saved = (x, ws)
+        return out, aux.value
+
+    def backward(self, x, dout, workspace=None):
+        """Gradients of sum(dout * out) + aux_loss at the last forward (same
+        x): a dict of dx, router, gate, up, down and, with a shared expert,
+        shared_gate, shared_up, shared_down (and shared_gate_w)."""
+        x = _f32(x, "x", 2)
+        dout = _f32(dout, "dout", 2)
+        T = x.shape[0]
+        ws = workspace or (self._saved[1] if self._saved else self._workspace(T))
+        E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, E), np.float32), "gate": np.empty((E, D, F), np.float32),
+             "up": np.empty((E, D, F), np.float32), "down": np.empty((E, F, D), np.float32)}
+        if Fs:
+            g.update({"shared_gate": np.empty((D, Fs), np.float32), "shared_up": np.empty((D, Fs), np.float32),
+                      "shared_down": np.empty((Fs, D), np.float32)})
+            if self.shared_gate:
+                g["shared_gate_w"] = np.empty((D,), np.float32)
+        cg = _Grads(*[_ptr(g.get(k)) for k in ("dx", "router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
+                                                  "shared_gate_w")])
+        _check(_layer_backward(self._h, _ptr(x), T, _ptr(dout), ws.ptr, ws.n, C.byref(cg)))
+        return g

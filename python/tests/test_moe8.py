@@ -1,0 +1,100 @@
+"""The Python package: parity with the moe8 command, errors as exceptions,
+no copies where the docs promise none.  Needs MOE8_LIBRARY (libmoe8.so) and
+MOE8_BIN (the moe8 command) in the environment, as ctest sets them."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import moe8
+
+BIN = os.environ.get("MOE8_BIN", "moe8")
+
+
+def sh(*args):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("m")
+    cfg = d / "cfg.json"
+    cfg.write_text(json.dumps({"model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 256,
+                               "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96, "num_hidden_layers": 1}))
+    sh("init", "--config", str(cfg), "--out", str(d / "m"))
+    rules = d / "rules.json"
+    rules.write_text(json.dumps({"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn",
+                                            "tile_size": 128}]}))
+    x = np.random.default_rng(3).standard_normal((7, 256)).astype(np.float32)
+    np.save(d / "x.npy", x)
+    return d, x
+
+
+@pytest.mark.parametrize("rules", [False, True])
+def test_parity_with_the_command(model, rules):
+    d, x = model
+    extra = ["--rules", str(d / "rules.json")] if rules else []
+    sh("run", "--model", str(d / "m"), "--input", str(d / "x.npy"), "--output", str(d / "y.npy"), *extra)
+    want = np.load(d / "y.npy")
+    L = moe8.Layer.from_model(str(d / "m"), rules=str(d / "rules.json") if rules else None)
+    got = L.forward(x, fused=True)
+    assert got.tobytes() == want.tobytes()
+    # the training load gives the same bytes
+    T = moe8.Layer.from_model(str(d / "m"), mode="training", rules=str(d / "rules.json") if rules else None)
+    got2, _ = T.forward(x)
+    assert got2.tobytes() == want.tobytes()
+
+
+def test_errors_raise_with_the_message(model, tmp_path):
+    d, x = model
+    with pytest.raises(moe8.Error, match="config.json: cannot open"):
+        moe8.Layer.from_model(str(tmp_path))
+    with pytest.raises(moe8.Error, match="malformed JSON"):
+        moe8.Rules("{\"rules\": [")
+    L = moe8.Layer.from_model(str(d / "m"))
+    with pytest.raises(moe8.Error, match="x must be 2-D"):
+        L.forward(x[0])
+    bad = x.copy()
+    bad[2, 5] = np.nan
+    with pytest.raises(moe8.Error, match="non-finite") as e:
+        L.forward(bad)
+    assert e.value.status == 4 and e.value.status_name == "non-finite value"
+    with pytest.raises(moe8.Error, match="loaded for inference"):
+        L.backward(x, x)
+    with pytest.raises(moe8.Error, match="no gate weight"):
+        L.weight("gate")
+    with pytest.raises(moe8.Error, match="top_k"):
+        moe8.Layer(num_experts=4, top_k=5, hidden=8, ffn=8)
+    with pytest.raises(moe8.Error, match="out must be"):
+        L.forward(x, out=np.empty((7, 256), np.float64))
+
+
+def test_no_copies(model):
+    d, x = model
+    L = moe8.Layer.from_model(str(d / "m"), mode="training")
+    out = np.empty((7, 256), np.float32)
+    y, _ = L.forward(x, out=out)
+    assert y is out and y.ctypes.data == out.ctypes.data  # written in place
+    assert moe8._f32(x, "x") is x  # a C-contiguous float32 input is passed as it is
+    w1, w2 = L.weight("down"), L.weight("down")
+    assert w1.ctypes.data == w2.ctypes.data  # the layer's own memory, not copies
+    before, _ = L.forward(x)
+    w1 *= 2.0  # writes reach the layer
+    after, _ = L.forward(x)
+    assert not np.array_equal(before, after)
+
+
+def test_quantize_convert():
+    x = np.random.default_rng(1).standard_normal((5, 300)).astype(np.float32)
+    q, s = moe8.quantize(x, "f8e4m3", "row_tile", tile=128)
+    assert q.dtype == np.uint8 and s.shape == (5 * 3,)
+    y = moe8.dequantize(q, s, "f8e4m3", "row_tile", tile=128)
+    assert np.max(np.abs(y - x)) <= np.max(np.abs(x)) / 8
+    codes = moe8.convert(x, "f8e4m3")
+    back = moe8.convert(codes, "f32", "f8e4m3")
+    assert np.allclose(back, x, rtol=0.07, atol=2e-3)
+    assert moe8.version() == "0.2.0"

@@ -1,0 +1,89 @@
+"""The PyTorch module: gradients against a plain PyTorch block, FP8 bytes
+against moe8's own C results, and a small model that trains.  Skipped with
+a notice where torch is absent."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (apt-get install python3-torch): the torch tests are skipped")
+from moe8.torch import MoE8Block  # noqa: E402
+
+import moe8  # noqa: E402
+
+
+def plain_block(x, router, gate, up, down, k, norm):
+    """The same f32 MoE block in plain PyTorch (autograd does the backward)."""
+    p = torch.softmax(x @ router, dim=-1)
+    w, ids = torch.topk(p, k, dim=-1)
+    if norm:
+        w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for j in range(k):
+        for e in range(router.shape[1]):
+            m = ids[:, j] == e
+            if m.any():
+                h = torch.nn.functional.silu(x[m] @ gate[e]) * (x[m] @ up[e])
+                out = out.index_add(0, m.nonzero().squeeze(1), w[m, j:j + 1] * (h @ down[e]))
+    return out
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def test_gradients_match_plain_pytorch():
+    torch.manual_seed(0)
+    blk = MoE8Block(hidden=32, ffn=24, num_experts=6, top_k=2, seed=3)
+    x = torch.randn(11, 32, requires_grad=True)
+    y = blk(x)
+    r = torch.randn_like(y)
+    (y * r).sum().backward()
+    ref_p = {n: getattr(blk, n).detach().clone().requires_grad_(True) for n in ("router", "gate", "up", "down")}
+    xr = x.detach().clone().requires_grad_(True)
+    yr = plain_block(xr, ref_p["router"], ref_p["gate"], ref_p["up"], ref_p["down"], 2, True)
+    (yr * r).sum().backward()
+    assert rel(y.detach(), yr.detach()) <= 1e-5
+    assert rel(x.grad, xr.grad) <= 1e-5
+    for n in ("router", "gate", "up", "down"):
+        assert rel(getattr(blk, n).grad, ref_p[n].grad) <= 1e-5, n
+
+
+def test_fp8_bytes_equal_the_c_layer():
+    rules = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 32}]}
+    blk = MoE8Block(hidden=64, ffn=32, num_experts=4, top_k=2, rules=rules, seed=5)
+    x = torch.randn(9, 64)
+    y = blk(x)
+    L = moe8.Layer(num_experts=4, top_k=2, hidden=64, ffn=32, norm_topk_prob=True, rules=rules, module_path="model.layers.0.mlp.experts")
+    L.init_random(5)
+    want, _ = L.forward(x.numpy())
+    assert y.detach().numpy().tobytes() == want.tobytes()
+
+
+def test_two_layer_model_trains():
+    torch.manual_seed(1)
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(16, 32)
+            self.moe1 = MoE8Block(hidden=32, ffn=32, num_experts=4, top_k=2, seed=1)
+            self.moe2 = MoE8Block(hidden=32, ffn=32, num_experts=4, top_k=2, seed=2)
+            self.out = torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = self.inp(x)
+            h = h + self.moe1(h)
+            h = h + self.moe2(h)
+            return self.out(h)
+
+    model = Toy()
+    x = torch.randn(128, 16)
+    target = torch.randn(128, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(100):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
