@@ -575,7 +575,7 @@ moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const m
   *out = L;
   return MOE8_OK;
 fail:
-  if (borrowed) { L->borrowed = false; L->xs[0].wgu_pk = L->xs[0].wd_pk = NULL; model_release((void *)m); }
+  if (borrowed) { L->xs[0].pk_borrowed = false; L->xs[0].wgu_pk = L->xs[0].wd_pk = NULL; model_release((void *)m); }
   free(ld.tmp);
   moe8_layer_destroy(L);
   return st;

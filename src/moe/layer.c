@@ -162,11 +162,12 @@ moe8_status moe8_layer_create(const moe8_layer_config *cfg, const moe8_rules *ru
   return moe8__layer_create(cfg, rules, module_path, false, out);
 }
 
-static void free_set(moe8_layer *L, moe8__xset *X) {
+static void free_set(moe8__xset *X) {
   free(X->wgu_f32);
   if (X->own_wd) free(X->wd_f32);
   free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
-  if (!L->borrowed) { free(X->wgu_pk); free(X->wd_pk); }
+  if (!X->pk_borrowed) { free(X->wgu_pk); free(X->wd_pk); }
+  X->pk_borrowed = false;
   X->wgu_f32 = X->wd_f32 = X->wgu_s = X->wd_s = NULL;
   X->wgu_q = X->wd_q = X->wgu_pk = X->wd_pk = NULL;
   X->own_wd = false;
@@ -174,7 +175,7 @@ static void free_set(moe8_layer *L, moe8__xset *X) {
 
 void moe8_layer_destroy(moe8_layer *L) {
   if (!L) return;
-  for (int s = 0; s < 2; s++) free_set(L, &L->xs[s]);
+  for (int s = 0; s < 2; s++) free_set(&L->xs[s]);
   for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
   if (L->release) L->release(L->keep);
   free(L);
@@ -461,7 +462,7 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
       X->wgu_q = malloc((size_t)(E * D * 2 * F));
       X->wd_q = malloc((size_t)(E * F * D));
     } else {
-      free_set(L, X);
+      free_set(X);
       if (!L->wq) {
         X->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * 2 * F));
         X->wd_f32 = malloc(sizeof(float) * (size_t)(E * F * D));
@@ -545,7 +546,7 @@ moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, c
   free(X->wgu_pk); free(X->wd_pk);
   X->wgu_pk = (uint8_t *)gu_pk;
   X->wd_pk = (uint8_t *)dn_pk;
-  L->borrowed = true;
+  X->pk_borrowed = true;
   memcpy(X->wgu_s, gs, sizeof(float) * (size_t)(E * nblocks(D, L->wspec.tile) * 2 * F));
   memcpy(X->wd_s, ds, sizeof(float) * (size_t)(E * nblocks(F, L->wspec.tile) * D));
   return MOE8_OK;

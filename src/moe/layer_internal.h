@@ -22,6 +22,7 @@ typedef struct moe8__xset {
   float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
   uint8_t *wgu_pk, *wd_pk;          /* codes packed (moe8_gmm_pack_rhs), or NULL */
   bool     coded;                   /* codes put by a load since begin_load    */
+  bool     pk_borrowed;             /* wgu_pk/wd_pk lie in a file mapping (not freed) */
 } moe8__xset;
 
 struct moe8_layer {
@@ -43,10 +44,10 @@ struct moe8_layer {
   size_t n[MOE8_W_COUNT];
   int        nsets;                 /* 1, or 2 with a shared expert            */
   moe8__xset xs[2];
-  /* Packed codes borrowed from a file mapping: released at destroy. */
+  /* The owner of packed codes borrowed from a file mapping (a set's
+  ** pk_borrowed): released at destroy. */
   void      *keep;
   void     (*release)(void *keep);
-  bool       borrowed;
 };
 
 /* Per-token buffers of the shared expert for T tokens. */
