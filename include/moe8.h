@@ -6,11 +6,20 @@
 **   1. status codes and the per-thread last-error message;
 **   2. number formats (f32, bf16, f8e4m3, f8e5m2, i8) and bulk conversion;
 **   3. quantization: scales and quantized values for every granularity of
-**      SPEC §2, and the inverse;
-**   4. quantization rule sets (JSON, SPEC §3);
+**      docs/numerics.md, and the inverse;
+**   4. quantization rule sets (JSON, docs/numerics.md);
 **   5. ISA selection (the kernel table chosen once at first use);
 **   6. MoE building blocks: router, dispatch sort, gather, grouped matmul,
-**      transposed grouped matmul, combine.
+**      transposed grouped matmul, combine;
+**   7. the MoE layer: create, weights, forward, backward, prepare, fused
+**      forward, shared experts;
+**   8. training (Adam);
+**   9. files: safetensors, .npy, Hugging Face configs and model
+**      directories, loading a layer for training or inference;
+**  10. expert parallelism: communicators, the ring and all-to-all modes.
+** The version macros and moe8_version() come first.  The normative text
+** behind the comments is in docs/ (numerics, layer, parallelism,
+** determinism, files, models, testing).
 **
 ** Conventions.  Every call returns a moe8_status; MOE8_OK is 0.  On an error
 ** moe8_last_error() returns a message for the calling thread that names what
@@ -115,7 +124,7 @@ MOE8_API moe8_dtype moe8_dtype_from_name(const char *name);
 **   to bf16  round to nearest even, NaN stays a quiet NaN;
 **   to FP8   round to nearest even on the full grid including subnormals,
 **            saturating to ±max unless MOE8_CONVERT_NOSAT; a NaN input
-**            becomes 0x7F (SPEC §1);
+**            becomes 0x7F (docs/numerics.md);
 **   to i8    round half to even, clamped to [-127, 127]; NaN becomes 0 and
 **            the call returns MOE8_ERR_NONFINITE after converting the rest.
 ** FP8 -> f32/bf16 and i8 -> f32/bf16 are exact.  dst and src must not
@@ -132,7 +141,7 @@ MOE8_API uint16_t moe8_f32_to_bf16(float x);
 MOE8_API float    moe8_bf16_to_f32(uint16_t x);
 
 /* ------------------------------------------------------------------------
-** 3. Quantization (SPEC §2)
+** 3. Quantization (docs/numerics.md)
 **
 ** A quantized array is a qvalue array of a quantized dtype and an f32 scale
 ** array with x ≈ qvalue · scale under broadcasting.  The input is viewed as
@@ -177,7 +186,7 @@ typedef struct moe8_quant_spec {
 MOE8_API size_t moe8_quant_scale_count(const moe8_quant_spec *spec, int64_t E, int64_t R,
                               int64_t C, moe8_status *status);
 
-/* The scale of one block from its absolute maximum (SPEC §2): clip, divide by
+/* The scale of one block from its absolute maximum (docs/numerics.md): clip, divide by
 ** qmax in f32, 1 when zero or below 2^-126, then optionally a power of two. */
 MOE8_API float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool pow2);
 
@@ -197,7 +206,7 @@ MOE8_API moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q,
                             float *y);
 
 /* ------------------------------------------------------------------------
-** 4. Quantization rules (SPEC §3)
+** 4. Quantization rules (docs/numerics.md)
 */
 typedef struct moe8_rule {
   const char      *module_path;      /* POSIX extended regex                  */
@@ -257,7 +266,7 @@ MOE8_API moe8_status moe8_isa_set(moe8_isa isa);
 
 
 /* ------------------------------------------------------------------------
-** 6. MoE building blocks (SPEC §4)
+** 6. MoE building blocks (docs/layer.md)
 **
 ** Sizes: T tokens, hidden D, E experts, top-k K_top.  An "assignment" is
 ** a = t·K_top + j (token t, slot j).  All index arrays are int32.
@@ -323,7 +332,7 @@ MOE8_API moe8_status moe8_dispatch_sort(const int32_t *expert_ids, int64_t T, in
 MOE8_API moe8_status moe8_gather_rows(void *dst, const void *src, size_t row_bytes, const int32_t *index,
                              int64_t n, int64_t src_rows);
 
-/* Gather of a quantized array's rows (SPEC §4.2): qvalue rows are always
+/* Gather of a quantized array's rows (docs/layer.md): qvalue rows are always
 ** gathered; the scale [scale_rows, scale_cols] is gathered only when it has
 ** one row per token (scale_rows == rows); a per-tensor [1, 1] or
 ** per-channel [1, cols] scale is copied through unchanged, and
@@ -346,7 +355,7 @@ typedef struct moe8_operand {
   int64_t          tile;
 } moe8_operand;
 
-/* Grouped matmul (SPEC §4.3).  Rows of lhs[M, K] come in E consecutive
+/* Grouped matmul (docs/layer.md).  Rows of lhs[M, K] come in E consecutive
 ** groups of group_sizes[g] rows.  For the local groups g in
 ** [group_offset, group_offset + num_local), row p of group g gets
 ** out[p] = lhs[p] · rhs[g - group_offset], with rhs [num_local, K, N]
@@ -397,14 +406,14 @@ MOE8_API moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, 
                       int64_t N, int64_t num_groups, const int32_t *group_sizes,
                       int64_t group_offset, int64_t num_local, float *out);
 
-/* Combine (SPEC §4.5): out[t] = Σ_j weights[t, j] · y[pos_of[t·K_top + j]]
+/* Combine (docs/layer.md): out[t] = Σ_j weights[t, j] · y[pos_of[t·K_top + j]]
 ** in f32, slots in order j = 0, 1, ...; a dropped slot (pos_of < 0) adds
 ** nothing.  y is [rows, D] f32; out is [T, D]. */
 MOE8_API moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, const float *weights,
                          int64_t T, int64_t top_k, int64_t D, float *out);
 
 /* ------------------------------------------------------------------------
-** 7. The MoE layer (SPEC §4–6)
+** 7. The MoE layer (docs/layer.md)
 **
 ** One object holds the config, the f32 master weights (router Wr[D, E];
 ** gate Wg[E, D, F]; up Wu[E, D, F]; down Wd[E, F, D]; selection bias [E])
@@ -502,7 +511,7 @@ typedef struct moe8_layer_grads {
 MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
                                 size_t ws_size, const moe8_layer_grads *grads);
 
-/* Inference (SPEC §6, seed B): quantize [Wg|Wu] ([E, D, 2F]) and Wd once
+/* Inference (docs/layer.md, seed B): quantize [Wg|Wu] ([E, D, 2F]) and Wd once
 ** per the rule to [E, ceil(K/tile), 1, N] scales (one block when the rule
 ** has no tile size) and keep them.  A rule with no weight_qtype, or a
 ** weight type moe8 does not pre-quantize (f8e5m2), leaves the weights as
@@ -558,7 +567,7 @@ MOE8_API moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const f
                               void *ws, size_t ws_size);
 
 /* ------------------------------------------------------------------------
-** 9. Files (SPEC §9)
+** 9. Files (docs/files.md)
 **
 ** safetensors: read by mmap, every offset, size, dtype and shape checked
 ** against the file before a tensor is handed out; written to a temporary
@@ -728,7 +737,7 @@ MOE8_API moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer
 MOE8_API moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);
 
 /* ------------------------------------------------------------------------
-** 10. Expert parallelism (SPEC §7): a ring of experts over a communicator
+** 10. Expert parallelism (docs/parallelism.md): a ring of experts over a communicator
 **
 ** P ranks, E divisible by P; rank r owns experts r·E/P .. (r+1)·E/P - 1
 ** and a shard of the tokens (shards may differ in size, zero included).

@@ -1,5 +1,5 @@
 /*
-** test_ep.c — SPEC §7–8: expert parallelism, run by ctest under
+** test_ep.c — docs/parallelism.md, docs/determinism.md: expert parallelism, run by ctest under
 ** mpirun -n P (P = 1, 2, 4).  Every rank builds the same layer and the same
 ** global tokens, runs the single-process layer on all of them as the
 ** reference, then the ring of experts on its own shard, and compares bytes:

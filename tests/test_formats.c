@@ -1,5 +1,5 @@
 /*
-** test_formats.c — SPEC §1: the number formats.
+** test_formats.c — docs/numerics.md: the number formats.
 **
 ** The f32 -> FP8 conversions are checked on every one of the 2^32 inputs
 ** against an independent reference: the nearest point of the enumerated
@@ -125,7 +125,7 @@ static void check_sweep(moe8_dtype type) {
 static void test_f32_to_e4m3_all_inputs(void **state) { (void)state; check_sweep(MOE8_DTYPE_F8E4M3); }
 static void test_f32_to_e5m2_all_inputs(void **state) { (void)state; check_sweep(MOE8_DTYPE_F8E5M2); }
 
-/* Known values from SPEC §1, independent of any formula. */
+/* Known values from docs/numerics.md, independent of any formula. */
 static void test_fp8_spot_values(void **state) {
   (void)state;
   assert_int_equal(moe8_f32_to_f8e4m3(448.0f, true), 0x7E);

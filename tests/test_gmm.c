@@ -1,5 +1,5 @@
 /*
-** test_gmm.c — SPEC §4.3 and §8: the grouped matmul and its transpose.
+** test_gmm.c — docs/layer.md, docs/determinism.md: the grouped matmul and its transpose.
 **
 ** Every ISA's kernel is compared with the reference kernel over a sweep of
 ** shapes: rows per group 0, 1, 2, 7, 8, 9 (micro-tile ± 1), 193 (task tile
@@ -244,7 +244,7 @@ static void test_gmm_sweep(void **state) {
   moe8_isa_set(isas[nisa - 1]);
 }
 
-/* SPEC §8: 1 vs 2 threads, and a row alone / in full batch / among others. */
+/* docs/determinism.md: 1 vs 2 threads, and a row alone / in full batch / among others. */
 static void test_gmm_determinism(void **state) {
   (void)state;
   moe8_isa isas[MOE8_ISA_COUNT];

@@ -1,5 +1,5 @@
 /*
-** test_io.c — SPEC §9–10: files.
+** test_io.c — docs/files.md, docs/testing.md: files.
 **
 ** Round trips of every dtype through safetensors and .npy; the DeepSeek FP8
 ** block layout (w ≈ q · scale_inv per 128×128 block, partial edge blocks);

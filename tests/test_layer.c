@@ -1,5 +1,5 @@
 /*
-** test_layer.c — SPEC §4–6: the MoE layer.
+** test_layer.c — docs/layer.md: the MoE layer.
 **
 ** 1. f32 mode: every gradient matches central finite differences of an
 **    independent double-precision reference (normalized error <= 1e-4),

@@ -1,5 +1,5 @@
 /*
-** test_moe_ops.c — SPEC §4.1, 4.2, 4.5: router, dispatch sort, gathers and
+** test_moe_ops.c — docs/layer.md: router, dispatch sort, gathers and
 ** combine, with the MoE edges: an expert with no tokens, all tokens on one
 ** expert, T = 0, T = 1, k = 1 and k = E.  The SwiGLU and router-logit
 ** kernels of every ISA give the reference's bytes.

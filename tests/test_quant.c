@@ -1,5 +1,5 @@
 /*
-** test_quant.c — SPEC §2: scales, quantize/dequantize at every granularity.
+** test_quant.c — docs/numerics.md: scales, quantize/dequantize at every granularity.
 **
 ** Proven here: the round-trip error bound per type and block; all-zero and
 ** tiny blocks give scale 1 and zeros; partial last tiles; power-of-two and
@@ -253,7 +253,7 @@ static void test_isas_equal_reference(void **state) {
   moe8_isa_set(isas[nisa - 1]);
 }
 
-/* SPEC §2: row-wise scales commute with selection, repetition and
+/* docs/numerics.md: row-wise scales commute with selection, repetition and
 ** permutation of rows. */
 static void test_gather_commutes(void **state) {
   (void)state;

@@ -1,5 +1,5 @@
 /*
-** test_rules.c — SPEC §3: quantization rule sets.  Good files parse with
+** test_rules.c — docs/numerics.md: quantization rule sets.  Good files parse with
 ** defaults for what is missing; each bad file in tests/data/rules fails
 ** with MOE8_ERR_PARSE (or IO) and a message naming the field, its JSON path
 ** and its line:column.

@@ -24,7 +24,7 @@ void     tu_fill_normal(float *x, size_t n, float scale);
 
 /* ---- guarded buffers -------------------------------------------------- */
 /* malloc(n bytes + 64 guard bytes); the guard is filled with 0xA5.
-** tu_guard_ok() is true when the guard is intact; tu_free releases. */
+** tu_guard_ok() is true when the guard is intact; free() releases. */
 void *tu_alloc(size_t n);
 int   tu_guard_ok(const void *p, size_t n);
 void  tu_fill_nan(float *p, size_t n);

@@ -1,5 +1,5 @@
 /*
-** ep.c — expert parallelism: the ring of experts of SPEC §7.
+** ep.c — expert parallelism: the ring of experts of docs/parallelism.md
 **
 ** Forward on rank r of P (E_loc = E/P experts, the first g0 = r·E_loc):
 **   1. agree that every rank's input is valid (else all fail alike);

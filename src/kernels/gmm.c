@@ -169,7 +169,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   for (int64_t g = 0; g < off; g++) lo += a->group_sizes[g];
   int64_t hi = lo;
   for (int64_t g = off; g < off + G; g++) hi += a->group_sizes[g];
-  /* Rows outside the local groups are zero (SPEC §4.3). */
+  /* Rows outside the local groups are zero (docs/layer.md). */
   memset(a->out, 0, (size_t)(lo * N) * osz);
   memset((char *)a->out + (size_t)(hi * N) * osz, 0, (size_t)((M - hi) * N) * osz);
 

@@ -1,5 +1,5 @@
 /*
-** dispatch.c — the ragged sort, row gathers and the combine of SPEC §4.
+** dispatch.c — the ragged sort, row gathers and the combine of docs/layer.md
 **
 ** The sort is a stable counting sort: row p of expert e's group holds the
 ** assignments of e in increasing assignment order a = t·K_top + j, so

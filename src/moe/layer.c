@@ -1,6 +1,6 @@
 /*
 ** layer.c — the MoE layer: forward, backward, prepare and the fused forward
-** (SPEC §4–6).
+** (docs/layer.md).
 **
 ** Forward, in order, each step into the caller's workspace:
 **   1. logits = x · Wr, scores, top-k, weights (router.c);
@@ -8,7 +8,7 @@
 **   3. the expert input rows: x gathered by token_of and, when the rule
 **      quantizes activations, quantized per token (or 1×tile) either before
 **      the gather (quantize x[T, D], gather q and scale rows) or after it
-**      (gather f32 rows, quantize) — byte-identical by SPEC §2;
+**      (gather f32 rows, quantize) — byte-identical by docs/numerics.md;
 **   4. gu = xs · [Wg | Wu] ([E, D, 2F], one gmm), h = silu(g) ⊙ u in f32,
 **      h quantized per row for the down matmul when activations are;
 **   5. y = h · Wd, then the combine into out.

@@ -1,5 +1,5 @@
 /*
-** router.c — the router of SPEC §4.1: logits, scores, top-k, weights.
+** router.c — the router of docs/layer.md: logits, scores, top-k, weights.
 **
 ** Every sum runs in a fixed order (d = 0..D-1 for a logit, e = 0..E-1 for
 ** the softmax denominator, j = 0..k-1 for renormalization), so a token's

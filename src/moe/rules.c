@@ -1,5 +1,5 @@
 /*
-** rules.c — quantization rule sets (SPEC §3), parsed with cJSON.
+** rules.c — quantization rule sets (docs/numerics.md), parsed with cJSON.
 **
 ** A rule set is {"rules": [rule, ...], "quantize_before_ep_all_gather": b}.
 ** Each rule has a required "module_path" (a POSIX extended regex) and any

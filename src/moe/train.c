@@ -1,5 +1,5 @@
 /*
-** train.c — Adam on a layer's f32 master weights (SPEC §5).
+** train.c — Adam on a layer's f32 master weights (docs/layer.md).
 **
 ** One step: forward, the mean-squared-error loss against the target plus
 ** the auxiliary loss, backward, then Adam (β1 0.9, β2 0.999, ε 1e-8, bias

@@ -1,5 +1,5 @@
 /*
-** formats.c — the number formats of SPEC §1: traits, the scalar
+** formats.c — the number formats of docs/numerics.md: traits, the scalar
 ** conversions that are the ground truth for every kernel, and the bulk
 ** moe8_convert() entry point.
 **
@@ -9,7 +9,7 @@
 ** discarded bits.  Every f32 is exactly a double, so working on f32 bits is
 ** the same function CUDA computes on doubles.  One deliberate difference
 ** from CUDA: a NaN input becomes 0x7F for both formats, sign dropped
-** (SPEC §1); CUDA keeps the sign, and for e5m2 keeps the top mantissa bits.
+** (docs/numerics.md); CUDA keeps the sign, and for e5m2 keeps the top mantissa bits.
 **
 ** moe8_convert() goes through f32 in chunks: every source type converts to
 ** f32 exactly, so a conversion to the destination type is still one rounding

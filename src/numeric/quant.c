@@ -1,6 +1,6 @@
 /*
 ** quant.c — quantization and dequantization for every granularity of
-** SPEC §2, and the reference kernels they are built from.
+** docs/numerics.md, and the reference kernels they are built from.
 **
 ** Order of work in moe8_quantize(): validate the spec and sizes; for each
 ** scale block, take the absolute maximum over its finite values (counting

@@ -22,7 +22,7 @@ static void usage(FILE *f) {
           "  --lr LR       Adam learning rate, cosine-decayed to lr/20 (default 0.05)\n"
           "  --fp8         quantization-aware: f8e4m3 weights and activations, tile 32\n"
           "exit codes: 0 ok, 1 failure (including a loss that is not finite), 2 usage\n"
-          "  --rules FILE  a rule set (SPEC §3) applied to the student's module path 'experts'\n"
+          "  --rules FILE  a rule set (docs/numerics.md) applied to the student's module path 'experts'\n"
           "  --csv FILE    write step,loss to FILE      --quiet  only the summary line\n");
 }
 

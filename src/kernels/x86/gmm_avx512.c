@@ -11,7 +11,7 @@
 **                             i32, minus 128·Σb per column (the unsigned
 **                             offset compensation).
 **
-** The lhs is packed once per call (moe8__gmm_pack_lhs: f32 rows, bf16 pairs
+** The lhs is packed once per call (the table's gmm_pack, pack_row: f32 rows, bf16 pairs
 ** or (a+128) quads, each scale block padded to a whole pair or quad), so a
 ** task reads it in place.  A task is (group, row range of up to MOE8__GMM_MT
 ** rows, column range of up to NT = 128): it walks the scale blocks along K
@@ -308,7 +308,7 @@ VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda
 
 /* BY_ROWS calls kern(literal mr, ...) for mr in 1..8: each tail gets its
 ** own unrolled kernel, and the sums are the same chains as the full
-** MR-row kernel's (SPEC §8). */
+** MR-row kernel's (docs/determinism.md). */
 #define BY_ROWS(mr, kern, ...)                    \
   switch (mr) {                                   \
     case 8: kern(8, __VA_ARGS__); break;          \
@@ -564,7 +564,7 @@ VNNI_TARGET static void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t 
 /* For at most MR rows (decode), a B panel would be written and read for
 ** one use: instead each pair of weight rows is decoded in registers and fed
 ** straight to vdpbf16ps.  The pairs and their order along k are those of
-** the panel path, so a row's sums are the same chains (SPEC §8). */
+** the panel path, so a row's sums are the same chains (docs/determinism.md). */
 BF16_TARGET INLINE void direct_bf16(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
                                     int64_t blk, int64_t j, const __m512i *lut, bool fp8, float *S) {
   /* ns strips of 32 columns at once, so each weight row's bytes of this
