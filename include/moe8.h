@@ -481,6 +481,11 @@ MOE8_API moe8_status moe8_layer_init_random(moe8_layer *layer, uint64_t seed);
 ** quantize_before_ep_all_gather.  The output is bitwise the same. */
 MOE8_API void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool before);
 
+/* Outputs are checked: a NaN or inf in out is MOE8_ERR_NONFINITE naming the
+** layer, the token and the column.  allow = true returns such outputs
+** instead (the caller asked for them). */
+MOE8_API void moe8_layer_set_allow_nonfinite(moe8_layer *layer, bool allow);
+
 /* The rule the layer uses (NULL: none) and a one-line description of what
 ** is quantized, e.g. "weights f8e4m3 [E,16,1,N], activations f8e4m3 1x128". */
 MOE8_API const moe8_rule *moe8_layer_rule(const moe8_layer *layer);

@@ -600,6 +600,29 @@ static void test_bad_input(void **state) {
 
 /* A shorter version of 'moe8 train': 60 Adam steps must halve the loss, in
 ** f32 and with FP8 weights and activations (quantization-aware). */
+/* Non-finite outputs are an error naming the layer and token, unless asked for. */
+static void test_nonfinite_output(void **state) {
+  (void)state;
+  const moe8_layer_config c = {4, 2, 8, 6, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, NULL, "model.layers.7.mlp.experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 3), MOE8_OK);
+  float *wd = moe8_layer_weight(L, MOE8_W_DOWN, NULL);
+  for (int i = 0; i < 4 * 6 * 8; i++) wd[i] *= 1e36f; /* finite weights, an output that overflows */
+  float x[3 * 8], y[3 * 8];
+  for (int i = 0; i < 24; i++) x[i] = 1000.0f * (float)((i % 5) - 2);
+  const size_t wsz = moe8_layer_workspace_size(L, 3);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  assert_int_equal(moe8_layer_forward(L, x, 3, y, NULL, ws, wsz), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "layer model.layers.7.mlp.experts: the output has"));
+  assert_non_null(strstr(moe8_last_error(), "token 0"));
+  moe8_layer_set_allow_nonfinite(L, true);
+  assert_int_equal(moe8_layer_forward(L, x, 3, y, NULL, ws, wsz), MOE8_OK);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 static void test_training_reduces_loss(void **state) {
   (void)state;
   const moe8_layer_config c = {4, 2, 16, 16, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
@@ -644,6 +667,7 @@ int main(void) {
     cmocka_unit_test(test_f32_gradients_vs_finite_differences),
     cmocka_unit_test(test_shared_expert_gradients),
     cmocka_unit_test(test_quantized_gradients_straight_through),
+    cmocka_unit_test(test_nonfinite_output),
     cmocka_unit_test(test_training_reduces_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

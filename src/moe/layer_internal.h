@@ -38,6 +38,7 @@ struct moe8_layer {
   ** kernels' buffers are filled once at load and never re-quantized. */
   bool              inference;
   bool              from_codes;     /* the load put codes (a quantized file)   */
+  bool              allow_nonfinite; /* the caller takes NaN/inf outputs        */
   char              describe[256];
   /* f32 masters (the expert weights' only in training layers) */
   float *w[MOE8_W_COUNT];
