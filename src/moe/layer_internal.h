@@ -51,6 +51,17 @@ struct moe8_layer {
   void     (*release)(void *keep);
 };
 
+/* ---- small helpers of layer.c and phases.c ---------------------------------- */
+static inline size_t moe8__al64(size_t n) { return (n + 63) & ~(size_t)63; }
+static inline int64_t moe8__nblocks(int64_t K, int64_t tile) { return tile > 0 ? moe8__cdiv(K, tile) : 1; }
+size_t moe8__count_nonfinite(const float *x, size_t n);
+/* Activation and weight types that a quantized gmm kernel takes together. */
+static inline bool moe8__kernel_pair(moe8_dtype a, moe8_dtype w) {
+  const bool a8 = a == MOE8_DTYPE_F8E4M3 || a == MOE8_DTYPE_F8E5M2;
+  const bool w8 = w == MOE8_DTYPE_F8E4M3 || w == MOE8_DTYPE_F8E5M2;
+  return (a8 && w8) || (a == MOE8_DTYPE_I8 && w == MOE8_DTYPE_I8);
+}
+
 /* Per-token buffers of the shared expert for T tokens. */
 typedef struct moe8__shared_buf {
   float   *x;      /* [T, D] copy of the input (the gmm may dequantize in place) */

@@ -1,0 +1,367 @@
+/*
+** phases.c — the phases of the MoE layer that every way of running it calls
+** on its rows: the single-process layer (layer.c), the ring of experts
+** (ep/ep.c) and the all-to-all dispatch (ep/ep_a2a.c).  Each runs these
+** functions on the same rows in the same order, which is what makes every
+** mode give the single-process bytes (docs/determinism.md):
+**   moe8__experts_forward / _backward   one expert set's rows: gmm, SwiGLU
+**                                       (and h's quantization), gmm; the
+**                                       straight-through backward;
+**   moe8__shared_forward / _add / _backward   the shared expert and its gate;
+**   moe8__dy_dw, moe8__router_backward, moe8__router_wgrad, moe8__aux_loss;
+**   moe8__check_output                  no silent NaN/inf.
+*/
+#include "../core/internal.h"
+#include "../kernels/gmm.h"
+#include "layer_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+size_t moe8__count_nonfinite(const float *x, size_t n) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+  return bad;
+}
+
+static moe8_operand weight_operand(const moe8_layer *L, int s, bool down, int64_t g0) {
+  const moe8__xset *X = &L->xs[s];
+  const int64_t D = L->cfg.hidden, F = X->F;
+  const int64_t per = down ? F * D : D * 2 * F; /* elements of one expert */
+  if (!L->wq)
+    return (moe8_operand){MOE8_DTYPE_F32, (down ? X->wd_f32 : X->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
+  const int64_t nb = moe8__nblocks(down ? F : D, L->wspec.tile), N = down ? D : 2 * F;
+  const uint8_t *q = down ? X->wd_q : X->wgu_q;
+  return (moe8_operand){L->wspec.qtype, q ? q + g0 * per : NULL, (down ? X->wd_s : X->wgu_s) + g0 * nb * N,
+                        L->wspec.tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, L->wspec.tile};
+}
+
+/* The activation operand of a gmm: quantized rows (q, s) when the pair has
+** a kernel, else the f32 rows, dequantized in place when quantized. */
+static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, const float *s, int64_t rows,
+                               int64_t cols, moe8_operand *op) {
+  const moe8_dtype wt = L->wq ? L->wspec.qtype : MOE8_DTYPE_F32;
+  if (L->aq && moe8__kernel_pair(L->aspec.qtype, wt)) {
+    *op = (moe8_operand){L->aspec.qtype, q, s, L->aspec.tile ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, L->aspec.tile};
+    return MOE8_OK;
+  }
+  if (L->aq) {
+    moe8_status st = moe8_dequantize(&L->aspec, q, s, 1, rows, cols, f);
+    if (st != MOE8_OK) return st;
+  }
+  *op = (moe8_operand){MOE8_DTYPE_F32, f, NULL, MOE8_GRAN_TENSOR, 0};
+  return MOE8_OK;
+}
+
+moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
+                                  const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
+                                  void *scratch, size_t scratch_bytes) {
+  const moe8__xset *X = &L->xs[set];
+  const int64_t D = L->cfg.hidden, F = X->F;
+  /* Packed weights only while prepared (training re-quantizes per call). */
+  const bool pk = L->prepared && X->wgu_pk;
+  moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                     .rhs = weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu,
+                     .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
+  moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
+  if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
+  if (st != MOE8_OK) return st;
+  /* h = silu(g)·u, and (per-row scales) its quantization, a few rows at a
+  ** time while they are in cache; a per-row quantizer gives the same bytes
+  ** on any chunk of rows. */
+  const moe8__ktable *kt = moe8__kernels();
+  const bool fuse = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
+  const int64_t nbh = L->aq && L->aspec.gran == MOE8_GRAN_ROW_TILE ? moe8__nblocks(F, L->aspec.tile) : 1;
+  bool qbad = false;
+  #pragma omp parallel for schedule(static) reduction(|| : qbad)
+  for (int64_t p0 = 0; p0 < rows; p0 += 8) {
+    const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
+    for (int64_t p = p0; p < p1; p++) kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
+    if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
+  }
+  /* Unfused specs, or an error (then the whole-tensor call names the place). */
+  if (L->aq && (!fuse || qbad) && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) {
+    if (st == MOE8_ERR_NONFINITE)
+      return moe8__fail(st, "layer %s: the %s expert hidden activations h = silu(x Wg) * (x Wu) [%lld, %lld] are not finite "
+                        "(the gate/up weights or their scales are too large or hold NaN/inf codes, or the input is too large)",
+                        L->module_path, set ? "shared" : "routed", (long long)rows, (long long)F);
+    return st;
+  }
+  moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                      .rhs = weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
+                      .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
+  st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
+  if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
+  return st;
+}
+
+/* ---- the shared expert -------------------------------------------------------- */
+moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
+                                 moe8__shared_buf *b, void *scratch, size_t scratch_bytes) {
+  const int64_t D = L->cfg.hidden;
+  if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
+  if (T > INT32_MAX) return moe8__fail(MOE8_ERR_SHAPE, "layer: %lld tokens exceed the shared expert's group size", (long long)T);
+  memcpy(b->x, x, sizeof(float) * (size_t)(T * D));
+  const int32_t one[1] = {(int32_t)T};
+  moe8_status st = moe8__experts_forward(L, 1, T, one, 0, 1, b->x, xq, sx, b->gu, b->h, b->hq, b->sh, b->y, scratch, scratch_bytes);
+  if (st != MOE8_OK || !L->cfg.shared_gate) return st;
+  const float *wsg = L->w[MOE8_W_SHARED_GATE_W];
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float l = 0.0f;
+    for (int64_t d = 0; d < D; d++) l += x[t * D + d] * wsg[d];
+    b->g[t] = 1.0f / (1.0f + moe8__expf(-l));
+  }
+  return MOE8_OK;
+}
+
+void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b, float *out) {
+  const int64_t D = L->cfg.hidden;
+  if (L->cfg.shared_ffn <= 0) return;
+  const bool gated = L->cfg.shared_gate;
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t c = 0; c < D; c++) out[t * D + c] = out[t * D + c] + (gated ? b->g[t] * b->y[t * D + c] : b->y[t * D + c]);
+}
+
+float moe8__aux_loss(const moe8_layer *L, int64_t T, const int32_t *ids, const float *scores, double *f) {
+  const int64_t E = L->cfg.num_experts, A = T * L->cfg.top_k;
+  double s = 0.0;
+  for (int64_t e = 0; e < E; e++) f[e] = 0.0;
+  for (int64_t a = 0; a < A; a++) f[ids[a]] += 1.0;
+  for (int64_t e = 0; e < E; e++) {
+    double P = 0.0;
+    for (int64_t t = 0; t < T; t++) P += scores[t * E + e];
+    f[e] = A ? f[e] / (double)A : 0.0;
+    s += f[e] * (T ? P / (double)T : 0.0);
+  }
+  return (float)(L->cfg.aux_loss_weight * (double)E * s);
+}
+
+
+moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T) {
+  const int64_t D = L->cfg.hidden;
+  if (L->allow_nonfinite) return MOE8_OK;
+  for (int64_t i = 0; i < T * D; i++)
+    if (!isfinite(out[i])) {
+      size_t bad = moe8__count_nonfinite(out + i, (size_t)(T * D - i));
+      return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: the output has %zu non-finite value(s), the first at token %lld, column %lld "
+                        "(weights or scales too large for the input, or NaN/inf codes in a weight)",
+                        L->module_path, bad, (long long)(i / D), (long long)(i % D));
+    }
+  return MOE8_OK;
+}
+
+
+/* Fake quantization for bwd_qtype, in place: per row (tiled by the rule's
+** tile) when groups is NULL, else per column within each group's rows (the
+** operand of that group's weight-gradient matmul). */
+static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64_t cols, const int32_t *gsz, int64_t G) {
+  const moe8_dtype bt = L->has_rule ? L->rule.bwd_qtype : MOE8_DTYPE_NONE;
+  if (!moe8__is_qtype(bt) || rows == 0 || cols == 0) return MOE8_OK;
+  moe8_quant_spec s = {.qtype = bt, .clip = 1.0f};
+  if (gsz) s.gran = MOE8_GRAN_CHANNEL;
+  else if (L->rule.tile_size > 0) { s.gran = MOE8_GRAN_ROW_TILE; s.tile = L->rule.tile_size; }
+  else s.gran = MOE8_GRAN_ROW;
+  uint8_t *q = malloc((size_t)(rows * cols));
+  float *sc = malloc(sizeof(float) * (size_t)(rows * cols + 1));
+  moe8_status st = q && sc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+  if (!gsz) {
+    if (st == MOE8_OK) st = moe8_quantize(&s, v, 1, rows, cols, q, sc, NULL);
+    if (st == MOE8_OK) st = moe8_dequantize(&s, q, sc, 1, rows, cols, v);
+  } else {
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < G && st == MOE8_OK; g++) {
+      float *vg = v + r0 * cols;
+      st = moe8_quantize(&s, vg, 1, gsz[g], cols, q, sc, NULL);
+      if (st == MOE8_OK) st = moe8_dequantize(&s, q, sc, 1, gsz[g], cols, vg);
+      r0 += gsz[g];
+    }
+  }
+  free(q); free(sc);
+  return st;
+}
+
+void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, const float *w, int64_t K,
+                 const float *dout, const float *y, int64_t D, float *dy, float *dwrow) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    const int64_t t = token_of[p], j = slot_of[p];
+    const float wt = w[t * K + j];
+    float s = 0.0f;
+    for (int64_t c = 0; c < D; c++) {
+      dy[p * D + c] = wt * dout[t * D + c];
+      s += dout[t * D + c] * y[p * D + c];
+    }
+    dwrow[p] = s;
+  }
+}
+
+moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
+                                   const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
+                                   const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd) {
+  const int64_t D = L->cfg.hidden, F = L->xs[set].F;
+  const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
+  const int64_t nw = G * D * 2 * F, nd = G * F * D;
+  float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
+  float *dgu = malloc(sizeof(float) * (2 * RF + 1)), *dgur = malloc(sizeof(float) * (2 * RF + 1)), *xh = malloc(sizeof(float) * (RD + 1));
+  float *wgu = malloc(sizeof(float) * (size_t)(nw + 1)), *wd = malloc(sizeof(float) * (size_t)(nd + 1));
+  float *dwgu = malloc(sizeof(float) * (size_t)(nw + 1));
+  moe8_status st = MOE8_OK;
+  if (!dyr || !dh || !hh || !dgu || !dgur || !xh || !wgu || !wd || !dwgu) {
+    st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+    goto done;
+  }
+  /* Straight-through: the dequantized weights and activations the forward used. */
+  {
+    const moe8_operand gw = weight_operand(L, set, false, g0), dw = weight_operand(L, set, true, g0);
+    if (L->wq) {
+      st = moe8_dequantize(&L->wspec, gw.data, gw.scale, G, D, 2 * F, wgu);
+      if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, dw.data, dw.scale, G, F, D, wd);
+      if (st != MOE8_OK) goto done;
+    } else {
+      memcpy(wgu, gw.data, sizeof(float) * (size_t)nw);
+      memcpy(wd, dw.data, sizeof(float) * (size_t)nd);
+    }
+  }
+  if (L->aq) {
+    st = moe8_dequantize(&L->aspec, xsq, sxs, 1, rows, D, xh);
+    if (st == MOE8_OK) st = moe8_dequantize(&L->aspec, hq, sh, 1, rows, F, hh);
+    if (st != MOE8_OK) goto done;
+  } else {
+    memcpy(xh, xs, sizeof(float) * RD);
+    memcpy(hh, h, sizeof(float) * RF);
+  }
+  memcpy(dyr, dy, sizeof(float) * RD);
+  if ((st = fake_quant(L, dy, rows, D, NULL, 0)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dyr, rows, D, gsz, G)) != MOE8_OK) goto done;
+  /* dh = dy · Ŵdᵀ; dWd = ĥᵀ · dy */
+  {
+    const moe8_gmm_args a = {.M = rows, .K = D, .N = F, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                             .lhs = {MOE8_DTYPE_F32, dy, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wd, NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dh};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    if (dwd) {
+      const moe8_operand l = {MOE8_DTYPE_F32, hh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dyr, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, rows, F, D, G, gsz, 0, G, dwd + g0 * F * D)) != MOE8_OK) goto done;
+    }
+  }
+  /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g). */
+  #pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t f = 0; f < F; f++) {
+      const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
+      const float sg = 1.0f / (1.0f + moe8__expf(-gv));
+      dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
+      dgu[p * 2 * F + F + f] = d * gv * sg;
+    }
+  memcpy(dgur, dgu, sizeof(float) * 2 * RF);
+  if ((st = fake_quant(L, dgu, rows, 2 * F, NULL, 0)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dgur, rows, 2 * F, gsz, G)) != MOE8_OK) goto done;
+  /* dxs = dgu · Ŵguᵀ; dWgu = x̂sᵀ · dgu */
+  {
+    const moe8_gmm_args a = {.M = rows, .K = 2 * F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
+                             .lhs = {MOE8_DTYPE_F32, dgu, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wgu, NULL, 0, 0},
+                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dxs};
+    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
+    if (dwg || dwu) {
+      const moe8_operand l = {MOE8_DTYPE_F32, xh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dgur, NULL, 0, 0};
+      if ((st = moe8_tgmm(&l, &r, rows, D, 2 * F, G, gsz, 0, G, dwgu)) != MOE8_OK) goto done;
+      #pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t e = 0; e < G; e++)
+        for (int64_t d = 0; d < D; d++) {
+          const float *src = dwgu + (e * D + d) * 2 * F;
+          if (dwg) memcpy(dwg + ((g0 + e) * D + d) * F, src, sizeof(float) * (size_t)F);
+          if (dwu) memcpy(dwu + ((g0 + e) * D + d) * F, src + F, sizeof(float) * (size_t)F);
+        }
+    }
+  }
+done:
+  free(dyr); free(dh); free(hh); free(dgu); free(dgur); free(xh); free(wgu); free(wd); free(dwgu);
+  return st;
+}
+
+void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, const int32_t *ids, const float *dw,
+                           const double *f, int64_t T_total, float *dl) {
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k;
+  const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+  const bool use_aux = L->cfg.aux_loss_weight != 0.0f;
+  #pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    const float *s = scores + t * E;
+    float *dst = dl + t * E;
+    for (int64_t e = 0; e < E; e++) dst[e] = 0.0f;
+    if (L->cfg.norm_topk_prob) {
+      float S = 0.0f, dot = 0.0f;
+      for (int64_t j = 0; j < K; j++) S += s[ids[t * K + j]];
+      for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[ids[t * K + j]];
+      for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
+    } else {
+      for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * dw[t * K + j];
+    }
+    if (use_aux)
+      for (int64_t e = 0; e < E; e++)
+        dst[e] += (float)((double)L->cfg.aux_loss_weight * (double)E * f[e] / (double)T_total);
+    if (L->cfg.score == MOE8_SCORE_SOFTMAX) {
+      float dot = 0.0f;
+      for (int64_t e = 0; e < E; e++) dot += s[e] * dst[e];
+      for (int64_t e = 0; e < E; e++) dst[e] = s[e] * (dst[e] - dot);
+    } else {
+      for (int64_t e = 0; e < E; e++) dst[e] = dst[e] * s[e] * (1.0f - s[e]);
+    }
+  }
+}
+
+void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, int64_t D, int64_t E) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t d = 0; d < D; d++)
+    for (int64_t t = 0; t < T; t++) {
+      const float xv = x[t * D + d];
+      for (int64_t e = 0; e < E; e++) acc[d * E + e] += xv * dl[t * E + e];
+    }
+}
+
+
+moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
+                                  const float *dout, moe8__shared_buf *b, float *dx, const moe8_layer_grads *gr) {
+  const int64_t D = L->cfg.hidden;
+  const bool gated = L->cfg.shared_gate;
+  if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
+  float *dys = malloc(sizeof(float) * (size_t)(T * D) + 4), *dxs = malloc(sizeof(float) * (size_t)(T * D) + 4);
+  float *dgl = malloc(sizeof(float) * (size_t)T + 4);
+  moe8_status st = dys && dxs && dgl ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+  if (st == MOE8_OK) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      float s = 0.0f;
+      const float g = gated ? b->g[t] : 1.0f;
+      for (int64_t c = 0; c < D; c++) {
+        dys[t * D + c] = gated ? g * dout[t * D + c] : dout[t * D + c];
+        s += dout[t * D + c] * b->y[t * D + c];
+      }
+      dgl[t] = s * (g * (1.0f - g));
+    }
+    const int32_t one[1] = {(int32_t)T};
+    st = moe8__experts_backward(L, 1, T, one, 0, 1, dys, b->x, xq, sx, b->h, b->hq, b->sh, b->gu, dxs, gr->dwsg, gr->dwsu, gr->dwsd);
+  }
+  if (st == MOE8_OK && dx) {
+    const float *wsg = gated ? L->w[MOE8_W_SHARED_GATE_W] : NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++) {
+        dx[t * D + d] += dxs[t * D + d];
+        if (gated) dx[t * D + d] += dgl[t] * wsg[d];
+      }
+  }
+  if (st == MOE8_OK && gated && gr->dwsgate) {
+    float *acc = gr->dwsgate;
+    #pragma omp parallel for schedule(static)
+    for (int64_t d = 0; d < D; d++)
+      for (int64_t t = 0; t < T; t++) acc[d] += x[t * D + d] * dgl[t];
+  }
+  free(dys); free(dxs); free(dgl);
+  return st;
+}
+
