@@ -575,6 +575,18 @@ static void test_bad_input(void **state) {
   assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_ERR_SHAPE);
   c.top_k = 2; c.hidden = 0;
   assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  /* sizes whose products overflow: refused before any allocation */
+  moe8_layer_config big = c;
+  big.num_experts = 4096; big.hidden = (int64_t)1 << 40; big.ffn = (int64_t)1 << 40;
+  assert_int_equal(moe8_layer_create(&big, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "overflow"));
+  big.hidden = 8; big.ffn = 8; big.shared_ffn = (int64_t)1 << 62;
+  assert_int_equal(moe8_layer_create(&big, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  big.shared_ffn = -1;
+  assert_int_equal(moe8_layer_create(&big, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  big.shared_ffn = 0; big.n_group = 3;
+  assert_int_equal(moe8_layer_create(&big, NULL, NULL, &L), MOE8_ERR_SHAPE);
+  assert_non_null(strstr(moe8_last_error(), "n_group"));
   c.hidden = 8;
   run u;
   run_init(&u, &c, NULL, 5, 1);
