@@ -24,7 +24,7 @@ def main():
     gmm = defaultdict(dict)
     for r in rows:
         if r.get("bench") == "gmm":
-            gmm[(r["shape"], r["threads"])][r["impl"]] = r["min_ms"]
+            gmm[("%s T=%d E=%d" % (r["shape"], r["T"], r["E"]), r["threads"])][r["impl"]] = r["min_ms"]
     layer = defaultdict(dict)
     for r in rows:
         if r.get("bench") == "layer":
@@ -39,7 +39,7 @@ def main():
     if not panels:
         print("plot_bench: no gmm or layer results in %s" % sys.argv[1])
         sys.exit(1)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4.2 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(16, 4.6 * len(panels)), squeeze=False)
     for ax, (title, data, base) in zip(axes[:, 0], panels):
         keys = sorted(data)
         impls = sorted({i for k in keys for i in data[k] if i != base})
@@ -56,7 +56,7 @@ def main():
             del bars
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))])
-        ax.set_xticklabels(["%s\n%d thread%s" % (s, t, "s" if t > 1 else "") for s, t in keys], fontsize=8)
+        ax.set_xticklabels(["%s\n%d thread%s" % (s, t, "s" if t > 1 else "") for s, t in keys], fontsize=7)
         ax.set_ylabel("x faster than " + base)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7, ncol=4)
