@@ -50,6 +50,13 @@ static void grads_free(grads *g) {
 static moe8_rules *rules_for(int mode, bool before) {
   if (mode == 0) return NULL;
   char j[512];
+  if (mode == 4) {
+    snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\","
+             " \"tile_size\": 128}], \"quantize_before_ep_all_gather\": %s}", before ? "true" : "false");
+    moe8_rules *r = NULL;
+    assert_int_equal(moe8_rules_parse(j, strlen(j), "inline", &r), MOE8_OK);
+    return r;
+  }
   if (mode == 3) {
     snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}],"
              " \"quantize_before_ep_all_gather\": %s}", before ? "true" : "false");
@@ -80,7 +87,7 @@ static void shards(int variant, int64_t T, int64_t *off) {
 
 typedef struct scenario {
   const char *name;
-  int         mode;       /* 0 f32, 1 fp8 per-token, 2 fp8 1x16, 3 i8 per-token */
+  int         mode;       /* 0 f32, 1 fp8 per-token, 2 fp8 1x16, 3 i8 per-token, 4 fp8 1x128 (D = 320) */
   int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts */
   int         shard_variant;
   float       aux, capacity;
@@ -88,7 +95,7 @@ typedef struct scenario {
 } scenario;
 
 static void run_scenario(const scenario *sc) {
-  const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
+  const int64_t E = 8, K = 2, D = sc->mode == 4 ? 320 : 64, F = 48, T = 37;
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, sc->bias != 0, sc->capacity, sc->aux};
   if (sc->shared) { cfg.shared_ffn = FS; cfg.shared_gate = sc->shared == 2; }
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
@@ -185,12 +192,12 @@ static void run_scenario(const scenario *sc) {
                 (unsigned long long)want_recv);
       free(ids); free(lgt); free(wt);
     } else if (sc->mode && before) {
-      const uint64_t per_tok = (uint64_t)D + 4u * (sc->mode == 2 ? (uint64_t)(D / 16) : 1u);
+      const uint64_t per_tok = (uint64_t)D + 4u * (sc->mode == 2 ? (uint64_t)(D / 16) : sc->mode == 4 ? (uint64_t)((D + 127) / 128) : 1u);
       assert_int_equal(s->tokens_bytes, (uint64_t)T * per_tok);
     } else if (sc->mode != 3 || !before) {
       assert_int_equal(s->tokens_bytes, (uint64_t)T * (uint64_t)D * 4u);
     }
-    if (sc->mode == 1 || sc->mode == 2) {
+    if (sc->mode == 1 || sc->mode == 2 || sc->mode == 4) {
       /* Prepared weights (FP8, packed at prepare): each rank's experts are
       ** read at its offset into the packed copy; same output bytes. */
       assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
@@ -235,6 +242,7 @@ static void test_ep_equals_single_process(void **state) {
     {"fp8 per-token, Qwen2-MoE gated shared expert", 1, 0, 0, 0, 0, 2},
     {"f32, Qwen2-MoE gated shared expert", 0, 0, 1, 0.01f, 0, 2},
     {"i8 per-token", 3, 0, 1, 0.01f, 0},
+    {"fp8 1x128 (D = 320: a partial last tile), DeepSeek-V3 shared expert", 4, 0, 1, 0.01f, 0, 1},
     {"i8 per-token, capacity 1.25, expert 5 unused", 3, 1, 0, 0, 1.25f},
   };
   for (int m = 0; m < 2; m++) {
