@@ -255,31 +255,13 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
   const int P = ep->P;
-  moe8_status st = MOE8_OK;
-  if (Tl < 0) st = moe8__fail(MOE8_ERR_SHAPE, "ep forward: T_local = %lld", (long long)Tl);
-  else if (Tl > 0 && (!x || !out)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep forward: NULL x or out");
-  else {
-    size_t bad = 0;
-    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(x[i]);
-    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep forward: input x [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
-  }
-  if (st == MOE8_OK) st = moe8__layer_quantize_weights(L);
-  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  moe8_status st = moe8__ep_begin_forward(ep, x, Tl, out);
+  if (st != MOE8_OK) return st;
   free_state(ep);
   memset(&ep->st, 0, sizeof ep->st);
   ep->Tl = Tl;
   /* 2. token counts */
-  int64_t *Tsz = malloc(sizeof(int64_t) * (size_t)P);
-  size_t *rb = malloc(sizeof(size_t) * (size_t)P);
-  ep->Toff = malloc(sizeof(int64_t) * (size_t)(P + 1));
-  if (!Tsz || !rb || !ep->Toff) { free(Tsz); free(rb); return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"); }
-  for (int q = 0; q < P; q++) rb[q] = sizeof(int64_t);
-  st = ep->c->allgatherv(ep->c, &Tl, sizeof Tl, Tsz, rb);
-  free(rb);
-  if (st != MOE8_OK) { free(Tsz); return st; }
-  ep->Toff[0] = 0;
-  for (int q = 0; q < P; q++) ep->Toff[q + 1] = ep->Toff[q] + Tsz[q];
-  free(Tsz);
+  if ((st = moe8__ep_token_counts(ep, Tl)) != MOE8_OK) return st;
   const int64_t T = ep->T = ep->Toff[P], A = T * K, T0 = ep->Toff[ep->r];
   if (aux) *aux = 0.0f;
   if (T == 0) { ep->have_forward = true; return MOE8_OK; }
@@ -422,34 +404,15 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
 /* ---- backward ------------------------------------------------------------------- */
 static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
-  moe8_status st = MOE8_OK;
-  if (!ep->have_forward) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: no forward to differentiate");
-  else if (L->inference) st = moe8__fail(MOE8_ERR_UNSUPPORTED, "ep backward: the layer was loaded for inference (no f32 masters)");
-  else if (Tl != ep->Tl) st = moe8__fail(MOE8_ERR_SHAPE, "ep backward: T_local = %lld, the forward had %lld", (long long)Tl, (long long)ep->Tl);
-  else if (Tl > 0 && (!x || !dout)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL x or dout");
-  else {
-    size_t bad = 0;
-    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(dout[i]);
-    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
-  }
-  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
-  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(Tl * D));
-  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
-  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
-  const int64_t Fs = L->cfg.shared_ffn;
-  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
-  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
-  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
-  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
+  moe8_status st = moe8__ep_begin_backward(ep, x, Tl, dout, gr);
+  if (st != MOE8_OK) return st;
   const int64_t T = ep->T, T0 = ep->Toff[ep->r], rows = ep->rows;
   if (T == 0) return MOE8_OK;
   bool ok = true;
-  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones, *acc, *tmp;
+  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones;
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
-  ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E); ALLOC(ones, Tl * K); ALLOC(acc, D * E); ALLOC(tmp, Tl * D);
+  ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E); ALLOC(ones, Tl * K);
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   double t0 = moe8__ep_now();
@@ -488,10 +451,96 @@ static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const 
   if (st == MOE8_OK) moe8__router_backward(L, Tl, ep->scores_g + T0 * E, ep->ids_g + T0 * K, dw_l, ep->f, T, dl);
 agreed:
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
+  st = moe8__ep_router_tail(ep, x, Tl, dl, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, Dg, gr);
+  st = moe8__ep_agree(ep, st);
+done:
+  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones);
+  return st;
+}
+
+
+
+/* ---- what both modes' forwards share --------------------------------------------------- */
+moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const float *out) {
+  moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden;
+  moe8_status st = MOE8_OK;
+  if (Tl < 0) st = moe8__fail(MOE8_ERR_SHAPE, "ep forward: T_local = %lld", (long long)Tl);
+  else if (Tl > 0 && (!x || !out)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep forward: NULL x or out");
+  else {
+    size_t bad = 0;
+    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(x[i]);
+    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep forward: input x [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
+  }
+  if (st == MOE8_OK) st = moe8__layer_quantize_weights(L);
+  return moe8__ep_agree(ep, st);
+}
+
+moe8_status moe8__ep_token_counts(moe8_ep *ep, int64_t Tl) {
+  const int P = ep->P;
+  free(ep->Toff);
+  ep->Toff = malloc(sizeof(int64_t) * (size_t)(P + 1));
+  int64_t *Tsz = malloc(sizeof(int64_t) * (size_t)P);
+  size_t *rb = malloc(sizeof(size_t) * (size_t)P);
+  if (!ep->Toff || !Tsz || !rb) { free(Tsz); free(rb); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
+  for (int q = 0; q < P; q++) rb[q] = sizeof(int64_t);
+  moe8_status st = ep->c->allgatherv(ep->c, &Tl, sizeof Tl, Tsz, rb);
+  free(rb);
+  if (st == MOE8_OK) {
+    ep->Toff[0] = 0;
+    for (int q = 0; q < P; q++) ep->Toff[q + 1] = ep->Toff[q] + Tsz[q];
+    ep->T = ep->Toff[P];
+    ep->Tl = Tl;
+  }
+  free(Tsz);
+  return st;
+}
+
+/* ---- what both modes' backwards share ------------------------------------------------ */
+static void zero_grads(const moe8_layer *L, int64_t Tl, const moe8_layer_grads *gr);
+
+moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
+  moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden;
+  moe8_status st = MOE8_OK;
+  if (!ep->have_forward) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: no forward to differentiate");
+  else if (L->inference) st = moe8__fail(MOE8_ERR_UNSUPPORTED, "ep backward: the layer was loaded for inference (no f32 masters)");
+  else if (Tl != ep->Tl) st = moe8__fail(MOE8_ERR_SHAPE, "ep backward: T_local = %lld, the forward had %lld", (long long)Tl, (long long)ep->Tl);
+  else if (Tl > 0 && (!x || !dout)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL x or dout");
+  else {
+    size_t bad = 0;
+    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(dout[i]);
+    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
+  }
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  zero_grads(L, Tl, gr);
+  ep->st.bwd_sent_bytes = ep->st.bwd_recv_bytes = 0;
+  return MOE8_OK;
+}
+
+static void zero_grads(const moe8_layer *L, int64_t Tl, const moe8_layer_grads *gr) {
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
+  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(Tl * D));
+  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
+  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
+  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
+}
+
+moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr) {
+  moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
+  float *acc = calloc((size_t)(D * E) + 1, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t)(Tl * D) + 4);
+  moe8_status st = acc && tmp ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(acc); free(tmp); return st; }
   /* dWr: a relay in rank order (one chain per element over the global
   ** token order), then a broadcast from the last rank. */
-  t0 = moe8__ep_now();
-  memset(acc, 0, sizeof(float) * (size_t)(D * E));
+  const double t0 = moe8__ep_now();
   if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)(D * E));
   if (st == MOE8_OK) moe8__router_wgrad(acc, x, dl, Tl, D, E);
   if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)(D * E));
@@ -507,25 +556,31 @@ agreed:
     st = moe8_gmm(&a);
     for (int64_t i = 0; st == MOE8_OK && i < Tl * D; i++) gr->dx[i] += tmp[i];
   }
-  /* The shared expert: its weight gradients are sums over every token in
-  ** order, so each rank gathers all token rows and runs the single-process
-  ** shared backward on them (dout is gathered already); its dx rows are
-  ** added to this rank's own. */
-  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK && L->cfg.shared_ffn > 0) {
-    float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
-    if (!Xg || (gr->dx && !Dx)) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-    t0 = moe8__ep_now();
-    if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
-    ep->st.shared_s = moe8__ep_now() - t0;
-    ep->st.shared_bytes = (uint64_t)(T * D) * sizeof(float);
-    if (st == MOE8_OK && Dx) memcpy(Dx + T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
-    if (st == MOE8_OK) st = moe8__ep_shared_run(ep, Xg, T, NULL, Dg, Dx, gr);
-    if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + T0 * D, sizeof(float) * (size_t)(Tl * D));
-    free(Xg); free(Dx);
-  }
-  st = moe8__ep_agree(ep, st);
-done:
-  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones); free(acc); free(tmp);
+  free(acc); free(tmp);
+  return st;
+}
+
+moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
+                                     const moe8_layer_grads *gr) {
+  moe8_layer *L = ep->L;
+  if (L->cfg.shared_ffn <= 0) return MOE8_OK;
+  const int64_t D = L->cfg.hidden, T = ep->T, T0 = ep->Toff[ep->r];
+  const int P = ep->P;
+  float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
+  float *Dgo = Dg ? NULL : malloc(sizeof(float) * (size_t)(T * D) + 4);
+  moe8_status st = Xg && (!gr->dx || Dx) && (Dg || Dgo) ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  const double t0 = moe8__ep_now();
+  if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
+  if (st == MOE8_OK && !Dg) st = moe8__ep_allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dgo);
+  const uint64_t rows = Dg ? 1 : 2; /* x rows, and dout rows when not gathered already */
+  ep->st.shared_s = moe8__ep_now() - t0;
+  ep->st.shared_bytes = rows * (uint64_t)(T * D) * sizeof(float);
+  ep->st.bwd_sent_bytes += rows * (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(P - 1);
+  ep->st.bwd_recv_bytes += rows * (uint64_t)((T - Tl) * D) * sizeof(float);
+  if (st == MOE8_OK && Dx) memcpy(Dx + T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
+  if (st == MOE8_OK) st = moe8__ep_shared_run(ep, Xg, T, NULL, Dg ? Dg : Dgo, Dx, gr);
+  if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + T0 * D, sizeof(float) * (size_t)(Tl * D));
+  free(Xg); free(Dx); free(Dgo);
   return st;
 }
 

@@ -99,33 +99,6 @@ static moe8_status a2a_rows(moe8_ep *ep, const void *send, const size_t *cnt, vo
   return st;
 }
 
-/* The dWr relay and the router's part of dx, as in the ring. */
-static moe8_status router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr) {
-  moe8_layer *L = ep->L;
-  const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
-  float *acc = calloc((size_t)(D * E) + 1, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t)(Tl * D) + 4);
-  moe8_status st = acc && tmp ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(acc); free(tmp); return st; }
-  const double t0 = moe8__ep_now();
-  if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)(D * E));
-  if (st == MOE8_OK) moe8__router_wgrad(acc, x, dl, Tl, D, E);
-  if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)(D * E));
-  if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)(D * E));
-  ep->st.router_s = moe8__ep_now() - t0;
-  ep->st.router_bytes = (uint64_t)(D * E) * sizeof(float) * (ep->P > 1 ? 2u : 0u);
-  if (st == MOE8_OK && gr->dwr) memcpy(gr->dwr, acc, sizeof(float) * (size_t)(D * E));
-  if (st == MOE8_OK && gr->dx && Tl > 0) {
-    const int32_t one[1] = {(int32_t)Tl};
-    const moe8_gmm_args a = {.M = Tl, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
-                             .lhs = {MOE8_DTYPE_F32, dl, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
-                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
-    st = moe8_gmm(&a);
-    for (int64_t i = 0; st == MOE8_OK && i < Tl * D; i++) gr->dx[i] += tmp[i];
-  }
-  free(acc); free(tmp);
-  return st;
-}
-
 /* The aux loss and f_e from every rank's routing: expert counts (integers,
 ** summed exactly) and each expert's score sum as one chain over the global
 ** token order (relayed rank to rank), then the single-process formula. */
@@ -166,35 +139,16 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
   const int P = ep->P;
-  moe8_status st = MOE8_OK;
-  if (Tl < 0) st = moe8__fail(MOE8_ERR_SHAPE, "ep forward: T_local = %lld", (long long)Tl);
-  else if (Tl > 0 && (!x || !out)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep forward: NULL x or out");
-  else {
-    size_t bad = 0;
-    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(x[i]);
-    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep forward: input x [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
-  }
-  if (st == MOE8_OK) st = moe8__layer_quantize_weights(L);
-  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  moe8_status st = moe8__ep_begin_forward(ep, x, Tl, out);
+  if (st != MOE8_OK) return st;
   moe8__a2a_free(ep);
   memset(&ep->st, 0, sizeof ep->st);
   a2a_state *s = ep->a2a = calloc(1, sizeof *s);
   if (!s) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
   /* 1. token counts */
-  free(ep->Toff);
-  ep->Toff = malloc(sizeof(int64_t) * (size_t)(P + 1));
-  int64_t *Tsz = malloc(sizeof(int64_t) * (size_t)P);
-  size_t *rb = malloc(sizeof(size_t) * (size_t)P);
-  if (!ep->Toff || !Tsz || !rb) { free(Tsz); free(rb); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
-  for (int q = 0; q < P; q++) rb[q] = sizeof(int64_t);
-  st = ep->c->allgatherv(ep->c, &Tl, sizeof Tl, Tsz, rb);
-  free(rb);
-  if (st != MOE8_OK) { free(Tsz); return st; }
-  ep->Toff[0] = 0;
-  for (int q = 0; q < P; q++) ep->Toff[q + 1] = ep->Toff[q] + Tsz[q];
-  free(Tsz);
-  s->Tl = ep->Tl = Tl;
-  s->T = ep->T = ep->Toff[P];
+  if ((st = moe8__ep_token_counts(ep, Tl)) != MOE8_OK) return st;
+  s->Tl = Tl;
+  s->T = ep->T;
   s->T0 = ep->Toff[ep->r];
   if (aux) *aux = 0.0f;
   bool ok = true;
@@ -379,31 +333,11 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
 
 moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
-  const int64_t Fs = L->cfg.shared_ffn;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, Eloc = ep->Eloc, g0 = ep->g0;
   const int P = ep->P;
   a2a_state *s = ep->a2a;
-  moe8_status st = MOE8_OK;
-  if (!ep->have_forward || !s) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: no forward to differentiate");
-  else if (L->inference) st = moe8__fail(MOE8_ERR_UNSUPPORTED, "ep backward: the layer was loaded for inference (no f32 masters)");
-  else if (Tl != s->Tl) st = moe8__fail(MOE8_ERR_SHAPE, "ep backward: T_local = %lld, the forward had %lld", (long long)Tl, (long long)s->Tl);
-  else if (Tl > 0 && (!x || !dout)) st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL x or dout");
-  else {
-    size_t bad = 0;
-    for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(dout[i]);
-    if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
-  }
-  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
-  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(Tl * D));
-  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
-  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
-  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
-  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
-  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
-  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
-  ep->st.bwd_sent_bytes = ep->st.bwd_recv_bytes = 0;
+  moe8_status st = moe8__ep_begin_backward(ep, x, Tl, dout, gr);
+  if (st != MOE8_OK) return st;
   if (s->T == 0) return MOE8_OK;
   const int64_t NR = s->nrecv, rows = s->rows;
   /* dout rows and the tokens' weights out, by the dispatch plan */
@@ -460,25 +394,8 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
     if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);
   }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
-  st = router_tail(ep, x, Tl, dl, gr);
-  /* the shared expert: all token rows and dout rows, the single-process backward */
-  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK && Fs > 0) {
-    const int64_t T = s->T;
-    float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dg = malloc(sizeof(float) * (size_t)(T * D) + 4);
-    float *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
-    if (!Xg || !Dg || (gr->dx && !Dx)) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-    t0 = moe8__ep_now();
-    if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
-    if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dg);
-    ep->st.shared_s = moe8__ep_now() - t0;
-    ep->st.shared_bytes = 2 * (uint64_t)(T * D) * sizeof(float);
-    ep->st.bwd_sent_bytes += 2 * (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(P - 1);
-    ep->st.bwd_recv_bytes += 2 * (uint64_t)((T - Tl) * D) * sizeof(float);
-    if (st == MOE8_OK && Dx) memcpy(Dx + s->T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
-    if (st == MOE8_OK) st = moe8__ep_shared_run(ep, Xg, T, NULL, Dg, Dx, gr);
-    if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + s->T0 * D, sizeof(float) * (size_t)(Tl * D));
-    free(Xg); free(Dg); free(Dx);
-  }
+  st = moe8__ep_router_tail(ep, x, Tl, dl, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, NULL, gr);
   st = moe8__ep_agree(ep, st);
 done:
   free(osend); free(orecv); free(wr); free(dr); free(dy); free(dwrow); free(dxs); free(bsend); free(brecv); free(rx);

@@ -46,6 +46,21 @@ moe8_status moe8__ep_allgather_rows(moe8_ep *ep, const void *send, size_t row_by
 ** backward adding to dx[T, D] and the grads; else out += its output. */
 moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *out, const float *dout, float *dx,
                                 const moe8_layer_grads *gr);
+/* Forward pieces both modes run: every rank checks its input (and has the
+** layer's weights quantized) and agrees; then the token counts, all-gathered
+** into Toff (global token order is rank order), T and Tl. */
+moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const float *out);
+moe8_status moe8__ep_token_counts(moe8_ep *ep, int64_t Tl);
+/* Backward pieces both modes run, in this order: check the input, agree
+** and zero the grads; after
+** the router backward (dl [Tl, E]), the dWr relay in rank order and the
+** router's part of dx; then the shared expert (all token rows gathered,
+** and dout's when Dg is NULL; the single-process shared backward on
+** them; this rank's dx rows added). */
+moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
+moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr);
+moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
+                                     const moe8_layer_grads *gr);
 /* The all-to-all mode (ep_a2a.c). */
 moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux);
 moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
