@@ -247,13 +247,16 @@ MOE8_API bool moe8_rule_act_spec(const moe8_rule *rule, moe8_quant_spec *spec);
 ** ISA that the build enabled, CPUID reports and XGETBV says the OS saves.
 ** MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni in the environment forces one
 ** (an unavailable one is refused with a message on stderr and the best one is
-** used); MOE8_DEBUG=1 prints the choice on stderr.
+** used); MOE8_DEBUG=1 prints the choice on stderr; MOE8_NO_BF16=1 hides
+** AVX512_BF16 (the VNNI-only table, as on Cascade Lake).
 */
 typedef enum moe8_isa {
   MOE8_ISA_REF = 0,      /* portable scalar C                               */
   MOE8_ISA_AVX512,       /* AVX-512 F/BW/VL/DQ                              */
   MOE8_ISA_AVX512_BF16,  /* + vdpbf16ps                                     */
-  MOE8_ISA_AVX512_VNNI,  /* + vdpbf16ps and vpdpbusd                        */
+  MOE8_ISA_AVX512_VNNI,  /* + vpdpbusd, and vdpbf16ps when the CPU has
+                         ** AVX512_BF16 (without it, as on Cascade Lake and
+                         ** Ice Lake, FP8/bf16 run on the f32 path)        */
   MOE8_ISA_COUNT
 } moe8_isa;
 

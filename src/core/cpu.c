@@ -27,7 +27,7 @@ static const char *const g_isa_names[MOE8_ISA_COUNT] = {
 static moe8__ktable  g_tables[MOE8_ISA_COUNT];
 static bool           g_supported[MOE8_ISA_COUNT];
 static moe8_isa       g_active;
-static bool           g_vbmi;
+static bool           g_vbmi, g_bf16;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 #ifdef MOE8_X86
@@ -54,9 +54,13 @@ static void detect(void) {
   g_vbmi = ((c >> 1) & 1) && getenv("MOE8_NO_VBMI") == NULL; /* read once, not per call */
   __cpuid_count(7, 1, a, b, c, d);
   const bool bf16 = (a >> 5) & 1;
+  /* Features one by one: VNNI does not need BF16 (Cascade Lake and Ice
+  ** Lake have VNNI only).  MOE8_NO_BF16=1 hides BF16 (tests the
+  ** VNNI-only table on any CPU). */
+  g_bf16 = bf16 && getenv("MOE8_NO_BF16") == NULL;
   g_supported[MOE8_ISA_AVX512] = f && dq && bw && vl;
-  g_supported[MOE8_ISA_AVX512_BF16] = g_supported[MOE8_ISA_AVX512] && bf16;
-  g_supported[MOE8_ISA_AVX512_VNNI] = g_supported[MOE8_ISA_AVX512_BF16] && vnni;
+  g_supported[MOE8_ISA_AVX512_BF16] = g_supported[MOE8_ISA_AVX512] && g_bf16;
+  g_supported[MOE8_ISA_AVX512_VNNI] = g_supported[MOE8_ISA_AVX512] && vnni;
 #endif
 }
 
@@ -66,9 +70,11 @@ static void init_tables(void) {
     if (!g_supported[i]) continue;
     moe8__kernels_init_ref(&g_tables[i]);
 #ifdef MOE8_HAVE_AVX512
+    g_tables[i].has_bf16 = i == MOE8_ISA_AVX512_BF16 || (i == MOE8_ISA_AVX512_VNNI && g_bf16);
+    g_tables[i].has_vnni = i == MOE8_ISA_AVX512_VNNI;
     if (i >= MOE8_ISA_AVX512) {
       moe8__kernels_init_avx512(&g_tables[i]);
-      moe8__gmm_init_avx512(&g_tables[i], (moe8_isa)i);
+      moe8__gmm_init_avx512(&g_tables[i], (moe8_isa)i, g_tables[i].has_bf16);
       moe8__act_init_avx512(&g_tables[i]);
     }
 #endif
@@ -94,7 +100,9 @@ static void init_tables(void) {
   }
   const char *dbg = getenv("MOE8_DEBUG");
   if (dbg && *dbg && strcmp(dbg, "0") != 0)
-    fprintf(stderr, "moe8: kernel table %s\n", g_isa_names[g_active]);
+    fprintf(stderr, "moe8: kernel table %s%s\n", g_isa_names[g_active],
+            g_active == MOE8_ISA_AVX512_VNNI && !g_tables[g_active].has_bf16
+                ? " (without vdpbf16ps: the CPU lacks AVX512_BF16 or MOE8_NO_BF16 is set; FP8 and bf16 run on the f32 path)" : "");
 }
 
 const char *moe8_isa_name(moe8_isa isa) {

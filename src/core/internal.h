@@ -30,6 +30,10 @@ moe8_status moe8__fail(moe8_status status, const char *fmt, ...) MOE8__PRINTF(2,
 struct moe8__gmm_block;
 typedef struct moe8__ktable {
   moe8_isa    isa;
+  /* The instructions this table's kernels use: the avx512_vnni table of a
+  ** CPU with VNNI but no AVX512_BF16 (Cascade Lake, Ice Lake) runs i8 on
+  ** vpdpbusd and FP8/bf16 on the f32 path. */
+  bool        has_bf16, has_vnni;
   /* dst[i] = f32 -> FP8 of src[i]; type is F8E4M3 or F8E5M2. */
   void (*cvt_f32_f8)(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
   void (*cvt_f8_f32)(float *dst, const uint8_t *src, size_t n, moe8_dtype type);
@@ -66,7 +70,7 @@ bool moe8__cpu_has_vbmi(void);
 void moe8__kernels_init_ref(moe8__ktable *k);
 #ifdef MOE8_HAVE_AVX512
 void moe8__kernels_init_avx512(moe8__ktable *k);
-void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa);
+void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa, bool has_bf16);
 void moe8__act_init_avx512(moe8__ktable *k);
 #endif
 

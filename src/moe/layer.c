@@ -386,7 +386,7 @@ static moe8_status pack_weights(moe8_layer *L) {
     free(X->wgu_pk); free(X->wd_pk);
     X->wgu_pk = X->wd_pk = NULL;
     if (!L->wq || !L->aq || !moe8__kernel_pair(L->aspec.qtype, wt) ||
-        moe8_isa_active() < (i8 ? MOE8_ISA_AVX512_VNNI : MOE8_ISA_AVX512_BF16) || !moe8__layer_packable(L, s))
+        !(i8 ? moe8__kernels()->has_vnni : moe8__kernels()->has_bf16) || !moe8__layer_packable(L, s))
       continue;
     X->wgu_pk = malloc(moe8_gmm_packed_size(wt, E, D, 2 * F));
     X->wd_pk = malloc(moe8_gmm_packed_size(wt, E, F, D));

@@ -184,7 +184,11 @@ typedef struct peaks { double f32, bf16, i8, bw, bw2; bool have; } peaks;
 static peaks measure_peaks(void) {
   peaks p = {0, 0, 0, read_bandwidth(1), max_threads() >= 2 ? read_bandwidth(2) : 0,
              moe8_isa_supported(MOE8_ISA_AVX512_VNNI)};
-  if (p.have) { p.f32 = peak_gops(PEAK_F32_FMA); p.bf16 = peak_gops(PEAK_BF16_DP); p.i8 = peak_gops(PEAK_I8_DP); }
+  if (p.have) {
+    p.f32 = peak_gops(PEAK_F32_FMA);
+    p.i8 = peak_gops(PEAK_I8_DP);
+    if (moe8_isa_supported(MOE8_ISA_AVX512_BF16)) p.bf16 = peak_gops(PEAK_BF16_DP); /* VNNI-only CPUs lack vdpbf16ps */
+  }
   printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; memory read %.1f GB/s",
          p.f32, p.bf16, p.i8, p.bw);
   if (p.bw2 > 0) printf(" (%.1f GB/s with 2 threads)", p.bw2);

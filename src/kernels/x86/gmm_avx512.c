@@ -97,9 +97,10 @@ static void b_row_f32(const moe8__gmm_block *b, int64_t k, int64_t n0, int64_t n
 /* ---- the paths and their lhs packing ---------------------------------- */
 typedef enum { PATH_F32, PATH_BF16, PATH_I8 } gmm_path;
 
-static gmm_path path_of(const moe8__gmm_block *b, moe8_isa isa) {
+/* bf16: the table may use vdpbf16ps. */
+static gmm_path path_of(const moe8__gmm_block *b, bool bf16) {
   if (b->lt == MOE8_DTYPE_I8) return PATH_I8; /* needs VNNI; the caller checks */
-  if (isa >= MOE8_ISA_AVX512_BF16 && b->lt != MOE8_DTYPE_F32 && b->rt != MOE8_DTYPE_F32) return PATH_BF16;
+  if (bf16 && b->lt != MOE8_DTYPE_F32 && b->rt != MOE8_DTYPE_F32) return PATH_BF16;
   return PATH_F32;
 }
 
@@ -1060,14 +1061,14 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
 }
 
 /* ---- per-ISA entry points ---------------------------------------------- */
-static size_t pack_size_for(const moe8__gmm_block *b, moe8_isa isa) {
-  const gmm_path p = path_of(b, isa);
+static size_t pack_size_for(const moe8__gmm_block *b, bool bf16) {
+  const gmm_path p = path_of(b, bf16);
   if (p == PATH_F32 && b->lt == MOE8_DTYPE_F32) return 0;
   return (size_t)packed_words(b, p) * 4;
 }
 
-static void pack_rows_for(const moe8__gmm_block *b, moe8_isa isa, int64_t m0, int64_t m1, void *dst) {
-  const gmm_path p = path_of(b, isa);
+static void pack_rows_for(const moe8__gmm_block *b, bool bf16, int64_t m0, int64_t m1, void *dst) {
+  const gmm_path p = path_of(b, bf16);
   const int64_t words = packed_words(b, p);
   float tmp[KC + 64];
   float *big = NULL;
@@ -1076,10 +1077,11 @@ static void pack_rows_for(const moe8__gmm_block *b, moe8_isa isa, int64_t m0, in
   free(big);
 }
 
-#define ENTRY(isa_name, ISA)                                                                                   \
+/* One table's entry points: BF16 and VNNI say which instructions it may use. */
+#define ENTRY(isa_name, BF16, VNNI)                                                                            \
   static void gmm_block_##isa_name(const moe8__gmm_block *b) {                                                 \
-    if (b->lt == MOE8_DTYPE_I8 && ISA < MOE8_ISA_AVX512_VNNI) { moe8__gmm_block_ref(b); return; }             \
-    const gmm_path p = path_of(b, ISA);                                                                        \
+    if (b->lt == MOE8_DTYPE_I8 && !(VNNI)) { moe8__gmm_block_ref(b); return; }                                \
+    const gmm_path p = path_of(b, BF16);                                                                       \
     if (p == PATH_BF16 && b->rhs_pk && b->rt != MOE8_DTYPE_I8 && b->m1 - b->m0 <= MR && b->lhs_packed &&      \
         moe8__cpu_has_vbmi())                                                                                  \
       gmm_block_pk_small(b);                                                                                   \
@@ -1092,18 +1094,22 @@ static void pack_rows_for(const moe8__gmm_block *b, moe8_isa isa, int64_t m0, in
       gmm_block(b, p);                                                                                         \
   }                                                                                                            \
   static size_t gmm_pack_size_##isa_name(const moe8__gmm_block *b) {                                           \
-    return b->lt == MOE8_DTYPE_I8 && ISA < MOE8_ISA_AVX512_VNNI ? 0 : pack_size_for(b, ISA);                   \
+    return b->lt == MOE8_DTYPE_I8 && !(VNNI) ? 0 : pack_size_for(b, BF16);                                     \
   }                                                                                                            \
   static void gmm_pack_##isa_name(const moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst) {              \
-    pack_rows_for(b, ISA, m0, m1, dst);                                                                        \
+    pack_rows_for(b, BF16, m0, m1, dst);                                                                       \
   }
-ENTRY(avx512, MOE8_ISA_AVX512)
-ENTRY(avx512_bf16, MOE8_ISA_AVX512_BF16)
-ENTRY(avx512_vnni, MOE8_ISA_AVX512_VNNI)
+ENTRY(avx512, false, false)
+ENTRY(avx512_bf16, true, false)
+ENTRY(avx512_vnni, true, true)
+ENTRY(avx512_vnni_nobf16, false, true)
 
-void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa) {
+void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa, bool has_bf16) {
   k->cvt_f8_bf16 = cvt_f8_bf16;
-  if (isa >= MOE8_ISA_AVX512_VNNI) {
+  if (isa >= MOE8_ISA_AVX512_VNNI && !has_bf16) {
+    k->gmm_block = gmm_block_avx512_vnni_nobf16; k->gmm_pack_size = gmm_pack_size_avx512_vnni_nobf16;
+    k->gmm_pack = gmm_pack_avx512_vnni_nobf16;
+  } else if (isa >= MOE8_ISA_AVX512_VNNI) {
     k->gmm_block = gmm_block_avx512_vnni; k->gmm_pack_size = gmm_pack_size_avx512_vnni; k->gmm_pack = gmm_pack_avx512_vnni;
   } else if (isa >= MOE8_ISA_AVX512_BF16) {
     k->gmm_block = gmm_block_avx512_bf16; k->gmm_pack_size = gmm_pack_size_avx512_bf16; k->gmm_pack = gmm_pack_avx512_bf16;
