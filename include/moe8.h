@@ -662,6 +662,7 @@ typedef struct moe8_hf_config {
   ** first_k_dense_replace and moe_layer_freq; Qwen decoder_sparse_step and
   ** mlp_only_layers. */
   int64_t           first_k_dense_replace, moe_layer_freq, decoder_sparse_step;
+  bool              first_k_dense_from_default; /* config.json did not set it */
   int64_t           n_mlp_only;
   int64_t           mlp_only_layers[MOE8_MAX_MLP_ONLY];
 } moe8_hf_config;

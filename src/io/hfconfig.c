@@ -147,6 +147,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
     L->shared_ffn = nsh * L->ffn;
     TRY(get_int(root, file, "first_k_dense_replace", 3, 0, 1 << 20, &c->first_k_dense_replace));
+    c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
     TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
   } else {
     const cJSON *v = item(root, "scoring_func");
@@ -234,9 +235,15 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
   if (layer < 0 || layer >= c->num_layers)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, num_hidden_layers = %lld)", (long long)layer, (long long)c->num_layers);
   if (c->arch == MOE8_ARCH_DEEPSEEK_V3) {
-    if (layer < c->first_k_dense_replace)
-      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (first_k_dense_replace = %lld): the MoE layers start at %lld",
-                        (long long)layer, (long long)c->first_k_dense_replace, (long long)moe8_hf_config_first_moe_layer(c));
+    if (layer < c->first_k_dense_replace) {
+      const int64_t first = moe8_hf_config_first_moe_layer(c);
+      char where[96];
+      if (first >= 0) snprintf(where, sizeof where, "the MoE layers start at %lld", (long long)first);
+      else snprintf(where, sizeof where, "none of its %lld layers is MoE", (long long)c->num_layers);
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (first_k_dense_replace = %lld%s): %s", (long long)layer,
+                        (long long)c->first_k_dense_replace,
+                        c->first_k_dense_from_default ? ", DeepSeek-V3's default: config.json does not set it" : "", where);
+    }
     if (layer % c->moe_layer_freq)
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_freq = %lld)", (long long)layer,
                         (long long)c->moe_layer_freq);

@@ -88,7 +88,13 @@ int cmd_run(int argc, char **argv) {
   moe8_status st = moe8_model_open_as(dir, arch, &m);
   if (st == MOE8_OK && layer < 0) {
     layer = moe8_hf_config_first_moe_layer(moe8_model_config(m));
-    if (layer < 0) { fprintf(stderr, "moe8 run: %s: config.json has no MoE layer\n", dir); rc = EXIT_FAIL; goto done; }
+    if (layer < 0) {
+      /* say why, by key: what layer 0 is */
+      moe8_hf_config_check_moe_layer(moe8_model_config(m), 0);
+      fprintf(stderr, "moe8 run: %s: config.json has no MoE layer: %s\n", dir, moe8_last_error());
+      rc = EXIT_FAIL;
+      goto done;
+    }
   }
   if (st == MOE8_OK && rules_path) st = moe8_rules_load(rules_path, &rules);
   if (st == MOE8_OK && !rules_path && strstr(moe8_model_format(m, layer), "f8e4m3")) {
