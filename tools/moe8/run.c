@@ -78,6 +78,15 @@ int cmd_run(int argc, char **argv) {
   }
   if (!dir || !input || !output) { usage(stderr); return EXIT_USAGE; }
   if (output_is_input(output, input, dir)) return EXIT_FAIL;
+  /* Under mpirun the communicator comes first, so that every later wait
+  ** (a rank that fails, or stops, while loading) meets the collective
+  ** deadline instead of hanging in MPI's start-up. */
+  moe8_comm *c = NULL;
+  bool agreed = false;
+  if (cli_under_mpirun()) {
+    moe8_status cs = cli_comm_open(&c);
+    if (cs != MOE8_OK) return cli_report(cs, "run");
+  }
   moe8_model *m = NULL;
   moe8_rules *rules = NULL;
   moe8_layer *L = NULL;
@@ -147,18 +156,24 @@ int cmd_run(int argc, char **argv) {
   if (moe8_layer_prepared(L, &pr) != MOE8_OK && (st = moe8_layer_prepare(L)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
   double t0 = cli_now(), t1;
   int rank = 0, P = 1;
-  if (cli_under_mpirun()) {
-    /* Expert parallel: rank q runs its shard of the tokens; rank 0 writes. */
-    moe8_comm *c = NULL;
+  if (c) {
+    /* Expert parallel: rank q runs its shard of the tokens; rank 0 writes.
+    ** First every rank says it got here (a rank that failed says so at
+    ** done:, the same collective). */
     moe8_ep *ep = NULL;
-    if ((st = cli_comm_open(&c)) == MOE8_OK) {
+    agreed = true;
+    if (cli_allreduce_max(c, 0.0) != 0.0 || moe8_comm_broken(c)) {
+      fprintf(stderr, "moe8 run: rank %d: stopped: another rank failed (its message is above)\n", moe8_comm_rank(c));
+      rc = EXIT_FAIL;
+      goto done;
+    }
+    {
       /* Every rank read its own copy of the input: they must agree on its
       ** size before any row moves (the same message on every rank). */
       const double tmax = cli_allreduce_max(c, (double)T), tmin = -cli_allreduce_max(c, -(double)T);
       if (tmax != tmin) {
         fprintf(stderr, "moe8 run: rank %d: the ranks were given inputs with different token counts (from %.0f to %.0f rows in %s): "
                 "every rank must read the same input\n", moe8_comm_rank(c), tmin, tmax, input);
-        cli_comm_close(c);
         rc = EXIT_FAIL;
         goto done;
       }
@@ -177,7 +192,6 @@ int cmd_run(int argc, char **argv) {
     }
     t1 = cli_now();
     moe8_ep_destroy(ep);
-    cli_comm_close(c);
     if (st != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
   } else {
     const size_t wsz = moe8_layer_workspace_size(L, T);
@@ -200,6 +214,8 @@ int cmd_run(int argc, char **argv) {
            moe8_model_format(m, layer), (long long)T, moe8_layer_describe(L), P > 1 ? ", expert parallel" : "", (t1 - t0) * 1e3, output);
   }
 done:
+  if (c && !agreed) (void)cli_allreduce_max(c, 1.0); /* this rank failed before the others' check */
+  if (c) cli_comm_close(c);
   free(x); free(xf); free(y); free(ws);
   moe8_layer_destroy(L);
   moe8_rules_destroy(rules);
