@@ -49,25 +49,14 @@ static void grads_free(grads *g) {
 
 static moe8_rules *rules_for(int mode, bool before) {
   if (mode == 0) return NULL;
+  /* 1 fp8 per-token, 2 fp8 1x16, 3 i8 per-token, 4 fp8 1x128 */
+  const char *qt = mode == 3 ? "int8" : "float8_e4m3fn";
+  const char *tile = mode == 2 ? ", \"tile_size\": 16" : mode == 4 ? ", \"tile_size\": 128" : "";
   char j[512];
-  if (mode == 4) {
-    snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\","
-             " \"tile_size\": 128}], \"quantize_before_ep_all_gather\": %s}", before ? "true" : "false");
-    moe8_rules *r = NULL;
-    assert_int_equal(moe8_rules_parse(j, strlen(j), "inline", &r), MOE8_OK);
-    return r;
-  }
-  if (mode == 3) {
-    snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}],"
-             " \"quantize_before_ep_all_gather\": %s}", before ? "true" : "false");
-    moe8_rules *r = NULL;
-    assert_int_equal(moe8_rules_parse(j, strlen(j), "inline", &r), MOE8_OK);
-    return r;
-  }
   snprintf(j, sizeof j,
-           "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\"%s}],"
+           "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"%s\", \"act_qtype\": \"%s\"%s}],"
            " \"quantize_before_ep_all_gather\": %s}",
-           mode == 2 ? ", \"tile_size\": 16" : "", before ? "true" : "false");
+           qt, qt, tile, before ? "true" : "false");
   moe8_rules *r = NULL;
   assert_int_equal(moe8_rules_parse(j, strlen(j), "inline", &r), MOE8_OK);
   return r;

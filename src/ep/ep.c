@@ -248,7 +248,6 @@ static moe8_status shared_local(moe8_ep *ep, const float *x, int64_t Tl, float *
   return moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
 }
 
-#define ALLOC(p, n) do { (p) = malloc(sizeof(*(p)) * (size_t)(n) + 64); if (!(p)) ok = false; } while (0)
 
 /* ---- forward -------------------------------------------------------------------- */
 static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {

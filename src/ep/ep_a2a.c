@@ -56,6 +56,10 @@ struct a2a_state {
   int32_t *tok_of, *slot_of; /* [rows] received row and slot of each sorted row   */
   int32_t *pos;              /* [nrecv·K] sorted row, or -1 (dropped, not local)   */
   int32_t *recvrow;          /* [Tl·K] owner: return row of each slot, or -1       */
+  int32_t *send_tok;         /* [nsend] the local token of each dispatched row, rows to
+                             ** rank 0 first, each rank's in token order (the plan) */
+  int32_t *ret_asg;          /* [nback] the received assignment (row·K + slot) of each
+                             ** returned row, in received order                      */
   float   *xs, *sxs, *gu, *h, *sh, *y;
   uint8_t *xsq, *hq;
   double   f[MOE8_MAX_EXPERTS];
@@ -65,14 +69,13 @@ void moe8__a2a_free(moe8_ep *ep) {
   a2a_state *s = ep->a2a;
   if (!s) return;
   void *p[] = {s->ids, s->w, s->scores, s->scnt, s->rcnt, s->bcnt, s->brcnt, s->rids, s->gsz, s->tok_of, s->slot_of, s->pos,
-               s->recvrow, s->xs, s->sxs, s->gu, s->h, s->sh, s->y, s->xsq, s->hq};
+               s->recvrow, s->send_tok, s->ret_asg, s->xs, s->sxs, s->gu, s->h, s->sh, s->y, s->xsq, s->hq};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
   free(s);
   ep->a2a = NULL;
   ep->have_forward = false;
 }
 
-#define ALLOC(p, n) do { (p) = malloc(sizeof(*(p)) * (size_t)(n) + 64); if (!(p)) ok = false; } while (0)
 
 static size_t r4(size_t n) { return (n + 3) & ~(size_t)3; }
 
@@ -162,19 +165,31 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], Tl, D, E, logits);
   if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, s->scores, s->ids, s->w);
   free(logits);
-  /* 3. the dispatch plan and the owner's return plan */
+  /* 3. the dispatch plan (each token once to each rank among its experts'
+  ** ranks), and the owner's count of rows coming back from each rank */
   for (int q = 0; q < P; q++) s->scnt[q] = s->brcnt[q] = 0;
-  for (int64_t t = 0; st == MOE8_OK && t < Tl; t++) {
-    uint64_t seen[8] = {0}; /* ranks hit by this token (P <= 512 here; larger P goes through the slow path below) */
+  ALLOC(s->send_tok, Tl * K);
+  if (!ok) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
+  for (int64_t t = 0; st == MOE8_OK && t < Tl; t++)
     for (int64_t j = 0; j < K; j++) {
-      const int q = (int)(s->ids[t * K + j] / Eloc);
+      const int64_t q = s->ids[t * K + j] / Eloc;
+      bool first = true; /* the first of this token's slots on rank q */
+      for (int64_t i = 0; i < j && first; i++) first = s->ids[t * K + i] / Eloc != q;
       s->brcnt[q]++;
-      bool first = true;
-      if (P <= 512) { first = !(seen[q >> 6] >> (q & 63) & 1); seen[q >> 6] |= 1ull << (q & 63); }
-      else for (int64_t i = 0; i < j; i++) first &= s->ids[t * K + i] / Eloc != q;
-      if (first) s->scnt[q]++;
+      s->scnt[q] += first;
     }
-  }
+  s->nsend = 0;
+  int64_t *at = malloc(sizeof(int64_t) * (size_t)P);
+  if (!at) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
+  for (int q = 0; q < P; q++) { at[q] = s->nsend; s->nsend += (int64_t)s->scnt[q]; }
+  for (int64_t t = 0; t < Tl; t++)
+    for (int64_t j = 0; j < K; j++) {
+      const int64_t q = s->ids[t * K + j] / Eloc;
+      bool first = true;
+      for (int64_t i = 0; i < j && first; i++) first = s->ids[t * K + i] / Eloc != q;
+      if (first) s->send_tok[at[q]++] = (int32_t)t;
+    }
+  free(at);
   /* 4. counts, then rows */
   const bool quant = L->aq && L->before_sort;
   const size_t row = wire_row(L, quant);
@@ -186,30 +201,24 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   st = ep->c->alltoallv(ep->c, s->scnt, cb, s->rcnt, cb + P);
   free(cb);
   if (st != MOE8_OK) return st;
-  s->nsend = s->nrecv = 0;
-  for (int q = 0; q < P; q++) { s->nsend += (int64_t)s->scnt[q]; s->nrecv += (int64_t)s->rcnt[q]; }
+  s->nrecv = 0;
+  for (int q = 0; q < P; q++) s->nrecv += (int64_t)s->rcnt[q];
   uint8_t *sendb = malloc(row * (size_t)s->nsend + 64), *recvb = malloc(row * (size_t)s->nrecv + 64), *xq = NULL;
   float *sx = NULL;
   if (quant) { xq = malloc((size_t)(Tl * D) + 1); sx = malloc(sizeof(float) * (size_t)(Tl * nbD) + 4); }
   if (!sendb || !recvb || (quant && (!xq || !sx))) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
   if (st == MOE8_OK && quant) st = moe8_quantize(&L->aspec, x, 1, Tl, D, xq, sx, NULL);
-  if (st == MOE8_OK) {
-    size_t n = 0;
-    for (int q = 0; q < P; q++)
-      for (int64_t t = 0; t < Tl; t++) {
-        bool hit = false;
-        for (int64_t j = 0; j < K && !hit; j++) hit = s->ids[t * K + j] / Eloc == q;
-        if (!hit) continue;
-        uint8_t *o = sendb + n++ * row;
-        memcpy(o, s->ids + t * K, 4 * (size_t)K);
-        if (quant) {
-          memcpy(o + 4 * K, sx + t * nbD, 4 * (size_t)nbD);
-          memset(o + 4 * K + 4 * nbD, 0, r4((size_t)D));
-          memcpy(o + 4 * K + 4 * nbD, xq + t * D, (size_t)D);
-        } else {
-          memcpy(o + 4 * K, x + t * D, 4 * (size_t)D);
-        }
-      }
+  for (int64_t n = 0; st == MOE8_OK && n < s->nsend; n++) {
+    const int64_t t = s->send_tok[n];
+    uint8_t *o = sendb + (size_t)n * row;
+    memcpy(o, s->ids + t * K, 4 * (size_t)K);
+    if (quant) {
+      memcpy(o + 4 * K, sx + t * nbD, 4 * (size_t)nbD);
+      memset(o + 4 * K + 4 * nbD, 0, r4((size_t)D));
+      memcpy(o + 4 * K + 4 * nbD, xq + t * D, (size_t)D);
+    } else {
+      memcpy(o + 4 * K, x + t * D, 4 * (size_t)D);
+    }
   }
   free(xq); free(sx);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(sendb); free(recvb); return st; }
@@ -272,28 +281,29 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, 0, rows, s->gsz, g0, Eloc, s->xs, s->xsq, s->sxs, s->gu, s->h, s->hq, s->sh, s->y, NULL, 0);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
+  /* the return plan: one row per received assignment to a local expert,
+  ** in received order (grouped by source rank) */
   s->nback = s->nbrecv = 0;
+  ALLOC(s->ret_asg, NR * K);
+  if (!ok) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
   for (int q = 0, i0 = 0; q < P; q++) {
     s->bcnt[q] = 0;
-    for (int64_t i = i0; i < i0 + (int64_t)s->rcnt[q]; i++)
-      for (int64_t j = 0; j < K; j++) s->bcnt[q] += s->rids[i * K + j] / Eloc == ep->r;
+    for (int64_t a = i0 * K; a < (i0 + (int64_t)s->rcnt[q]) * K; a++)
+      if (s->rids[a] / Eloc == ep->r) { s->ret_asg[s->nback++] = (int32_t)a; s->bcnt[q]++; }
     i0 += (int)s->rcnt[q];
-    s->nback += (int64_t)s->bcnt[q];
     s->nbrecv += (int64_t)s->brcnt[q];
   }
   const size_t brow = sizeof(float) * (size_t)(D + 1);
   float *bsend = malloc(brow * (size_t)s->nback + 4), *brecv = malloc(brow * (size_t)s->nbrecv + 4);
   float *rx = malloc(sizeof(float) * (size_t)(s->nbrecv * D) + 4);
   if (!bsend || !brecv || !rx) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-  for (int64_t i = 0, n = 0; st == MOE8_OK && i < NR; i++)
-    for (int64_t j = 0; j < K; j++) {
-      if (s->rids[i * K + j] / Eloc != ep->r) continue;
-      float *o = bsend + (size_t)n++ * (size_t)(D + 1);
-      const int32_t p = s->pos[i * K + j];
-      if (p >= 0) memcpy(o, s->y + (int64_t)p * D, sizeof(float) * (size_t)D);
-      else memset(o, 0, sizeof(float) * (size_t)D);
-      o[D] = p >= 0 ? 1.0f : 0.0f;
-    }
+  for (int64_t n = 0; st == MOE8_OK && n < s->nback; n++) {
+    float *o = bsend + (size_t)n * (size_t)(D + 1);
+    const int32_t p = s->pos[s->ret_asg[n]];
+    if (p >= 0) memcpy(o, s->y + (int64_t)p * D, sizeof(float) * (size_t)D);
+    else memset(o, 0, sizeof(float) * (size_t)D);
+    o[D] = p >= 0 ? 1.0f : 0.0f;
+  }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(bsend); free(brecv); free(rx); return st; }
   t0 = moe8__ep_now();
   st = a2a_rows(ep, bsend, s->bcnt, brecv, s->brcnt, brow, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
@@ -334,7 +344,6 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
 moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, Eloc = ep->Eloc, g0 = ep->g0;
-  const int P = ep->P;
   a2a_state *s = ep->a2a;
   moe8_status st = moe8__ep_begin_backward(ep, x, Tl, dout, gr);
   if (st != MOE8_OK) return st;
@@ -348,15 +357,12 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(bsend, s->nback * (D + 1)); ALLOC(brecv, s->nbrecv * (D + 1));
   ALLOC(rx, s->nbrecv * D); ALLOC(dw_l, Tl * K); ALLOC(ones, Tl * K); ALLOC(dl, Tl * E);
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-  for (int q = 0, n = 0; st == MOE8_OK && q < P; q++)
-    for (int64_t t = 0; t < Tl; t++) {
-      bool hit = false;
-      for (int64_t j = 0; j < K && !hit; j++) hit = s->ids[t * K + j] / Eloc == q;
-      if (!hit) continue;
-      float *o = osend + (size_t)n++ * (size_t)(K + D);
-      memcpy(o, s->w + t * K, sizeof(float) * (size_t)K);
-      memcpy(o + K, dout + t * D, sizeof(float) * (size_t)D);
-    }
+  for (int64_t n = 0; st == MOE8_OK && n < s->nsend; n++) { /* the forward's dispatch plan */
+    const int64_t t = s->send_tok[n];
+    float *o = osend + (size_t)n * (size_t)(K + D);
+    memcpy(o, s->w + t * K, sizeof(float) * (size_t)K);
+    memcpy(o + K, dout + t * D, sizeof(float) * (size_t)D);
+  }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   double t0 = moe8__ep_now();
   st = a2a_rows(ep, osend, s->scnt, orecv, s->rcnt, orow, &ep->st.bwd_sent_bytes, &ep->st.bwd_recv_bytes);
@@ -371,14 +377,12 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   moe8__dy_dw(rows, s->tok_of, s->slot_of, wr, K, dr, s->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, s->gsz, g0, Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh, s->gu, dxs, gr->dwg, gr->dwu,
                               gr->dwd);
-  for (int64_t i = 0, n = 0; st == MOE8_OK && i < NR; i++)
-    for (int64_t j = 0; j < K; j++) {
-      if (s->rids[i * K + j] / Eloc != ep->r) continue;
-      float *o = bsend + (size_t)n++ * (size_t)(D + 1);
-      const int32_t p = s->pos[i * K + j];
-      if (p >= 0) { memcpy(o, dxs + (int64_t)p * D, sizeof(float) * (size_t)D); o[D] = dwrow[p]; }
-      else memset(o, 0, brow);
-    }
+  for (int64_t n = 0; st == MOE8_OK && n < s->nback; n++) { /* the forward's return plan */
+    float *o = bsend + (size_t)n * (size_t)(D + 1);
+    const int32_t p = s->pos[s->ret_asg[n]];
+    if (p >= 0) { memcpy(o, dxs + (int64_t)p * D, sizeof(float) * (size_t)D); o[D] = dwrow[p]; }
+    else memset(o, 0, brow);
+  }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   t0 = moe8__ep_now();
   st = a2a_rows(ep, bsend, s->bcnt, brecv, s->brcnt, brow, &ep->st.bwd_sent_bytes, &ep->st.bwd_recv_bytes);

@@ -13,6 +13,9 @@
 
 typedef struct a2a_state a2a_state;
 
+/* p = malloc(n elements, with slack); clears the caller's `ok` on failure. */
+#define ALLOC(p, n) do { (p) = malloc(sizeof(*(p)) * (size_t)(n) + 64); if (!(p)) ok = false; } while (0)
+
 struct moe8_ep {
   moe8_layer   *L;
   moe8_comm    *c;

@@ -332,27 +332,38 @@ static moe8_status check_weights(const moe8_layer *L) {
   return MOE8_OK;
 }
 
+/* [Wg | Wu] rows (E·D of them, F wide each) from the separate masters, and
+** back; per-column scales make quantizing the joined rows equal to
+** quantizing the two separately. */
+static void gate_up_join(float *gu, const float *wg, const float *wu, int64_t rows, int64_t F) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; i++) {
+    memcpy(gu + i * 2 * F, wg + i * F, sizeof(float) * (size_t)F);
+    memcpy(gu + i * 2 * F + F, wu + i * F, sizeof(float) * (size_t)F);
+  }
+}
+
+static void gate_up_split(float *wg, float *wu, const float *gu, int64_t rows, int64_t F) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; i++) {
+    memcpy(wg + i * F, gu + i * 2 * F, sizeof(float) * (size_t)F);
+    memcpy(wu + i * F, gu + i * 2 * F + F, sizeof(float) * (size_t)F);
+  }
+}
+
+/* One training set's kernel weights from its masters. */
+static moe8_status quantize_set(moe8_layer *L, moe8__xset *X) {
+  const int64_t D = L->cfg.hidden, E = X->E, F = X->F;
+  gate_up_join(X->wgu_f32, L->w[X->wg], L->w[X->wu], E * D, F);
+  if (!L->wq) return MOE8_OK;
+  moe8_status st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, 2 * F, X->wgu_q, X->wgu_s, NULL);
+  return st == MOE8_OK ? moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL) : st;
+}
+
 static moe8_status quantize_weights(moe8_layer *L) {
   if (L->inference) return MOE8_OK; /* filled once at load */
-  const int64_t D = L->cfg.hidden;
   moe8_status st = check_weights(L);
-  for (int s = 0; s < L->nsets && st == MOE8_OK; s++) {
-    moe8__xset *X = &L->xs[s];
-    const int64_t E = X->E, F = X->F;
-    const float *wg = L->w[X->wg], *wu = L->w[X->wu];
-    /* [Wg | Wu] -> [E, D, 2F]; per-column scales make this equal to
-    ** quantizing the two separately. */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t e = 0; e < E; e++)
-      for (int64_t d = 0; d < D; d++) {
-        float *dst = X->wgu_f32 + (e * D + d) * 2 * F;
-        memcpy(dst, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
-        memcpy(dst + F, wu + (e * D + d) * F, sizeof(float) * (size_t)F);
-      }
-    if (!L->wq) continue;
-    st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, 2 * F, X->wgu_q, X->wgu_s, NULL);
-    if (st == MOE8_OK) st = moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL);
-  }
+  for (int s = 0; s < L->nsets && st == MOE8_OK; s++) st = quantize_set(L, &L->xs[s]);
   return st;
 }
 
@@ -496,11 +507,7 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
     return st == MOE8_OK ? put_codes(L, X, true, e, dq, ds) : st;
   }
   if (!L->inference) { /* f32 values into the masters */
-    float *wg = L->w[X->wg] + e * D * F, *wu = L->w[X->wu] + e * D * F;
-    for (int64_t d = 0; d < D; d++) {
-      memcpy(wg + d * F, gu + d * 2 * F, sizeof(float) * (size_t)F);
-      memcpy(wu + d * F, gu + d * 2 * F + F, sizeof(float) * (size_t)F);
-    }
+    gate_up_split(L->w[X->wg] + e * D * F, L->w[X->wu] + e * D * F, gu, D, F);
     memcpy(L->w[X->wd] + e * F * D, dn, sizeof(float) * (size_t)(F * D));
     return MOE8_OK;
   }
@@ -567,23 +574,13 @@ static moe8_status finish_training(moe8_layer *L) {
   for (int s = 0; s < L->nsets && st == MOE8_OK; s++) {
     moe8__xset *X = &L->xs[s];
     const int64_t E = X->E, F = X->F;
-    float *wg = L->w[X->wg], *wu = L->w[X->wu];
     if (!X->coded) {
-      for (int64_t i = 0; i < E * D; i++) {
-        memcpy(X->wgu_f32 + i * 2 * F, wg + i * F, sizeof(float) * (size_t)F);
-        memcpy(X->wgu_f32 + i * 2 * F + F, wu + i * F, sizeof(float) * (size_t)F);
-      }
-      st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, 2 * F, X->wgu_q, X->wgu_s, NULL);
-      if (st == MOE8_OK) st = moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL);
+      st = quantize_set(L, X);
       continue;
     }
     st = moe8_dequantize(&L->wspec, X->wgu_q, X->wgu_s, E, D, 2 * F, X->wgu_f32);
     if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, X->wd_q, X->wd_s, E, F, D, X->wd_f32);
-    if (st != MOE8_OK) break;
-    for (int64_t i = 0; i < E * D; i++) {
-      memcpy(wg + i * F, X->wgu_f32 + i * 2 * F, sizeof(float) * (size_t)F);
-      memcpy(wu + i * F, X->wgu_f32 + i * 2 * F + F, sizeof(float) * (size_t)F);
-    }
+    if (st == MOE8_OK) gate_up_split(L->w[X->wg], L->w[X->wu], X->wgu_f32, E * D, F);
   }
   if (st == MOE8_OK) st = pack_weights(L);
   if (st != MOE8_OK) return st;
