@@ -241,14 +241,19 @@ MOE8_API bool moe8_rule_weight_spec(const moe8_rule *rule, moe8_quant_spec *spec
 MOE8_API bool moe8_rule_act_spec(const moe8_rule *rule, moe8_quant_spec *spec);
 
 /* ------------------------------------------------------------------------
-** 5. ISA selection
+** 5. ISA selection and the summation order
 **
 ** The kernel table is chosen once, at the first call that needs it: the best
-** ISA that the build enabled, CPUID reports and XGETBV says the OS saves.
-** MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni in the environment forces one
-** (an unavailable one is refused with a message on stderr and the best one is
-** used); MOE8_DEBUG=1 prints the choice on stderr; MOE8_NO_BF16=1 hides
-** AVX512_BF16 (the VNNI-only table, as on Cascade Lake).
+** family whose features the build enabled, CPUID reports and XGETBV says the
+** OS saves (AMX also needs the kernel's tile permission, asked once).
+** MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni|amx_emu|amx in the environment
+** forces one (an unavailable one is refused with a message on stderr and the
+** best one is used); MOE8_DEBUG=1 prints the choice, and why AMX is not used
+** where it is not; MOE8_NO_BF16=1 hides AVX512_BF16 (the VNNI-only table, as
+** on Cascade Lake); MOE8_CPU_FEATURES=avx512f,avx512bw,... keeps only the
+** named features (emulates an older CPU).  amx_emu runs the AMX kernels over
+** a C model of the tile instructions: for tests on CPUs without AMX, slow,
+** never chosen by itself.
 */
 typedef enum moe8_isa {
   MOE8_ISA_REF = 0,      /* portable scalar C                               */
@@ -257,6 +262,8 @@ typedef enum moe8_isa {
   MOE8_ISA_AVX512_VNNI,  /* + vpdpbusd, and vdpbf16ps when the CPU has
                          ** AVX512_BF16 (without it, as on Cascade Lake and
                          ** Ice Lake, FP8/bf16 run on the f32 path)        */
+  MOE8_ISA_AMX_EMU,      /* the AMX kernels over the tile model (tests)     */
+  MOE8_ISA_AMX,          /* + AMX-TILE/BF16/INT8 (Sapphire Rapids and later) */
   MOE8_ISA_COUNT
 } moe8_isa;
 
@@ -266,6 +273,26 @@ MOE8_API moe8_isa    moe8_isa_active(void);
 /* Forces the ISA for the whole process (tests, benchmarks).  Not to be
 ** called while other threads run moe8 calls. */
 MOE8_API moe8_status moe8_isa_set(moe8_isa isa);
+
+/* The order of the float sums of a grouped matmul with a bf16 or FP8 lhs
+** (docs/determinism.md).  CANONICAL is the order of AMX's tdpbf16ps
+** (pieces of 32 along K, an even and an odd sum each): the same bytes on
+** every kernel table and every x86 CPU.  NATIVE is each table's fastest
+** order (vdpbf16ps on AVX512_BF16): the same bytes on one table only.  A
+** table with tiles always sums in the canonical order.  DEFAULT is the
+** process setting: MOE8_ORDER=canonical|native in the environment, else
+** canonical where the active table has tiles and native elsewhere. */
+typedef enum moe8_order {
+  MOE8_ORDER_DEFAULT = 0,
+  MOE8_ORDER_CANONICAL,
+  MOE8_ORDER_NATIVE
+} moe8_order;
+
+MOE8_API const char *moe8_order_name(moe8_order order);
+/* The order a call with `order` gets on the active table (never DEFAULT). */
+MOE8_API moe8_order  moe8_order_effective(moe8_order order);
+/* Sets the process setting (DEFAULT: back to the environment's or the CPU's). */
+MOE8_API moe8_status moe8_order_set(moe8_order order);
 
 
 /* ------------------------------------------------------------------------
@@ -387,6 +414,8 @@ typedef struct moe8_gmm_args {
   ** where few rows meet each weight (decode).  Needs every scale block
   ** along K to be a multiple of 2 (FP8) or 4 (i8), or a single block. */
   const void    *rhs_packed;
+  /* The summation order (section 5); 0 = MOE8_ORDER_DEFAULT. */
+  moe8_order     order;
 } moe8_gmm_args;
 
 MOE8_API moe8_status moe8_gmm(const moe8_gmm_args *args);

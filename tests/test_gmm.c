@@ -89,7 +89,15 @@ static void prob_init(prob *p, const cfg *c, int64_t K, int64_t N, const int32_t
 
 static void prob_free(prob *p) { free(p->lhs); free(p->rhs); free(p->ls); free(p->rs); }
 
+/* The order the sweep runs in (docs/determinism.md). */
+static moe8_order g_order = MOE8_ORDER_NATIVE;
+
+static bool canon_cfg(const cfg *c) {
+  return c->lt == MOE8_DTYPE_BF16 || c->lt == MOE8_DTYPE_F8E4M3 || c->lt == MOE8_DTYPE_F8E5M2;
+}
+
 static float *run(prob *p, moe8_isa isa) {
+  p->a.order = g_order;
   const size_t osz = moe8__dtype_size(p->a.out_dtype), n = (size_t)(p->M * p->N);
   void *out = tu_alloc(n * osz);
   memset(out, 0xFF, n * osz); /* NaN in f32 and bf16 */
@@ -204,10 +212,12 @@ static void compare(const prob *p, const cfg *c, const float *want, const float 
   }
 }
 
-static void test_gmm_sweep(void **state) {
-  (void)state;
+/* The sweep in one order; canonical: every table's bytes equal the
+** reference's for the bf16 and FP8 pairs (the AMX tables always sum in
+** it, so they are compared with the canonical reference in both runs). */
+static void sweep(moe8_order order) {
   static const int64_t dims[] = {1, 15, 16, 17, 127, 128, 129, 1000};
-  static const int32_t rows[] = {0, 1, 2, 7, 8, 9, 193, 255};
+  static const int32_t rows[] = {0, 1, 15, 16, 17, 31, 32, 33, 7, 9, 193, 255};
   moe8_isa isas[MOE8_ISA_COUNT];
   const int nisa = tu_isas(isas);
   int iter = 0;
@@ -217,9 +227,9 @@ static void test_gmm_sweep(void **state) {
       for (int ni = 0; ni < 8; ni++, iter++) {
         const int64_t K = dims[ki], N = dims[ni];
         /* Large K·N gets fewer rows to keep the reference quick. */
-        int32_t r = rows[(iter * 3 + ki) % 8];
-        if (K * N > 20000 && r > 9) r = 9;
-        int32_t gs[4] = {r, 0, 1, (int32_t)(K * N <= 20000 ? rows[(iter + ni) % 8] : 2)};
+        int32_t r = rows[(iter * 3 + ki) % 12];
+        if (K * N > 20000 && r > 33) r = 17;
+        int32_t gs[4] = {r, 0, 1, (int32_t)(K * N <= 20000 ? rows[(iter + ni) % 12] : 2)};
         int64_t off = 0, G = 4;
         switch (iter % 4) {
           case 1: off = 0; G = 1; break;       /* first group only */
@@ -230,18 +240,48 @@ static void test_gmm_sweep(void **state) {
         tu_rng_reset((uint64_t)iter);
         prob p;
         prob_init(&p, c, K, N, gs, 4, off, G, iter % 3 == 0 ? 3 : 0);
-        float *want = run(&p, MOE8_ISA_REF);
+        g_order = order;
+        float *want = run(&p, MOE8_ISA_REF), *wcanon = NULL;
         if (iter % 5 == 0 || K * N <= 2048) compare(&p, c, NULL, want, "ref vs math", false, true);
+        if (canon_cfg(c)) {
+          g_order = MOE8_ORDER_CANONICAL;
+          wcanon = run(&p, MOE8_ISA_REF);
+          if (order == MOE8_ORDER_NATIVE && (iter % 5 == 0 || K * N <= 2048)) compare(&p, c, NULL, wcanon, "canonical ref vs math", false, true);
+          g_order = order;
+        }
         for (int t = 1; t < nisa; t++) {
           float *got = run(&p, isas[t]);
-          compare(&p, c, want, got, moe8_isa_name(isas[t]), true, false);
+          const bool tiles = moe8__kernels_for(isas[t])->has_tiles;
+          if (wcanon && (order == MOE8_ORDER_CANONICAL || tiles)) {
+            const size_t nb = (size_t)(p.M * p.N) * 4;
+            if (memcmp(wcanon, got, nb) != 0) {
+              for (size_t e = 0; e < nb / 4; e++)
+                if (memcmp(wcanon + e, got + e, 4) != 0)
+                  TU_FAIL("%s on %s, canonical order: element %zu = %a, the reference's %a (K=%lld N=%lld M=%lld)", c->name,
+                          moe8_isa_name(isas[t]), e, (double)got[e], (double)wcanon[e], (long long)K, (long long)N, (long long)p.M);
+            }
+          } else {
+            compare(&p, c, want, got, moe8_isa_name(isas[t]), true, false);
+          }
           free(got);
         }
         free(want);
+        free(wcanon);
         prob_free(&p);
       }
   }
-  moe8_isa_set(isas[nisa - 1]);
+  g_order = MOE8_ORDER_NATIVE;
+  moe8_isa_set(tu_isa_best());
+}
+
+static void test_gmm_sweep(void **state) {
+  (void)state;
+  sweep(MOE8_ORDER_NATIVE);
+}
+
+static void test_gmm_sweep_canonical(void **state) {
+  (void)state;
+  sweep(MOE8_ORDER_CANONICAL);
 }
 
 /* docs/determinism.md: 1 vs 2 threads, and a row alone / in full batch / among others. */
@@ -318,7 +358,7 @@ static void test_gmm_determinism(void **state) {
     }
   }
   omp_set_num_threads(omp_get_num_procs());
-  moe8_isa_set(isas[nisa - 1]);
+  moe8_isa_set(tu_isa_best());
 }
 
 static void test_gmm_bad_input(void **state) {
@@ -427,7 +467,7 @@ static void test_tgmm(void **state) {
     assert_int_equal(moe8_tgmm(&l, &dd, M, K, N, 4, gs, 0, 4, o2), MOE8_OK);
     assert_memory_equal(o1, o2, (size_t)(4 * K * N) * 4);
   }
-  moe8_isa_set(isas[nisa - 1]);
+  moe8_isa_set(tu_isa_best());
   free(o1); free(o2);
   moe8_operand bad = {MOE8_DTYPE_I8, x, NULL, 0, 0}, d = {MOE8_DTYPE_F32, dy, NULL, 0, 0};
   assert_int_equal(moe8_tgmm(&bad, &d, M, K, N, 4, gs, 0, 4, out), MOE8_ERR_DTYPE);
@@ -441,6 +481,7 @@ int main(void) {
     cmocka_unit_test(test_tgmm),
     cmocka_unit_test(test_gmm_determinism),
     cmocka_unit_test(test_gmm_sweep),
+    cmocka_unit_test(test_gmm_sweep_canonical),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

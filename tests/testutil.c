@@ -65,7 +65,14 @@ void tu_fill_nan(float *p, size_t n) {
   for (size_t i = 0; i < n; i++) p[i] = NAN;
 }
 
+moe8_isa tu_isa_best(void) {
+  static int best = -1;
+  if (best < 0) best = (int)moe8_isa_active();
+  return (moe8_isa)best;
+}
+
 int tu_isas(moe8_isa out[MOE8_ISA_COUNT]) {
+  tu_isa_best(); /* remember the table the process chose, before any test sets one */
   int n = 0;
   for (int i = 0; i < MOE8_ISA_COUNT; i++)
     if (moe8_isa_supported((moe8_isa)i)) out[n++] = (moe8_isa)i;

@@ -32,6 +32,8 @@ void  tu_fill_nan(float *p, size_t n);
 /* ---- ISA sweep -------------------------------------------------------- */
 /* The ISAs this host supports, in increasing order; returns the count. */
 int tu_isas(moe8_isa out[MOE8_ISA_COUNT]);
+/* The table the process chose by itself (restored after a test that sets others). */
+moe8_isa tu_isa_best(void);
 
 /* True when the long exhaustive loops should run (default); the sanitizer
 ** pass sets MOE8_TEST_EXHAUSTIVE=0 and the tests then take a strided sample. */

@@ -34,6 +34,8 @@ typedef struct moe8__ktable {
   ** CPU with VNNI but no AVX512_BF16 (Cascade Lake, Ice Lake) runs i8 on
   ** vpdpbusd and FP8/bf16 on the f32 path. */
   bool        has_bf16, has_vnni;
+  /* AMX tiles (or their model): bf16/FP8 lhs always in the canonical order. */
+  bool        has_tiles;
   /* dst[i] = f32 -> FP8 of src[i]; type is F8E4M3 or F8E5M2. */
   void (*cvt_f32_f8)(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
   void (*cvt_f8_f32)(float *dst, const uint8_t *src, size_t n, moe8_dtype type);
@@ -66,12 +68,17 @@ const moe8__ktable *moe8__kernels(void);
 const moe8__ktable *moe8__kernels_for(moe8_isa isa); /* NULL if unsupported */
 /* AVX512_VBMI (byte permutes), for an optional faster FP8 decode. */
 bool moe8__cpu_has_vbmi(void);
+/* Why the amx table is not supported (NULL when it is). */
+const char *moe8__amx_unavailable(void);
 
 void moe8__kernels_init_ref(moe8__ktable *k);
 #ifdef MOE8_HAVE_AVX512
 void moe8__kernels_init_avx512(moe8__ktable *k);
 void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa, bool has_bf16);
 void moe8__act_init_avx512(moe8__ktable *k);
+/* The AMX kernels over the tile model and over the real instructions. */
+void moe8__gmm_init_amx_emu(moe8__ktable *k);
+void moe8__gmm_init_amx_hw(moe8__ktable *k);
 #endif
 
 /* ---- numeric helpers shared by the kernels ---------------------------- */

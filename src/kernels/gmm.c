@@ -114,8 +114,9 @@ int moe8__max_threads(void) {
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 size_t moe8__gmm_ws_size(int64_t M, int64_t K) {
-  /* A packed lhs row is at most one 32-bit word per element of K. */
-  return al64((size_t)(M > 0 ? M : 0) * (size_t)(K > 0 ? K : 0) * 4) + (size_t)moe8__max_threads() * MOE8__GMM_SCRATCH;
+  /* A packed lhs row is at most one 32-bit word per element of K, plus
+  ** the padding of the last scale block to a piece (gmm.h). */
+  return al64((size_t)(M > 0 ? M : 0) * (size_t)(K > 0 ? K + 16 : 0) * 4) + (size_t)moe8__max_threads() * MOE8__GMM_SCRATCH;
 }
 
 moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
@@ -174,6 +175,13 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   memset((char *)a->out + (size_t)(hi * N) * osz, 0, (size_t)((M - hi) * N) * osz);
 
   const moe8__ktable *kt = moe8__kernels();
+  if (a->order != MOE8_ORDER_DEFAULT && a->order != MOE8_ORDER_CANONICAL && a->order != MOE8_ORDER_NATIVE)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: order %d is not an order (default, canonical, native)", (int)a->order);
+  /* The canonical order (gmm.h) for a bf16 or FP8 lhs when asked for, and
+  ** always on a table with tiles. */
+  const moe8_dtype l0 = a->lhs.dtype;
+  const bool canon = (l0 == MOE8_DTYPE_BF16 || l0 == MOE8_DTYPE_F8E4M3 || l0 == MOE8_DTYPE_F8E5M2) &&
+                     moe8_order_effective(a->order) == MOE8_ORDER_CANONICAL;
   /* Tasks: (group, row tile, column tile). */
   int64_t ntasks = 0;
   for (int64_t g = off; g < off + G; g++) ntasks += moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
@@ -181,6 +189,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   const moe8__gmm_block proto = {
     .K = K, .N = N, .kb = kb, .nbk = nbk, .lt = a->lhs.dtype, .rt = a->rhs.dtype, .ot = a->out_dtype,
     .lhs = a->lhs.data, .rhs = a->rhs.data, .rhs_t = a->rhs_transposed, .ls = a->lhs.scale, .lk = lk,
+    .canon = canon,
   };
   const size_t row_bytes = K > 0 && kt->gmm_pack_size ? kt->gmm_pack_size(&proto) : 0;
   const size_t pack_bytes = al64(row_bytes * (size_t)M);
@@ -242,7 +251,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
         .rs = rk == MOE8__SC_TENSOR ? a->rhs.scale
               : rk == MOE8__SC_ROW ? a->rhs.scale + (g - off) * N
               : rk == MOE8__SC_TILE ? a->rhs.scale + (g - off) * nbk * N : NULL,
-        .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = packed,
+        .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = packed, .canon = canon,
       };
       b.m1 = b.m0 + MT < row0 + a->group_sizes[g] ? b.m0 + MT : row0 + a->group_sizes[g];
       b.n1 = b.n0 + NT < N ? b.n0 + NT : N;

@@ -50,7 +50,34 @@ typedef struct moe8__gmm_block {
   void         *scratch;    /* MOE8__GMM_SCRATCH bytes, 64-byte aligned     */
   const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
   const uint8_t *rhs_pk;    /* this group's packed FP8 or i8 rhs (rhs is then NULL) */
+  bool          canon;      /* the canonical order (below): lhs bf16 or FP8   */
 } moe8__gmm_block;
+
+/* The canonical order (docs/determinism.md), for a bf16 or FP8 lhs (rhs
+** bf16, FP8 or i8): within a scale block, K is taken in pieces of 32 from
+** the block's start (16 pairs k0 + 2j, k0 + 2j + 1); a piece is an even and
+** an odd f32 sum, each from zero, of exact products, then even + odd; the
+** block sum adds the pieces in K order; subnormal inputs, products and
+** sums are flushed to zero.  That is tdpbf16ps's arithmetic
+** (kernels/amx_model.h), so the reference, the AVX-512 and the AMX kernels
+** give the same bytes.  The tables' packed lhs for it: bf16 pairs, each
+** scale block padded with zero pairs to whole pieces. */
+static inline int64_t moe8__canon_block_words(const moe8__gmm_block *b) { return moe8__cdiv(moe8__cdiv(b->kb, 2), 16) * 16; }
+static inline int64_t moe8__canon_row_words(const moe8__gmm_block *b) {
+  const int64_t full = b->K / b->kb, last = b->K - full * b->kb;
+  return full * moe8__canon_block_words(b) + moe8__cdiv(moe8__cdiv(last, 2), 16) * 16;
+}
+
+/* The tables pack the lhs for the canonical order (and the AMX tables
+** their i8 rows) when the scale blocks are at least 16 long or there is
+** one: a row is then at most K + 16 words (moe8__gmm_ws_size).  Shorter
+** blocks run on the reference kernel. */
+static inline bool moe8__canon_packs(const moe8__gmm_block *b) { return b->nbk <= 1 || b->kb >= 16; }
+
+/* Rows per task from which a table with tiles uses them for the canonical
+** order (fewer rows: its AVX-512 kernel, same bytes).  MOE8_AMX_MIN_ROWS
+** overrides; read once. */
+int64_t moe8__amx_min_rows(void);
 
 /* The packed FP8 rhs (moe8_gmm_pack_rhs), per group: the columns in tiles
 ** of NT, each tile's columns in strips of 32 (the last tile and strip
@@ -140,6 +167,16 @@ static inline float moe8__gmm_rs(const moe8__gmm_block *b, int64_t blk, int64_t 
 }
 
 void moe8__gmm_block_ref(const moe8__gmm_block *b);
+
+/* The AVX-512 pieces the tile kernels share (kernels/x86/gmm_avx512.c):
+** the canonical-order kernel and its lhs packing; B panels of bf16 pairs
+** [kc/2][NT] or i8 quads [kc/4][NT] (column sums added to colsum), ntp a
+** multiple of 32 columns; the rhs scales of a block for the task. */
+void   moe8__gmm_canon_avx512(const moe8__gmm_block *b);
+void   moe8__gmm_canon_pack(const moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst);
+void   moe8__gmm_panel_pairs(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp);
+void   moe8__gmm_panel_quads(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum);
+void   moe8__gmm_rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv);
 
 /* moe8_gmm with caller scratch: ws holds ws_bytes (64-byte aligned): first
 ** the packed lhs (see moe8__gmm_ws_size), then MOE8__GMM_SCRATCH per thread;
