@@ -518,6 +518,13 @@ MOE8_API void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool
 ** instead (the caller asked for them). */
 MOE8_API void moe8_layer_set_allow_nonfinite(moe8_layer *layer, bool allow);
 
+/* The summation order of the layer's expert matmuls (section 5; default:
+** the process setting).  Under expert parallelism every rank's layer must
+** sum in the same order (canonical, or native on the same table): a
+** mismatch is an error at moe8_ep_create naming both. */
+MOE8_API moe8_status moe8_layer_set_order(moe8_layer *layer, moe8_order order);
+MOE8_API moe8_order  moe8_layer_order(const moe8_layer *layer); /* the effective one */
+
 /* The rule the layer uses (NULL: none) and a one-line description of what
 ** is quantized, e.g. "weights f8e4m3 [E,16,1,N], activations f8e4m3 1x128". */
 MOE8_API const moe8_rule *moe8_layer_rule(const moe8_layer *layer);

@@ -83,7 +83,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 25
+#define NFP 26
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -92,7 +92,21 @@ static const char *const k_fp_names[NFP] = {
   "num_experts", "top_k", "hidden", "ffn", "score function", "norm_topk_prob", "routed_scaling_factor",
   "selection bias", "capacity_factor", "aux_loss_weight", "weight quantization", "weight qtype", "weight tile",
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
-  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "expert-parallel mode", "weights (checksum)"};
+  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "expert-parallel mode", "summation order", "weights (checksum)"};
+
+/* The summation order as the fingerprint holds it: 1 canonical (the same
+** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
+static int64_t order_code(const moe8_layer *L) {
+  if (moe8_order_effective(L->order) == MOE8_ORDER_CANONICAL) return 1;
+  const moe8__ktable *kt = moe8__kernels();
+  return 2 + 2 * (int64_t)kt->isa + kt->has_bf16;
+}
+
+static void order_text(int64_t code, char *buf, size_t n) {
+  if (code == 1) snprintf(buf, n, "the canonical order");
+  else snprintf(buf, n, "the native order of the %s table%s", moe8_isa_name((moe8_isa)((code - 2) / 2)),
+                (code - 2) % 2 ? "" : " without vdpbf16ps");
+}
 
 static uint64_t checksum(const float *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; i++) h = (h ^ moe8__f32_bits(p[i])) * 0x100000001B3ULL;
@@ -106,7 +120,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->routed_scaling_factor), c->use_selection_bias, moe8__f32_bits(c->capacity_factor),
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
-                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, ep->mode, 0}};
+                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, ep->mode, order_code(L), 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);
@@ -157,6 +171,14 @@ moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_
   for (int i = 1; i < ep->P && st == MOE8_OK; i++)
     for (int k = 0; k < NFP; k++)
       if (all[i].v[k] != all[0].v[k]) {
+        if (k == NFP - 2) {
+          char a[96], b[96];
+          order_text(all[i].v[k], a, sizeof a);
+          order_text(all[0].v[k], b, sizeof b);
+          st = moe8__fail(MOE8_ERR_INVALID_ARG, "ep: ranks disagree on the summation order: rank %d sums in %s, rank 0 in %s "
+                          "(set MOE8_ORDER=canonical on every rank, or moe8_layer_set_order)", i, a, b);
+          break;
+        }
         st = k == NFP - 1 ? moe8__fail(MOE8_ERR_INVALID_ARG, "ep: ranks disagree on the layer: rank %d's weights differ from rank 0's", i)
                      : moe8__fail(MOE8_ERR_INVALID_ARG, "ep: ranks disagree on the layer config: rank %d has %s = %lld, rank 0 has %lld",
                                   i, k_fp_names[k], (long long)all[i].v[k], (long long)all[0].v[k]);

@@ -210,6 +210,16 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
 
 void moe8_layer_set_quantize_before_sort(moe8_layer *L, bool before) { if (L) L->before_sort = before; }
 void moe8_layer_set_allow_nonfinite(moe8_layer *L, bool allow) { if (L) L->allow_nonfinite = allow; }
+
+moe8_status moe8_layer_set_order(moe8_layer *L, moe8_order order) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_set_order: NULL layer");
+  if (order != MOE8_ORDER_DEFAULT && order != MOE8_ORDER_CANONICAL && order != MOE8_ORDER_NATIVE)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_set_order: %d is not an order (default, canonical, native)", (int)order);
+  L->order = order;
+  return MOE8_OK;
+}
+
+moe8_order moe8_layer_order(const moe8_layer *L) { return moe8_order_effective(L ? L->order : MOE8_ORDER_DEFAULT); }
 const moe8_rule *moe8_layer_rule(const moe8_layer *L) { return L && L->has_rule ? &L->rule : NULL; }
 const char *moe8_layer_describe(const moe8_layer *L) { return L ? L->describe : ""; }
 const moe8_layer_config *moe8_layer_get_config(const moe8_layer *L) { return L ? &L->cfg : NULL; }

@@ -39,6 +39,7 @@ struct moe8_layer {
   bool              inference;
   bool              from_codes;     /* the load put codes (a quantized file)   */
   bool              allow_nonfinite; /* the caller takes NaN/inf outputs        */
+  moe8_order        order;          /* summation order of the expert gmms       */
   char              describe[256];
   /* f32 masters (the expert weights' only in training layers) */
   float *w[MOE8_W_COUNT];

@@ -63,7 +63,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                     .rhs = weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu,
+                     .rhs = weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu, .order = L->order,
                      .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
   moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
@@ -90,7 +90,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
     return st;
   }
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                      .rhs = weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y,
+                      .rhs = weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y, .order = L->order,
                       .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
   st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);

@@ -112,7 +112,26 @@ typedef struct gmm_case {
   moe8_dtype  t;
   peak_kind   peak;
   bool        packed; /* FP8 weights through moe8_gmm_pack_rhs, as a prepared layer runs them */
+  moe8_order  order;  /* the summation order (docs/determinism.md)                        */
 } gmm_case;
+
+enum { MAXROT = 16 };
+
+/* Copies of the weights a decode run rotates through so that together
+** they are at least twice the last-level cache the OS reports (at least
+** 4): each run then reads its weights from memory. */
+static int rotations(double bytes_per_copy) {
+  long llc = 0;
+  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+  if (f) {
+    char unit = 0;
+    if (fscanf(f, "%ld%c", &llc, &unit) >= 1) llc *= unit == 'K' ? 1024 : unit == 'M' ? 1048576 : 1;
+    fclose(f);
+  }
+  int n = 4;
+  while (n < MAXROT && (double)n * bytes_per_copy < 2.0 * (double)llc) n++;
+  return n;
+}
 
 static uint64_t g_rng = 88172645463325252ULL;
 static uint64_t rnd(void) { g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17; return g_rng; }
@@ -137,8 +156,8 @@ static void fill_rand(float *x, size_t n, float scale) {
 
 /* Operands of one dtype made from f32 data; nrot copies of the weights. */
 typedef struct gmm_ops {
-  void  *lhs, *rhs[4];
-  float *ls, *rs[4];
+  void  *lhs, *rhs[MAXROT];
+  float *ls, *rs[MAXROT];
   moe8_operand l, r;
 } gmm_ops;
 
@@ -175,7 +194,7 @@ static moe8_status make_ops(gmm_ops *o, moe8_dtype t, const float *x, const floa
 
 static void free_ops(gmm_ops *o) {
   free(o->lhs); free(o->ls);
-  for (int r = 0; r < 4; r++) { free(o->rhs[r]); free(o->rs[r]); }
+  for (int r = 0; r < MAXROT; r++) { free(o->rhs[r]); free(o->rs[r]); }
 }
 
 /* bw: one core's read bandwidth; bw2: two threads' (the machine's, here). */
@@ -197,6 +216,8 @@ static peaks measure_peaks(void) {
 }
 
 static FILE *g_json;
+static moe8_isa g_isas[MOE8_ISA_COUNT]; /* --isa: the tables to run, in order */
+static int g_nisa;
 static const char *g_shapes; /* "prefill", "decode" or NULL (both) */
 
 static bool shape_wanted(const char *name) { return !g_shapes || !strcmp(g_shapes, name); }
@@ -214,9 +235,17 @@ static int bench_gmm(const peaks *pk) {
          " weights so each reads them from memory; the peers reuse one copy (at decode it is larger than L3);\n"
          " OPENBLAS_CORETYPE=%s%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
          peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
-  const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false},      {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP, false},
-                            {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, false}, {"f8e4m3 pk", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, true},
-                            {"i8", MOE8_DTYPE_I8, PEAK_I8_DP, false},           {"i8 pk", MOE8_DTYPE_I8, PEAK_I8_DP, true}};
+  /* Native and canonical order side by side for the bf16 and FP8 pairs
+  ** (a table with tiles sums in the canonical order either way). */
+  const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false, 0},
+                            {"bf16", MOE8_DTYPE_BF16, PEAK_BF16_DP, false, MOE8_ORDER_NATIVE},
+                            {"bf16 canon", MOE8_DTYPE_BF16, PEAK_BF16_DP, false, MOE8_ORDER_CANONICAL},
+                            {"f8e4m3", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, false, MOE8_ORDER_NATIVE},
+                            {"f8e4m3 canon", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, false, MOE8_ORDER_CANONICAL},
+                            {"f8e4m3 pk", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, true, MOE8_ORDER_NATIVE},
+                            {"f8 pk canon", MOE8_DTYPE_F8E4M3, PEAK_BF16_DP, true, MOE8_ORDER_CANONICAL},
+                            {"i8", MOE8_DTYPE_I8, PEAK_I8_DP, false, 0},
+                            {"i8 pk", MOE8_DTYPE_I8, PEAK_I8_DP, true, 0}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     if (!shape_wanted(shapes[si].name)) continue;
     const int64_t T = shapes[si].T, E = shapes[si].E, k = shapes[si].k, D = shapes[si].D, F = shapes[si].F, M = T * k;
@@ -238,7 +267,7 @@ static int bench_gmm(const peaks *pk) {
            dec ? "% bw" : "", dec ? "vs bf16" : "");
     for (int th = 1; th <= nth; th++) {
       set_threads(th);
-      double blas = 0, bf16_ms = 0;
+      double blas = 0, bf16_ms = 0, native_ms = 0;
 #ifdef MOE8_HAVE_OPENBLAS
       {
         openblas_set_num_threads(th);
@@ -279,12 +308,12 @@ static int bench_gmm(const peaks *pk) {
         /* Four copies of the weights, used in turn, so each run reads them
         ** from memory, not from the last run's L3 (decode reads little
         ** else than weights). */
-        const int nrot = 4;
+        const int nrot = dec ? rotations((double)(touched * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0) : 4;
         moe8_status st = make_ops(&o, cases[ci].t, x, w, M, D, E, F, nrot);
         if (st != MOE8_OK) return cli_report(st, "bench gmm");
         moe8_gmm_args a = {.M = M, .K = D, .N = F, .num_groups = E, .group_sizes = gs, .num_local = E,
-                           .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out};
-        void *pkd[4] = {NULL, NULL, NULL, NULL};
+                           .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out, .order = cases[ci].order};
+        void *pkd[MAXROT] = {NULL};
         for (int r = 0; r < nrot && cases[ci].packed; r++) {
           if (!(pkd[r] = malloc(moe8_gmm_packed_size(cases[ci].t, E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
           if ((st = moe8_gmm_pack_rhs(cases[ci].t, o.rhs[r], E, D, F, pkd[r])) != MOE8_OK) return cli_report(st, "bench gmm");
@@ -303,8 +332,10 @@ static int bench_gmm(const peaks *pk) {
         const double gf = flop / t[0] / 1e9, pct = pk->have ? 100.0 * gf / ((cases[ci].peak == PEAK_F32_FMA ? pk->f32
                                                                              : cases[ci].peak == PEAK_BF16_DP ? pk->bf16 : pk->i8) * th) : 0.0;
         char c1[32] = "", c2[32] = "", c3[32] = "", name[32];
-        if (cases[ci].t == MOE8_DTYPE_BF16) bf16_ms = t[0];
-        else if (dec && bf16_ms > 0 && (cases[ci].t == MOE8_DTYPE_F8E4M3 || cases[ci].t == MOE8_DTYPE_I8)) snprintf(c3, sizeof c3, "%.2fx", bf16_ms / t[0]);
+        if (cases[ci].order == MOE8_ORDER_NATIVE) native_ms = t[0];
+        if (cases[ci].order == MOE8_ORDER_CANONICAL && native_ms > 0) snprintf(c3, sizeof c3, "c %.2fx", t[0] / native_ms);
+        if (cases[ci].t == MOE8_DTYPE_BF16 && cases[ci].order == MOE8_ORDER_NATIVE) bf16_ms = t[0];
+        else if (dec && bf16_ms > 0 && cases[ci].order != MOE8_ORDER_CANONICAL && (cases[ci].t == MOE8_DTYPE_F8E4M3 || cases[ci].t == MOE8_DTYPE_I8)) snprintf(c3, sizeof c3, "%.2fx", bf16_ms / t[0]);
         const double wbytes = (double)(touched * D * F) * (double)moe8_dtype_info(cases[ci].t)->bits / 8.0;
         if (dec) { snprintf(c1, sizeof c1, "%.1f", wbytes / t[0] / 1e9); snprintf(c2, sizeof c2, "%.0f%%", 100.0 * wbytes / t[0] / 1e9 / (th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2)); }
         else if (blas > 0) snprintf(c1, sizeof c1, "%.2fx", blas / t[0]);
@@ -312,10 +343,12 @@ static int bench_gmm(const peaks *pk) {
         printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s %7s %8s\n", name, th, t[0] * 1e3, t[runs / 2] * 1e3, gf, pct, c1, c2, c3);
         if (g_json)
           fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"moe8_%s\",\"threads\":%d,\"min_ms\":%.4f,"
-                          "\"median_ms\":%.4f,\"gflops\":%.2f,\"pct_peak\":%.1f,\"weight_gbs\":%.2f}\n",
-                  shapes[si].name, (long long)T, (long long)E, cases[ci].packed ? (cases[ci].t == MOE8_DTYPE_I8 ? "i8_packed" : "f8e4m3_packed") : cases[ci].name, th, t[0] * 1e3,
-                  t[runs / 2] * 1e3, gf, pct, wbytes / t[0] / 1e9);
-        for (int r = 0; r < 4; r++) free(pkd[r]);
+                          "\"median_ms\":%.4f,\"gflops\":%.2f,\"pct_peak\":%.1f,\"weight_gbs\":%.2f,\"order\":\"%s\",\"kernels\":\"%s\"}\n",
+                  shapes[si].name, (long long)T, (long long)E, cases[ci].order == MOE8_ORDER_CANONICAL ? (cases[ci].packed ? "f8e4m3_packed_canon" : cases[ci].t == MOE8_DTYPE_BF16 ? "bf16_canon" : "f8e4m3_canon")
+                  : cases[ci].packed ? (cases[ci].t == MOE8_DTYPE_I8 ? "i8_packed" : "f8e4m3_packed") : cases[ci].name, th, t[0] * 1e3,
+                  t[runs / 2] * 1e3, gf, pct, wbytes / t[0] / 1e9, moe8_order_name(moe8_order_effective(cases[ci].order)),
+                  moe8_isa_name(moe8_isa_active()));
+        for (int r = 0; r < MAXROT; r++) free(pkd[r]);
         free_ops(&o);
       }
     }
@@ -566,7 +599,7 @@ int cmd_bench(int argc, char **argv) {
   static const char *const names[5] = {"quant", "gmm", "layer", "ep", "peaks"};
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
-      printf("usage: moe8 bench [--json FILE] [--shapes prefill|decode] [quant] [gmm] [layer] [ep]\n"
+      printf("usage: moe8 bench [--json FILE] [--shapes prefill|decode] [--isa T1,T2,...] [quant] [gmm] [layer] [ep]\n"
              "       (no section: all of them)\n\n"
              "  measures the machine's peaks first (f32 FMA, vdpbf16ps, vpdpbusd, memory read bandwidth), then:\n"
              "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB vs memory bandwidth\n"
@@ -578,10 +611,28 @@ int cmd_bench(int argc, char **argv) {
              "          P = 2, 4, 8, shared memory and TCP; the bytes formula up to P = 256\n"
              "  --json FILE  one JSON object per measurement, written to FILE\n"
              "  --shapes S   only the prefill or only the decode shapes of gmm and layer\n"
+             "  --isa LIST   gmm and layer once per kernel table (ref, avx512, avx512_bf16, avx512_vnni, amx), side by side;\n"
+             "               bf16 and FP8 rows are shown in both summation orders (\"c 1.9x\": canonical / native time)\n"
              "peers that are not installed are skipped with a notice.\nexit codes: 0 ok, 1 failure, 2 usage\n");
       return EXIT_OK;
     }
     if (!strcmp(argv[i], "--json") && i + 1 < argc) { json = argv[++i]; continue; }
+    if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+      /* The gmm and layer sections once per named kernel table, side by side. */
+      char buf[256];
+      snprintf(buf, sizeof buf, "%s", argv[++i]);
+      for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int f = -1;
+        for (int q = 0; q < MOE8_ISA_COUNT; q++)
+          if (!strcmp(tok, moe8_isa_name((moe8_isa)q))) f = q;
+        if (f < 0 || !moe8_isa_supported((moe8_isa)f)) {
+          fprintf(stderr, "moe8 bench: --isa %s is not a kernel table this build and CPU support\n", tok);
+          return EXIT_USAGE;
+        }
+        if (g_nisa < MOE8_ISA_COUNT) g_isas[g_nisa++] = (moe8_isa)f;
+      }
+      continue;
+    }
     if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
       g_shapes = argv[++i];
       if (strcmp(g_shapes, "prefill") && strcmp(g_shapes, "decode")) {
@@ -605,8 +656,12 @@ int cmd_bench(int argc, char **argv) {
                         pk.f32, pk.bf16, pk.i8, pk.bw, pk.bw2);
   }
   if (rc == EXIT_OK && want[0]) rc = bench_quant(pk.bw, pk.bw2);
-  if (rc == EXIT_OK && want[1]) rc = bench_gmm(&pk);
-  if (rc == EXIT_OK && want[2]) rc = bench_layer(g_json);
+  if (!g_nisa) g_isas[g_nisa++] = moe8_isa_active();
+  for (int q = 0; q < g_nisa && rc == EXIT_OK; q++) {
+    moe8_isa_set(g_isas[q]);
+    if (rc == EXIT_OK && want[1]) rc = bench_gmm(&pk);
+    if (rc == EXIT_OK && want[2]) rc = bench_layer(g_json);
+  }
   if (rc == EXIT_OK && want[3]) rc = bench_ep();
   if (g_json) { fclose(g_json); g_json = NULL; }
   return rc;
