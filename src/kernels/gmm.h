@@ -13,9 +13,9 @@
 **
 ** acc starts at 0.  The scale product is an f32 product and the update is a
 ** multiply then an add, never fused, so integer paths agree bit for bit
-** across ISAs.  Within a block the order of the float sum is the kernel's
-** own but depends only on k, never on m0, m1, n0, n1: a row's result is the
-** same in any task.  Kernels may use a per-thread scratch of
+** across ISAs.  Within a block the order of the float sum is the canonical
+** one (below) when b->canon, else the kernel's own; it depends only on k,
+** never on m0, m1, n0, n1: a row's result is the same in any task.  Kernels may use a per-thread scratch of
 ** MOE8__GMM_SCRATCH bytes; they never read lhs/rhs outside the given rows,
 ** columns and K, and never write outside out[m0:m1, n0:n1].
 **

@@ -34,7 +34,8 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof g_cmds / sizeof g_cmds[0]; i++)
     fprintf(f, "  %-9s %s\n", g_cmds[i].name, g_cmds[i].summary);
   fprintf(f,
-          "\nenvironment: MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni forces a kernel table,\n"
+          "\nenvironment: MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni|amx|amx_emu forces a kernel table,\n"
+          "             MOE8_ORDER=canonical|native the summation order (docs/determinism.md),\n"
           "             MOE8_DEBUG=1 prints the choice, OMP_NUM_THREADS sets threads.\n"
           "exit codes:  0 success, 1 failure, 2 usage error.\n");
 }
