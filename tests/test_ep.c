@@ -11,6 +11,7 @@
 ** that disagree on the config, E not divisible by P, NaN on one rank.
 */
 #include "testutil.h"
+#include "core/internal.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -339,6 +340,24 @@ static void test_ep_failures(void **state) {
     const moe8_ep_options o = {sizeof o, g_rank == 1 ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
     assert_int_equal(moe8_ep_create_ex(L, g_comm, &o, &ep), MOE8_ERR_INVALID_ARG);
     assert_non_null(strstr(moe8_last_error(), "rank 1 has expert-parallel mode = 1, rank 0 has 0"));
+    moe8_layer_destroy(L);
+  }
+  /* Ranks that sum in different orders (docs/determinism.md): P-invariance
+  ** holds only when they agree, so create refuses, naming both. */
+  if (g_size > 1 && !moe8__kernels()->has_tiles) {
+    const moe8_layer_config c = {8, 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    moe8_layer *L;
+    moe8_ep *ep;
+    assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 1), MOE8_OK);
+    assert_int_equal(moe8_layer_set_order(L, g_rank == 1 ? MOE8_ORDER_CANONICAL : MOE8_ORDER_NATIVE), MOE8_OK);
+    assert_int_equal(ep_create(L, &ep), MOE8_ERR_INVALID_ARG);
+    if (!strstr(moe8_last_error(), "ranks disagree on the summation order: rank 1 sums in the canonical order, rank 0 in the native order of the"))
+      TU_FAIL("rank %d: message \"%s\"", g_rank, moe8_last_error());
+    /* Both canonical: agreed. */
+    assert_int_equal(moe8_layer_set_order(L, MOE8_ORDER_CANONICAL), MOE8_OK);
+    assert_int_equal(ep_create(L, &ep), MOE8_OK);
+    moe8_ep_destroy(ep);
     moe8_layer_destroy(L);
   }
   }
