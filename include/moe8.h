@@ -505,6 +505,16 @@ MOE8_API float      *moe8_layer_weight(moe8_layer *layer, moe8_weight_id id, siz
 /* The same, read-only: the layer stays prepared. */
 MOE8_API const float *moe8_layer_weight_read(const moe8_layer *layer, moe8_weight_id id, size_t *count);
 
+/* Says that the caller changed the masters through a pointer it took
+** earlier (an optimizer writing in place): the next forward re-quantizes
+** them.  moe8_layer_weight calls it; so do the loads and
+** moe8_layer_init_random.  Threads: a layer may be shared by threads that
+** run forwards and backwards at once, each with its own workspace; the
+** weights are quantized once per change, under the layer's write lock, never
+** while a forward reads them.  Changing the masters (this call, or writing
+** them) while another thread runs a forward is the caller's data race. */
+MOE8_API void moe8_layer_weights_changed(moe8_layer *layer);
+
 /* Fills the weights from a seeded generator (N(0, 1/fan_in)). */
 MOE8_API moe8_status moe8_layer_init_random(moe8_layer *layer, uint64_t seed);
 

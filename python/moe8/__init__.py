@@ -17,6 +17,7 @@ import ctypes.util
 import glob
 import json
 import os
+import threading
 
 import numpy as np
 
@@ -110,6 +111,8 @@ _layer_forward = _fn("moe8_layer_forward", C.c_int, _P, _P, _i64, _P, C.POINTER(
 _layer_forward_fused = _fn("moe8_layer_forward_fused", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t)
 _layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t, C.POINTER(_Grads))
 _layer_prepare = _fn("moe8_layer_prepare", C.c_int, _P)
+_layer_weights_changed = _fn("moe8_layer_weights_changed", None, _P)
+_rules_load = _fn("moe8_rules_load", C.c_int, C.c_char_p, C.POINTER(_P))
 _model_open_as = _fn("moe8_model_open_as", C.c_int, C.c_char_p, C.c_char_p, C.POINTER(_P))
 _model_close = _fn("moe8_model_close", None, _P)
 _model_load = _fn("moe8_model_load_layer_ex", C.c_int, _P, _i64, _P, C.POINTER(_LoadOptions), C.POINTER(_P))
@@ -126,12 +129,33 @@ def version():
     return _version_string().decode()
 
 
-def _f32(a, name, ndim=None):
-    """a as a C-contiguous float32 array (no copy when it already is one)."""
-    arr = np.ascontiguousarray(a, dtype=np.float32)
+def _f32(a, name, ndim=None, shape=None):
+    """a as a C-contiguous, aligned float32 array (no copy when it already
+    is one); ndim and shape (None entries: any) are checked."""
+    arr = np.require(a, dtype=np.float32, requirements=["C", "A"])
     if ndim is not None and arr.ndim != ndim:
         raise Error(2, "%s must be %d-D, got %d-D %s" % (name, ndim, arr.ndim, list(arr.shape)))
+    if shape is not None and any(w is not None and w != g for w, g in zip(shape, arr.shape)):
+        raise Error(2, "%s has shape %s, expected %s" % (name, list(arr.shape), ["*" if w is None else w for w in shape]))
     return arr
+
+
+def _out(out, shape, name="out"):
+    """An out= array: written in place, so it must already be a writable,
+    aligned, C-contiguous float32 array of the right shape (no copy)."""
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or not out.flags.c_contiguous or tuple(out.shape) != tuple(shape):
+        raise Error(1, "%s must be a C-contiguous float32 numpy array of shape %s" % (name, tuple(shape)))
+    if not out.flags.writeable:
+        raise Error(1, "%s is read-only; moe8 writes its result there" % name)
+    if not out.flags.aligned:
+        raise Error(1, "%s is not aligned for float32" % name)
+    return out
+
+
+def _int_arg(v, name, lo=0, hi=(1 << 62)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) <= hi:
+        raise Error(1, "%s = %r must be an integer in [%d, %d]" % (name, v, lo, hi))
+    return int(v)
 
 
 def _ptr(a):
@@ -143,16 +167,19 @@ class Rules:
     """A quantization rule set, from JSON text, a dict or a file path."""
 
     def __init__(self, rules):
-        if isinstance(rules, dict):
-            text = json.dumps(rules)
-        elif isinstance(rules, str) and os.path.exists(rules):
-            with open(rules) as f:
-                text = f.read()
-        else:
-            text = str(rules)
-        raw = text.encode()
         h = _P()
-        _check(_rules_parse(raw, len(raw), b"rules", C.byref(h)))
+        if isinstance(rules, dict):
+            raw = json.dumps(rules).encode()
+            _check(_rules_parse(raw, len(raw), b"rules", C.byref(h)))
+        elif isinstance(rules, (bytes, str)) and rules.lstrip()[:1] in ("{", "[", b"{", b"["):
+            raw = rules.encode() if isinstance(rules, str) else rules
+            _check(_rules_parse(raw, len(raw), b"rules", C.byref(h)))
+        elif isinstance(rules, (str, bytes, os.PathLike)):
+            # a path: the library's own loader (a regular file only, never
+            # blocking on a FIFO or a device, at most 64 MiB)
+            _check(_rules_load(os.fsencode(rules), C.byref(h)))
+        else:
+            raise Error(1, "rules must be a dict, JSON text or a path, not %s" % type(rules).__name__)
         self._h = h
 
     def __del__(self):
@@ -186,10 +213,26 @@ def quantize(x, qtype="f8e4m3", granularity="row", tile=0, block_n=0, clip=1.0, 
 
 
 def dequantize(q, scales, qtype="f8e4m3", granularity="row", tile=0, block_n=0):
-    q = np.ascontiguousarray(q)
+    if qtype not in ("f8e4m3", "f8e5m2", "i8"):
+        raise Error(3, "dequantize: qtype must be f8e4m3, f8e5m2 or i8, not %r" % (qtype,))
+    if granularity not in _GRAN:
+        raise Error(1, "dequantize: unknown granularity %r" % (granularity,))
+    q = np.asarray(q)
+    want = _NP[DTYPES[qtype]]
+    if q.dtype != want:
+        raise Error(3, "dequantize: %s codes must be a %s array, got %s" % (qtype, np.dtype(want).name, q.dtype))
+    if q.ndim not in (2, 3):
+        raise Error(2, "dequantize: codes must be 2-D or 3-D, got shape %s" % (list(q.shape),))
+    q = np.require(q, requirements=["C", "A"])
     E, R, Cc = (1,) + q.shape if q.ndim == 2 else q.shape
     s = _spec(qtype, granularity, tile, block_n, 1.0, False)
-    scales = _f32(scales, "scales")
+    st = C.c_int(0)
+    n = _scale_count(C.byref(s), E, R, Cc, C.byref(st))
+    _check(st.value)
+    scales = _f32(scales, "scales").reshape(-1)
+    if scales.size != n:
+        raise Error(2, "dequantize: %s scales for codes of shape %s at %s granularity (tile %d) must be %d values, got %d"
+                    % (qtype, list(q.shape), granularity, tile, n, scales.size))
     y = np.empty(q.shape, dtype=np.float32)
     _check(_dequantize(C.byref(s), _ptr(q), _ptr(scales), E, R, Cc, _ptr(y)))
     return y
@@ -232,11 +275,18 @@ class Layer:
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, rules=None, module_path="experts", _handle=None, _keep=None):
         self._keep = _keep
-        self._ws = None
-        self._saved = None
+        self._tls = threading.local()  # each thread's default workspace and last forward
+        self._views_out = False
         if _handle is not None:
             self._h = _handle
         else:
+            if score not in ("softmax", "sigmoid"):
+                raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
+            num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
+            top_k = _int_arg(top_k, "top_k", 1, num_experts)
+            hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
+            n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
+            shared_ffn = _int_arg(shared_ffn, "shared_ffn")
             cfg = _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                                use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate)
             self._rules = _as_rules(rules)
@@ -251,6 +301,8 @@ class Layer:
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None):
         """Layer `layer` (default: the first MoE layer) of a model directory;
         mode "inference" (no f32 masters) or "training"."""
+        if mode not in ("inference", "training"):
+            raise Error(1, "mode must be 'inference' or 'training', not %r" % (mode,))
         m = _P()
         _check(_model_open_as(os.fsencode(model_dir), arch.encode() if arch else None, C.byref(m)))
         try:
@@ -286,9 +338,17 @@ class Layer:
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
         shape = {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
                  "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,)}[name]
-        a = np.ctypeslib.as_array(p, shape=(n.value,)).reshape(shape)
-        a.flags.writeable = True
-        return a
+        # The view's buffer holds a reference to this layer, so the layer's
+        # memory lives as long as any view of it (or tensor made from one).
+        buf = (C.c_float * n.value).from_address(C.addressof(p.contents))
+        buf._layer = self
+        self._views_out = True  # writes through a view reach the next forward
+        return np.frombuffer(buf, dtype=np.float32).reshape(shape)
+
+    def weights_changed(self):
+        """Says the masters were written (weight() views do it for you):
+        the next forward re-quantizes them."""
+        _layer_weights_changed(self._h)
 
     def init_random(self, seed=0):
         _check(_layer_init_random(self._h, seed))
@@ -297,10 +357,12 @@ class Layer:
         _check(_layer_prepare(self._h))
 
     def _workspace(self, T):
+        """This thread's default workspace (threads never share one)."""
         n = _layer_ws(self._h, T)
-        if self._ws is None or self._ws.n < n:
-            self._ws = _Workspace(max(n, 64))
-        return self._ws
+        ws = getattr(self._tls, "ws", None)
+        if ws is None or ws.n < n:
+            ws = self._tls.ws = _Workspace(max(n, 64))
+        return ws
 
     def new_workspace(self, T):
         """A private workspace for T tokens (to keep several forwards'
@@ -312,29 +374,28 @@ class Layer:
         alone when fused (the prepared inference path).  The backward needs
         the same workspace (by default the layer's own, reused by the next
         forward)."""
-        x = _f32(x, "x", 2)
+        x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
-        if out is None:
-            out = np.empty((T, self.hidden), dtype=np.float32)
-        elif out.dtype != np.float32 or not out.flags.c_contiguous or out.shape != (T, self.hidden):
-            raise Error(2, "out must be a C-contiguous float32 array of shape %s" % ((T, self.hidden),))
+        out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
+        if self._views_out:
+            _layer_weights_changed(self._h)
         ws = workspace or self._workspace(T)
         if fused:
             _check(_layer_forward_fused(self._h, _ptr(x), T, _ptr(out), ws.ptr, ws.n))
             return out
         aux = C.c_float(0)
         _check(_layer_forward(self._h, _ptr(x), T, _ptr(out), C.byref(aux), ws.ptr, ws.n))
-        self._saved = (x, ws)
+        self._tls.saved = ws
         return out, aux.value
 
     def backward(self, x, dout, workspace=None):
         """Gradients of sum(dout * out) + aux_loss at the last forward (same
         x): a dict of dx, router, gate, up, down and, with a shared expert,
         shared_gate, shared_up, shared_down (and shared_gate_w)."""
-        x = _f32(x, "x", 2)
-        dout = _f32(dout, "dout", 2)
+        x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
-        ws = workspace or (self._saved[1] if self._saved else self._workspace(T))
+        dout = _f32(dout, "dout", 2, (T, self.hidden))
+        ws = workspace or getattr(self._tls, "saved", None) or self._workspace(T)
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
         g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, E), np.float32), "gate": np.empty((E, D, F), np.float32),
              "up": np.empty((E, D, F), np.float32), "down": np.empty((E, F, D), np.float32)}

@@ -54,14 +54,35 @@ class MoE8Block(torch.nn.Module):
         self.param_names = [n for n in _NAMES if not n.startswith("shared") or self.layer.shared_ffn > 0]
         if not self.layer.shared_gate and "shared_gate_w" in self.param_names:
             self.param_names.remove("shared_gate_w")
+        self._addr = {}
         for n in self.param_names:
             # the layer's memory itself: the optimizer updates moe8's masters
-            self.register_parameter(n, torch.nn.Parameter(torch.from_numpy(self.layer.weight(n))))
+            # (the tensor keeps the layer alive through the view's buffer)
+            view = self.layer.weight(n)
+            self._addr[n] = (view.ctypes.data, view.shape)
+            self.register_parameter(n, torch.nn.Parameter(torch.from_numpy(view)))
         self.aux_loss = None
+
+    def _check_params(self):
+        """The autograd function computes with the layer's memory: a
+        parameter that is no longer that memory would silently stop
+        training, so it is refused."""
+        for n in self.param_names:
+            p = getattr(self, n)
+            addr, shape = self._addr[n]
+            if (not isinstance(p, torch.Tensor) or p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous()
+                    or p.data_ptr() != addr or tuple(p.shape) != tuple(shape)):
+                raise RuntimeError("moe8: parameter %s is no longer the moe8 layer's memory (it was replaced, converted or moved: "
+                                   "p.data = ..., .double(), .half(), .to(), share_memory()); MoE8Block's parameters must stay "
+                                   "float32 CPU tensors over the layer's weights. Write new values in place (p.data.copy_(...))" % n)
 
     def forward(self, x):
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise TypeError("moe8: MoE8Block takes float32 CPU tensors, got %s on %s" % (x.dtype, x.device))
+        if x.dim() < 1 or x.shape[-1] != self.layer.hidden:
+            raise ValueError("moe8: MoE8Block input has shape %s; its last dimension must be hidden = %d"
+                             % (list(x.shape), self.layer.hidden))
+        self._check_params()
         shape = x.shape
         y, aux = _MoE8Function.apply(x.reshape(-1, shape[-1]), self, *[getattr(self, n) for n in self.param_names])
         self.aux_loss = aux

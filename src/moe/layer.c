@@ -96,6 +96,8 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   }
   moe8_layer *L = calloc(1, sizeof *L);
   if (!L) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
+  if (pthread_rwlock_init(&L->lock, NULL) != 0) { free(L); return moe8__fail(MOE8_ERR_NOMEM, "layer: cannot make its lock"); }
+  atomic_init(&L->gen, 1);
   L->cfg = *cfg;
   L->inference = inference;
   snprintf(L->module_path, sizeof L->module_path, "%s", module_path ? module_path : "experts");
@@ -166,6 +168,7 @@ void moe8_layer_destroy(moe8_layer *L) {
   for (int s = 0; s < 2; s++) free_set(&L->xs[s]);
   for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
   if (L->release) L->release(L->keep);
+  pthread_rwlock_destroy(&L->lock);
   free(L);
 }
 
@@ -179,8 +182,34 @@ float *moe8_layer_weight(moe8_layer *L, moe8_weight_id id, size_t *count) {
   if (!moe8_layer_weight_read(L, id, count)) return NULL;
   /* An inference layer's kernels hold the expert weights; its router,
   ** bias and gate may change without a re-preparation. */
-  if (!L->inference) L->prepared = false;
+  moe8_layer_weights_changed(L);
   return L->w[id];
+}
+
+void moe8_layer_weights_changed(moe8_layer *L) {
+  if (!L) return;
+  atomic_fetch_add(&L->gen, 1);
+  /* An inference layer's kernels hold the expert weights; its router,
+  ** bias and gate may change without a re-preparation. */
+  if (!L->inference) L->prepared = false;
+}
+
+/* The kernels' buffers from the masters, once per generation of them,
+** under the write lock: concurrent forwards never see a half-written
+** buffer and never quantize the same weights twice. */
+static moe8_status quantize_weights(moe8_layer *L);
+static moe8_status ensure_quantized(moe8_layer *L) {
+  if (L->inference) return MOE8_OK;
+  pthread_rwlock_rdlock(&L->lock);
+  const bool fresh = L->qgen == atomic_load(&L->gen) + 1;
+  pthread_rwlock_unlock(&L->lock);
+  if (fresh) return MOE8_OK;
+  pthread_rwlock_wrlock(&L->lock);
+  const uint64_t g = atomic_load(&L->gen);
+  moe8_status st = MOE8_OK;
+  if (L->qgen != g + 1 && (st = quantize_weights(L)) == MOE8_OK) L->qgen = g + 1;
+  pthread_rwlock_unlock(&L->lock);
+  return st;
 }
 
 moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
@@ -204,7 +233,7 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
       L->w[i][j] = sd * (float)(sqrt(-2.0 * log(u[0] + 0x1p-60)) * cos(6.283185307179586 * u[1]));
     }
   }
-  L->prepared = false;
+  moe8_layer_weights_changed(L);
   return MOE8_OK;
 }
 
@@ -235,11 +264,36 @@ typedef struct ws_layout {
   size_t   scratch_bytes, total;
 } ws_layout;
 
+/* The workspace's first WS_HEAD bytes say which forward it holds (the
+** layer, T, and whether it was a training or a fused forward), so that a
+** backward can refuse a workspace that does not hold its forward. */
+enum { WS_HEAD = 64, WS_NONE = 0, WS_TRAINING = 1, WS_FUSED = 2 };
+#define WS_MAGIC 0x6d6f6538776b7370ULL
+typedef struct ws_head {
+  uint64_t          magic;
+  const moe8_layer *layer;
+  int64_t           T;
+  uint64_t          kind;
+} ws_head;
+
+static void ws_mark(void *ws, const moe8_layer *L, int64_t T, uint64_t kind) {
+  const ws_head h = {WS_MAGIC, L, T, kind};
+  memcpy(ws, &h, sizeof h);
+}
+
+/* The most tokens one call takes: every size of the workspace (the largest
+** is about T·top_k·(E + D + F + Fs) floats several times over) stays far
+** from 64-bit overflow. */
+static int64_t max_tokens(const moe8_layer *L) {
+  const int64_t per = 64 * L->cfg.top_k * (L->cfg.num_experts + L->cfg.hidden + L->cfg.ffn + L->cfg.shared_ffn + 64);
+  return ((int64_t)1 << 62) / per;
+}
+
 static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
   const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 0, nbF = L->aq ? moe8__nblocks(F, L->aspec.tile) : 0;
   const int64_t Fs = L->cfg.shared_ffn;
-  size_t off = 0;
+  size_t off = WS_HEAD;
 #define TAKE(field, type, count) do { o->field = (type *)(base ? base + off : NULL); off += moe8__al64(sizeof(type) * (size_t)(count)); } while (0)
   TAKE(logits, float, T * E);
   TAKE(scores, float, T * E);
@@ -271,7 +325,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
 }
 
 size_t moe8_layer_workspace_size(const moe8_layer *L, int64_t T) {
-  if (!L || T < 0) return 0;
+  if (!L || T < 0 || T > max_tokens(L)) return 0;
   ws_layout o;
   layout(L, T, NULL, &o);
   return o.total;
@@ -426,9 +480,13 @@ static moe8_status pack_weights(moe8_layer *L) {
 moe8_status moe8_layer_prepare(moe8_layer *L) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   if (L->inference) return L->prepared ? MOE8_OK : moe8__fail(MOE8_ERR_INVALID_ARG, "layer: an inference layer whose load did not finish");
+  pthread_rwlock_wrlock(&L->lock);
+  const uint64_t g = atomic_load(&L->gen);
   moe8_status st = quantize_weights(L);
   if (st == MOE8_OK) st = pack_weights(L);
   L->prepared = st == MOE8_OK;
+  L->qgen = st == MOE8_OK ? g + 1 : 0;
+  pthread_rwlock_unlock(&L->lock);
   return st;
 }
 
@@ -460,6 +518,7 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
     L->wq = true;
     L->wspec = (moe8_quant_spec){.qtype = qt, .gran = tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, .tile = tile, .clip = 1.0f};
   }
+  moe8_layer_weights_changed(L);
   L->prepared = false;
   L->from_codes = qt != MOE8_DTYPE_NONE;
   for (int s = 0; s < L->nsets; s++) L->xs[s].coded = false;
@@ -612,6 +671,13 @@ moe8_status moe8__layer_end_load(moe8_layer *L) {
 moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   if (!L || !p) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
   if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: load_prepared on an inference layer");
+  if (p->dtype != MOE8_DTYPE_F8E4M3 && p->dtype != MOE8_DTYPE_I8)
+    return moe8__fail(MOE8_ERR_DTYPE, "layer load_prepared: dtype %d: prepared weights must be f8e4m3 or i8 codes", (int)p->dtype);
+  if (!p->w_gate_up || !p->s_gate_up || !p->w_down || !p->s_down)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer load_prepared: NULL %s", !p->w_gate_up ? "w_gate_up" : !p->s_gate_up ? "s_gate_up"
+                      : !p->w_down ? "w_down" : "s_down");
+  if (p->tile < 0 || p->tile > L->cfg.hidden + L->cfg.ffn)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer load_prepared: tile %lld is not a block length along K", (long long)p->tile);
   const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
   moe8_status st = moe8__layer_begin_load(L, p->dtype, p->tile);
   if (st != MOE8_OK) return st;
@@ -626,10 +692,13 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
-static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size) {
+static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size,
+                           uint64_t kind) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
-  if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "layer: x has T = %lld rows", (long long)T);
+  if (T < 0 || T > max_tokens(L))
+    return moe8__fail(MOE8_ERR_SHAPE, "layer %s: x has T = %lld rows; a call takes 0 to %lld", L->module_path, (long long)T,
+                      (long long)max_tokens(L));
   if (aux) *aux = 0.0f;
   if (T == 0) return MOE8_OK;
   if (!x || !out || !ws) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL x, out or workspace");
@@ -639,6 +708,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: workspace of %zu bytes, need %zu for T = %lld (moe8_layer_workspace_size)",
                       ws_size, w.total, (long long)T);
   if ((uintptr_t)ws & 63) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: workspace must be 64-byte aligned");
+  ws_mark(ws, L, T, WS_NONE); /* holds no forward until this one succeeds */
   const size_t bad = moe8__count_nonfinite(x, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
 
@@ -679,39 +749,68 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     if (st == MOE8_OK) st = moe8__shared_forward(L, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
     if (st == MOE8_OK) moe8__shared_add(L, T, &sb, out);
   }
-  return st == MOE8_OK ? moe8__check_output(L, out, T) : st;
+  if (st == MOE8_OK) st = moe8__check_output(L, out, T);
+  if (st == MOE8_OK) ws_mark(ws, L, T, kind);
+  return st;
 }
 
-moe8_status moe8__layer_quantize_weights(moe8_layer *L) {
-  if (L->prepared) return MOE8_OK;
-  return quantize_weights(L);
-}
+moe8_status moe8__layer_quantize_weights(moe8_layer *L) { return ensure_quantized(L); }
 
 moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
                                size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
-  if (L->inference) return forward(L, x, T, out, aux_loss, ws, ws_size); /* weights fixed at load */
-  moe8_status st = quantize_weights(L);
+  moe8_status st = ensure_quantized(L); /* inference layers: fixed at load */
   if (st != MOE8_OK) return st;
-  L->prepared = false; /* the buffers now hold this call's weights */
-  return forward(L, x, T, out, aux_loss, ws, ws_size);
+  pthread_rwlock_rdlock(&L->lock);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
 }
 
 moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, float *out, void *ws, size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
-  if (!L->prepared) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare");
-  return forward(L, x, T, out, NULL, ws, ws_size);
+  pthread_rwlock_rdlock(&L->lock);
+  const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
+static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const float *dout, void *ws, size_t ws_size,
+                            const moe8_layer_grads *gr);
+
 moe8_status moe8_layer_backward(moe8_layer *L, const float *x, int64_t T, const float *dout, void *ws, size_t ws_size,
                                 const moe8_layer_grads *gr) {
   if (!L || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL argument");
+  pthread_rwlock_rdlock(&L->lock);
+  const moe8_status st = backward(L, x, T, dout, ws, ws_size, gr);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
+}
+
+static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const float *dout, void *ws, size_t ws_size,
+                            const moe8_layer_grads *gr) {
   if (L->inference)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer backward: the layer was loaded for inference (no f32 masters); load it for training");
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K, Fs = L->cfg.shared_ffn;
-  if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
+  if (T < 0 || T > max_tokens(L)) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
   if (T > 0 && (!x || !dout || !ws)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL x, dout or workspace");
+  if (T > 0) {
+    /* The workspace must hold this layer's training forward of these T tokens. */
+    ws_head h;
+    if (ws_size < sizeof h) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: workspace of %zu bytes holds no forward", ws_size);
+    memcpy(&h, ws, sizeof h);
+    if (h.magic != WS_MAGIC || h.layer != L || h.kind == WS_NONE)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s backward: the workspace holds no successful forward of this layer "
+                        "(run moe8_layer_forward with it first)", L->module_path);
+    if (h.kind == WS_FUSED)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s backward: the workspace holds a fused (inference) forward; "
+                        "a backward needs moe8_layer_forward", L->module_path);
+    if (h.T != T)
+      return moe8__fail(MOE8_ERR_SHAPE, "layer %s backward: T = %lld, but the workspace holds the forward of T = %lld tokens",
+                        L->module_path, (long long)T, (long long)h.T);
+  }
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
   if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
   if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));

@@ -10,6 +10,9 @@
 
 #include "../core/internal.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 /* One set of experts as the kernels consume them: the routed experts
 ** (E of width F) or the shared expert (one of width Fs). */
 typedef struct moe8__xset {
@@ -40,6 +43,13 @@ struct moe8_layer {
   bool              from_codes;     /* the load put codes (a quantized file)   */
   bool              allow_nonfinite; /* the caller takes NaN/inf outputs        */
   moe8_order        order;          /* summation order of the expert gmms       */
+  /* Threads (docs/testing.md, "Threads"): forwards and backwards hold lock
+  ** for reading; quantizing the masters into the kernels' buffers holds it
+  ** for writing, and happens only when gen (bumped whenever the masters
+  ** may have changed) differs from qgen - 1. */
+  pthread_rwlock_t  lock;
+  _Atomic uint64_t  gen;
+  uint64_t          qgen;
   char              describe[256];
   /* f32 masters (the expert weights' only in training layers) */
   float *w[MOE8_W_COUNT];

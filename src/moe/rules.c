@@ -252,26 +252,13 @@ done:
 moe8_status moe8_rules_load(const char *path, moe8_rules **out) {
   if (!path || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "moe8_rules_load: NULL argument");
   *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return moe8__fail(MOE8_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  /* The one open routine for inputs: a regular file only (a FIFO or a
+  ** device is refused without blocking), at most 64 MiB. */
   char *buf = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len == cap) {
-      cap = cap ? cap * 2 : 4096;
-      if (cap > ((size_t)64 << 20)) { free(buf); fclose(f); return moe8__fail(MOE8_ERR_FORMAT, "%s: rule file larger than 64 MiB", path); }
-      char *nb = realloc(buf, cap);
-      if (!nb) { free(buf); fclose(f); return moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", path); }
-      buf = nb;
-    }
-    size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
-  }
-  const bool err = ferror(f);
-  fclose(f);
-  if (err) { free(buf); return moe8__fail(MOE8_ERR_IO, "%s: read error", path); }
-  moe8_status st = moe8_rules_parse(buf, len, path, out);
+  size_t len = 0;
+  moe8_status st = moe8__read_small(path, (size_t)64 << 20, &buf, &len);
+  if (st != MOE8_OK) return st;
+  st = moe8_rules_parse(buf, len, path, out);
   free(buf);
   return st;
 }

@@ -43,6 +43,9 @@
 #include <string.h>
 
 enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32, PF = 8 /* pairs of rows prefetched ahead */ };
+#ifndef PKPF
+#define PKPF 16 /* pairs of a packed tile prefetched ahead */
+#endif
 
 #define INLINE static inline __attribute__((always_inline))
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
@@ -782,10 +785,15 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
+  /* The tile's stream from memory: its lines PKPF pairs ahead (a task
+  ** starts cold on a new stream, which the prefetchers pick up late;
+  ** a prefetch past the end does not fault). */
   for (int64_t p = 0; p < kp; p++, r += step) {
     __m512i a[4];
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+#pragma GCC unroll 4
+    for (int s = 0; s < ns; s++) _mm_prefetch((const char *)(r + PKPF * step + 64 * s), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
