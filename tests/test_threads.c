@@ -30,6 +30,70 @@ static void *run_layer(void *p) {
   return NULL;
 }
 
+/* One training layer (an FP8 rule: its forward quantizes the masters) shared
+** by two threads, each with its own workspace, both writing the masters'
+** generation first as an optimizer loop would not: every output equals the
+** output alone (docs/testing.md, "Threads"). */
+typedef struct shared_job {
+  moe8_layer *L;
+  const float *x, *want;
+  int64_t T;
+  int wrong;
+  moe8_status st;
+} shared_job;
+
+static void *run_shared(void *p) {
+  shared_job *j = p;
+  const size_t wsz = moe8_layer_workspace_size(j->L, j->T), n = (size_t)(j->T * moe8_layer_get_config(j->L)->hidden);
+  void *ws = NULL;
+  float *y = malloc(sizeof(float) * n);
+  if (!y || posix_memalign(&ws, 64, wsz) != 0) { j->st = MOE8_ERR_NOMEM; free(y); return NULL; }
+  for (int rep = 0; rep < 25 && j->st == MOE8_OK; rep++) {
+    float aux;
+    j->st = moe8_layer_forward(j->L, j->x, j->T, y, &aux, ws, wsz);
+    if (j->st == MOE8_OK && memcmp(y, j->want, sizeof(float) * n) != 0) j->wrong++;
+  }
+  free(ws);
+  free(y);
+  return NULL;
+}
+
+static void test_one_layer_two_threads(void **state) {
+  (void)state;
+  const int64_t T = 23, D = 64;
+  moe8_layer_config c = {.num_experts = 8, .top_k = 2, .hidden = D, .ffn = 48, .norm_topk_prob = true};
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 3), MOE8_OK);
+  float *x = malloc(sizeof(float) * (size_t)(T * D)), *want = malloc(sizeof(float) * (size_t)(T * D));
+  tu_rng_reset(6);
+  tu_fill_normal(x, (size_t)(T * D), 1.0f);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws = NULL;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, want, &aux, ws, wsz), MOE8_OK);
+  free(ws);
+  /* The masters "changed" (same values): the first forward of a thread
+  ** re-quantizes under the write lock while the other may be reading. */
+  moe8_layer_weights_changed(L);
+  shared_job jobs[2] = {{L, x, want, T, 0, MOE8_OK}, {L, x, want, T, 0, MOE8_OK}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, run_shared, &jobs[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(jobs[i].st, MOE8_OK);
+    if (jobs[i].wrong) TU_FAIL("thread %d: %d of 25 forwards of the shared layer differ from the forward alone", i, jobs[i].wrong);
+  }
+  moe8_layer_destroy(L);
+  moe8_rules_destroy(rs);
+  free(x);
+  free(want);
+}
+
 static void test_two_layers_two_threads(void **state) {
   (void)state;
   const int64_t T = 19, D = 64;
@@ -108,6 +172,7 @@ int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_two_layers_two_threads),
+    cmocka_unit_test(test_one_layer_two_threads),
     cmocka_unit_test(test_parsers_in_parallel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

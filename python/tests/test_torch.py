@@ -87,3 +87,39 @@ def test_two_layer_model_trains():
         opt.step()
         losses.append(float(loss))
     assert losses[-1] < 0.5 * losses[0], losses[::10]
+
+
+def test_parameters_that_come_apart_are_refused():
+    x = torch.randn(4, 16)
+    for change in (lambda b: b.double(), lambda b: b.half(), lambda b: setattr(b.gate, "data", b.gate.data.clone()),
+                   lambda b: b.share_memory()):
+        block = MoE8Block(hidden=16, ffn=8, num_experts=4, top_k=2)
+        block(x)
+        change(block)
+        with pytest.raises((RuntimeError, TypeError), match="moe8"):
+            block(x if next(block.parameters()).dtype == torch.float32 else x.to(next(block.parameters()).dtype))
+    # in-place writes are the layer's memory: they reach the output
+    block = MoE8Block(hidden=16, ffn=8, num_experts=4, top_k=2)
+    y0 = block(x).detach().clone()
+    with torch.no_grad():
+        block.down.mul_(2.0)
+    assert not torch.allclose(block(x), y0)
+
+
+def test_input_width_is_checked():
+    block = MoE8Block(hidden=16, ffn=8, num_experts=4, top_k=2)
+    with pytest.raises(ValueError, match="hidden = 16"):
+        block(torch.randn(4, 8))
+
+
+def test_parameter_outlives_its_block():
+    block = MoE8Block(hidden=16, ffn=8, num_experts=4, top_k=2)
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    p = block.gate
+    del block
+    import gc
+    gc.collect()
+    s = float(p.sum())  # still the layer's memory, kept alive by the tensor
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert float(p.sum()) != s
