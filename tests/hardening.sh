@@ -64,6 +64,35 @@ expect 0 "" "$moe8" quantize "$tmp/m" "$tmp/q" --rules "$tmp/rules.json"
 expect 1 "already holds a model" "$moe8" quantize "$tmp/m" "$tmp/q" --rules "$tmp/rules.json"
 expect 0 "" "$moe8" quantize "$tmp/m" "$tmp/q" --rules "$tmp/rules.json" --force
 [ "$(cksum <"$tmp/m/model.safetensors")" = "$sum0" ] || fail "the input model changed"
+# 13. a quantize --force that fails leaves the old model whole (the new one
+# is written beside it and swapped in only when complete)
+echo keep >"$tmp/q/README.md"
+qsum=$(cat "$tmp/q/config.json" "$tmp/q/model.safetensors" | cksum)
+MOE8_TEST_QUANTIZE_FAIL=1 expect 1 "failing on purpose" "$moe8" quantize "$tmp/m" "$tmp/q" --rules "$tmp/rules.json" --force
+[ "$(cat "$tmp/q/config.json" "$tmp/q/model.safetensors" | cksum)" = "$qsum" ] || fail "a failed quantize --force changed the old model"
+[ -z "$(ls -A "$tmp" | grep 'moe8-new')" ] || fail "a failed quantize left its temporary directory"
+(trap '' XFSZ; ulimit -f 64; "$moe8" quantize "$tmp/m" "$tmp/q" --rules "$tmp/rules.json" --force >/dev/null 2>"$tmp/err"); rc=$?
+[ "$rc" -ne 0 ] || fail "quantize under a 64 KiB file-size limit succeeded"
+[ "$(cat "$tmp/q/config.json" "$tmp/q/model.safetensors" | cksum)" = "$qsum" ] || fail "a quantize that ran out of space changed the old model"
+[ -z "$(ls -A "$tmp" | grep 'moe8-new')" ] || fail "a quantize that ran out of space left its temporary directory"
+# 14. quantize --force over a sharded model: the old shards and index go
+mkdir "$tmp/sh"
+cp "$tmp/m/config.json" "$tmp/sh/"
+cp "$tmp/m/model.safetensors" "$tmp/sh/model-00001-of-00001.safetensors"
+"$py" - "$tmp/sh" <<'P' || fail "index"
+import sys, json, struct
+d = sys.argv[1]
+b = open(d + "/model-00001-of-00001.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+names = [k for k in json.loads(b[8:8 + n]) if k != "__metadata__"]
+json.dump({"weight_map": {k: "model-00001-of-00001.safetensors" for k in names}}, open(d + "/model.safetensors.index.json", "w"))
+P
+expect 0 "" "$moe8" run --model "$tmp/sh" --input "$tmp/x.npy" --output "$tmp/ysh.npy"
+expect 1 "already holds a" "$moe8" quantize "$tmp/m" "$tmp/sh" --rules "$tmp/rules.json"
+expect 0 "" "$moe8" quantize "$tmp/m" "$tmp/sh" --rules "$tmp/rules.json" --force
+[ ! -e "$tmp/sh/model.safetensors.index.json" ] && [ ! -e "$tmp/sh/model-00001-of-00001.safetensors" ] || fail "the old shards survived quantize --force"
+expect 0 "" "$moe8" run --model "$tmp/sh" --input "$tmp/x.npy" --output "$tmp/ysh2.npy"
+[ "$(cat "$tmp/q/README.md")" = keep ] || fail "a file that is not the model's was lost"
 
 # 2. non-finite results and bad weights
 expect 1 "not finite\|non-finite" run --input "$tmp/huge.npy" --output "$tmp/h.npy"

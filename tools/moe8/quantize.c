@@ -9,15 +9,85 @@
 **             ".weight_scale_inv" [ceil(N/128), ceil(K/128)], w ≈ q · s per
 **             128×128 block, and quantization_config in config.json.
 **
-** Everything is loaded and checked before anything is written; the outputs
-** go through temporary names, so a failure leaves no file behind.
+** Everything is loaded and checked before anything is written.  The whole
+** new model (tensors and config) is written into a temporary directory
+** beside OUT and swapped in only when complete (an atomic exchange of the
+** two directories where the file system has it); the old model's files
+** (config, every shard, the index) are removed only after the swap, and
+** any other file in OUT is kept.  A failure at any point leaves OUT as it
+** was.
 */
+#define _GNU_SOURCE 1 /* renameat2 */
 #include "cli.h"
+#include "core/internal.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+/* A model file of a directory: the config, a tensor file or shard, the
+** shard index. */
+static int is_model_file(const char *name) {
+  const size_t n = strlen(name);
+  return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors.index.json") ||
+         (n > 12 && !strcmp(name + n - 12, ".safetensors"));
+}
+
+/* Removes dir's model files and, if it is then empty, dir; other entries
+** are moved into keep (when keep is not NULL). */
+static int clear_old(const char *dir, const char *keep) {
+  DIR *d = opendir(dir);
+  if (!d) return EXIT_FAIL;
+  int rc = EXIT_OK;
+  struct dirent *e;
+  char a[4096], b[4096];
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(a, sizeof a, "%s/%s", dir, e->d_name);
+    if (is_model_file(e->d_name)) {
+      if (unlink(a) != 0) rc = EXIT_FAIL;
+    } else if (keep) {
+      snprintf(b, sizeof b, "%s/%s", keep, e->d_name);
+      if (access(b, F_OK) == 0 || rename(a, b) != 0) rc = EXIT_FAIL;
+    } else {
+      rc = EXIT_FAIL;
+    }
+  }
+  closedir(d);
+  if (rc == EXIT_OK && rmdir(dir) != 0) rc = EXIT_FAIL;
+  return rc;
+}
+
+/* The finished model in tmp becomes outdir. */
+static int swap_in(char *tmp, size_t cap, const char *outdir) {
+  struct stat sb;
+  if (stat(outdir, &sb) != 0) {
+    if (rename(tmp, outdir) == 0) return EXIT_OK;
+    fprintf(stderr, "moe8 quantize: cannot move the new model to %s: %s (it is complete in %s)\n", outdir, strerror(errno), tmp);
+    return EXIT_FAIL;
+  }
+  char real[4096];
+  if (!realpath(outdir, real)) snprintf(real, sizeof real, "%s", outdir);
+  /* One atomic exchange where the file system has it, else two renames. */
+  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, real, RENAME_EXCHANGE) != 0) {
+    char old[4200];
+    snprintf(old, sizeof old, "%s.moe8-old-%ld", real, (long)getpid());
+    if (rename(real, old) != 0 || rename(tmp, real) != 0) {
+      fprintf(stderr, "moe8 quantize: cannot swap the new model into %s: %s (it is complete in %s)\n", outdir, strerror(errno), tmp);
+      return EXIT_FAIL;
+    }
+    snprintf(tmp, cap, "%s", old); /* the old model is now there */
+  }
+  /* tmp now holds the old model: drop its model files, keep the rest. */
+  if (clear_old(tmp, real) != EXIT_OK)
+    fprintf(stderr, "moe8 quantize: the new model is in %s; some files of the old one are left in %s\n", outdir, tmp);
+  return EXIT_OK;
+}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 quantize IN_DIR OUT_DIR --rules RULES.json [--format moe8|deepseek] [--force]\n\n"
@@ -98,6 +168,16 @@ int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "moe8 quantize: %s already holds a model (%s): refused without --force\n", outdir, a1);
         return EXIT_FAIL;
       }
+    }
+    snprintf(a1, sizeof a1, "%s/model.safetensors.index.json", outdir);
+    if (!force && access(a1, F_OK) == 0) {
+      fprintf(stderr, "moe8 quantize: %s already holds a sharded model (%s): refused without --force\n", outdir, a1);
+      return EXIT_FAIL;
+    }
+    struct stat ob;
+    if (stat(outdir, &ob) == 0 && !S_ISDIR(ob.st_mode)) {
+      fprintf(stderr, "moe8 quantize: %s exists and is not a directory\n", outdir);
+      return EXIT_FAIL;
     }
   }
   moe8_rules *rules = NULL;
@@ -222,18 +302,27 @@ int cmd_quantize(int argc, char **argv) {
     if (is_expert_tensor(t->name, deepseek) && sscanf(t->name, "model.layers.%lld.", &l) == 1 && l >= 0 && l < hc->num_layers && replace[l]) continue;
     add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
   }
-  if (rc == EXIT_OK) rc = cli_mkdir(outdir);
-  char path[4096];
+  /* The new model, whole, in a directory beside OUT. */
+  char path[4400], tmp[4200];
+  {
+    size_t n = strlen(outdir);
+    while (n > 1 && outdir[n - 1] == '/') n--;
+    snprintf(tmp, sizeof tmp, "%.*s.moe8-new-XXXXXX", (int)n, outdir);
+  }
+  int have_tmp = 0;
   if (rc == EXIT_OK) {
-    snprintf(path, sizeof path, "%s/model.safetensors", outdir);
+    if (mkdtemp(tmp)) have_tmp = 1;
+    else { fprintf(stderr, "moe8 quantize: cannot create %s beside the output: %s\n", tmp, strerror(errno)); rc = EXIT_FAIL; }
+  }
+  if (rc == EXIT_OK) {
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     if ((st = moe8_st_write(path, o.t, o.n)) != MOE8_OK) rc = cli_report(st, "quantize");
   }
   if (rc == EXIT_OK) {
     snprintf(path, sizeof path, "%s/config.json", in);
-    FILE *f = fopen(path, "rb");
-    char *txt = malloc(1 << 20);
-    const size_t n = f && txt ? fread(txt, 1, (1 << 20) - 1, f) : 0;
-    if (f) fclose(f);
+    char *txt = NULL;
+    size_t n = 0;
+    if ((st = moe8__read_small(path, (size_t)16 << 20, &txt, &n)) != MOE8_OK) rc = cli_report(st, "quantize");
     cJSON *root = txt ? cJSON_ParseWithLength(txt, n) : NULL;
     free(txt);
     if (!root) rc = EXIT_FAIL;
@@ -257,16 +346,19 @@ int cmd_quantize(int argc, char **argv) {
       }
     }
     if (root) {
-      snprintf(path, sizeof path, "%s/config.json", outdir);
+      snprintf(path, sizeof path, "%s/config.json", tmp);
       rc = cli_write_json(path, root);
       cJSON_Delete(root);
     }
-    if (rc != EXIT_OK) {
-      fprintf(stderr, "moe8 quantize: cannot write %s/config.json\n", outdir);
-      snprintf(path, sizeof path, "%s/model.safetensors", outdir);
-      remove(path);
-    }
+    if (rc != EXIT_OK) fprintf(stderr, "moe8 quantize: cannot write the new config.json; %s is unchanged\n", outdir);
   }
+  /* Test hook (docs/testing.md): fail after the whole new model is written. */
+  if (rc == EXIT_OK && getenv("MOE8_TEST_QUANTIZE_FAIL")) {
+    fprintf(stderr, "moe8 quantize: failing on purpose (MOE8_TEST_QUANTIZE_FAIL); %s is unchanged\n", outdir);
+    rc = EXIT_FAIL;
+  }
+  if (rc == EXIT_OK) rc = swap_in(tmp, sizeof tmp, outdir);
+  else if (have_tmp) clear_old(tmp, NULL);
   if (rc == EXIT_OK)
     printf("quantize: %d of %lld layer(s) quantized (%s format), %zu tensors -> %s\n", quantized_layers, (long long)hc->num_layers,
            format, o.n, outdir);
