@@ -179,5 +179,18 @@ if [ -n "$mpiexec" ]; then
   [ "$rc" -ne 0 ] || fail "ranks with different inputs: exit 0"
   [ "$(grep -c 'different token counts (from 6 to 9 rows' "$tmp/err")" -eq 2 ] || { cat "$tmp/err"; fail "ranks with different inputs: not the same message on both ranks"; }
   [ ! -e "$tmp/r.npy" ] || fail "ranks with different inputs: an output was written"
+  # 11. the same shape, different values: refused on every rank, both modes
+  "$py" -c "import numpy as np; x = np.load('$tmp/x.npy'); x[5, 3] += 1; np.save('$tmp/xr1.npy', x)"
+  for mode in ring alltoall; do
+    "$mpiexec" -n 2 --oversubscribe sh -c "exec '$moe8' run --model '$tmp/m' --input '$tmp/xr'\$OMPI_COMM_WORLD_RANK'.npy' --output '$tmp/r.npy' --ep-mode $mode" \
+      >"$tmp/out" 2>"$tmp/err"; rc=$?
+    [ "$rc" -ne 0 ] || fail "ranks with same-shape different inputs ($mode): exit 0"
+    [ "$(grep -c 'different inputs of the same shape \[6, 256\]' "$tmp/err")" -eq 2 ] || { cat "$tmp/err"; fail "same-shape different inputs ($mode): not the message on both ranks"; }
+    [ ! -e "$tmp/r.npy" ] || fail "same-shape different inputs ($mode): an output was written"
+  done
+  cp "$tmp/x.npy" "$tmp/xr1.npy"
+  "$mpiexec" -n 2 --oversubscribe sh -c "exec '$moe8' run --model '$tmp/m' --input '$tmp/xr'\$OMPI_COMM_WORLD_RANK'.npy' --output '$tmp/r.npy'" \
+    >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err"; fail "ranks with the same input copied twice failed"; }
+  cmp -s "$tmp/r.npy" "$tmp/want.npy" || fail "two ranks on copies of one input: not the single-process bytes"
 fi
 echo "hardening: ok"

@@ -177,6 +177,21 @@ int cmd_run(int argc, char **argv) {
         rc = EXIT_FAIL;
         goto done;
       }
+      /* ... and on its contents: a digest of the values (FNV-1a over the
+      ** f32 rows), compared in two exact 32-bit halves. */
+      uint64_t h = 0xCBF29CE484222325ULL;
+      const unsigned char *xb = (const unsigned char *)xf;
+      for (size_t i = 0; i < sizeof(float) * (size_t)(T * D); i++) h = (h ^ xb[i]) * 0x100000001B3ULL;
+      const double hi = (double)(h >> 32), lo = (double)(h & 0xFFFFFFFFu);
+      const double hmax = cli_allreduce_max(c, hi), hmin = -cli_allreduce_max(c, -hi);
+      const double lmax = cli_allreduce_max(c, lo), lmin = -cli_allreduce_max(c, -lo);
+      if (hmax != hmin || lmax != lmin) {
+        fprintf(stderr, "moe8 run: rank %d: the ranks were given different inputs of the same shape [%lld, %lld] (this rank's %s has "
+                "digest %016llx, another rank's differs): every rank must read the same input\n", moe8_comm_rank(c), (long long)T,
+                (long long)D, input, (unsigned long long)h);
+        rc = EXIT_FAIL;
+        goto done;
+      }
       const moe8_ep_options eo = {sizeof eo, ep_mode};
       st = moe8_ep_create_ex(L, c, &eo, &ep);
     }
