@@ -171,6 +171,16 @@ expect 1 "more than the 200000" "$moe8" info "$tmp/big"
 expect 2 "--lr" "$moe8" train --lr nan --steps 2
 expect 2 "--lr" "$moe8" train --lr 5 --steps 2
 
+# 12. a virtual-memory limit: the command links no BLAS or oneDNN (the
+# bench opens them as a module), so nothing keeps it from exiting
+for v in 100000 200000; do
+  (ulimit -v $v; timeout 60 "$moe8" --help >/dev/null 2>&1); rc=$?
+  [ "$rc" -eq 0 ] || fail "moe8 --help under ulimit -v $v: exit $rc (124: it hung)"
+  (ulimit -v $v; timeout 60 "$moe8" run --model "$tmp/m" --input "$tmp/x.npy" --output "$tmp/yv.npy" >/dev/null 2>"$tmp/err"); rc=$?
+  [ "$rc" -ne 124 ] || fail "moe8 run under ulimit -v $v hung"
+  [ "$rc" -eq 0 ] || grep -q "moe8" "$tmp/err" || fail "moe8 run under ulimit -v $v failed without a message"
+done
+
 # 7. ranks that disagree on the input (9 and 6 rows)
 if [ -n "$mpiexec" ]; then
   cp "$tmp/x.npy" "$tmp/xr0.npy"; cp "$tmp/x2.npy" "$tmp/xr1.npy"

@@ -10,6 +10,7 @@
 ** Every output goes through moe8_file_write_atomic: see there.
 */
 #define _GNU_SOURCE 1 /* O_CLOEXEC, mkstemp, realpath, strndup */
+#define _DEFAULT_SOURCE 1 /* madvise(MADV_HUGEPAGE) */
 #include "internal.h"
 
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,4 +178,15 @@ moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, c
   free(tmp);
   free(target);
   return st;
+}
+
+void *moe8__alloc_weights(size_t n) {
+  const size_t huge = (size_t)2 << 20;
+  void *p = NULL;
+  const size_t big = (n + huge - 1) / huge * huge;
+  if (posix_memalign(&p, n >= huge ? huge : 64, n >= huge ? big : n ? n : 64) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+  if (n >= huge) (void)madvise(p, big, MADV_HUGEPAGE);
+#endif
+  return p;
 }

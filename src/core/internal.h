@@ -132,6 +132,11 @@ moe8_status moe8__read_small(const char *path, size_t cap, char **buf, size_t *l
 /* config.json with an optional family override (hfconfig.c). */
 moe8_status moe8__config_load_as(const char *path, const char *model_type, moe8_hf_config *out);
 
+/* Memory for weights that are streamed (the packed experts): 2 MiB
+** aligned, transparent huge pages asked for (fewer TLB misses on a stream
+** of gigabytes; the kernel may refuse); freed with free(). */
+void *moe8__alloc_weights(size_t n);
+
 /* Scalar f32 -> i8 as the quantizer needs it: round half even, clamp. */
 int8_t moe8__f32_to_i8(float x);
 

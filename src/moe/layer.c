@@ -463,8 +463,8 @@ static moe8_status pack_weights(moe8_layer *L) {
     if (!L->wq || !L->aq || !moe8__kernel_pair(L->aspec.qtype, wt) ||
         !(i8 ? moe8__kernels()->has_vnni : moe8__kernels()->has_bf16) || !moe8__layer_packable(L, s))
       continue;
-    X->wgu_pk = malloc(moe8_gmm_packed_size(wt, E, D, 2 * F));
-    X->wd_pk = malloc(moe8_gmm_packed_size(wt, E, F, D));
+    X->wgu_pk = moe8__alloc_weights(moe8_gmm_packed_size(wt, E, D, 2 * F));
+    X->wd_pk = moe8__alloc_weights(moe8_gmm_packed_size(wt, E, F, D));
     if (!X->wgu_pk || !X->wd_pk) {
       free(X->wgu_pk); free(X->wd_pk);
       X->wgu_pk = X->wd_pk = NULL;
@@ -540,8 +540,8 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
         continue;
       }
       if (moe8__layer_packable(L, s)) {
-        X->wgu_pk = malloc(moe8_gmm_packed_size(L->wspec.qtype, E, D, 2 * F));
-        X->wd_pk = malloc(moe8_gmm_packed_size(L->wspec.qtype, E, F, D));
+        X->wgu_pk = moe8__alloc_weights(moe8_gmm_packed_size(L->wspec.qtype, E, D, 2 * F));
+        X->wd_pk = moe8__alloc_weights(moe8_gmm_packed_size(L->wspec.qtype, E, F, D));
       } else {
         X->wgu_q = malloc((size_t)(E * D * 2 * F));
         X->wd_q = malloc((size_t)(E * F * D));

@@ -15,6 +15,7 @@
 ** than the caches.
 */
 #include "cli.h"
+#include "core/internal.h"
 #include "peak.h"
 #include "peer.h"
 
@@ -26,7 +27,6 @@
 #include <omp.h>
 #endif
 #ifdef MOE8_HAVE_OPENBLAS
-#include <cblas.h>
 #endif
 
 static int cmp_double(const void *a, const void *b) {
@@ -55,7 +55,9 @@ static int max_threads(void) {
 ** between the threads, the time of the slowest. */
 static double read_bandwidth(int nth) {
   const size_t n = (size_t)512 << 20;
-  unsigned char *buf = malloc(n);
+  /* Huge pages where the kernel gives them, as the packed weights get
+  ** (moe8__alloc_weights): the peak is the memory's, not the TLB's. */
+  unsigned char *buf = moe8__alloc_weights(n);
   if (!buf) return 0;
   memset(buf, 2, n); /* not zero: a zero fill may become calloc and map the zero page */
   double best = 1e30;
@@ -234,7 +236,9 @@ static int bench_gmm(const peaks *pk) {
          " %% bw = of the read bandwidth measured with the same thread count; moe8 runs rotate 4 copies of the\n"
          " weights so each reads them from memory; the peers reuse one copy (at decode it is larger than L3);\n"
          " OPENBLAS_CORETYPE=%s%s)\n", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
-         peer_dnnl_available() ? "" : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
+         peers_load()->dnnl_gmm ? "" : peers_load()->why ? "; oneDNN and OpenBLAS skipped: the peers module is missing"
+                                                          : "; oneDNN skipped: apt-get install libdnnl-dev and rebuild");
+  if (!peers_load()->blas_gmm) printf("(OpenBLAS skipped: %s)\n", peers_load()->why ? peers_load()->why : "apt-get install libopenblas-dev and rebuild");
   /* Native and canonical order side by side for the bf16 and FP8 pairs
   ** (a table with tiles sums in the canonical order either way). */
   const gmm_case cases[] = {{"f32", MOE8_DTYPE_F32, PEAK_F32_FMA, false, 0},
@@ -268,32 +272,17 @@ static int bench_gmm(const peaks *pk) {
     for (int th = 1; th <= nth; th++) {
       set_threads(th);
       double blas = 0, bf16_ms = 0, native_ms = 0;
-#ifdef MOE8_HAVE_OPENBLAS
-      {
-        openblas_set_num_threads(th);
-        double t[64];
-        for (int r = 0; r < runs; r++) {
-          const double t0 = cli_now();
-          int64_t row = 0;
-          for (int64_t e = 0; e < E; e++) {
-            if (gs[e])
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, gs[e], (int)F, (int)D, 1.0f, x + row * D, (int)D,
-                          w + e * D * F, (int)F, 0.0f, out + row * F, (int)F);
-            row += gs[e];
-          }
-          t[r] = cli_now() - t0;
-        }
-        qsort(t, (size_t)runs, sizeof t[0], cmp_double);
-        blas = t[0];
-        printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s\n", "OpenBLAS f32", th, t[0] * 1e3, t[runs / 2] * 1e3, flop / t[0] / 1e9,
-               pk->have ? 100.0 * flop / t[0] / 1e9 / (pk->f32 * th) : 0.0, dec ? "" : "1.00x");
+      if (peers_load()->blas_gmm) {
+        double med = 0;
+        blas = peers_load()->blas_gmm(x, w, out, gs, E, D, F, th, runs, &med);
+        printf("%-14s %3d %9.3f %9.3f %9.1f %6.0f%% %9s\n", "OpenBLAS f32", th, blas * 1e3, med * 1e3, flop / blas / 1e9,
+               pk->have ? 100.0 * flop / blas / 1e9 / (pk->f32 * th) : 0.0, dec ? "" : "1.00x");
         if (g_json)
           fprintf(g_json, "{\"bench\":\"gmm\",\"shape\":\"%s\",\"T\":%lld,\"E\":%lld,\"impl\":\"openblas_f32\",\"threads\":%d,\"min_ms\":%.4f}\n",
-                  shapes[si].name, (long long)T, (long long)E, th, t[0] * 1e3);
+                  shapes[si].name, (long long)T, (long long)E, th, blas * 1e3);
       }
-#endif
-      for (int i8 = 0; i8 < 2 && peer_dnnl_available(); i8++) {
-        const double t = peer_dnnl_gmm(i8, gs, E, D, F, runs);
+      for (int i8 = 0; i8 < 2 && peers_load()->dnnl_gmm; i8++) {
+        const double t = peers_load()->dnnl_gmm(i8, gs, E, D, F, runs);
         if (t <= 0) continue;
         char ratio[16] = "";
         if (!dec && blas > 0) snprintf(ratio, sizeof ratio, "%.2fx", blas / t);
@@ -315,7 +304,7 @@ static int bench_gmm(const peaks *pk) {
                            .lhs = o.l, .rhs = o.r, .out_dtype = MOE8_DTYPE_F32, .out = out, .order = cases[ci].order};
         void *pkd[MAXROT] = {NULL};
         for (int r = 0; r < nrot && cases[ci].packed; r++) {
-          if (!(pkd[r] = malloc(moe8_gmm_packed_size(cases[ci].t, E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
+          if (!(pkd[r] = moe8__alloc_weights(moe8_gmm_packed_size(cases[ci].t, E, D, F)))) return cli_report(MOE8_ERR_NOMEM, "bench gmm");
           if ((st = moe8_gmm_pack_rhs(cases[ci].t, o.rhs[r], E, D, F, pkd[r])) != MOE8_OK) return cli_report(st, "bench gmm");
         }
         double t[64];

@@ -44,7 +44,7 @@
 
 enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32, PF = 8 /* pairs of rows prefetched ahead */ };
 #ifndef PKPF
-#define PKPF 16 /* pairs of a packed tile prefetched ahead */
+#define PKPF 32 /* pairs of a packed tile prefetched ahead */
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
