@@ -171,6 +171,25 @@ expect 1 "more than the 200000" "$moe8" info "$tmp/big"
 expect 2 "--lr" "$moe8" train --lr nan --steps 2
 expect 2 "--lr" "$moe8" train --lr 5 --steps 2
 
+# 9. a mapped model file truncated while a run uses it: one message naming
+# the file, exit 1, no output (not a bare SIGBUS)
+cat >"$tmp/cfg9.json" <<'J'
+{"model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 2, "hidden_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 1}
+J
+"$moe8" init --config "$tmp/cfg9.json" --out "$tmp/m9" >/dev/null || fail "init m9"
+"$moe8" quantize "$tmp/m9" "$tmp/q9" --rules "$tmp/rules.json" >/dev/null || fail "quantize m9"
+"$py" -c "import numpy as np; np.save('$tmp/x9.npy', np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32))"
+"$moe8" run --model "$tmp/q9" --input "$tmp/x9.npy" --output "$tmp/y9.npy" --repeat 1000 >/dev/null 2>"$tmp/err" &
+pid=$!
+sleep 0.3
+truncate -s 4096 "$tmp/q9/model.safetensors"
+wait $pid; rc=$?
+if [ "$rc" -ne 0 ]; then  # (a fast machine may finish first: then there is nothing to see)
+  [ "$rc" -eq 1 ] || { cat "$tmp/err"; fail "a truncated mapped model: exit $rc, want 1"; }
+  grep -q "q9/model.safetensors was truncated or removed while in use" "$tmp/err" || { cat "$tmp/err"; fail "a truncated mapped model: no message naming the file"; }
+  [ ! -e "$tmp/y9.npy" ] || fail "a truncated mapped model: an output was written"
+fi
+
 # 12. a virtual-memory limit: the command links no BLAS or oneDNN (the
 # bench opens them as a module), so nothing keeps it from exiting
 for v in 100000 200000; do

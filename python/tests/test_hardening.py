@@ -146,3 +146,25 @@ def test_unaligned_input_is_copied_not_misread():
     un[:] = x
     assert not un.flags.aligned
     assert np.array_equal(layer.forward(un)[0], layer.forward(x)[0])
+
+
+def test_truncated_mapped_model_is_a_message(tmp_path):
+    import json
+    import subprocess
+    import sys
+    bin_ = os.environ.get("MOE8_BIN", "moe8")
+    (tmp_path / "cfg.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 256,
+                                                   "moe_intermediate_size": 128, "num_hidden_layers": 1}))
+    (tmp_path / "rules.json").write_text(json.dumps(FP8).replace("32", "128"))
+    subprocess.run([bin_, "init", "--config", str(tmp_path / "cfg.json"), "--out", str(tmp_path / "m")], check=True, capture_output=True)
+    subprocess.run([bin_, "quantize", str(tmp_path / "m"), str(tmp_path / "q"), "--rules", str(tmp_path / "rules.json")], check=True,
+                   capture_output=True)
+    code = ("import os, numpy as np, moe8\n"
+            "layer = moe8.Layer.from_model(%r)\n"
+            "os.truncate(%r, 4096)\n"
+            "layer.forward(np.ones((64, 256), np.float32), fused=True)\n") % (str(tmp_path / "q"), str(tmp_path / "q" / "model.safetensors"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(moe8.__file__)) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "model.safetensors was truncated or removed while in use" in p.stderr

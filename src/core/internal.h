@@ -137,6 +137,11 @@ moe8_status moe8__config_load_as(const char *path, const char *model_type, moe8_
 ** of gigabytes; the kernel may refuse); freed with free(). */
 void *moe8__alloc_weights(size_t n);
 
+/* The library's file mappings (maps.c): a SIGBUS inside one ends the
+** process with a message naming the file. */
+void moe8__map_register(const void *p, size_t len, const char *path);
+void moe8__map_unregister(const void *p);
+
 /* Scalar f32 -> i8 as the quantizer needs it: round half even, clamp. */
 int8_t moe8__f32_to_i8(float x);
 

@@ -55,7 +55,7 @@ void moe8_st_close(moe8_st_file *f) {
   for (size_t i = 0; i < f->count; i++) free(f->names[i]);
   free(f->names);
   free(f->t);
-  if (f->map) munmap(f->map, f->map_len);
+  if (f->map) { moe8__map_unregister(f->map); munmap(f->map, f->map_len); }
   free(f->path);
   free(f);
 }
@@ -231,6 +231,7 @@ moe8_status moe8_st_open(const char *path, moe8_st_file **out) {
   if (st != MOE8_OK) { if (map) munmap(map, len); return st; }
   (*out)->map = map;
   (*out)->map_len = len;
+  moe8__map_register(map, len, path);
   return MOE8_OK;
 }
 
