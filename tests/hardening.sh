@@ -171,6 +171,29 @@ expect 1 "more than the 200000" "$moe8" info "$tmp/big"
 expect 2 "--lr" "$moe8" train --lr nan --steps 2
 expect 2 "--lr" "$moe8" train --lr 5 --steps 2
 
+# small ones of round 3: an empty model path, a huge --layer, a checkpoint
+# holding its experts twice (fused and per expert)
+expect 1 "empty path" "$moe8" run --model "" --input "$tmp/x.npy" --output "$tmp/ye.npy"
+expect 2 "is not a layer number" run --output "$tmp/ye.npy" --layer 99999999999999999999999
+mkdir "$tmp/both"; cp "$tmp/m/config.json" "$tmp/both/"
+"$py" - "$tmp/m/model.safetensors" "$tmp/both/model.safetensors" <<'P' || fail "both"
+import sys, json, struct
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
+E, D, F = 8, 256, 128
+extra = {"model.layers.0.mlp.experts.gate_up_proj": ("F32", [E, 2 * F, D]), "model.layers.0.mlp.experts.down_proj": ("F32", [E, D, F])}
+end = max(v["data_offsets"][1] for k, v in h.items() if k != "__metadata__")
+for k, (dt, shape) in extra.items():
+    size = 4 * shape[0] * shape[1] * shape[2]
+    h[k] = {"dtype": dt, "shape": shape, "data_offsets": [end, end + size]}
+    end += size
+data = data + bytes(end - len(data))
+hb = json.dumps(h).encode(); hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+P
+expect 1 "holds its experts twice" "$moe8" run --model "$tmp/both" --input "$tmp/x.npy" --output "$tmp/ye.npy"
+[ ! -e "$tmp/ye.npy" ] || fail "an ambiguous checkpoint wrote an output"
+
 # 9. a mapped model file truncated while a run uses it: one message naming
 # the file, exit 1, no output (not a bare SIGBUS)
 cat >"$tmp/cfg9.json" <<'J'

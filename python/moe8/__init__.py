@@ -56,7 +56,7 @@ def _fn(name, res, *args):
 DTYPES = {"none": 0, "f32": 1, "bf16": 2, "f8e4m3": 3, "f8e5m2": 4, "i8": 5}
 _NP = {1: np.float32, 2: np.uint16, 3: np.uint8, 4: np.uint8, 5: np.int8}
 _GRAN = {"tensor": 0, "row": 1, "row_tile": 2, "channel": 3, "channel_tile": 4, "block2d": 5}
-_STATUS = ["ok", "invalid argument", "shape mismatch", "unsupported dtype", "non-finite value", "out of memory", "i/o error",
+_STATUS = ["ok", "invalid argument", "shape mismatch", "unsupported dtype", "non-finite or invalid value", "out of memory", "i/o error",
            "format error", "parse error", "unsupported", "internal error"]
 
 

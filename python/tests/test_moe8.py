@@ -62,7 +62,7 @@ def test_errors_raise_with_the_message(model, tmp_path):
     bad[2, 5] = np.nan
     with pytest.raises(moe8.Error, match="non-finite") as e:
         L.forward(bad)
-    assert e.value.status == 4 and e.value.status_name == "non-finite value"
+    assert e.value.status == 4 and e.value.status_name == "non-finite or invalid value"
     with pytest.raises(moe8.Error, match="loaded for inference"):
         L.backward(x, x)
     with pytest.raises(moe8.Error, match="no gate weight"):

@@ -18,7 +18,7 @@ const char *moe8_status_str(moe8_status status) {
     case MOE8_ERR_INVALID_ARG: return "invalid argument";
     case MOE8_ERR_SHAPE:       return "shape mismatch";
     case MOE8_ERR_DTYPE:       return "unsupported dtype";
-    case MOE8_ERR_NONFINITE:   return "non-finite value in input";
+    case MOE8_ERR_NONFINITE:   return "non-finite or invalid value";
     case MOE8_ERR_NOMEM:       return "out of memory";
     case MOE8_ERR_IO:          return "i/o error";
     case MOE8_ERR_FORMAT:      return "malformed file";

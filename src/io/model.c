@@ -74,6 +74,7 @@ void moe8_model_close(moe8_model *m) { model_release(m); }
 
 moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_model **out) {
   if (!dir || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
+  if (!*dir) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: the model directory is an empty path");
   *out = NULL;
   char path[4096];
   moe8_model *m = calloc(1, sizeof *m);
@@ -493,9 +494,21 @@ moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const m
   if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
 
-  /* The routed experts' format. */
+  /* The routed experts' format: one of them, never a guess between two. */
   double t0 = now_s(), last = t0;
   const int64_t total = E + (Fs > 0);
+  {
+    char per[256], fused[256], q[256];
+    snprintf(per, sizeof per, "%sexperts.0.%s.weight", p, proj_name(m, 0));
+    snprintf(fused, sizeof fused, "%sexperts.gate_up_proj", p);
+    snprintf(q, sizeof q, "%sexperts.gate_up_proj.scale", p);
+    const char *other = moe8_model_find(m, q) ? q : moe8_model_find(m, fused) ? fused : NULL;
+    if (other && moe8_model_find(m, per)) {
+      st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld holds its experts twice, as '%s' and as per-expert '%s': which one "
+                      "to run is ambiguous (remove one set)", (long long)layer, other, per);
+      goto fail;
+    }
+  }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   if (moe8_model_find(m, n)) {
     if ((st = load_moe8(&ld, L, (moe8_model *)m, &borrowed)) != MOE8_OK) goto fail;

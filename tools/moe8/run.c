@@ -9,6 +9,7 @@
 #include "cli.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,16 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--training-load")) training_load = 1;
     else if (!strcmp(a, "--ep-mode") && v && (!strcmp(v, "ring") || !strcmp(v, "alltoall"))) { ep_mode = !strcmp(v, "ring") ? MOE8_EP_RING : MOE8_EP_ALLTOALL; i++; }
     else if (!strcmp(a, "--repeat") && v && cli_parse_i64(v, &repeat) && repeat <= 1000) i++;
-    else if (!strcmp(a, "--layer") && v) { char *e; layer = strtoll(v, &e, 10); if (*e || layer < 0) { usage(stderr); return EXIT_USAGE; } i++; }
+    else if (!strcmp(a, "--layer") && v) {
+      char *e;
+      errno = 0;
+      layer = strtoll(v, &e, 10);
+      if (*e || e == v || errno || layer < 0) {
+        fprintf(stderr, "moe8 run: --layer '%s' is not a layer number (0, 1, ...)\n", v);
+        return EXIT_USAGE;
+      }
+      i++;
+    }
     else { fprintf(stderr, "moe8 run: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
   }
   if (!dir || !input || !output) { usage(stderr); return EXIT_USAGE; }
