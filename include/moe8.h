@@ -61,6 +61,11 @@ extern "C" {
 ** header's): MOE8_VERSION_NUMBER's encoding, and "0.2.0". */
 MOE8_API int         moe8_version(void);
 MOE8_API const char *moe8_version_string(void);
+/* sizeof the named public struct ("moe8_layer_config", "moe8_quant_spec",
+** "moe8_layer_grads", "moe8_load_options", "moe8_gmm_args",
+** "moe8_prepared", "moe8_router_config"), 0 for another name: bindings
+** check their mirrors of the structs against it when they load. */
+MOE8_API size_t      moe8_struct_size(const char *name);
 
 /* ------------------------------------------------------------------------
 ** 1. Status

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES"]
+__all__ = ["__version__", "Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES"]
 
 # ---- the library -----------------------------------------------------------------------
 def _find_library():
@@ -98,6 +98,13 @@ class _LoadOptions(C.Structure):
 
 
 _version_string = _fn("moe8_version_string", C.c_char_p)
+_struct_size = _fn("moe8_struct_size", C.c_size_t, C.c_char_p)
+# The structs mirrored here must be the library's: checked once, at import.
+for _name, _cls in (("moe8_layer_config", _LayerConfig), ("moe8_quant_spec", _QuantSpec), ("moe8_layer_grads", _Grads),
+                    ("moe8_load_options", _LoadOptions)):
+    if _struct_size(_name.encode()) != C.sizeof(_cls):
+        raise ImportError("moe8: %s is %d bytes in %s but %d in this package: the package and the library do not match"
+                          % (_name, _struct_size(_name.encode()), library_path, C.sizeof(_cls)))
 _rules_parse = _fn("moe8_rules_parse", C.c_int, C.c_char_p, C.c_size_t, C.c_char_p, C.POINTER(_P))
 _rules_destroy = _fn("moe8_rules_destroy", None, _P)
 _layer_create = _fn("moe8_layer_create", C.c_int, C.POINTER(_LayerConfig), _P, C.c_char_p, C.POINTER(_P))
@@ -127,6 +134,9 @@ _convert = _fn("moe8_convert", C.c_int, _P, C.c_int, _P, C.c_int, C.c_size_t, C.
 def version():
     """The linked library's version string, e.g. "0.2.0"."""
     return _version_string().decode()
+
+
+__version__ = version()
 
 
 def _f32(a, name, ndim=None, shape=None):

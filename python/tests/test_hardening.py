@@ -168,3 +168,12 @@ def test_truncated_mapped_model_is_a_message(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert "model.safetensors was truncated or removed while in use" in p.stderr
+
+
+def test_structs_match_the_library():
+    import ctypes
+    for name, cls in (("moe8_layer_config", moe8._LayerConfig), ("moe8_quant_spec", moe8._QuantSpec), ("moe8_layer_grads", moe8._Grads),
+                      ("moe8_load_options", moe8._LoadOptions)):
+        assert moe8._struct_size(name.encode()) == ctypes.sizeof(cls) > 0
+    assert moe8._struct_size(b"no_such_struct") == 0
+    assert moe8.__version__ == moe8.version()

@@ -7,6 +7,8 @@
 */
 #include "internal.h"
 
+#include <string.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -43,3 +45,14 @@ moe8_status moe8__fail(moe8_status status, const char *fmt, ...) {
 
 int         moe8_version(void) { return MOE8_VERSION_NUMBER; }
 const char *moe8_version_string(void) { return MOE8_VERSION_STRING; }
+
+size_t moe8_struct_size(const char *name) {
+  static const struct { const char *name; size_t size; } k[] = {
+    {"moe8_layer_config", sizeof(moe8_layer_config)}, {"moe8_quant_spec", sizeof(moe8_quant_spec)},
+    {"moe8_layer_grads", sizeof(moe8_layer_grads)},   {"moe8_load_options", sizeof(moe8_load_options)},
+    {"moe8_gmm_args", sizeof(moe8_gmm_args)},         {"moe8_prepared", sizeof(moe8_prepared)},
+    {"moe8_router_config", sizeof(moe8_router_config)}};
+  for (size_t i = 0; name && i < sizeof k / sizeof k[0]; i++)
+    if (!strcmp(name, k[i].name)) return k[i].size;
+  return 0;
+}
