@@ -324,8 +324,8 @@ typedef struct moe8_router_config {
   /* Group-limited routing (DeepSeek-V3): the E experts form n_group equal
   ** groups; a group's score is the sum of its two best selection values
   ** (score + bias), the topk_group best groups are kept and the others'
-  ** selection values become 0 before the top-k (as the Hugging Face
-  ** reference does).  n_group <= 1: plain top-k. */
+  ** selection values become -inf before the top-k (as DeepSeek's own
+  ** inference code and transformers 5 do).  n_group <= 1: plain top-k. */
   int64_t          n_group;
   int64_t          topk_group;
 } moe8_router_config;

@@ -234,6 +234,16 @@ static void test_hf_configs(void **state) {
   assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
   assert_non_null(strstr(moe8_last_error(), "first_k_dense_replace"));
   assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_OK);
+  /* transformers 5 writes Qwen3-MoE's expert count as num_local_experts. */
+  const char *q3a = "{\"model_type\":\"qwen3_moe\",\"num_local_experts\":64,\"num_experts_per_tok\":8}";
+  assert_int_equal(moe8_hf_config_parse(q3a, strlen(q3a), "q3a", &c), MOE8_OK);
+  assert_int_equal(c.layer.num_experts, 64);
+  const char *q3b = "{\"model_type\":\"qwen3_moe\",\"num_local_experts\":64,\"num_experts\":32}";
+  assert_int_equal(moe8_hf_config_parse(q3b, strlen(q3b), "q3b", &c), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "num_local_experts"));
+  const char *q2a = "{\"model_type\":\"qwen2_moe\",\"num_local_experts\":16,\"num_experts\":16}";
+  assert_int_equal(moe8_hf_config_parse(q2a, strlen(q2a), "q2a", &c), MOE8_OK);
+  assert_int_equal(c.layer.num_experts, 16);
   const char *ds2 = "{\"model_type\":\"deepseek_v3\",\"n_shared_experts\":2,\"moe_intermediate_size\":64,\"first_k_dense_replace\":0,"
                     "\"n_routed_experts\":16,\"n_group\":4,\"topk_group\":2,\"num_experts_per_tok\":4}";
   assert_int_equal(moe8_hf_config_parse(ds2, strlen(ds2), "ds2", &c), MOE8_OK);

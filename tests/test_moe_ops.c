@@ -60,19 +60,25 @@ static void test_router_ties_and_options(void **state) {
 
 /* DeepSeek-V3's group-limited top-k: E = 64 in 8 groups, the best 4
 ** groups by the sum of their two best (score + bias), then the top 8 of
-** those.  Checked against a direct implementation here, and it must pick
-** other experts than plain top-k for most tokens (else the test proves
-** nothing). */
+** those (the dropped groups' selection values are -inf, as DeepSeek's own
+** inference code and transformers do).  Checked against a direct
+** implementation here, with small biases and with realistic negative ones
+** (-1.5 ± 0.2: score + bias < 0, where masking with 0.0 would pick
+** experts of dropped groups), and it must pick other experts than plain
+** top-k for most tokens (else the test proves nothing). */
 static void test_router_group_limited(void **state) {
   (void)state;
   enum { T = 64, E = 64, NG = 8, KG = 4, K = 8, GS = E / NG };
   float *logits = malloc(sizeof(float) * T * E), bias[E], w[T * K], wp[T * K], sc[T * E];
   int32_t ids[T * K], idp[T * K];
-  tu_rng_reset(99);
-  tu_fill_normal(logits, (size_t)(T * E), 1.5f);
-  tu_fill_normal(bias, E, 0.1f);
   moe8_router_config cfg = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true,
                             .routed_scaling_factor = 2.5f, .selection_bias = bias, .n_group = NG, .topk_group = KG};
+  for (int bias_kind = 0; bias_kind < 2; bias_kind++) {
+  tu_rng_reset(99);
+  tu_fill_normal(logits, (size_t)(T * E), 1.5f);
+  tu_fill_normal(bias, E, bias_kind ? 0.2f : 0.1f);
+  if (bias_kind)
+    for (int e = 0; e < E; e++) bias[e] -= 1.5f;
   assert_int_equal(moe8_route(&cfg, logits, T, sc, ids, w), MOE8_OK);
   moe8_router_config plain = cfg;
   plain.n_group = 0;
@@ -100,8 +106,8 @@ static void test_router_group_limited(void **state) {
     for (int j = 0; j < K; j++) {
       int be = -1;
       for (int e = 0; e < E; e++) {
-        const float v = keep[e / GS] ? sel[e] : 0.0f;
-        if (!taken[e] && (be < 0 || v > (keep[be / GS] ? sel[be] : 0.0f))) be = e;
+        const float v = keep[e / GS] ? sel[e] : -INFINITY;
+        if (!taken[e] && (be < 0 || v > (keep[be / GS] ? sel[be] : -INFINITY))) be = e;
       }
       taken[be] = true;
       rid[j] = be;
@@ -118,6 +124,7 @@ static void test_router_group_limited(void **state) {
     differ += a != b;
   }
   if (differ < T / 2) TU_FAIL("group-limited and plain top-k differ for only %d of %d tokens", differ, T);
+  }
   /* Bad group configs name the key. */
   moe8_router_config bad = cfg;
   bad.n_group = 5;

@@ -110,7 +110,20 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
   TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
-  TRY(get_int(root, file, fam->experts_key, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
+  /* The expert count under the family's key or its alias: transformers 5
+  ** writes Qwen2/3-MoE's num_experts as num_local_experts (the config
+  ** class's attribute map).  Both present and different: refused. */
+  const char *ekey = fam->experts_key;
+  if (qwen && !item(root, "num_experts") && item(root, "num_local_experts")) ekey = "num_local_experts";
+  if (qwen && item(root, "num_experts") && item(root, "num_local_experts")) {
+    int64_t a = 0, b = 0;
+    TRY(get_int(root, file, "num_experts", 0, 1, MOE8_MAX_EXPERTS, &a));
+    TRY(get_int(root, file, "num_local_experts", 0, 1, MOE8_MAX_EXPERTS, &b));
+    if (a != b)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts\" = %lld and its alias \"num_local_experts\" = %lld disagree", file,
+                        (long long)a, (long long)b);
+  }
+  TRY(get_int(root, file, ekey, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
   TRY(get_int(root, file, "num_experts_per_tok", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
   TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
   if (L->top_k > L->num_experts)

@@ -96,7 +96,7 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
       }
       for (int64_t g = 0; g < NG; g++)
         if (!(keep[g >> 6] >> (g & 63) & 1))
-          for (int64_t e = g * gs; e < (g + 1) * gs; e++) sel[e] = 0.0f;
+          for (int64_t e = g * gs; e < (g + 1) * gs; e++) sel[e] = -INFINITY; /* as DeepSeek's code and transformers */
     }
     memset(taken, 0, sizeof(uint64_t) * (size_t)((E + 63) / 64));
     for (int64_t j = 0; j < K; j++) {

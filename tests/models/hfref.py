@@ -153,7 +153,7 @@ def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale):
         mask = np.zeros((T, n_group), dtype=bool)
         for t in range(T):
             mask[t, topk_idx(gs[t], topk_group)] = True
-        sel = np.where(np.repeat(mask, E // n_group, axis=1), sel, 0.0)
+        sel = np.where(np.repeat(mask, E // n_group, axis=1), sel, -np.inf)  # DeepSeek's code and transformers 5: -inf
     ids = np.array([topk_idx(r, k) for r in sel])
     w = np.take_along_axis(s, ids, axis=1)
     if norm:

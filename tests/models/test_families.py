@@ -193,7 +193,7 @@ def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32):
     p = "model.layers.%d.mlp." % L
     t = {"model.layers.0.mlp.gate_proj.weight": ("F32", np.zeros((8, D))), }
     wr = rnd(rng, E, D, scale=0.5)
-    bias = rnd(rng, E, scale=0.05)
+    bias = rnd(rng, E, scale=0.2) - 1.5  # realistic: DeepSeek-V3/R1's correction biases are not small, score + bias < 0
     t[p + "gate.weight"] = ("F32", wr)
     t[p + "gate.e_score_correction_bias"] = ("F32", bias)
     Fs = F * cfg.get("n_shared_experts", 1)
