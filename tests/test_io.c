@@ -8,6 +8,7 @@
 ** file left behind", is tests/cli_files.sh.)
 */
 #include "testutil.h"
+#include "core/internal.h"
 
 #include <cjson/cJSON.h>
 
@@ -234,6 +235,20 @@ static void test_hf_configs(void **state) {
   assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
   assert_non_null(strstr(moe8_last_error(), "first_k_dense_replace"));
   assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_OK);
+  /* --arch never runs a family whose block differs (PhiMoE's sparsemixer). */
+  {
+    const char *phi = "{\"model_type\":\"phimoe\",\"num_local_experts\":16,\"num_experts_per_tok\":2}";
+    char dir[] = "/tmp/moe8_phiXXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(phi, f);
+    fclose(f);
+    assert_int_equal(moe8__config_load_as(path, "mixtral", &c), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "sparsemixer"));
+    remove(path);
+    rmdir(dir);
+  }
   /* transformers 5 writes Qwen3-MoE's expert count as num_local_experts. */
   const char *q3a = "{\"model_type\":\"qwen3_moe\",\"num_local_experts\":64,\"num_experts_per_tok\":8}";
   assert_int_equal(moe8_hf_config_parse(q3a, strlen(q3a), "q3a", &c), MOE8_OK);

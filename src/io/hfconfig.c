@@ -89,6 +89,20 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   const cJSON *mt = item(root, "model_type");
   if (mt && !cJSON_IsString(mt)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" must be a string", file);
   const char *type = override ? override : mt ? mt->valuestring : NULL;
+  /* An override runs a compatible model as a known family; a family whose
+  ** block is known to compute something else is refused even then, never
+  ** run silently wrong (docs/models.md). */
+  static const struct { const char *type, *why; } k_differs[] = {
+    {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
+    {"gpt_oss", "it routes by top-k then softmax over the selected logits, adds expert biases and clamps its SwiGLU"},
+    {"llama4_text", "it routes by sigmoid top-1 and scales the expert input, not the output"},
+    {"llama4", "it routes by sigmoid top-1 and scales the expert input, not the output"},
+  };
+  if (override && mt)
+    for (size_t i = 0; i < sizeof k_differs / sizeof k_differs[0]; i++)
+      if (!strcmp(mt->valuestring, k_differs[i].type))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run even as %s: %s", file,
+                          k_differs[i].type, override, k_differs[i].why);
   const family *fam = NULL;
   if (type) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
