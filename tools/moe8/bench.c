@@ -200,7 +200,7 @@ static void free_ops(gmm_ops *o) {
 }
 
 /* bw: one core's read bandwidth; bw2: two threads' (the machine's, here). */
-typedef struct peaks { double f32, bf16, i8, bw, bw2; bool have; } peaks;
+typedef struct peaks { double f32, bf16, i8, bw, bw2; bool have; double amx_bf16, amx_i8; } peaks;
 
 static peaks measure_peaks(void) {
   peaks p = {0, 0, 0, read_bandwidth(1), max_threads() >= 2 ? read_bandwidth(2) : 0,
@@ -209,9 +209,12 @@ static peaks measure_peaks(void) {
     p.f32 = peak_gops(PEAK_F32_FMA);
     p.i8 = peak_gops(PEAK_I8_DP);
     if (moe8_isa_supported(MOE8_ISA_AVX512_BF16)) p.bf16 = peak_gops(PEAK_BF16_DP); /* VNNI-only CPUs lack vdpbf16ps */
+    if (moe8_isa_supported(MOE8_ISA_AMX)) { p.amx_bf16 = peak_gops(PEAK_AMX_BF16); p.amx_i8 = peak_gops(PEAK_AMX_I8); }
   }
-  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s; memory read %.1f GB/s",
-         p.f32, p.bf16, p.i8, p.bw);
+  printf("measured single-core peaks: f32 FMA %.0f GFLOP/s, vdpbf16ps %.0f GFLOP/s, vpdpbusd %.0f GOP/s", p.f32, p.bf16, p.i8);
+  if (p.amx_bf16 > 0) printf(", tdpbf16ps %.0f GFLOP/s, tdpbssd %.0f GOP/s", p.amx_bf16, p.amx_i8);
+  else printf(" (no AMX: %s)", moe8__amx_unavailable() ? moe8__amx_unavailable() : "not supported");
+  printf("; memory read %.1f GB/s", p.bw);
   if (p.bw2 > 0) printf(" (%.1f GB/s with 2 threads)", p.bw2);
   printf("\n");
   return p;
@@ -318,8 +321,11 @@ static int bench_gmm(const peaks *pk) {
           if (st != MOE8_OK) return cli_report(st, "bench gmm");
         }
         qsort(t, (size_t)runs, sizeof t[0], cmp_double);
-        const double gf = flop / t[0] / 1e9, pct = pk->have ? 100.0 * gf / ((cases[ci].peak == PEAK_F32_FMA ? pk->f32
-                                                                             : cases[ci].peak == PEAK_BF16_DP ? pk->bf16 : pk->i8) * th) : 0.0;
+        /* % of the peak of the units that run it: the tiles on the amx table */
+        const bool tiles = moe8_isa_active() == MOE8_ISA_AMX && pk->amx_bf16 > 0;
+        const double unit = cases[ci].peak == PEAK_F32_FMA ? pk->f32 : cases[ci].peak == PEAK_BF16_DP ? (tiles ? pk->amx_bf16 : pk->bf16)
+                                                                                                      : (tiles ? pk->amx_i8 : pk->i8);
+        const double gf = flop / t[0] / 1e9, pct = pk->have && unit > 0 ? 100.0 * gf / (unit * th) : 0.0;
         char c1[32] = "", c2[32] = "", c3[32] = "", name[32];
         if (cases[ci].order == MOE8_ORDER_NATIVE) native_ms = t[0];
         if (cases[ci].order == MOE8_ORDER_CANONICAL && native_ms > 0) snprintf(c3, sizeof c3, "c %.2fx", t[0] / native_ms);
@@ -641,8 +647,8 @@ int cmd_bench(int argc, char **argv) {
   peaks pk = {0};
   if (want[0] || want[1] || want[2] || want[4]) {
     pk = measure_peaks();
-    if (g_json) fprintf(g_json, "{\"bench\":\"peaks\",\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,\"i8_gops\":%.1f,\"read_gbs\":%.2f,\"read_gbs_2t\":%.2f}\n",
-                        pk.f32, pk.bf16, pk.i8, pk.bw, pk.bw2);
+    if (g_json) fprintf(g_json, "{\"bench\":\"peaks\",\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,\"i8_gops\":%.1f,\"read_gbs\":%.2f,\"read_gbs_2t\":%.2f,"
+                        "\"amx_bf16_gflops\":%.1f,\"amx_i8_gops\":%.1f}\n", pk.f32, pk.bf16, pk.i8, pk.bw, pk.bw2, pk.amx_bf16, pk.amx_i8);
   }
   if (rc == EXIT_OK && want[0]) rc = bench_quant(pk.bw, pk.bw2);
   if (!g_nisa) g_isas[g_nisa++] = moe8_isa_active();

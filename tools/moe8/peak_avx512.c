@@ -57,11 +57,14 @@ T512 static double run_i8(long iters) {
   return (double)iters * 12 * 128 / t / 1e9;
 }
 
+double peak_amx(int int8, long iters); /* peak_amx.c */
+
 double peak_gops(peak_kind kind) {
   const long iters = 20000000;
   double best = 0;
   for (int r = 0; r < 3; r++) {
-    const double g = kind == PEAK_F32_FMA ? run_f32(iters) : kind == PEAK_BF16_DP ? run_bf16(iters) : run_i8(iters);
+    const double g = kind == PEAK_AMX_BF16 || kind == PEAK_AMX_I8 ? peak_amx(kind == PEAK_AMX_I8, iters / 16)
+                     : kind == PEAK_F32_FMA ? run_f32(iters) : kind == PEAK_BF16_DP ? run_bf16(iters) : run_i8(iters);
     if (g > best) best = g;
   }
   return best;
