@@ -533,6 +533,19 @@ MOE8_API void        moe8_layer_set_quantize_before_sort(moe8_layer *layer, bool
 ** instead (the caller asked for them). */
 MOE8_API void moe8_layer_set_allow_nonfinite(moe8_layer *layer, bool allow);
 
+/* The layer's experts on tokens the caller routed: the expert op of a
+** serving stack (docs/integration.md).  topk_ids [T, top_k] int32 and
+** topk_weights [T, top_k] f32, as the caller's router produced them; an id
+** < 0 is skipped (its slot adds nothing), an id >= E is an error; the
+** weights are used as given (no renormalization, no scaling).  Then
+** dispatch, the expert matmuls (prepared/packed weights when the layer is
+** prepared), combine and the shared expert, exactly as moe8_layer_forward
+** does after its own routing: the same bytes given the same ids and
+** weights.  Capacity dropping applies; no aux loss; the workspace holds
+** no forward for a backward. */
+MOE8_API moe8_status moe8_layer_experts(moe8_layer *layer, const float *x, int64_t T, const int32_t *topk_ids,
+                                        const float *topk_weights, float *out, void *ws, size_t ws_size);
+
 /* The summation order of the layer's expert matmuls (section 5; default:
 ** the process setting).  Under expert parallelism every rank's layer must
 ** sum in the same order (canonical, or native on the same table): a

@@ -436,6 +436,60 @@ static void test_seed_a_quantize_before_sort(void **state) {
   }
 }
 
+/* docs/integration.md: the serving op.  Given the ids and weights the
+** layer's own router picks, moe8_layer_experts gives the forward's bytes
+** (training and prepared paths, FP8 and i8 rules, a shared expert); ids <
+** 0 are skipped (all skipped: the shared expert alone); an id >= E is an
+** error naming the slot. */
+static void test_experts_entry(void **state) {
+  (void)state;
+  const char *rules_txt[] = {
+    NULL,
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+  };
+  moe8_layer_config c = {.num_experts = 8, .top_k = 3, .hidden = 48, .ffn = 32, .norm_topk_prob = true, .routed_scaling_factor = 1.5f,
+                         .shared_ffn = 16, .shared_gate = true};
+  for (size_t i = 0; i < 3; i++) {
+    moe8_rules *rs = NULL;
+    if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
+    run u;
+    run_init(&u, &c, rs, 21, 70 + i);
+    const int64_t T = u.T, E = u.E, K = u.K, D = u.D;
+    float *logits = malloc(sizeof(float) * (size_t)(T * E)), *w = malloc(sizeof(float) * (size_t)(T * K));
+    float *o2 = malloc(sizeof(float) * (size_t)(T * D)), *o3 = malloc(sizeof(float) * (size_t)(T * D));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
+    const moe8_router_config rc = {E, K, c.score, c.norm_topk_prob, c.routed_scaling_factor, NULL, 0, 0};
+    assert_int_equal(moe8_router_logits(u.x, moe8_layer_weight_read(u.L, MOE8_W_ROUTER, NULL), T, D, E, logits), MOE8_OK);
+    assert_int_equal(moe8_route(&rc, logits, T, NULL, ids, w), MOE8_OK);
+    for (int prepared = 0; prepared < 2; prepared++) {
+      if (prepared) assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
+      assert_int_equal(prepared ? moe8_layer_forward_fused(u.L, u.x, T, u.out, u.ws, u.ws_size)
+                                : moe8_layer_forward(u.L, u.x, T, u.out, NULL, u.ws, u.ws_size), MOE8_OK);
+      assert_int_equal(moe8_layer_experts(u.L, u.x, T, ids, w, o2, u.ws, u.ws_size), MOE8_OK);
+      if (memcmp(u.out, o2, sizeof(float) * (size_t)(T * D)) != 0)
+        TU_FAIL("rules %zu, %s: moe8_layer_experts differs from the forward given the same routing", i, prepared ? "prepared" : "training");
+    }
+    /* every slot skipped: the shared expert alone (= the forward of a layer
+    ** whose routed experts' weights are 0) */
+    int32_t *none = malloc(sizeof(int32_t) * (size_t)(T * K));
+    for (int64_t a = 0; a < T * K; a++) none[a] = -1;
+    assert_int_equal(moe8_layer_experts(u.L, u.x, T, none, w, o3, u.ws, u.ws_size), MOE8_OK);
+    float *zw = calloc((size_t)(T * K), sizeof(float));
+    assert_int_equal(moe8_layer_experts(u.L, u.x, T, ids, zw, o2, u.ws, u.ws_size), MOE8_OK);
+    for (int64_t j = 0; j < T * D; j++)
+      if (o3[j] != o2[j]) TU_FAIL("rules %zu: all slots skipped [%lld] = %g, zero weights %g", i, (long long)j, (double)o3[j], (double)o2[j]);
+    /* an id past E, NULL routing */
+    ids[5] = (int32_t)E;
+    assert_int_equal(moe8_layer_experts(u.L, u.x, T, ids, w, o2, u.ws, u.ws_size), MOE8_ERR_SHAPE);
+    assert_non_null(strstr(moe8_last_error(), "token 1, slot 2"));
+    assert_int_equal(moe8_layer_experts(u.L, u.x, T, NULL, w, o2, u.ws, u.ws_size), MOE8_ERR_INVALID_ARG);
+    free(none); free(zw); free(logits); free(w); free(o2); free(o3); free(ids);
+    run_free(&u);
+    moe8_rules_destroy(rs);
+  }
+}
+
 static void test_fused_equals_unfused_no_alloc(void **state) {
   (void)state;
   const char *rules_txt[] = {
@@ -675,6 +729,7 @@ int main(void) {
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_seed_b_table),
     cmocka_unit_test(test_fused_equals_unfused_no_alloc),
+    cmocka_unit_test(test_experts_entry),
     cmocka_unit_test(test_seed_a_quantize_before_sort),
     cmocka_unit_test(test_f32_gradients_vs_finite_differences),
     cmocka_unit_test(test_shared_expert_gradients),

@@ -119,6 +119,7 @@ _layer_forward_fused = _fn("moe8_layer_forward_fused", C.c_int, _P, _P, _i64, _P
 _layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t, C.POINTER(_Grads))
 _layer_prepare = _fn("moe8_layer_prepare", C.c_int, _P)
 _layer_weights_changed = _fn("moe8_layer_weights_changed", None, _P)
+_layer_experts = _fn("moe8_layer_experts", C.c_int, _P, _P, _i64, _P, _P, _P, _P, C.c_size_t)
 _rules_load = _fn("moe8_rules_load", C.c_int, C.c_char_p, C.POINTER(_P))
 _model_open_as = _fn("moe8_model_open_as", C.c_int, C.c_char_p, C.c_char_p, C.POINTER(_P))
 _model_close = _fn("moe8_model_close", None, _P)
@@ -397,6 +398,28 @@ class Layer:
         _check(_layer_forward(self._h, _ptr(x), T, _ptr(out), C.byref(aux), ws.ptr, ws.n))
         self._tls.saved = ws
         return out, aux.value
+
+    def experts(self, x, topk_ids, topk_weights, out=None, workspace=None):
+        """The serving op: the layer's experts on tokens the caller routed.
+        x [T, hidden] float32, topk_ids [T, top_k] (int32; ids < 0 are
+        skipped), topk_weights [T, top_k] float32 used as given; returns
+        out [T, hidden], the same bytes as forward() given the same routing
+        (docs/integration.md)."""
+        x = _f32(x, "x", 2, (None, self.hidden))
+        T = x.shape[0]
+        ids = np.asarray(topk_ids)
+        if ids.shape != (T, self.top_k) or ids.dtype.kind not in "iu":
+            raise Error(2, "topk_ids must be an integer array of shape %s, got %s %s" % ((T, self.top_k), ids.dtype, list(ids.shape)))
+        if ids.size and (ids.max() >= self.num_experts or ids.min() < -(2 ** 31)):
+            raise Error(2, "topk_ids holds %d; ids must be < num_experts = %d (ids < 0 are skipped)" % (int(ids.max()), self.num_experts))
+        ids = np.require(ids.astype(np.int32, copy=False), requirements=["C", "A"])
+        w = _f32(topk_weights, "topk_weights", 2, (T, self.top_k))
+        out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
+        if self._views_out:
+            _layer_weights_changed(self._h)
+        ws = workspace or self._workspace(T)
+        _check(_layer_experts(self._h, _ptr(x), T, _ptr(ids), _ptr(w), _ptr(out), ws.ptr, ws.n))
+        return out
 
     def backward(self, x, dout, workspace=None):
         """Gradients of sum(dout * out) + aux_loss at the last forward (same

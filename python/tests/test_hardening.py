@@ -177,3 +177,26 @@ def test_structs_match_the_library():
         assert moe8._struct_size(name.encode()) == ctypes.sizeof(cls) > 0
     assert moe8._struct_size(b"no_such_struct") == 0
     assert moe8.__version__ == moe8.version()
+
+
+@pytest.mark.parametrize("rules", [None, FP8])
+def test_experts_entry_equals_forward(rules):
+    """The serving op with the routing recomputed here (float64 softmax,
+    so equal to the forward up to the weights' rounding; the C test
+    test_experts_entry proves the bytes with the C router's weights)."""
+    layer = small(rules)
+    layer.prepare()
+    x = np.random.default_rng(7).standard_normal((13, 64)).astype(np.float32)
+    logits = x.astype(np.float64) @ layer.weight("router").astype(np.float64)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :2].astype(np.int32)
+    w = np.take_along_axis(p, ids, 1)
+    w = (w / w.sum(1, keepdims=True)).astype(np.float32)
+    y = layer.forward(x)[0]
+    assert np.allclose(layer.experts(x, ids, w), y, rtol=1e-4, atol=1e-5)
+    assert not layer.experts(x, np.full_like(ids, -1), w).any()  # every slot skipped, no shared expert
+    with pytest.raises(moe8.Error, match="topk_ids"):
+        layer.experts(x, ids[:, :1], w)
+    with pytest.raises(moe8.Error, match="num_experts"):
+        layer.experts(x, ids + 10, w)

@@ -16,6 +16,11 @@
 
 moe8_status moe8_dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, float capacity_factor,
                                moe8_dispatch *d) {
+  return moe8__dispatch_sort(ids, T, K, E, capacity_factor, false, d);
+}
+
+moe8_status moe8__dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, float capacity_factor, bool skip_negative,
+                                moe8_dispatch *d) {
   if (!d) return moe8__fail(MOE8_ERR_INVALID_ARG, "dispatch: NULL output");
   if (T < 0 || K <= 0 || E <= 0 || K > E || T * K > INT32_MAX)
     return moe8__fail(MOE8_ERR_SHAPE, "dispatch: bad sizes T=%lld top_k=%lld E=%lld", (long long)T, (long long)K,
@@ -24,14 +29,15 @@ moe8_status moe8_dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t
   if ((A > 0 && (!ids || !d->token_of || !d->slot_of || !d->pos_of)) || !d->group_sizes || !d->offsets)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "dispatch: NULL buffer");
   for (int64_t a = 0; a < A; a++)
-    if (ids[a] < 0 || ids[a] >= E)
-      return moe8__fail(MOE8_ERR_SHAPE, "dispatch: expert_ids[%lld] (token %lld, slot %lld) = %d is outside [0, %lld)",
-                        (long long)a, (long long)(a / K), (long long)(a % K), ids[a], (long long)E);
+    if ((ids[a] < 0 && !skip_negative) || ids[a] >= E)
+      return moe8__fail(MOE8_ERR_SHAPE, "dispatch: expert_ids[%lld] (token %lld, slot %lld) = %d is outside [0, %lld)%s",
+                        (long long)a, (long long)(a / K), (long long)(a % K), ids[a], (long long)E,
+                        skip_negative ? " (negative ids are skipped)" : "");
   int64_t cap = INT64_MAX;
   if (capacity_factor > 0.0f) cap = (int64_t)ceil((double)A / (double)E * (double)capacity_factor);
   for (int64_t e = 0; e < E; e++) d->group_sizes[e] = 0;
   for (int64_t a = 0; a < A; a++)
-    if (d->group_sizes[ids[a]] < cap) d->group_sizes[ids[a]]++;
+    if (ids[a] >= 0 && d->group_sizes[ids[a]] < cap) d->group_sizes[ids[a]]++;
   d->offsets[0] = 0;
   for (int64_t e = 0; e < E; e++) d->offsets[e + 1] = d->offsets[e] + d->group_sizes[e];
   d->num_rows = d->offsets[E];
@@ -40,6 +46,7 @@ moe8_status moe8_dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t
   for (int64_t e = 0; e < E; e++) d->group_sizes[e] = 0;
   for (int64_t a = 0; a < A; a++) {
     const int32_t e = ids[a];
+    if (e < 0) { d->pos_of[a] = -1; continue; } /* skipped by the caller */
     const int64_t p = d->offsets[e] + d->group_sizes[e];
     if (p < d->offsets[e + 1]) {
       d->group_sizes[e]++;

@@ -693,7 +693,7 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
 
 /* ---- forward ---------------------------------------------------------------------- */
 static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size,
-                           uint64_t kind) {
+                           uint64_t kind, const int32_t *ids_in, const float *w_in) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
   if (T < 0 || T > max_tokens(L))
@@ -712,17 +712,28 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   const size_t bad = moe8__count_nonfinite(x, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
 
-  /* 1. router */
-  moe8_status st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, w.logits);
-  const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
-                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
-  if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
+  /* 1. router (or the caller's routing: ids < 0 skipped) */
+  moe8_status st = MOE8_OK;
+  if (ids_in) {
+    memcpy(w.ids, ids_in, sizeof(int32_t) * (size_t)(T * K));
+    for (int64_t a = 0; a < T * K; a++) {
+      w.w[a] = ids_in[a] < 0 ? 0.0f : w_in[a];
+      if (ids_in[a] >= 0 && !isfinite(w_in[a]))
+        return moe8__fail(MOE8_ERR_NONFINITE, "layer %s experts: topk_weights[%lld, %lld] = %g is not finite", L->module_path,
+                          (long long)(a / K), (long long)(a % K), (double)w_in[a]);
+    }
+  } else {
+    st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, w.logits);
+    const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
+                                   L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
+    if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
+  }
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
-  if (st == MOE8_OK) st = moe8_dispatch_sort(w.ids, T, K, E, L->cfg.capacity_factor, &d);
+  if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.capacity_factor, ids_in != NULL, &d);
   if (st != MOE8_OK) return st;
   const int64_t rows = d.num_rows;
-  if (aux && L->cfg.aux_loss_weight != 0.0f) {
+  if (aux && L->cfg.aux_loss_weight != 0.0f && !ids_in) {
     double f[MOE8_MAX_EXPERTS];
     *aux = moe8__aux_loss(L, T, w.ids, w.scores, f);
   }
@@ -762,7 +773,7 @@ moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *
   moe8_status st = ensure_quantized(L); /* inference layers: fixed at load */
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
-  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
@@ -771,7 +782,20 @@ moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, f
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   pthread_rwlock_rdlock(&L->lock);
   const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
-                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED);
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
+}
+
+moe8_status moe8_layer_experts(moe8_layer *L, const float *x, int64_t T, const int32_t *topk_ids, const float *topk_weights, float *out,
+                               void *ws, size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer experts: NULL layer");
+  if (T > 0 && (!topk_ids || !topk_weights)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer experts: NULL topk_ids or topk_weights");
+  moe8_status st = ensure_quantized(L);
+  if (st != MOE8_OK) return st;
+  pthread_rwlock_rdlock(&L->lock);
+  /* no backward from here: the workspace is marked as an inference forward's */
+  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
