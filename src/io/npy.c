@@ -162,7 +162,8 @@ static float f16_to_f32(uint16_t h) {
 }
 
 moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dtype t, size_t n) {
-  if (n && (!dst || !src)) return moe8__fail(MOE8_ERR_INVALID_ARG, "file_to_f32: NULL %s for %zu elements", dst ? "src" : "dst", n);
+  if (n == 0) return MOE8_OK;
+  if (!dst || !src) return moe8__fail(MOE8_ERR_INVALID_ARG, "file_to_f32: NULL %s for %zu elements", dst ? "src" : "dst", n);
   const unsigned char *b = src;
   switch (t) {
     case MOE8_FDT_F32: memmove(dst, src, n * 4); return MOE8_OK;
