@@ -4,6 +4,7 @@
 ** layers, weights N(0, 1/fan_in), stored out × in as the HF checkpoints are.
 */
 #include "cli.h"
+#include "core/internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -127,10 +128,9 @@ int cmd_init(int argc, char **argv) {
   }
   if (rc == EXIT_OK) {
     /* config.json: the input's keys, with the layer count we wrote. */
-    FILE *f = fopen(config, "rb");
-    char *txt = malloc(1 << 20);
-    size_t n = f && txt ? fread(txt, 1, (1 << 20) - 1, f) : 0;
-    if (f) fclose(f);
+    char *txt = NULL;
+    size_t n = 0;
+    if ((st = moe8__read_small(config, (size_t)1 << 20, &txt, &n)) != MOE8_OK) (void)cli_report(st, "init");
     cJSON *root = txt ? cJSON_ParseWithLength(txt, n) : NULL;
     free(txt);
     if (!root) { fprintf(stderr, "moe8 init: cannot re-read %s\n", config); rc = EXIT_FAIL; }

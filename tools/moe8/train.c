@@ -117,20 +117,20 @@ int cmd_train(int argc, char **argv) {
     printf("trained %lld steps in %.2f s: loss %.6f -> %.6f (%.1f%% of first)\n", (long long)steps, cli_now() - t0,
            (double)curve[0], (double)curve[steps - 1], 100.0 * curve[steps - 1] / curve[0]);
     if (csv) {
-      char tmp[4096];
-      snprintf(tmp, sizeof tmp, "%s.tmp", csv);
-      FILE *f = fopen(tmp, "w");
-      int ok = f != NULL;
-      if (ok) {
-        fprintf(f, "step,loss\n");
-        for (int64_t s = 0; s < steps; s++) fprintf(f, "%lld,%.8g\n", (long long)s + 1, (double)curve[s]);
-        ok = fclose(f) == 0;
+      /* the one output routine (an exclusive temporary, fsync, rename) */
+      const size_t cap = 32 + (size_t)steps * 40;
+      char *text = malloc(cap);
+      size_t len = 0;
+      if (text) {
+        len += (size_t)snprintf(text, cap, "step,loss\n");
+        for (int64_t s = 0; s < steps && len < cap; s++)
+          len += (size_t)snprintf(text + len, cap - len, "%lld,%.8g\n", (long long)s + 1, (double)curve[s]);
       }
-      if (!ok || rename(tmp, csv) != 0) {
-        fprintf(stderr, "moe8 train: cannot write %s: %s\n", csv, strerror(errno));
-        remove(tmp);
-        rc = EXIT_FAIL;
-      }
+      const void *parts[1] = {text};
+      const size_t lens[1] = {len};
+      const moe8_status ws_st = text ? moe8_file_write_atomic(csv, parts, lens, 1) : MOE8_ERR_NOMEM;
+      free(text);
+      if (ws_st != MOE8_OK) rc = cli_report(ws_st, "train");
     }
   }
   moe8_trainer_destroy(tr);
