@@ -802,6 +802,11 @@ typedef struct moe8_load_options {
 } moe8_load_options;
 
 /* moe8_model_load_layer with options (NULL: training). */
+/* rules NULL on an FP8 checkpoint (DeepSeek F8_E4M3 blocks, or moe8's own
+** f8e4m3 format): the activations it was made for, f8e4m3 per token and K
+** block (DeepSeek's dynamic scheme with its weight block along K; the moe8
+** file's recorded tile): the command, the library and Python all compute
+** the same bytes.  Other checkpoints: no quantization without rules. */
 MOE8_API moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                                      moe8_layer **out);
 

@@ -49,6 +49,22 @@ def test_parity_with_the_command(model, rules):
     assert got2.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("fmt", ["moe8", "deepseek"])
+def test_fp8_checkpoint_without_rules_is_the_commands(model, fmt):
+    """A quantized checkpoint, loaded without rules, runs with the
+    activations it was made for (FP8 per token and K block), as `moe8 run`
+    does: the same bytes, not f32 activations."""
+    d, x = model
+    q = d / ("q_" + fmt)
+    if not q.exists():
+        sh("quantize", str(d / "m"), str(q), "--rules", str(d / "rules.json"), "--format", fmt)
+    sh("run", "--model", str(q), "--input", str(d / "x.npy"), "--output", str(d / ("yq_" + fmt + ".npy")))
+    want = np.load(d / ("yq_" + fmt + ".npy"))
+    L = moe8.Layer.from_model(str(q))
+    assert "activations f8e4m3" in L.describe()
+    assert L.forward(x, fused=True).tobytes() == want.tobytes()
+
+
 def test_errors_raise_with_the_message(model, tmp_path):
     d, x = model
     with pytest.raises(moe8.Error, match="config.json: cannot open"):

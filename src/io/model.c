@@ -440,9 +440,32 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
+                              moe8_layer **out);
+
+/* No rules on an FP8 checkpoint: the activations it was made for, FP8
+** e4m3 per token and K block (DeepSeek's activation_scheme "dynamic" with
+** its weight block along K; a moe8 file's recorded tile), so every caller
+** (the command, the library, Python) computes the same bytes. */
 moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                                      moe8_layer **out) {
   if (!m || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
+  if (rules || !strstr(moe8_model_format(m, layer), "f8e4m3")) return load_layer(m, layer, rules, opt, out);
+  const moe8_hf_config *hc = &m->cfg;
+  const bool own = strstr(moe8_model_format(m, layer), "moe8") != NULL;
+  const int64_t tile = own ? hc->moe8_tile : hc->block_k ? hc->block_k : 128;
+  char j[256];
+  if (tile > 0) snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}", (long long)tile);
+  else snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\"}]}");
+  moe8_rules *dyn = NULL;
+  moe8_status st = moe8_rules_parse(j, strlen(j), "the checkpoint's dynamic activation rule", &dyn);
+  if (st == MOE8_OK) st = load_layer(m, layer, dyn, opt, out);
+  moe8_rules_destroy(dyn);
+  return st;
+}
+
+static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
+                              moe8_layer **out) {
   *out = NULL;
   moe8_load_options o = {sizeof o, MOE8_LOAD_TRAINING, NULL, NULL};
   if (opt) {

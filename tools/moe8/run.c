@@ -116,18 +116,8 @@ int cmd_run(int argc, char **argv) {
     }
   }
   if (st == MOE8_OK && rules_path) st = moe8_rules_load(rules_path, &rules);
-  if (st == MOE8_OK && !rules_path && strstr(moe8_model_format(m, layer), "f8e4m3")) {
-    char j[256];
-    const moe8_hf_config *hc = moe8_model_config(m);
-    snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
-             (long long)(hc->block_k ? hc->block_k : 128));
-    if (strstr(moe8_model_format(m, layer), "moe8")) { /* moe8 format: its own tile */
-      if (hc->moe8_tile > 0) snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": %lld}]}",
-                                      (long long)hc->moe8_tile);
-      else snprintf(j, sizeof j, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\"}]}");
-    }
-    st = moe8_rules_parse(j, strlen(j), "dynamic activation rule", &rules);
-  }
+  /* No --rules on an FP8 checkpoint: the library applies the activation
+  ** rule the checkpoint was made for (moe8_model_load_layer_ex). */
   if (st == MOE8_OK) {
     progress_ctx pc = {tl0, layer};
     const moe8_load_options lo = {sizeof lo, training_load ? MOE8_LOAD_TRAINING : MOE8_LOAD_INFERENCE, progress, &pc};
