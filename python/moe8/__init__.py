@@ -288,6 +288,7 @@ class Layer:
         self._keep = _keep
         self._tls = threading.local()  # each thread's default workspace and last forward
         self._views_out = False
+        self._prepared = False
         if _handle is not None:
             self._h = _handle
         else:
@@ -354,6 +355,7 @@ class Layer:
         buf = (C.c_float * n.value).from_address(C.addressof(p.contents))
         buf._layer = self
         self._views_out = True  # writes through a view reach the next forward
+        self._prepared = False
         return np.frombuffer(buf, dtype=np.float32).reshape(shape)
 
     def weights_changed(self):
@@ -365,7 +367,10 @@ class Layer:
         _check(_layer_init_random(self._h, seed))
 
     def prepare(self):
+        """Quantize and pack the weights once for forward(fused=True) and
+        experts() (again after writing weights through weight() views)."""
         _check(_layer_prepare(self._h))
+        self._prepared = True
 
     def _workspace(self, T):
         """This thread's default workspace (threads never share one)."""
@@ -388,8 +393,8 @@ class Layer:
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
-        if self._views_out:
-            _layer_weights_changed(self._h)
+        if self._views_out and not fused:
+            _layer_weights_changed(self._h)  # fused runs what prepare() made: call it again after writing weights
         ws = workspace or self._workspace(T)
         if fused:
             _check(_layer_forward_fused(self._h, _ptr(x), T, _ptr(out), ws.ptr, ws.n))
@@ -415,7 +420,7 @@ class Layer:
         ids = np.require(ids.astype(np.int32, copy=False), requirements=["C", "A"])
         w = _f32(topk_weights, "topk_weights", 2, (T, self.top_k))
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
-        if self._views_out:
+        if self._views_out and not self._prepared:
             _layer_weights_changed(self._h)
         ws = workspace or self._workspace(T)
         _check(_layer_experts(self._h, _ptr(x), T, _ptr(ids), _ptr(w), _ptr(out), ws.ptr, ws.n))

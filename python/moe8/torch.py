@@ -1,20 +1,35 @@
 """PyTorch integration: MoE8Block, an nn.Module whose forward and backward
-run moe8 (through a torch.autograd.Function), on CPU float32 tensors.
+run moe8 (through a torch.autograd.Function), on CPU tensors.
 
 Its parameters are the moe8 layer's own f32 masters (torch tensors sharing
 their memory: an optimizer step updates the layer in place, no copies):
 router [D, E], gate and up [E, D, F], down [E, F, D] (x @ W layout), and
 with a shared expert shared_gate/shared_up [D, Fs], shared_down [Fs, D],
-shared_gate_w [D].  With a quantization rule set the forward quantizes as
-the rule says and the backward is straight-through (docs/layer.md).
+shared_gate_w [D].  A parameter that stops being that memory (.double(),
+.half(), share_memory(), p.data = ...) is refused at the next call.  With a
+quantization rule set the forward quantizes as the rule says and the
+backward is straight-through (docs/layer.md).
+
+- Inference: with grad off (torch.no_grad(), inference_mode) the block runs
+  the prepared, fused path (weights quantized and packed once, again after
+  any in-place change of a parameter).
+- dtypes: float32 and bfloat16 inputs (bf16 is computed in f32 and returned
+  as bf16).
+- MoE8Block.from_pretrained(model_dir, layer=None, rules=None) takes its
+  weights from a checkpoint; copy.deepcopy, pickle and torch.save(module)
+  work (the state is the config, the rules and the weights).
 The aux loss of the last forward is in `block.aux_loss` (a tensor that
 carries gradient when aux_loss_weight > 0, added by the caller)."""
+import json
+
 import numpy as np
 import torch
 
-from . import Layer
+from . import Layer, Rules
 
 _NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_gate_w")
+_CONFIG = ("score", "norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
+           "topk_group", "shared_ffn", "shared_gate")
 
 
 class _MoE8Function(torch.autograd.Function):
@@ -38,6 +53,22 @@ class _MoE8Function(torch.autograd.Function):
         return (torch.from_numpy(g["dx"]), None, *grads)
 
 
+def _rules_text(rules):
+    """The rule set as JSON text (kept for pickling), or None."""
+    if rules is None:
+        return None
+    if isinstance(rules, dict):
+        return json.dumps(rules)
+    if isinstance(rules, Rules):
+        raise TypeError("moe8: MoE8Block takes rules as a dict, JSON text or a path (a parsed Rules cannot be pickled)")
+    text = str(rules)
+    if text.lstrip()[:1] in ("{", "["):
+        return text
+    with open(text) as f:  # a path: its text, through the library's checks first
+        Rules(text)
+        return f.read()
+
+
 class MoE8Block(torch.nn.Module):
     """A Mixture-of-Experts block computed by moe8: x [..., D] -> [..., D].
 
@@ -45,12 +76,22 @@ class MoE8Block(torch.nn.Module):
               norm_topk_prob=True, shared_ffn=0, shared_gate=False,
               rules=None, seed=0, aux_loss_weight=0.0, ...)"""
 
-    def __init__(self, hidden, ffn, num_experts, top_k, rules=None, seed=0, module_path="model.layers.0.mlp.experts", **config):
+    def __init__(self, hidden, ffn, num_experts, top_k, rules=None, seed=0, module_path="model.layers.0.mlp.experts", _layer=None,
+                 **config):
         super().__init__()
         config.setdefault("norm_topk_prob", True)
-        self.layer = Layer(num_experts=num_experts, top_k=top_k, hidden=hidden, ffn=ffn, rules=rules, module_path=module_path, **config)
-        self.layer.init_random(seed)
-        self.aux_loss_weight = config.get("aux_loss_weight", 0.0)
+        self._rules = _rules_text(rules)
+        self._module_path = module_path
+        self._config = dict(config)
+        if _layer is None:
+            _layer = Layer(num_experts=num_experts, top_k=top_k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=module_path,
+                           **config)
+            _layer.init_random(seed)
+        self._attach(_layer)
+
+    def _attach(self, layer):
+        self.layer = layer
+        self.aux_loss_weight = self._config.get("aux_loss_weight", 0.0)
         self.param_names = [n for n in _NAMES if not n.startswith("shared") or self.layer.shared_ffn > 0]
         if not self.layer.shared_gate and "shared_gate_w" in self.param_names:
             self.param_names.remove("shared_gate_w")
@@ -62,6 +103,59 @@ class MoE8Block(torch.nn.Module):
             self._addr[n] = (view.ctypes.data, view.shape)
             self.register_parameter(n, torch.nn.Parameter(torch.from_numpy(view)))
         self.aux_loss = None
+        self._prepared_at = None
+
+    @classmethod
+    def from_pretrained(cls, model_dir, layer=None, rules=None, arch=None):
+        """The MoE block of layer `layer` (default: the first MoE layer) of a
+        checkpoint, with f32 master weights (trainable)."""
+        text = _rules_text(rules)
+        if layer is None:
+            from . import _P, _check, _first_moe, _model_close, _model_config, _model_open_as
+            import ctypes
+            import os
+            m = _P()
+            _check(_model_open_as(os.fsencode(model_dir), arch.encode() if arch else None, ctypes.byref(m)))
+            layer = _first_moe(_model_config(m))
+            _model_close(m)
+        lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
+        cfg = {"score": "sigmoid" if _cfg(lay).score == 1 else "softmax"}
+        for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
+                  "topk_group", "shared_ffn", "shared_gate"):
+            cfg[k] = getattr(_cfg(lay), k)
+        return cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay,
+                   module_path="model.layers.%d.mlp.experts" % layer, **cfg)
+
+    def extra_repr(self):
+        return "hidden=%d, ffn=%d, num_experts=%d, top_k=%d%s, rules=%s" % (
+            self.layer.hidden, self.layer.ffn, self.layer.num_experts, self.layer.top_k,
+            ", shared_ffn=%d" % self.layer.shared_ffn if self.layer.shared_ffn else "", "yes" if self._rules else "none")
+
+    # ---- pickling: the config, the rules and the weights --------------------------------
+    def __getstate__(self):
+        L = self.layer
+        return {"shape": (L.hidden, L.ffn, L.num_experts, L.top_k), "config": dict(self._config), "rules": self._rules,
+                "module_path": self._module_path, "training": self.training,
+                "weights": {n: getattr(self, n).detach().numpy().copy() for n in self.param_names},
+                "requires_grad": {n: getattr(self, n).requires_grad for n in self.param_names}}
+
+    def __setstate__(self, state):
+        torch.nn.Module.__init__(self)
+        hidden, ffn, E, k = state["shape"]
+        self._rules, self._module_path, self._config = state["rules"], state["module_path"], state["config"]
+        layer = Layer(num_experts=E, top_k=k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=self._module_path, **self._config)
+        self._attach(layer)
+        with torch.no_grad():
+            for n, w in state["weights"].items():
+                getattr(self, n).copy_(torch.from_numpy(w))
+                getattr(self, n).requires_grad_(state["requires_grad"][n])
+        self.train(state["training"])
+
+    def __deepcopy__(self, memo):
+        new = MoE8Block.__new__(MoE8Block)
+        new.__setstate__(self.__getstate__())
+        memo[id(self)] = new
+        return new
 
     def _check_params(self):
         """The autograd function computes with the layer's memory: a
@@ -76,14 +170,33 @@ class MoE8Block(torch.nn.Module):
                                    "p.data = ..., .double(), .half(), .to(), share_memory()); MoE8Block's parameters must stay "
                                    "float32 CPU tensors over the layer's weights. Write new values in place (p.data.copy_(...))" % n)
 
+    def _versions(self):
+        return tuple(getattr(self, n)._version for n in self.param_names)
+
     def forward(self, x):
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise TypeError("moe8: MoE8Block takes float32 CPU tensors, got %s on %s" % (x.dtype, x.device))
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError("moe8: MoE8Block takes float32 or bfloat16 CPU tensors, got %s on %s" % (x.dtype, x.device))
         if x.dim() < 1 or x.shape[-1] != self.layer.hidden:
             raise ValueError("moe8: MoE8Block input has shape %s; its last dimension must be hidden = %d"
                              % (list(x.shape), self.layer.hidden))
         self._check_params()
-        shape = x.shape
-        y, aux = _MoE8Function.apply(x.reshape(-1, shape[-1]), self, *[getattr(self, n) for n in self.param_names])
-        self.aux_loss = aux
-        return y.reshape(shape)
+        dt, shape = x.dtype, x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if not torch.is_grad_enabled() or not (x.requires_grad or any(getattr(self, n).requires_grad for n in self.param_names)):
+            # inference: the prepared, fused path; re-prepared after any in-place change of a parameter
+            v = self._versions()
+            if self._prepared_at != v:
+                self.layer.prepare()
+                self._prepared_at = v
+            y = torch.from_numpy(self.layer.forward(x2.detach().contiguous().numpy(), fused=True))
+            self.aux_loss = torch.zeros((), dtype=torch.float32)
+        else:
+            y, aux = _MoE8Function.apply(x2, self, *[getattr(self, n) for n in self.param_names])
+            self.aux_loss = aux
+            self._prepared_at = None
+        return y.reshape(shape).to(dt)
+
+
+def _cfg(layer):
+    from . import _layer_get_config
+    return _layer_get_config(layer._h).contents

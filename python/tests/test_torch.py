@@ -123,3 +123,50 @@ def test_parameter_outlives_its_block():
     p.grad = torch.ones_like(p)
     opt.step()
     assert float(p.sum()) != s
+
+
+def test_inference_path_bf16_repr_pickle():
+    import copy
+    import io
+    import pickle
+    rules = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 16}]}
+    block = MoE8Block(hidden=32, ffn=16, num_experts=4, top_k=2, rules=rules, shared_ffn=8)
+    x = torch.randn(5, 32)
+    y = block(x)                      # autograd path
+    with torch.no_grad():
+        z = block(x)                  # the prepared, fused path: the same bytes
+    assert torch.equal(y.detach(), z)
+    with torch.no_grad():
+        block.down.mul_(0.5)          # an in-place change: re-prepared
+        z2 = block(x)
+    assert not torch.equal(z, z2)
+    assert torch.equal(block(x).detach(), z2)
+    yb = block(x.bfloat16())
+    assert yb.dtype == torch.bfloat16 and yb.shape == x.shape
+    assert "hidden=32" in repr(block) and "num_experts=4" in repr(block)
+    for clone in (copy.deepcopy(block), pickle.loads(pickle.dumps(block))):
+        assert clone.layer is not block.layer
+        assert torch.equal(clone(x).detach(), block(x).detach())
+    buf = io.BytesIO()
+    torch.save(block, buf)
+    buf.seek(0)
+    again = torch.load(buf, weights_only=False)
+    assert torch.equal(again(x).detach(), block(x).detach())
+
+
+def test_from_pretrained(tmp_path):
+    import json
+    import os
+    import subprocess
+    bin_ = os.environ.get("MOE8_BIN", "moe8")
+    (tmp_path / "cfg.json").write_text(json.dumps({"model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64,
+                                                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+                                                   "num_hidden_layers": 1}))
+    subprocess.run([bin_, "init", "--config", str(tmp_path / "cfg.json"), "--out", str(tmp_path / "m")], check=True, capture_output=True)
+    block = MoE8Block.from_pretrained(str(tmp_path / "m"))
+    x = torch.randn(6, 64)
+    want, _ = moe8.Layer.from_model(str(tmp_path / "m"), mode="training").forward(x.numpy())
+    assert torch.equal(block(x).detach(), torch.from_numpy(want))
+    loss = block(x).square().sum()
+    loss.backward()
+    assert block.gate.grad is not None and block.gate.grad.abs().sum() > 0
