@@ -11,19 +11,22 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static const struct {
   const char *name, *summary;
   int (*run)(int, char **);
 } g_cmds[] = {
-  {"demo",  "quantization error of every format and granularity on random data", cmd_demo},
+  {"demo",  "the whole path: quantization table, init -> quantize -> run -> train -> EP check", cmd_demo},
   {"init",     "a random MoE model in Hugging Face naming from a config.json", cmd_init},
   {"quantize", "pre-quantize a model's expert weights (moe8 or DeepSeek FP8 format)", cmd_quantize},
   {"run",      "run one MoE layer of a model on tokens from a .npy file", cmd_run},
   {"info",     "tensors, dtypes, shapes, architecture and quantization of a model", cmd_info},
   {"check",    "under mpirun: expert parallelism gives the single-process bytes", cmd_check},
   {"train", "a student layer learns a random teacher (f32 or FP8 quantization-aware)", cmd_train},
-  {"bench", "benchmarks: 'moe8 bench quant' (quantizer throughput vs memory bandwidth)", cmd_bench},
+  {"bench", "benchmarks against peers run in the same process: quant, gmm, layer, ep (moe8 bench --help)", cmd_bench},
 };
 
 static void usage(FILE *f) {
@@ -37,7 +40,8 @@ static void usage(FILE *f) {
           "\nenvironment: MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni|amx|amx_emu forces a kernel table,\n"
           "             MOE8_ORDER=canonical|native the summation order (docs/determinism.md),\n"
           "             MOE8_DEBUG=1 prints the choice, OMP_NUM_THREADS sets threads.\n"
-          "exit codes:  0 success, 1 failure, 2 usage error.\n");
+          "--threads N (any command) sets the threads for this run.\n"
+          "moe8 --version prints the version.  exit codes:  0 success, 1 failure, 2 usage error.\n");
 }
 
 int cli_quiet = 0;
@@ -70,6 +74,21 @@ int cli_same_file(const char *a, const char *b) {
 int cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }
 
 int main(int argc, char **argv) {
+  /* --threads N anywhere: the OpenMP threads of this run (taken out of argv). */
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--threads") == 0) {
+      int64_t n = 0;
+      if (i + 1 >= argc || !cli_parse_i64(argv[i + 1], &n) || n > 4096) {
+        fprintf(stderr, "moe8: --threads takes a thread count in [1, 4096]\n");
+        return EXIT_USAGE;
+      }
+#ifdef _OPENMP
+      omp_set_num_threads((int)n);
+#endif
+      for (int j = i; j + 2 <= argc; j++) argv[j] = argv[j + 2];
+      argc -= 2;
+      i--;
+    }
   if (argc < 2) { usage(stderr); return EXIT_USAGE; }
   if (cli_is_help(argv[1]) || strcmp(argv[1], "help") == 0) { usage(stdout); return EXIT_OK; }
   if (strcmp(argv[1], "--version") == 0) { printf("moe8 %s\n", MOE8_VERSION_STRING); return EXIT_OK; }

@@ -86,7 +86,11 @@ int cmd_run(int argc, char **argv) {
     }
     else { fprintf(stderr, "moe8 run: bad option '%s'\n\n", a); usage(stderr); return EXIT_USAGE; }
   }
-  if (!dir || !input || !output) { usage(stderr); return EXIT_USAGE; }
+  if (!dir || !input || !output) {
+    fprintf(stderr, "moe8 run: missing %s\n\n", !dir ? "--model DIR" : !input ? "--input X.npy" : "--output Y.npy");
+    usage(stderr);
+    return EXIT_USAGE;
+  }
   if (output_is_input(output, input, dir)) return EXIT_FAIL;
   /* Under mpirun the communicator comes first, so that every later wait
   ** (a rank that fails, or stops, while loading) meets the collective
