@@ -200,3 +200,108 @@ class MoE8Block(torch.nn.Module):
 def _cfg(layer):
     from . import _layer_get_config
     return _layer_get_config(layer._h).contents
+
+
+# ---- transformers blocks --------------------------------------------------------------------
+# The MoE blocks of transformers moe8 computes (class name -> family); the
+# per-expert (4.x: experts is a ModuleList) and fused (5.x: experts holds
+# gate_up_proj [E, 2F, D] and down_proj [E, D, F]) layouts both.
+_HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
+              "DeepseekV3MoE": "deepseek_v3"}
+
+
+def _first(*vals):
+    for v in vals:
+        if v is not None:
+            return v
+    return None
+
+
+def _expert_weights(experts, family):
+    """(gate [E, D, F], up [E, D, F], down [E, F, D]) in x @ W layout."""
+    if hasattr(experts, "gate_up_proj"):  # fused 3-D: gate rows first
+        gu = experts.gate_up_proj.detach().float()
+        F = gu.shape[1] // 2
+        return gu[:, :F, :].transpose(1, 2), gu[:, F:, :].transpose(1, 2), experts.down_proj.detach().float().transpose(1, 2)
+    names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    st = [torch.stack([getattr(e, n).weight.detach().float().t() for e in experts]) for n in names]
+    return st[0], st[1], st[2]
+
+
+def from_hf(block, config=None, rules=None):
+    """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
+    Qwen3-MoE, Mixtral, DeepSeek-V3), its weights copied; `config` is the
+    model's config (for what the block does not hold)."""
+    family = _HF_BLOCKS.get(type(block).__name__)
+    if family is None:
+        raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
+    cfg = config if config is not None else getattr(block, "config", None)
+    gate = block.gate
+    wr = gate.weight.detach().float()  # [E, D]
+    E, D = wr.shape
+    g, u, dn = _expert_weights(block.experts, family)
+    F = g.shape[2]
+    top_k = _first(getattr(block, "top_k", None), getattr(gate, "top_k", None), getattr(cfg, "num_experts_per_tok", None))
+    kw = {}
+    if family == "mixtral":
+        kw["norm_topk_prob"] = True
+    elif family == "deepseek_v3":
+        kw.update(score="sigmoid", use_selection_bias=True,
+                  norm_topk_prob=bool(_first(getattr(gate, "norm_topk_prob", None), getattr(cfg, "norm_topk_prob", None), True)),
+                  routed_scaling_factor=float(_first(getattr(gate, "routed_scaling_factor", None), getattr(cfg, "routed_scaling_factor", None), 2.5)),
+                  n_group=int(_first(getattr(gate, "n_group", None), getattr(cfg, "n_group", None), 1)),
+                  topk_group=int(_first(getattr(gate, "topk_group", None), getattr(cfg, "topk_group", None), 1)))
+    else:
+        kw["norm_topk_prob"] = bool(_first(getattr(block, "norm_topk_prob", None), getattr(gate, "norm_topk_prob", None),
+                                           getattr(cfg, "norm_topk_prob", None), False))
+    shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+    if shared is not None:
+        kw["shared_ffn"] = shared.gate_proj.weight.shape[0]
+        kw["shared_gate"] = getattr(block, "shared_expert_gate", None) is not None
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, **kw)
+    with torch.no_grad():
+        out.router.copy_(wr.t())
+        out.gate.copy_(g)
+        out.up.copy_(u)
+        out.down.copy_(dn)
+        if shared is not None:
+            out.shared_gate.copy_(shared.gate_proj.weight.detach().float().t())
+            out.shared_up.copy_(shared.up_proj.weight.detach().float().t())
+            out.shared_down.copy_(shared.down_proj.weight.detach().float().t())
+            if kw["shared_gate"]:
+                out.shared_gate_w.copy_(block.shared_expert_gate.weight.detach().float().reshape(-1))
+        if family == "deepseek_v3":
+            out.layer.weight("bias")[:] = gate.e_score_correction_bias.detach().float().numpy()
+    out._hf_family = family
+    return out
+
+
+class _HFBlock(torch.nn.Module):
+    """moe8 in a transformers block's place: the block's input and what it
+    returned (the hidden states, or (hidden states, router logits) as the
+    4.x Qwen and Mixtral blocks do: learned by calling the original once)."""
+
+    def __init__(self, moe, family, with_logits):
+        super().__init__()
+        self.moe, self.family, self.with_logits = moe, family, with_logits
+
+    def forward(self, hidden_states, *args, **kwargs):
+        y = self.moe(hidden_states)
+        if not self.with_logits:
+            return y
+        x = hidden_states.reshape(-1, hidden_states.shape[-1]).float()
+        return y, (x @ self.moe.router).to(hidden_states.dtype)
+
+
+def patch(model, rules=None):
+    """Replaces every MoE block of a transformers model moe8 computes by
+    moe8 (weights copied); returns how many were replaced."""
+    config = getattr(model, "config", None)
+    todo = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
+    for name, m in todo:
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        D = m.gate.weight.shape[1]
+        with torch.no_grad():
+            r = m(torch.zeros(1, 1, D, dtype=m.gate.weight.dtype))
+        setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(from_hf(m, config, rules), _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))
+    return len(todo)

@@ -170,3 +170,112 @@ def test_from_pretrained(tmp_path):
     loss = block(x).square().sum()
     loss.backward()
     assert block.gate.grad is not None and block.gate.grad.abs().sum() > 0
+
+
+# ---- transformers-shaped blocks, written here from the reference code ---------------------
+class _MLP(torch.nn.Module):
+    def __init__(self, D, F, names=("gate_proj", "up_proj", "down_proj")):
+        super().__init__()
+        self.names = names
+        setattr(self, names[0], torch.nn.Linear(D, F, bias=False))
+        setattr(self, names[1], torch.nn.Linear(D, F, bias=False))
+        setattr(self, names[2], torch.nn.Linear(F, D, bias=False))
+
+    def forward(self, x):
+        g, u, d = (getattr(self, n) for n in self.names)
+        return d(torch.nn.functional.silu(g(x)) * u(x))
+
+
+class Qwen2MoeSparseMoeBlock(torch.nn.Module):
+    """The Hugging Face Qwen2-MoE block's computation (4.x layout)."""
+
+    def __init__(self, D=32, F=16, E=6, k=2, Fs=24, norm=False):
+        super().__init__()
+        self.num_experts, self.top_k, self.norm_topk_prob = E, k, norm
+        self.gate = torch.nn.Linear(D, E, bias=False)
+        self.experts = torch.nn.ModuleList([_MLP(D, F) for _ in range(E)])
+        self.shared_expert = _MLP(D, Fs)
+        self.shared_expert_gate = torch.nn.Linear(D, 1, bias=False)
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        logits = self.gate(x)
+        p = torch.softmax(logits, dim=1, dtype=torch.float)
+        w, ids = torch.topk(p, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            for j in range(self.top_k):
+                m = ids[:, j] == e
+                if m.any():
+                    out[m] += w[m, j:j + 1] * self.experts[e](x[m])
+        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.reshape(b, s, D), logits
+
+
+class MixtralSparseMoeBlock(torch.nn.Module):
+    def __init__(self, D=32, F=16, E=4, k=2):
+        super().__init__()
+        self.top_k = k
+        self.gate = torch.nn.Linear(D, E, bias=False)
+        self.experts = torch.nn.ModuleList([_MLP(D, F, ("w1", "w3", "w2")) for _ in range(E)])
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        logits = self.gate(x)
+        w, ids = torch.topk(torch.softmax(logits, dim=1, dtype=torch.float), self.top_k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(len(self.experts)):
+            for j in range(self.top_k):
+                m = ids[:, j] == e
+                if m.any():
+                    out[m] += w[m, j:j + 1] * self.experts[e](x[m])
+        return out.reshape(b, s, D), logits
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.ModuleDict({"mlp": b}) for b in blocks])
+
+    def forward(self, x):
+        for l in self.layers:
+            y, _ = l["mlp"](x)
+            x = x + y
+        return x
+
+
+def test_patch_transformers_shaped_model():
+    from moe8.torch import patch
+    torch.manual_seed(0)
+    model = _Model([Qwen2MoeSparseMoeBlock(norm=False), Qwen2MoeSparseMoeBlock(norm=True), MixtralSparseMoeBlock()])
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        want = model(x)
+        assert patch(model) == 3
+        got = model(x)
+    assert rel(got, want) <= 1e-5, rel(got, want)
+    assert type(model.layers[0]["mlp"]).__name__ == "_HFBlock"
+
+
+def test_patch_real_transformers_classes():
+    try:
+        import transformers  # noqa: F401
+        from transformers.models.qwen2_moe.configuration_qwen2_moe import Qwen2MoeConfig
+        from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock as HF
+    except Exception:
+        pytest.skip("transformers is not installed: the real-class patch test is skipped (the shaped-model test ran)")
+    from moe8.torch import from_hf
+    cfg = Qwen2MoeConfig(hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=6,
+                         num_experts_per_tok=2, norm_topk_prob=False)
+    blk = HF(cfg).float().eval()
+    x = torch.randn(1, 7, 32)
+    with torch.no_grad():
+        r = blk(x)
+        want = r[0] if isinstance(r, tuple) else r
+        got = from_hf(blk, cfg)(x.reshape(-1, 32)).reshape(1, 7, 32)
+    assert rel(got, want) <= 1e-5
