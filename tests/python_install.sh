@@ -18,3 +18,13 @@ y, _ = L.forward(np.ones((2, 16), np.float32))
 assert moe8.library_path.startswith('$tmp/site'), moe8.library_path
 print(moe8.version(), y.shape)")
 echo "pip install: ok ($out)"
+# An unbuilt tree: the install stops with a message instead of "succeeding".
+cp -r "$src/python" "$tmp/bare"
+rm -rf "$tmp/bare/moe8/_lib"
+if env -u MOE8_LIBRARY "$py" -m pip install --quiet --no-build-isolation --no-deps --no-index --target "$tmp/site2" "$tmp/bare" >"$tmp/err" 2>&1 &&
+   [ ! -e "$tmp/bare/../build" ]; then
+  # (the copy has no ../build: the only way to succeed would be to package nothing)
+  cat "$tmp/err"; echo "FAIL: pip install of an unbuilt tree succeeded"; exit 1
+fi
+grep -q "no libmoe8.so to package" "$tmp/err" || { cat "$tmp/err"; echo "FAIL: no message naming the missing library"; exit 1; }
+echo "pip install of an unbuilt tree: refused with a message"
