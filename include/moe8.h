@@ -791,7 +791,8 @@ MOE8_API moe8_status moe8_model_load_layer(const moe8_model *m, int64_t layer, c
 **              layer, after moe8_model_close too).  The layer is prepared
 **              on return; backward and training are refused.
 ** progress (may be NULL) is called about once a second on long loads with
-** the experts done and the total.  Options grow at the end: set size to
+** the experts done and the total, and once at the end with done = total.
+** Options grow at the end: set size to
 ** sizeof(moe8_load_options). */
 typedef enum moe8_load_mode { MOE8_LOAD_TRAINING = 0, MOE8_LOAD_INFERENCE = 1 } moe8_load_mode;
 typedef struct moe8_load_options {

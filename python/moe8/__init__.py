@@ -93,6 +93,9 @@ class _Grads(C.Structure):
     _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate")]
 
 
+_PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_int64, C.c_int64)
+
+
 class _LoadOptions(C.Structure):
     _fields_ = [("size", C.c_size_t), ("mode", C.c_int), ("progress", _P), ("ctx", _P)]
 
@@ -310,9 +313,11 @@ class Layer:
         self.shared_ffn, self.shared_gate = c.shared_ffn, bool(c.shared_gate)
 
     @classmethod
-    def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None):
+    def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
         """Layer `layer` (default: the first MoE layer) of a model directory;
-        mode "inference" (no f32 masters) or "training"."""
+        mode "inference" (no f32 masters) or "training".  Without rules an
+        FP8 checkpoint runs with the activations it was made for (as `moe8
+        run`).  progress(done, total) is called as the experts load."""
         if mode not in ("inference", "training"):
             raise Error(1, "mode must be 'inference' or 'training', not %r" % (mode,))
         m = _P()
@@ -321,7 +326,10 @@ class Layer:
             if layer is None:
                 layer = _first_moe(_model_config(m))
             r = _as_rules(rules)
-            opt = _LoadOptions(C.sizeof(_LoadOptions), 1 if mode == "inference" else 0, None, None)
+            cb = None
+            if progress is not None:
+                cb = _PROGRESS(lambda ctx, done, total: progress(int(done), int(total)))
+            opt = _LoadOptions(C.sizeof(_LoadOptions), 1 if mode == "inference" else 0, C.cast(cb, _P) if cb else None, None)
             h = _P()
             _check(_model_load(m, layer, r._h if r else None, C.byref(opt), C.byref(h)))
         finally:

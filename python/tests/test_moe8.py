@@ -114,3 +114,12 @@ def test_quantize_convert():
     back = moe8.convert(codes, "f32", "f8e4m3")
     assert np.allclose(back, x, rtol=0.07, atol=2e-3)
     assert moe8.version() == "0.2.0"
+
+
+def test_from_model_progress(model):
+    d, x = model
+    seen = []
+    L = moe8.Layer.from_model(str(d / "m"), progress=lambda done, total: seen.append((done, total)))
+    assert L.hidden == 256
+    assert seen and seen[-1][0] == seen[-1][1] > 0  # at least the final call, done = total
+    assert all(0 <= a <= b for a, b in seen)

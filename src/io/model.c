@@ -605,7 +605,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (st != MOE8_OK) goto fail;
   }
   if ((st = moe8__layer_end_load(L)) != MOE8_OK) goto fail;
-  if (o.progress && now_s() - t0 > 1.0) o.progress(o.progress_ctx, total, total);
+  if (o.progress) o.progress(o.progress_ctx, total, total); /* always once at the end: done = total */
   if (borrowed) { L->keep = (void *)m; L->release = model_release; }
   free(ld.tmp);
   *out = L;
