@@ -104,6 +104,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
         return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run even as %s: %s", file,
                           k_differs[i].type, override, k_differs[i].why);
   const family *fam = NULL;
+  /* Model types that are one of the families under another name: Kimi-K2
+  ** is the DeepSeek-V3 architecture (its config class is DeepSeek-V3's,
+  ** the same keys and defaults). */
+  if (type && !strcmp(type, "kimi_k2")) type = "deepseek_v3";
   if (type) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, moe8_arch_name(k_families[i].arch))) fam = &k_families[i];

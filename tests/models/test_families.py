@@ -245,6 +245,10 @@ def test_deepseek(tmp, rng):
     print("deepseek_v3 routing: %d of %d tokens pick other experts without group limits" % (differ, len(x)))
     if differ < len(x) // 2:
         FAILS.append("group routing does not matter in this case")
+    # Kimi-K2: the DeepSeek-V3 architecture under its own model_type
+    d, x, routing, ex, sh = deepseek_case(tmp, rng, {"model_type": "kimi_k2", "routed_scaling_factor": 2.827, "n_group": 1, "topk_group": 1})
+    got, _ = run(d, x)
+    check("kimi_k2 f32 (DeepSeek-V3 architecture, no group limit)", got, R.moe_block(x, routing, ex, sh), 1e-5)
     for scale_dt in ("F32", "BF16"):
         d, x, routing, ex, sh = deepseek_case(tmp, rng, {}, fp8=True, scale_dt=scale_dt)
         got, _ = run(d, x)
