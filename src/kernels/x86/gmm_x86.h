@@ -1,0 +1,177 @@
+/*
+** gmm_x86.h — what the AVX-512 grouped-matmul family files share
+** (docs/kernels.md "Adding a family"): the task and panel constants, the
+** target attributes, the lhs packing paths and their word offsets, the
+** small vector helpers, and the functions one family file calls in another.
+**
+**   gmm_x86_pack.c   lhs rows, B panels (f32, bf16 pairs, i8 quads), the FP8
+**                    word tables, promotion and output
+**   gmm_x86_f32.c    the f32 microkernel (avx512)
+**   gmm_x86_bf16.c   vdpbf16ps microkernels and the small-M bf16 kernel (avx512_bf16)
+**   gmm_x86_vnni.c   vpdpbusd microkernels and the small-M packed-i8 kernel (avx512_vnni)
+**   gmm_x86_vbmi.c   the byte-table FP8 kernels (AVX512_VBMI)
+**   gmm_x86_canon.c  the canonical order (any AVX-512 F table; the AMX tables' small-M path)
+**   gmm_avx512.c     the panel block kernel over them, and the tables' entries
+**   gmm_amx.c        the AMX family (tiles, or their model)
+*/
+#ifndef MOE8_GMM_X86_H
+#define MOE8_GMM_X86_H
+
+#include "../gmm.h"
+#include "fp8_avx512.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32, PF = 8 /* pairs of rows prefetched ahead */ };
+#ifndef PKPF
+#define PKPF 32 /* pairs of a packed tile prefetched ahead */
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")))
+
+static inline size_t esize(moe8_dtype t) { return moe8__dtype_size(t); }
+
+/* ---- the paths and their lhs packing ---------------------------------- */
+typedef enum { PATH_F32, PATH_BF16, PATH_I8 } gmm_path;
+
+/* bf16: the table may use vdpbf16ps. */
+static inline gmm_path path_of(const moe8__gmm_block *b, bool bf16) {
+  if (b->lt == MOE8_DTYPE_I8) return PATH_I8; /* needs VNNI; the caller checks */
+  if (bf16 && b->lt != MOE8_DTYPE_F32 && b->rt != MOE8_DTYPE_F32) return PATH_BF16;
+  return PATH_F32;
+}
+
+/* Packed lhs row length in 32-bit words: each scale block padded to a
+** whole pair (bf16) or quad (i8). */
+static inline int64_t packed_words(const moe8__gmm_block *b, gmm_path p) {
+  if (p == PATH_F32) return b->K;
+  if (p == PATH_BF16 && b->canon) return moe8__canon_row_words(b);
+  const int64_t per = p == PATH_BF16 ? 2 : 4, full = b->K / b->kb, last = b->K - full * b->kb;
+  return full * moe8__cdiv(b->kb, per) + moe8__cdiv(last, per);
+}
+
+/* Word offset of block blk in a packed row. */
+static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t blk) {
+  if (p == PATH_F32) return blk * b->kb;
+  if (p == PATH_BF16 && b->canon) return blk * moe8__canon_block_words(b);
+  return blk * moe8__cdiv(b->kb, p == PATH_BF16 ? 2 : 4);
+}
+
+
+/* ---- what the family files share (definitions in the file named) ------ */
+/* The private names below are this folder's; each is a moe8__x86_ symbol. */
+#define fp8_rows_to_bf16 moe8__x86_fp8_rows_to_bf16
+#define pack_row moe8__x86_pack_row
+#define rhs_scales moe8__x86_rhs_scales
+#define promote moe8__x86_promote
+#define write_out moe8__x86_write_out
+#define pack_b_f32 moe8__x86_pack_b_f32
+#define pack_b_bf16 moe8__x86_pack_b_bf16
+#define pack_b_i8 moe8__x86_pack_b_i8
+#define pack_b_pk_vbmi moe8__x86_pack_b_pk_vbmi
+#define ukr_f32_any moe8__x86_ukr_f32_any
+#define ukr_bf16_any moe8__x86_ukr_bf16_any
+#define ukr_i8_any moe8__x86_ukr_i8_any
+#define ukr_bf16_prom_any moe8__x86_ukr_bf16_prom_any
+#define ukr_i8_prom_any moe8__x86_ukr_i8_prom_any
+#define gmm_block_pk_small moe8__x86_gmm_block_pk_small
+#define gmm_block_bf16_small moe8__x86_gmm_block_bf16_small
+#define gmm_block_i8pk_small moe8__x86_gmm_block_i8pk_small
+#define direct_fp8_vbmi_2rows moe8__x86_direct_fp8_vbmi_2rows
+#define bf16_lut moe8__x86_bf16_lut
+
+/* gmm_x86_pack.c */
+const uint16_t *bf16_lut(moe8_dtype t); /* bf16 words of the 128 magnitudes */
+void fp8_rows_to_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
+void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *dst, float *tmp);
+void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv);
+void promote(const moe8__gmm_block *b, int64_t blk, float *C, const float *S, int64_t mt, int64_t ntp, float *rsv);
+void write_out(const moe8__gmm_block *b, const float *C, int64_t mt);
+void pack_b_f32(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, float *Bp);
+void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp);
+VNNI_TARGET void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum);
+/* gmm_x86_f32.c, gmm_x86_bf16.c, gmm_x86_vnni.c: the panel microkernels */
+void ukr_f32_any(int mr, const float *A, int64_t lda, const float *B, int64_t k, float *S);
+BF16_TARGET void ukr_bf16_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, float *S);
+VNNI_TARGET void ukr_i8_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, int32_t *S);
+BF16_TARGET void ukr_bf16_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kp, const float *Ci, float *Co,
+                                   int64_t ldo, __mmask16 m0, __mmask16 m1, const float *ls, const float *rs);
+VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, const float *Ci, float *Co,
+                                 int64_t ldo, __mmask16 m0, __mmask16 m1, const float *ls, const float *rs, const int32_t *cs);
+/* the small-M kernels (gmm_x86_bf16.c, gmm_x86_vbmi.c, gmm_x86_vnni.c) */
+BF16_TARGET void gmm_block_bf16_small(const moe8__gmm_block *b);
+VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b);
+VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b);
+VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
+VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp);
+
+/* Co[i] = Ci[i] + c[i] · (ls[i] · rs) for the rows of a microkernel (Ci
+** NULL: + 0.0), both 16-column halves; unrolled so the sums stay in
+** registers. */
+INLINE void prom_store(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
+                       const float *ls, const float *rs) {
+  const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
+#pragma GCC unroll 8
+  for (int i = 0; i < mr; i++) {
+    const __m512 l = _mm512_set1_ps(ls[i]);
+    const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
+    const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
+    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
+  }
+}
+
+/* BY_ROWS calls kern(literal mr, ...) for mr in 1..8: each tail gets its
+** own unrolled kernel, and the sums are the same chains as the full
+** MR-row kernel's (docs/determinism.md). */
+#define BY_ROWS(mr, kern, ...)                    \
+  switch (mr) {                                   \
+    case 8: kern(8, __VA_ARGS__); break;          \
+    case 7: kern(7, __VA_ARGS__); break;          \
+    case 6: kern(6, __VA_ARGS__); break;          \
+    case 5: kern(5, __VA_ARGS__); break;          \
+    case 4: kern(4, __VA_ARGS__); break;          \
+    case 3: kern(3, __VA_ARGS__); break;          \
+    case 2: kern(2, __VA_ARGS__); break;          \
+    default: kern(1, __VA_ARGS__); break;         \
+  }
+
+/* 32 FP8 codes -> 32 bf16 words: two 64-entry word permutes on the
+** magnitude, a blend on its bit 6, the sign moved up by 8. */
+INLINE __m512i fp8_to_bf16_32(__m256i bytes, const __m512i *lut) {
+  const __m512i w = _mm512_cvtepu8_epi16(bytes);
+  const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7F));
+  const __m512i lo = _mm512_permutex2var_epi16(lut[0], mag, lut[1]);
+  const __m512i hi = _mm512_permutex2var_epi16(lut[2], mag, lut[3]);
+  const __m512i v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), lo, hi);
+  return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
+/* The word LUT of an FP8 format in four registers. */
+INLINE void fp8_word_lut(moe8_dtype t, __m512i *lut) {
+  const uint16_t *w = bf16_lut(t);
+  for (int i = 0; i < 4; i++) lut[i] = _mm512_loadu_si512(w + 32 * i);
+}
+
+/* Packed rhs (gmm.h): word index, into the 64 words of one 64-byte strip,
+** of pair vector word p: 16·(p/8) + p%8 (+ 8 for the second vector). */
+INLINE __m512i pk_word_index(int half) {
+  const __m512i p = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i hi = _mm512_slli_epi16(_mm512_srli_epi16(p, 3), 4), lo = _mm512_and_si512(p, _mm512_set1_epi16(7));
+  return _mm512_add_epi16(_mm512_add_epi16(hi, lo), _mm512_set1_epi16((short)half));
+}
+
+/* Start of k group p (a pair for FP8, a quad for i8) of the task's column
+** tile in the packed rhs; the group's 64-byte strips or vectors follow. */
+static inline const uint8_t *pk_at(const moe8__gmm_block *b, int64_t p) {
+  return b->rhs_pk + moe8__pk_row(b->rt, b->K, b->N, p, b->n0);
+}
+
+#endif /* MOE8_GMM_X86_H */

@@ -1,0 +1,238 @@
+/*
+** gmm_x86_vbmi.c — the FP8 kernels on AVX512_VBMI byte tables: the small-M kernels
+** on plain and packed weights, and the packed-FP8 panel converter.
+*/
+#include "gmm_x86.h"
+
+/* ---- the small-M FP8 kernel with byte tables (AVX512_VBMI) ------------ */
+/* 64 codes at a time: vpermi2b looks up the low and the high byte of each
+** code's bf16 word in two 128-entry byte tables (the magnitude indexes,
+** the sign is ORed into the high byte), and in-lane unpacks build the
+** k-pairs.  The unpacks leave the columns in a fixed order inside each
+** 128-bit lane — pair vector q holds columns 16L + 4q + i (lane L, i < 4) —
+** which the store undoes with a 4 x 4 transpose of 128-bit chunks.  Each
+** column's sum runs over the same pairs in the same order as every other
+** path, so the bytes are the same. */
+
+static uint8_t g_bf16_bytes[2][2][128]; /* [format][lo, hi][magnitude] */
+static pthread_once_t g_bytes_once = PTHREAD_ONCE_INIT;
+
+static void fill_bytes(void) {
+  for (int f = 0; f < 2; f++) {
+    const uint16_t *w = bf16_lut(f ? MOE8_DTYPE_F8E5M2 : MOE8_DTYPE_F8E4M3);
+    for (int c = 0; c < 128; c++) {
+      g_bf16_bytes[f][0][c] = (uint8_t)(w[c] & 0xFF);
+      g_bf16_bytes[f][1][c] = (uint8_t)(w[c] >> 8);
+    }
+  }
+}
+
+/* The low and the high byte of the bf16 word of each of 64 FP8 codes:
+** two vpermi2b lookups in 128-entry byte tables (they read the index's low
+** seven bits, the magnitude), the sign ORed into the high byte. */
+VBMI_TARGET INLINE void bf16_bytes(__m512i x, const __m512i *tab, __m512i *lo, __m512i *hi) {
+  *lo = _mm512_permutex2var_epi8(tab[0], x, tab[1]);
+  *hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab[2], x, tab[3]), x, _mm512_set1_epi8((char)0x80),
+                                  0xF8); /* a | (b & c) */
+}
+
+VBMI_TARGET INLINE void byte_tables(moe8_dtype t, __m512i *tab) {
+  pthread_once(&g_bytes_once, fill_bytes);
+  const uint8_t (*b)[128] = g_bf16_bytes[t == MOE8_DTYPE_F8E5M2];
+  tab[0] = _mm512_loadu_si512(b[0]);
+  tab[1] = _mm512_loadu_si512(b[0] + 64);
+  tab[2] = _mm512_loadu_si512(b[1]);
+  tab[3] = _mm512_loadu_si512(b[1] + 64);
+}
+
+/* 64 packed codes -> the bf16 pair vectors of strip columns 0-15 and
+** 16-31: the byte lookups, then two in-lane unpacks. */
+VBMI_TARGET INLINE void pk_strip(const uint8_t *src, const __m512i *tab, __m512i *b0, __m512i *b1) {
+  __m512i lo, hi;
+  bf16_bytes(_mm512_loadu_si512(src), tab, &lo, &hi);
+  *b0 = _mm512_unpacklo_epi8(lo, hi);
+  *b1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+/* 4 x 4 transpose of 128-bit chunks: out[L] = (a[L], b[L], c[L], d[L]). */
+INLINE void transpose_chunks(__m512 a, __m512 b, __m512 c, __m512 d, __m512 *o) {
+  const __m512 ab_lo = _mm512_shuffle_f32x4(a, b, 0x44), ab_hi = _mm512_shuffle_f32x4(a, b, 0xEE);
+  const __m512 cd_lo = _mm512_shuffle_f32x4(c, d, 0x44), cd_hi = _mm512_shuffle_f32x4(c, d, 0xEE);
+  o[0] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+  o[1] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+  o[2] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+  o[3] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+}
+
+/* mr rows x 64·ng columns starting at column j (j + 64·ng <= ntp), one
+** pass over the weight rows. */
+VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                        int64_t blk, int64_t j, const __m512i *tab, float *S) {
+  const int64_t nt = b->n1 - b->n0, k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  __mmask64 m[2];
+  for (int g = 0; g < ng; g++) {
+    const int64_t jg = j + 64 * g;
+    m[g] = jg + 64 <= nt ? ~(__mmask64)0 : jg < nt ? (((__mmask64)1 << (nt - jg)) - 1) : 0;
+  }
+  __m512 c[4][2][4];
+  for (int i = 0; i < mr; i++)
+    for (int g = 0; g < ng; g++)
+      for (int q = 0; q < 4; q++) c[i][g][q] = _mm512_setzero_ps();
+  const uint8_t *base = (const uint8_t *)b->rhs + b->n0 + j;
+  const size_t row = (size_t)b->N;
+  for (int64_t p = 0; p < kp; p++) {
+    const int64_t k = k0 + 2 * p;
+    const uint8_t *r0p = base + (size_t)k * row;
+    if (k + 2 * PF + 1 < k1)
+      for (int g = 0; g < ng; g++) {
+        _mm_prefetch((const char *)(r0p + 2 * PF * row + 64 * g), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r0p + (2 * PF + 1) * row + 64 * g), _MM_HINT_T0);
+      }
+    for (int g = 0; g < ng; g++) {
+      const __m512i x0 = _mm512_maskz_loadu_epi8(m[g], r0p + 64 * g);
+      const __m512i x1 = k + 1 < k1 ? _mm512_maskz_loadu_epi8(m[g], r0p + row + 64 * g) : _mm512_setzero_si512();
+      __m512i lo0, hi0, lo1, hi1;
+      bf16_bytes(x0, tab, &lo0, &hi0);
+      bf16_bytes(x1, tab, &lo1, &hi1);
+      const __m512i w0l = _mm512_unpacklo_epi8(lo0, hi0), w0h = _mm512_unpackhi_epi8(lo0, hi0);
+      const __m512i w1l = _mm512_unpacklo_epi8(lo1, hi1), w1h = _mm512_unpackhi_epi8(lo1, hi1);
+      const __m512i pq[4] = {_mm512_unpacklo_epi16(w0l, w1l), _mm512_unpackhi_epi16(w0l, w1l),
+                             _mm512_unpacklo_epi16(w0h, w1h), _mm512_unpackhi_epi16(w0h, w1h)};
+      for (int i = 0; i < mr; i++) {
+        const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+        for (int q = 0; q < 4; q++) c[i][g][q] = _mm512_dpbf16_ps(c[i][g][q], (__m512bh)a, (__m512bh)pq[q]);
+      }
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    for (int g = 0; g < ng; g++) {
+      __m512 o[4];
+      transpose_chunks(c[i][g][0], c[i][g][1], c[i][g][2], c[i][g][3], o);
+      for (int L = 0; L < 4; L++) _mm512_storeu_ps(S + i * NT + j + 64 * g + 16 * L, o[L]);
+    }
+}
+
+/* The B panel of kp pairs from pair c0 / 2 of a packed rhs. */
+VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp) {
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
+  const int64_t nst = ntp / 32;
+  const uint8_t *r = pk_at(b, c0 / 2);
+  for (int64_t p = 0; p < kp; p++, r += nst * 64)
+    for (int64_t s = 0; s < nst; s++) {
+      __m512i v0, v1;
+      pk_strip(r + 64 * s, tab, &v0, &v1);
+      _mm512_storeu_si512(Bp + p * NT + 32 * s, v0);
+      _mm512_storeu_si512(Bp + p * NT + 32 * s + 16, v1);
+    }
+}
+
+/* Two rows (the only case where the byte tables measured faster): both
+** 64-column groups of the task in one pass, 16 accumulators. */
+VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                              float *S) {
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
+  if (ng == 2) direct_fp8_vbmi(2, 2, b, A, words, blk, 0, tab, S);
+  else direct_fp8_vbmi(2, 1, b, A, words, blk, 0, tab, S);
+}
+
+/* ---- the small-M kernel on packed FP8 weights (AVX512_VBMI) ----------- */
+/* The packed tile is one front-to-back stream: per k pair, nst strips of
+** 64 codes.  A strip is two vpermi2b byte-table lookups (low and high byte
+** of each code's bf16 word; the index's bit 7, the sign, is ignored and
+** ORed into the high byte), then two in-lane unpacks give the pair vectors
+** of columns 0-15 and 16-31 in order.  mr rows x ns strips, starting at
+** strip s0; the block's sums never leave the registers and are promoted
+** into C as ukr_bf16_prom does, so the bytes are the panel path's. */
+VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                int64_t blk, int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls,
+                                const float *rsv) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
+  const size_t step = (size_t)nst * 64;
+  __m512 c[4][4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+    for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
+  /* The tile's stream from memory: its lines PKPF pairs ahead (a task
+  ** starts cold on a new stream, which the prefetchers pick up late;
+  ** a prefetch past the end does not fault). */
+  for (int64_t p = 0; p < kp; p++, r += step) {
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+#pragma GCC unroll 4
+    for (int s = 0; s < ns; s++) _mm_prefetch((const char *)(r + PKPF * step + 64 * s), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int s = 0; s < ns; s++) {
+      __m512i b0, b1;
+      pk_strip(r + 64 * s, tab, &b0, &b1);
+#pragma GCC unroll 4
+      for (int i = 0; i < mr; i++) {
+        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a[i], (__m512bh)b0);
+        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a[i], (__m512bh)b1);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int s = 0; s < ns; s++) {
+    const int64_t j = 32 * (s0 + s);
+    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
+      _mm512_storeu_ps(C + i * NT + j + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(c[i][s][1], _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
+/* ns strips per pass: four for one or two rows, two for three or four
+** (the accumulators stay in registers). */
+#define PK_NS(mr, ...)                                     \
+  switch (ns) {                                            \
+    case 4: pk_vbmi(mr, 4, __VA_ARGS__); break;            \
+    case 2: pk_vbmi(mr, 2, __VA_ARGS__); break;            \
+    default: pk_vbmi(mr, 1, __VA_ARGS__); break;           \
+  }
+
+VBMI_TARGET static void pk_vbmi_any(int mr, int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                    int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv) {
+  switch (mr) {
+    case 4: PK_NS(4, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+    case 3: PK_NS(3, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+    case 2: PK_NS(2, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+    default: PK_NS(1, b, A, words, blk, s0, nst, tab, C, ls, rsv) break;
+  }
+}
+
+VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
+  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  const int64_t words = packed_words(b, PATH_BF16);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
+  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    rhs_scales(b, blk, nst * 32, rsv);
+    /* Rows in fours (each row's sums are the same chains in any group). */
+    for (int64_t i = 0; i < mt; i += 4) {
+      const int mr = mt - i < 4 ? (int)(mt - i) : 4, nsmax = mr <= 2 ? 4 : 2;
+      float ls[4];
+      for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+      for (int64_t s0 = 0; s0 < nst;) {
+        const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 ? 2 : 1;
+        pk_vbmi_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv);
+        s0 += ns;
+      }
+    }
+  }
+  write_out(b, C, mt);
+}
+

@@ -1,0 +1,140 @@
+/*
+** gmm_x86_vnni.c — the vpdpbusd microkernels and the small-M kernel on packed i8
+** weights (the avx512_vnni family).
+*/
+#include "gmm_x86.h"
+
+VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, int32_t *S) {
+  __m512i c[MR][2];
+  for (int i = 0; i < mr; i++) { c[i][0] = _mm512_loadu_si512(S + i * NT); c[i][1] = _mm512_loadu_si512(S + i * NT + 16); }
+  for (int64_t k = 0; k < kq; k++) {
+    const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
+    for (int i = 0; i < mr; i++) {
+      const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
+      c[i][0] = _mm512_dpbusd_epi32(c[i][0], a, b0);
+      c[i][1] = _mm512_dpbusd_epi32(c[i][1], a, b1);
+    }
+  }
+  for (int i = 0; i < mr; i++) { _mm512_storeu_si512(S + i * NT, c[i][0]); _mm512_storeu_si512(S + i * NT + 16, c[i][1]); }
+}
+
+VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq,
+                                    const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
+                                    const float *ls, const float *rs, const int32_t *colsum) {
+  __m512i c[MR][2];
+  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < kq; k++) {
+    const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
+    for (int i = 0; i < mr; i++) {
+      const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
+      c[i][0] = _mm512_dpbusd_epi32(c[i][0], a, b0);
+      c[i][1] = _mm512_dpbusd_epi32(c[i][1], a, b1);
+    }
+  }
+  const __m512i k0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7), k1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
+  __m512 f[MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < mr; i++) {
+    f[i][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][0], k0));
+    f[i][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][1], k1));
+  }
+  prom_store(mr, f, Ci, Co, ldo, m0, m1, ls, rs);
+}
+
+VNNI_TARGET void ukr_i8_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, int32_t *S) {
+  BY_ROWS(mr, ukr_i8, A, lda, B, kq, S)
+}
+
+VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t kq, const float *Ci,
+                                        float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1, const float *ls, const float *rs,
+                                        const int32_t *cs) {
+  BY_ROWS(mr, ukr_i8_prom, A, lda, B, kq, Ci, Co, ldo, m0, m1, ls, rs, cs)
+}
+
+/* ---- the small-M kernel on packed i8 weights (AVX512_VNNI) ------------ */
+/* The packed tile is one stream of quads: per quad, nv vectors of 16
+** columns' words, read by vpdpbusd as they are (no conversion); the column
+** sums for the +128 compensation come from vpdpbusd against ones.  mr rows
+** x nvv vectors from vector v0; at the block's end S = Σ(a+128)b - 128Σb,
+** exact, and C += S · (ls · rs) as the panel path does: the same bytes. */
+VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                              int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
+  const int64_t w0 = block_word(b, PATH_I8, blk);
+  const uint8_t *r = pk_at(b, k0 / 4) + (size_t)v0 * 64;
+  const size_t step = (size_t)nv * 64;
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i c[4][8], cs[8];
+#pragma GCC unroll 8
+  for (int v = 0; v < nvv; v++) {
+    cs[v] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) c[i][v] = _mm512_setzero_si512();
+  }
+  for (int64_t q = 0; q < kq; q++, r += step) {
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + q]);
+#pragma GCC unroll 8
+    for (int v = 0; v < nvv; v++) {
+      const __m512i x = _mm512_loadu_si512(r + 64 * v);
+      cs[v] = _mm512_dpbusd_epi32(cs[v], ones, x);
+#pragma GCC unroll 4
+      for (int i = 0; i < mr; i++) c[i][v] = _mm512_dpbusd_epi32(c[i][v], a[i], x);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < nvv; v++) {
+    const int64_t j = 16 * (v0 + v);
+    const __m512 rs = _mm512_loadu_ps(rsv + j);
+    const __m512i k = _mm512_slli_epi32(cs[v], 7);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][v], k));
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(s, _mm512_mul_ps(_mm512_set1_ps(ls[i]), rs))));
+    }
+  }
+}
+
+#define PK_NV(mr, ...)                                     \
+  switch (nvv) {                                           \
+    case 8: pk_i8(mr, 8, __VA_ARGS__); break;              \
+    case 4: pk_i8(mr, 4, __VA_ARGS__); break;              \
+    case 2: pk_i8(mr, 2, __VA_ARGS__); break;              \
+    default: pk_i8(mr, 1, __VA_ARGS__); break;             \
+  }
+
+VNNI_TARGET static void pk_i8_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                  int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
+  switch (mr) {
+    case 4: PK_NV(4, b, A, words, blk, v0, nv, C, ls, rsv) break;
+    case 3: PK_NV(3, b, A, words, blk, v0, nv, C, ls, rsv) break;
+    case 2: PK_NV(2, b, A, words, blk, v0, nv, C, ls, rsv) break;
+    default: PK_NV(1, b, A, words, blk, v0, nv, C, ls, rsv) break;
+  }
+}
+
+VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16);
+  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  const int64_t words = packed_words(b, PATH_I8);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    rhs_scales(b, blk, nv * 16, rsv);
+    /* Rows in fours (each row's sums are the same in any group of rows). */
+    for (int64_t i = 0; i < mt; i += 4) {
+      const int mr = mt - i < 4 ? (int)(mt - i) : 4, nvmax = mr <= 2 ? 8 : 4;
+      float ls[4];
+      for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+      for (int64_t v0 = 0; v0 < nv;) {
+        const int64_t left = nv - v0;
+        const int nvv = left >= nvmax ? nvmax : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        pk_i8_any(mr, nvv, b, A + i * words, words, blk, v0, nv, C + i * NT, ls, rsv);
+        v0 += nvv;
+      }
+    }
+  }
+  write_out(b, C, mt);
+}
+
