@@ -709,7 +709,8 @@ MOE8_API moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dty
 /* Hugging Face config.json of an MoE model. */
 #define MOE8_MAX_MLP_ONLY 1024
 typedef enum moe8_arch {
-  MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3
+  MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3,
+  MOE8_ARCH_OLMOE        /* Qwen3-MoE's block: softmax top-k, optional renormalization */
 } moe8_arch;
 
 typedef struct moe8_hf_config {

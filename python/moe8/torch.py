@@ -203,11 +203,12 @@ def _cfg(layer):
 
 
 # ---- transformers blocks --------------------------------------------------------------------
-# The MoE blocks of transformers moe8 computes (class name -> family); the
+# The MoE blocks of transformers moe8 computes (class name -> family; OLMoE
+# is Qwen3-MoE's block); the
 # per-expert (4.x: experts is a ModuleList) and fused (5.x: experts holds
 # gate_up_proj [E, 2F, D] and down_proj [E, D, F]) layouts both.
 _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
-              "DeepseekV3MoE": "deepseek_v3"}
+              "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe"}
 
 
 def _first(*vals):

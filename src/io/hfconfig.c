@@ -2,7 +2,7 @@
 ** hfconfig.c — the MoE keys of a Hugging Face config.json, per family
 ** (docs/models.md).
 **
-** Families: qwen2_moe, qwen3_moe, mixtral, deepseek_v3, chosen by
+** Families: qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (and kimi_k2), olmoe, chosen by
 ** model_type (or, when it is absent, by which expert-count key is
 ** present).  Every key moe8 uses takes, when missing or null, the default
 ** of the family's reference configuration class; a key with the wrong
@@ -25,6 +25,7 @@ const char *moe8_arch_name(moe8_arch a) {
     case MOE8_ARCH_QWEN3_MOE: return "qwen3_moe";
     case MOE8_ARCH_MIXTRAL: return "mixtral";
     case MOE8_ARCH_DEEPSEEK_V3: return "deepseek_v3";
+    case MOE8_ARCH_OLMOE: return "olmoe";
     default: return "unknown";
   }
 }
@@ -44,6 +45,8 @@ static const family k_families[] = {
   {MOE8_ARCH_QWEN3_MOE, "num_experts", "moe_intermediate_size", 2048, 24, 128, 8, 768, 0, false, 1.0},
   {MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", 4096, 32, 8, 2, 14336, 0, true, 1.0},
   {MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", 7168, 61, 256, 8, 2048, 1, true, 2.5},
+  /* OlmoeConfig: the experts' width is intermediate_size; num_local_experts is an alias */
+  {MOE8_ARCH_OLMOE, "num_experts", "intermediate_size", 2048, 16, 64, 8, 2048, 0, false, 1.0},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -112,7 +115,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, moe8_arch_name(k_families[i].arch))) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, mixtral, deepseek_v3)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, mixtral, deepseek_v3, kimi_k2, olmoe)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
@@ -132,8 +135,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** writes Qwen2/3-MoE's num_experts as num_local_experts (the config
   ** class's attribute map).  Both present and different: refused. */
   const char *ekey = fam->experts_key;
-  if (qwen && !item(root, "num_experts") && item(root, "num_local_experts")) ekey = "num_local_experts";
-  if (qwen && item(root, "num_experts") && item(root, "num_local_experts")) {
+  const bool alias = qwen || fam->arch == MOE8_ARCH_OLMOE;
+  if (alias && !item(root, "num_experts") && item(root, "num_local_experts")) ekey = "num_local_experts";
+  if (alias && item(root, "num_experts") && item(root, "num_local_experts")) {
     int64_t a = 0, b = 0;
     TRY(get_int(root, file, "num_experts", 0, 1, MOE8_MAX_EXPERTS, &a));
     TRY(get_int(root, file, "num_local_experts", 0, 1, MOE8_MAX_EXPERTS, &b));

@@ -153,6 +153,27 @@ def test_qwen(tmp, rng):
             print("%s: --training-load differs from the inference load" % qtype)
 
 
+def test_olmoe(tmp, rng):
+    """OLMoE: softmax over all experts, top-k, renormalized only when
+    norm_topk_prob (default false); the experts' width is intermediate_size;
+    transformers 5 writes num_experts as num_local_experts."""
+    E, k, D, F, T = 16, 4, 256, 192, 24
+    for keys, label in [({"num_experts": E}, "optional keys absent"), ({"num_local_experts": E, "norm_topk_prob": True}, "alias, norm_topk_prob")]:
+        cfg = {"model_type": "olmoe", "num_experts_per_tok": k, "hidden_size": D, "intermediate_size": F, "num_hidden_layers": 1}
+        cfg.update(keys)
+        p = "model.layers.0.mlp."
+        t = {}
+        wr = rnd(rng, E, D, scale=0.5)
+        t[p + "gate.weight"] = ("F32", wr.astype(np.float32))
+        experts = per_expert(t, p, make_experts(rng, E, D, F), ("gate_proj", "up_proj", "down_proj"), "F32")
+        d = os.path.join(tmp, "olmoe_%d" % len(os.listdir(tmp)))
+        write_model(d, cfg, t)
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        routing = R.route_softmax(x, store(wr, "F32"), k, cfg.get("norm_topk_prob", False))
+        got, _ = run(d, x)
+        check("olmoe f32, %s" % label, got, R.moe_block(x, routing, experts), 1e-5)
+
+
 def test_mixtral(tmp, rng):
     E, k, D, F, T = 8, 2, 256, 160, 20
     for variant in ("block_sparse_moe", "fused 3-D"):
@@ -279,6 +300,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_qwen(tmp, rng)
         test_mixtral(tmp, rng)
+        test_olmoe(tmp, rng)
         test_deepseek(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))

@@ -18,7 +18,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L] [--arch FAMILY] [--training-load]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
              "--layer L       the MoE layer to run (default: the first MoE layer of the config)\n"
-             "--arch FAMILY   read config.json as qwen2_moe, qwen3_moe, mixtral or deepseek_v3 (a compatible model_type moe8 does not know)\n"
+             "--arch FAMILY   read config.json as qwen2_moe, qwen3_moe, mixtral, deepseek_v3 or olmoe (a compatible model_type moe8 does not know)\n"
              "--training-load build f32 master weights as training does (more memory; same output)\n"
              "--repeat N      run the forward N times and report the fastest (timing)\n"
              "--ep-mode M     under mpirun: ring (default) or alltoall (docs/parallelism.md)\n"
