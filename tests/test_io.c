@@ -249,6 +249,21 @@ static void test_hf_configs(void **state) {
     remove(path);
     rmdir(dir);
   }
+  /* GLM-4.5 and OLMoE: their config classes' defaults (docs/models.md). */
+  const char *glm = "{\"model_type\":\"glm4_moe\"}", *olm = "{\"model_type\":\"olmoe\"}";
+  assert_int_equal(moe8_hf_config_parse(glm, strlen(glm), "glm", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_DEEPSEEK_V3);
+  assert_string_equal(c.model_type, "glm4_moe");
+  assert_true(c.layer.num_experts == 128 && c.layer.top_k == 8 && c.layer.hidden == 4096 && c.layer.ffn == 1408 && c.num_layers == 46);
+  assert_true(c.layer.routed_scaling_factor == 1.0f && c.layer.n_group == 1 && c.layer.topk_group == 1 && c.layer.norm_topk_prob);
+  assert_true(c.layer.shared_ffn == 1408 && c.first_k_dense_replace == 1 && c.has_bias && c.layer.score == MOE8_SCORE_SIGMOID);
+  assert_int_equal(moe8_hf_config_parse(olm, strlen(olm), "olm", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_OLMOE);
+  assert_true(c.layer.num_experts == 64 && c.layer.top_k == 8 && c.layer.hidden == 2048 && c.layer.ffn == 2048 && c.num_layers == 16);
+  assert_true(!c.layer.norm_topk_prob && c.layer.shared_ffn == 0 && c.layer.score == MOE8_SCORE_SOFTMAX);
+  const char *glm2 = "{\"model_type\":\"glm4_moe\",\"num_local_experts\":16,\"num_experts_per_tok\":2}";
+  assert_int_equal(moe8_hf_config_parse(glm2, strlen(glm2), "glm2", &c), MOE8_OK);
+  assert_int_equal(c.layer.num_experts, 16);
   /* transformers 5 writes Qwen3-MoE's expert count as num_local_experts. */
   const char *q3a = "{\"model_type\":\"qwen3_moe\",\"num_local_experts\":64,\"num_experts_per_tok\":8}";
   assert_int_equal(moe8_hf_config_parse(q3a, strlen(q3a), "q3a", &c), MOE8_OK);

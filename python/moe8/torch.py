@@ -208,7 +208,7 @@ def _cfg(layer):
 # per-expert (4.x: experts is a ModuleList) and fused (5.x: experts holds
 # gate_up_proj [E, 2F, D] and down_proj [E, D, F]) layouts both.
 _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
-              "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe"}
+              "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3"}
 
 
 def _first(*vals):

@@ -33,20 +33,26 @@ const char *moe8_arch_name(moe8_arch a) {
 /* The reference defaults of each family (the configuration classes of the
 ** Hugging Face implementations). */
 typedef struct family {
-  moe8_arch   arch;
-  const char *experts_key, *ffn_key;
+  const char *name;               /* the model_type                          */
+  moe8_arch   arch;               /* the block it computes                   */
+  const char *experts_key, *ffn_key, *alias; /* alias: of experts_key, or NULL */
   int64_t     hidden, layers, experts, top_k, ffn, shared;
   bool        norm;
   double      scaling;
+  int64_t     n_group, topk_group, first_dense; /* the DeepSeek-V3 block's */
 } family;
 
 static const family k_families[] = {
-  {MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", 2048, 24, 60, 4, 1408, 5632, false, 1.0},
-  {MOE8_ARCH_QWEN3_MOE, "num_experts", "moe_intermediate_size", 2048, 24, 128, 8, 768, 0, false, 1.0},
-  {MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", 4096, 32, 8, 2, 14336, 0, true, 1.0},
-  {MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", 7168, 61, 256, 8, 2048, 1, true, 2.5},
+  {"qwen2_moe", MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", "num_local_experts", 2048, 24, 60, 4, 1408, 5632, false, 1.0, 0, 0, 0},
+  {"qwen3_moe", MOE8_ARCH_QWEN3_MOE, "num_experts", "moe_intermediate_size", "num_local_experts", 2048, 24, 128, 8, 768, 0, false, 1.0, 0, 0, 0},
+  {"mixtral", MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", NULL, 4096, 32, 8, 2, 14336, 0, true, 1.0, 0, 0, 0},
+  {"deepseek_v3", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", NULL, 7168, 61, 256, 8, 2048, 1, true, 2.5, 8, 4, 3},
   /* OlmoeConfig: the experts' width is intermediate_size; num_local_experts is an alias */
-  {MOE8_ARCH_OLMOE, "num_experts", "intermediate_size", 2048, 16, 64, 8, 2048, 0, false, 1.0},
+  {"olmoe", MOE8_ARCH_OLMOE, "num_experts", "intermediate_size", "num_local_experts", 2048, 16, 64, 8, 2048, 0, false, 1.0, 0, 0, 0},
+  /* Glm4MoeConfig (GLM-4.5/4.6): DeepSeek-V3's block (sigmoid, correction
+  ** bias, group-limited top-k, shared experts) with its own defaults */
+  {"glm4_moe", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", "num_local_experts", 4096, 46, 128, 8, 1408, 1, true, 1.0,
+   1, 1, 1},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -113,9 +119,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (type && !strcmp(type, "kimi_k2")) type = "deepseek_v3";
   if (type) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
-      if (!strcmp(type, moe8_arch_name(k_families[i].arch))) fam = &k_families[i];
+      if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, mixtral, deepseek_v3, kimi_k2, olmoe)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, mixtral, deepseek_v3, kimi_k2, olmoe, glm4_moe)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
@@ -124,7 +130,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   else if (item(root, "num_experts")) fam = &k_families[1];
   else return moe8__fail(MOE8_ERR_PARSE, "%s: no \"model_type\" and no expert count (num_experts, num_local_experts or n_routed_experts)", file);
   c->arch = fam->arch;
-  snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt->valuestring : moe8_arch_name(fam->arch));
+  snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt->valuestring : fam->name);
   const bool ds = fam->arch == MOE8_ARCH_DEEPSEEK_V3, qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
   const int64_t BIG = (int64_t)1 << 30;
   moe8_layer_config *L = &c->layer;
@@ -135,15 +141,14 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** writes Qwen2/3-MoE's num_experts as num_local_experts (the config
   ** class's attribute map).  Both present and different: refused. */
   const char *ekey = fam->experts_key;
-  const bool alias = qwen || fam->arch == MOE8_ARCH_OLMOE;
-  if (alias && !item(root, "num_experts") && item(root, "num_local_experts")) ekey = "num_local_experts";
-  if (alias && item(root, "num_experts") && item(root, "num_local_experts")) {
+  if (fam->alias && !item(root, fam->experts_key) && item(root, fam->alias)) ekey = fam->alias;
+  if (fam->alias && item(root, fam->experts_key) && item(root, fam->alias)) {
     int64_t a = 0, b = 0;
-    TRY(get_int(root, file, "num_experts", 0, 1, MOE8_MAX_EXPERTS, &a));
-    TRY(get_int(root, file, "num_local_experts", 0, 1, MOE8_MAX_EXPERTS, &b));
+    TRY(get_int(root, file, fam->experts_key, 0, 1, MOE8_MAX_EXPERTS, &a));
+    TRY(get_int(root, file, fam->alias, 0, 1, MOE8_MAX_EXPERTS, &b));
     if (a != b)
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts\" = %lld and its alias \"num_local_experts\" = %lld disagree", file,
-                        (long long)a, (long long)b);
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld and its alias \"%s\" = %lld disagree", file, fam->experts_key,
+                        (long long)a, fam->alias, (long long)b);
   }
   TRY(get_int(root, file, ekey, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
   TRY(get_int(root, file, "num_experts_per_tok", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
@@ -163,8 +168,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     L->routed_scaling_factor = (float)(v ? v->valuedouble : fam->scaling);
     TRY(want_str(root, file, "scoring_func", "sigmoid", "DeepSeek-V3 routes by sigmoid scores"));
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
-    TRY(get_int(root, file, "n_group", 8, 1, MOE8_MAX_EXPERTS, &L->n_group));
-    TRY(get_int(root, file, "topk_group", 4, 1, MOE8_MAX_EXPERTS, &L->topk_group));
+    TRY(get_int(root, file, "n_group", fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
+    TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
     if (L->n_group > 1) {
       const int64_t E = L->num_experts, G = L->n_group;
       if (E % G || E / G < 2)
@@ -181,7 +186,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     int64_t nsh;
     TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
     L->shared_ffn = nsh * L->ffn;
-    TRY(get_int(root, file, "first_k_dense_replace", 3, 0, 1 << 20, &c->first_k_dense_replace));
+    TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
     c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
     TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
   } else {
@@ -277,7 +282,7 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       else snprintf(where, sizeof where, "none of its %lld layers is MoE", (long long)c->num_layers);
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (first_k_dense_replace = %lld%s): %s", (long long)layer,
                         (long long)c->first_k_dense_replace,
-                        c->first_k_dense_from_default ? ", DeepSeek-V3's default: config.json does not set it" : "", where);
+                        c->first_k_dense_from_default ? ", the family's default: config.json does not set it" : "", where);
     }
     if (layer % c->moe_layer_freq)
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_freq = %lld)", (long long)layer,

@@ -207,7 +207,7 @@ def ds_config(E, k, D, F, keys):
     return cfg
 
 
-def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32):
+def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32, scale_default=2.5):
     E, k, D, F = 32, 4, 256, 192
     cfg = ds_config(E, k, D, F, keys)
     L = 1  # layer 0 is dense (first_k_dense_replace = 1)
@@ -246,7 +246,7 @@ def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32):
     d = os.path.join(tmp, "deepseek_%d" % len(os.listdir(tmp)))
     write_model(d, cfg, t)
     x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
-    scale = cfg.get("routed_scaling_factor", 2.5)
+    scale = cfg.get("routed_scaling_factor", scale_default)
     routing = R.route_deepseek(x, wr.astype(np.float32).astype(np.float64), bias.astype(np.float32).astype(np.float64), k,
                                cfg["n_group"], cfg["topk_group"], cfg.get("norm_topk_prob", True), scale)
     return d, x, routing, experts, shared
@@ -266,6 +266,12 @@ def test_deepseek(tmp, rng):
     print("deepseek_v3 routing: %d of %d tokens pick other experts without group limits" % (differ, len(x)))
     if differ < len(x) // 2:
         FAILS.append("group routing does not matter in this case")
+    # GLM-4.5 (glm4_moe): DeepSeek-V3's block with Glm4MoeConfig's defaults
+    # (routed_scaling_factor 1.0 when absent); group-limited here, with the
+    # realistic negative biases of deepseek_case
+    d, x, routing, ex, sh = deepseek_case(tmp, rng, {"model_type": "glm4_moe"}, scale_default=1.0)
+    got, _ = run(d, x)
+    check("glm4_moe f32 (scaling absent: 1.0, groups 4/2)", got, R.moe_block(x, routing, ex, sh), 1e-5)
     # Kimi-K2: the DeepSeek-V3 architecture under its own model_type
     d, x, routing, ex, sh = deepseek_case(tmp, rng, {"model_type": "kimi_k2", "routed_scaling_factor": 2.827, "n_group": 1, "topk_group": 1})
     got, _ = run(d, x)
