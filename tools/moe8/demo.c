@@ -163,10 +163,11 @@ int cmd_demo(int argc, char **argv) {
   snprintf(y1, sizeof y1, "%s/y-bf16-fused-fp8.npy", dir);
   snprintf(y2, sizeof y2, "%s/y-fp8.npy", dir);
   snprintf(y3, sizeof y3, "%s/y-deepseek-fp8.npy", dir);
-  RUN(cmd_run, "run", "--model", p[2], "--input", p[5], "--output", y0);
-  RUN(cmd_run, "run", "--model", p[2], "--input", p[5], "--output", y1, "--rules", p[1]);
-  RUN(cmd_run, "run", "--model", p[3], "--input", p[5], "--output", y2, "--rules", p[1]);
-  RUN(cmd_run, "run", "--model", p[4], "--input", p[5], "--output", y3);
+  printf("(each time is the fastest of 5 forwards)\n");
+  RUN(cmd_run, "run", "--model", p[2], "--input", p[5], "--output", y0, "--repeat", "5");
+  RUN(cmd_run, "run", "--model", p[2], "--input", p[5], "--output", y1, "--rules", p[1], "--repeat", "5");
+  RUN(cmd_run, "run", "--model", p[3], "--input", p[5], "--output", y2, "--rules", p[1], "--repeat", "5");
+  RUN(cmd_run, "run", "--model", p[4], "--input", p[5], "--output", y3, "--repeat", "5");
   {
     size_t n0, n;
     float *ref = read_f32_npy(y0, &n0);
@@ -188,7 +189,11 @@ int cmd_demo(int argc, char **argv) {
     if (rc != EXIT_OK) goto done;
   }
   printf("\n== 5. train: a student learns a random teacher, 100 steps\n");
+  printf("f32 weights and activations:\n  ");
+  fflush(stdout);
   RUN(cmd_train, "train", "--steps", "100", "--quiet");
+  printf("FP8 quantization-aware (FP8 forward, straight-through backward):\n  ");
+  fflush(stdout);
   RUN(cmd_train, "train", "--steps", "100", "--quiet", "--fp8");
   printf("\n== 6. expert parallelism\n");
   rc = demo_ep(dir);
