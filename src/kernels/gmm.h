@@ -168,15 +168,10 @@ static inline float moe8__gmm_rs(const moe8__gmm_block *b, int64_t blk, int64_t 
 
 void moe8__gmm_block_ref(const moe8__gmm_block *b);
 
-/* The AVX-512 pieces the tile kernels share (kernels/x86/gmm_avx512.c):
-** the canonical-order kernel and its lhs packing; B panels of bf16 pairs
-** [kc/2][NT] or i8 quads [kc/4][NT] (column sums added to colsum), ntp a
-** multiple of 32 columns; the rhs scales of a block for the task. */
+/* The canonical-order kernel on AVX-512 and its lhs packing
+** (kernels/x86/gmm_x86_canon.c); the AMX tables run it for few rows. */
 void   moe8__gmm_canon_avx512(const moe8__gmm_block *b);
 void   moe8__gmm_canon_pack(const moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst);
-void   moe8__gmm_panel_pairs(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp);
-void   moe8__gmm_panel_quads(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum);
-void   moe8__gmm_rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv);
 
 /* moe8_gmm with caller scratch: ws holds ws_bytes (64-byte aligned): first
 ** the packed lhs (see moe8__gmm_ws_size), then MOE8__GMM_SCRATCH per thread;

@@ -29,7 +29,7 @@
 ** 16 rows × 64 bytes; the configuration is loaded at the start of each
 ** task on the thread that runs it and released at its end.
 */
-#include "../gmm.h"
+#include "gmm_x86.h" /* the AVX-512 panels, scales and output it shares */
 
 #include <string.h>
 
@@ -56,7 +56,7 @@ static _Thread_local moe8__amx_state g_tiles;
 #define AMX_NAME(x)       x##_hw
 #endif
 
-enum { NT = MOE8__GMM_NT, MT = MOE8__GMM_MT, KC = 256 };
+enum { MT = MOE8__GMM_MT }; /* NT, KC: gmm_x86.h */
 
 /* The base table's entries, for what the tiles do not take. */
 static void (*AMX_NAME(g_base_block))(const moe8__gmm_block *b);
@@ -114,17 +114,17 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   memset(acc, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K;
-    moe8__gmm_rhs_scales(b, blk, ntp, rsv);
+    rhs_scales(b, blk, ntp, rsv);
     for (int64_t c0 = k0; c0 < k1; c0 += KC) {
       const int64_t kc = c0 + KC < k1 ? KC : k1 - c0, npc = moe8__cdiv(kc, piece);
       const bool first = c0 == k0, last = c0 + KC >= k1;
       /* The panel: npc·16 rows of pairs or quads, NT words apart. */
       if (i8) {
-        moe8__gmm_panel_quads(b, c0, kc, ntp, Bp, colsum);
+        pack_b_i8(b, c0, kc, ntp, Bp, colsum);
         const int64_t kq = moe8__cdiv(kc, 4);
         memset(Bp + kq * NT, 0, sizeof(uint32_t) * (size_t)((16 * npc - kq) * NT));
       } else {
-        moe8__gmm_panel_pairs(b, c0, kc, ntp, Bp, tmp);
+        pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
         const int64_t kp = moe8__cdiv(kc, 2);
         memset(Bp + kp * NT, 0, sizeof(uint32_t) * (size_t)((16 * npc - kp) * NT));
       }
@@ -200,14 +200,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     }
   }
   T_RELEASE();
-  for (int64_t r = 0; r < mt; r++) {
-    const float *c = acc + r * NT;
-    if (b->ot == MOE8_DTYPE_F32) memcpy((float *)b->out + (b->m0 + r) * b->N + b->n0, c, (size_t)nt * 4);
-    else {
-      uint16_t *o = (uint16_t *)b->out + (b->m0 + r) * b->N + b->n0;
-      for (int64_t j = 0; j < nt; j++) o[j] = moe8_f32_to_bf16(c[j]);
-    }
-  }
+  write_out(b, acc, mt);
 }
 
 static void AMX_NAME(amx_block)(const moe8__gmm_block *b) {

@@ -101,13 +101,3 @@ void moe8__gmm_canon_pack(const moe8__gmm_block *b, int64_t m0, int64_t m1, void
   for (int64_t m = m0; m < m1; m++) pack_row(b, PATH_BF16, m, (uint32_t *)dst + m * words, tmp);
 }
 
-void moe8__gmm_panel_pairs(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
-  pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
-}
-
-void moe8__gmm_panel_quads(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, int32_t *colsum) {
-  pack_b_i8(b, c0, kc, ntp, Bp, colsum);
-}
-
-void moe8__gmm_rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv) { rhs_scales(b, blk, ntp, rsv); }
-
