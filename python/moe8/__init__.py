@@ -336,6 +336,7 @@ class Layer:
             _model_close(m)
         obj = cls(_handle=h)
         obj._rules = r
+        obj.layer_index = layer  # the model layer it is (the first MoE layer when not given)
         return obj
 
     def __del__(self):

@@ -110,21 +110,13 @@ class MoE8Block(torch.nn.Module):
         """The MoE block of layer `layer` (default: the first MoE layer) of a
         checkpoint, with f32 master weights (trainable)."""
         text = _rules_text(rules)
-        if layer is None:
-            from . import _P, _check, _first_moe, _model_close, _model_config, _model_open_as
-            import ctypes
-            import os
-            m = _P()
-            _check(_model_open_as(os.fsencode(model_dir), arch.encode() if arch else None, ctypes.byref(m)))
-            layer = _first_moe(_model_config(m))
-            _model_close(m)
         lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
         cfg = {"score": "sigmoid" if _cfg(lay).score == 1 else "softmax"}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
                   "topk_group", "shared_ffn", "shared_gate"):
             cfg[k] = getattr(_cfg(lay), k)
         return cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay,
-                   module_path="model.layers.%d.mlp.experts" % layer, **cfg)
+                   module_path="model.layers.%d.mlp.experts" % lay.layer_index, **cfg)
 
     def extra_repr(self):
         return "hidden=%d, ffn=%d, num_experts=%d, top_k=%d%s, rules=%s" % (
