@@ -94,10 +94,9 @@ static bool env_on(const char *name) {
 }
 
 /* The kernel's permission to use tile data (Linux asks for it per
-** process); MOE8_AMX_PERM=refuse acts as a refusal (tests). */
-static bool amx_permission(void) {
-  const char *ov = getenv("MOE8_AMX_PERM");
-  if (ov && strcmp(ov, "refuse") == 0) {
+** process); refuse: MOE8_AMX_PERM=refuse acts as a refusal (tests). */
+static bool amx_permission(bool refuse) {
+  if (refuse) {
     g_amx_reason = "the kernel refused tile permission (MOE8_AMX_PERM=refuse)";
     return false;
   }
@@ -137,10 +136,12 @@ static void detect(void) {
   ** only those it names (read once). */
   if (env_on("MOE8_NO_BF16")) fs &= ~(unsigned)F_BF16;
   if (getenv("MOE8_NO_VBMI")) fs &= ~(unsigned)F_VBMI;
-  const bool pretend = getenv("MOE8_AMX_PERM") && strcmp(getenv("MOE8_AMX_PERM"), "refuse") == 0;
-  if (!amx_cpu && !pretend) g_amx_reason = "the CPU has no AMX (CPUID 7.0 EDX bits 22, 24, 25)";
-  else if (!amx_os && !pretend) g_amx_reason = "the OS does not enable tile state (XCR0 bits 17-18)";
-  else if (amx_permission()) { fs |= F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8; g_amx_reason = NULL; }
+  /* The test override reaches the permission step on any CPU. */
+  const char *perm = getenv("MOE8_AMX_PERM");
+  const bool refuse = perm && strcmp(perm, "refuse") == 0;
+  if (!amx_cpu && !refuse) g_amx_reason = "the CPU has no AMX (CPUID 7.0 EDX bits 22, 24, 25)";
+  else if (!amx_os && !refuse) g_amx_reason = "the OS does not enable tile state (XCR0 bits 17-18)";
+  else if (amx_permission(refuse)) { fs |= F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8; g_amx_reason = NULL; }
   const char *keep = getenv("MOE8_CPU_FEATURES");
   if (keep && *keep) {
     static const struct { const char *name; unsigned bit; } names[] = {
