@@ -94,6 +94,21 @@ MOE8_API const char *moe8_last_error(void);
 /* Clears the calling thread's last-error message. */
 MOE8_API void moe8_clear_error(void);
 
+/* Threads.  moe8 runs its parallel loops on OpenMP threads: n of them after
+** moe8_set_num_threads(n) (n >= 1), OpenMP's own count (OMP_NUM_THREADS,
+** else one per CPU) after n = 0, the default.  The setting is the
+** process's, for every layer and every thread that calls moe8; results do
+** not depend on it (docs/determinism.md).  A loop whose work is small (a
+** few microseconds on one core) runs on the calling thread alone whatever
+** the setting: on a host whose cores are busy with other processes, each
+** wait of a thread team for its slowest member costs a scheduler time
+** slice, and small layers called often (training a small layer, decode of
+** one token) would spend their time waiting (docs/performance.md).
+** MOE8_ERR_INVALID_ARG for n < 0 or n > 4096. */
+MOE8_API moe8_status moe8_set_num_threads(int n);
+/* The number of threads a large loop runs on now (>= 1). */
+MOE8_API int         moe8_get_num_threads(void);
+
 /* ------------------------------------------------------------------------
 ** 2. Number formats
 */

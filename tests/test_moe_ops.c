@@ -322,6 +322,60 @@ static void test_gather_scale_rule(void **state) {
   assert_non_null(strstr(moe8_last_error(), "index[0] = 6"));
 }
 
+/* moe8_set_num_threads and the small-work rule (threads.c): the count is
+** checked and reported, a small loop runs on one thread, a large one on
+** the set count, and the bytes of a layer forward (FP8, backward too) are
+** the same under the rule, without it, and on one thread. */
+static void run_layer(moe8_layer *L, const float *x, int64_t T, float *y, float *dx) {
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws = NULL;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y, &aux, ws, wsz), MOE8_OK);
+  const moe8_layer_grads g = {.dx = dx};
+  assert_int_equal(moe8_layer_backward(L, x, T, y, ws, wsz, &g), MOE8_OK);
+  free(ws);
+}
+
+static void test_threads_setting(void **state) {
+  (void)state;
+  assert_int_equal(moe8_set_num_threads(-1), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "thread count"));
+  assert_int_equal(moe8_set_num_threads(4097), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_set_num_threads(3), MOE8_OK);
+  assert_int_equal(moe8_get_num_threads(), 3);
+  assert_int_equal(moe8_set_num_threads(0), MOE8_OK);
+  assert_int_equal(moe8_get_num_threads(), omp_get_max_threads());
+  moe8__set_par_min(1.0e6);
+  assert_int_equal(moe8_set_num_threads(2), MOE8_OK);
+  assert_int_equal(moe8__nt(1000.0), 1);
+  assert_int_equal(moe8__nt(1.0e9), 2);
+
+  enum { T = 37, D = 48 };
+  moe8_layer_config c = {.num_experts = 6, .top_k = 2, .hidden = D, .ffn = 40, .norm_topk_prob = true};
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+  static float x[T * D], y[3][T * D], dx[3][T * D];
+  tu_rng_reset(77);
+  tu_fill_normal(x, T * D, 1.0f);
+  run_layer(L, x, T, y[0], dx[0]);          /* the rule: these loops are small */
+  moe8__set_par_min(0.0);
+  run_layer(L, x, T, y[1], dx[1]);          /* every loop on two threads */
+  assert_int_equal(moe8_set_num_threads(1), MOE8_OK);
+  run_layer(L, x, T, y[2], dx[2]);          /* one thread */
+  for (int i = 1; i < 3; i++) {
+    assert_memory_equal(y[0], y[i], sizeof y[0]);
+    assert_memory_equal(dx[0], dx[i], sizeof dx[0]);
+  }
+  assert_int_equal(moe8_set_num_threads(0), MOE8_OK);
+  moe8_layer_destroy(L);
+  moe8_rules_destroy(rs);
+}
+
 static void test_combine(void **state) {
   (void)state;
   enum { T = 7, K = 3, D = 33, R = 21 };
@@ -364,6 +418,7 @@ int main(void) {
     cmocka_unit_test(test_dispatch_sort),
     cmocka_unit_test(test_gather_scale_rule),
     cmocka_unit_test(test_combine),
+    cmocka_unit_test(test_threads_setting),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

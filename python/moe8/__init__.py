@@ -21,7 +21,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["__version__", "Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES"]
+__all__ = ["__version__", "Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES", "set_num_threads",
+           "get_num_threads"]
 
 # ---- the library -----------------------------------------------------------------------
 def _find_library():
@@ -141,6 +142,23 @@ def version():
 
 
 __version__ = version()
+
+_set_threads = _fn("moe8_set_num_threads", C.c_int, C.c_int)
+_get_threads = _fn("moe8_get_num_threads", C.c_int)
+
+
+def set_num_threads(n):
+    """Threads for moe8's large loops, for the whole process: n >= 1, or 0
+    for OpenMP's count (OMP_NUM_THREADS, else one per CPU).  Small loops run
+    on the calling thread whatever n is.  Results do not depend on n.  Next
+    to other busy threads (a serving process) also start Python with
+    OMP_WAIT_POLICY=passive (docs/performance.md)."""
+    _check(_set_threads(_int_arg(n, "n", 0, 4096)))
+
+
+def get_num_threads():
+    """The threads a large moe8 loop runs on now."""
+    return int(_get_threads())
 
 
 def _f32(a, name, ndim=None, shape=None):

@@ -123,3 +123,25 @@ def test_from_model_progress(model):
     assert L.hidden == 256
     assert seen and seen[-1][0] == seen[-1][1] > 0  # at least the final call, done = total
     assert all(0 <= a <= b for a, b in seen)
+
+
+def test_num_threads():
+    """The process-wide thread count: set, read back, checked; the bytes of a
+    forward do not depend on it."""
+    L = moe8.Layer(num_experts=4, top_k=2, hidden=32, ffn=16)
+    L.init_random(3)
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    try:
+        moe8.set_num_threads(1)
+        assert moe8.get_num_threads() == 1
+        y1, _ = L.forward(x)
+        moe8.set_num_threads(2)
+        assert moe8.get_num_threads() == 2
+        y2, _ = L.forward(x)
+        assert y1.tobytes() == y2.tobytes()
+        for bad in (-1, 5000, 1.5, "2"):
+            with pytest.raises(moe8.Error, match="must be an integer"):
+                moe8.set_num_threads(bad)
+    finally:
+        moe8.set_num_threads(0)
+    assert moe8.get_num_threads() >= 1

@@ -26,6 +26,13 @@
 
 moe8_status moe8__fail(moe8_status status, const char *fmt, ...) MOE8__PRINTF(2, 3);
 
+/* Threads for a parallel loop of about `work` scalar operations: 1 when it
+** is small, else moe8_get_num_threads() (threads.c).  Every
+** "#pragma omp parallel" says num_threads(moe8__nt(work)). */
+int moe8__nt(double work);
+/* Tests: the work below which loops run on one thread (0: never). */
+void moe8__set_par_min(double work);
+
 /* ---- kernel table ---------------------------------------------------- */
 struct moe8__gmm_block;
 typedef struct moe8__ktable {

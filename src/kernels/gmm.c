@@ -85,7 +85,7 @@ moe8_status moe8_gmm_pack_rhs(moe8_dtype t, const void *rhs, int64_t G, int64_t 
   /* One (group, k group) row of output at a time: zero codes for the
   ** padding, then every (k, n) of it at its place (gmm.h). */
   const int64_t per = moe8__pk_per(t), w = moe8__pk_width(t), kp = (K + per - 1) / per;
-  #pragma omp parallel for collapse(2) schedule(static)
+  #pragma omp parallel for collapse(2) num_threads(moe8__nt((double)G * (double)K * (double)N)) schedule(static)
   for (int64_t g = 0; g < G; g++)
     for (int64_t p = 0; p < kp; p++) {
       const uint8_t *src = (const uint8_t *)rhs + (size_t)(g * K * N);
@@ -103,20 +103,12 @@ moe8_status moe8_gmm_pack_rhs(moe8_dtype t, const void *rhs, int64_t G, int64_t 
   return MOE8_OK;
 }
 
-int moe8__max_threads(void) {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 size_t moe8__gmm_ws_size(int64_t M, int64_t K) {
   /* A packed lhs row is at most one 32-bit word per element of K, plus
   ** the padding of the last scale block to a piece (gmm.h). */
-  return al64((size_t)(M > 0 ? M : 0) * (size_t)(K > 0 ? K + 16 : 0) * 4) + (size_t)moe8__max_threads() * MOE8__GMM_SCRATCH;
+  return al64((size_t)(M > 0 ? M : 0) * (size_t)(K > 0 ? K + 16 : 0) * 4) + (size_t)moe8_get_num_threads() * MOE8__GMM_SCRATCH;
 }
 
 moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
@@ -200,12 +192,12 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
                                    pack_bytes + MOE8__GMM_SCRATCH);
     else if (posix_memalign(&owned, 64, pack_bytes ? pack_bytes : 64) != 0) { owned = NULL; return moe8__fail(MOE8_ERR_NOMEM, "gmm: out of memory"); }
     else packed = owned;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)(hi - lo) * (double)K)) schedule(static)
     for (int64_t m = lo; m < hi; m += 64) kt->gmm_pack(&proto, m, m + 64 < hi ? m + 64 : hi, packed);
   }
   if (ws) { ws = (char *)ws + (row_bytes ? pack_bytes : 0); ws_bytes -= row_bytes ? pack_bytes : 0; }
   moe8_status err = MOE8_OK;
-  int nth = moe8__max_threads();
+  int nth = moe8__nt(2.0 * (double)(hi - lo) * (double)N * (double)K);
   if (ws) {
     /* Caller scratch: one MOE8__GMM_SCRATCH slice per thread, no allocation. */
     const int fit = (int)(ws_bytes / MOE8__GMM_SCRATCH);

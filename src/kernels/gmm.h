@@ -182,6 +182,5 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes);
 /* Workspace bytes moe8__gmm needs for M rows of K (any dtype, any tile)
 ** and the current thread count: an upper bound. */
 size_t      moe8__gmm_ws_size(int64_t M, int64_t K);
-int         moe8__max_threads(void);
 
 #endif

@@ -69,7 +69,7 @@ moe8_status moe8_gather_rows(void *dst, const void *src, size_t row_bytes, const
     if (index[p] < 0 || index[p] >= src_rows)
       return moe8__fail(MOE8_ERR_SHAPE, "gather: index[%lld] = %d is outside [0, %lld)", (long long)p, index[p],
                         (long long)src_rows);
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt((double)n * (double)row_bytes / 4.0)) schedule(static)
   for (int64_t p = 0; p < n; p++)
     memcpy((char *)dst + (size_t)p * row_bytes, (const char *)src + (size_t)index[p] * row_bytes, row_bytes);
   return MOE8_OK;
@@ -108,7 +108,7 @@ moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, co
     if (pos_of[a] >= rows)
       return moe8__fail(MOE8_ERR_SHAPE, "combine: pos_of[%lld] = %d is outside [0, %lld)", (long long)a, pos_of[a],
                         (long long)rows);
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;

@@ -400,7 +400,7 @@ static moe8_status check_weights(const moe8_layer *L) {
 ** back; per-column scales make quantizing the joined rows equal to
 ** quantizing the two separately. */
 static void gate_up_join(float *gu, const float *wg, const float *wu, int64_t rows, int64_t F) {
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t i = 0; i < rows; i++) {
     memcpy(gu + i * 2 * F, wg + i * F, sizeof(float) * (size_t)F);
     memcpy(gu + i * 2 * F + F, wu + i * F, sizeof(float) * (size_t)F);
@@ -408,7 +408,7 @@ static void gate_up_join(float *gu, const float *wg, const float *wu, int64_t ro
 }
 
 static void gate_up_split(float *wg, float *wu, const float *gu, int64_t rows, int64_t F) {
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t i = 0; i < rows; i++) {
     memcpy(wg + i * F, gu + i * 2 * F, sizeof(float) * (size_t)F);
     memcpy(wu + i * F, gu + i * 2 * F + F, sizeof(float) * (size_t)F);

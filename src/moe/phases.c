@@ -75,7 +75,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   const bool fuse = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
   const int64_t nbh = L->aq && L->aspec.gran == MOE8_GRAN_ROW_TILE ? moe8__nblocks(F, L->aspec.tile) : 1;
   bool qbad = false;
-  #pragma omp parallel for schedule(static) reduction(|| : qbad)
+  #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)rows * (double)F)) schedule(static) reduction(|| : qbad)
   for (int64_t p0 = 0; p0 < rows; p0 += 8) {
     const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
     for (int64_t p = p0; p < p1; p++) kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
@@ -108,7 +108,7 @@ moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint
   moe8_status st = moe8__experts_forward(L, 1, T, one, 0, 1, b->x, xq, sx, b->gu, b->h, b->hq, b->sh, b->y, scratch, scratch_bytes);
   if (st != MOE8_OK || !L->cfg.shared_gate) return st;
   const float *wsg = L->w[MOE8_W_SHARED_GATE_W];
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D)) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     float l = 0.0f;
     for (int64_t d = 0; d < D; d++) l += x[t * D + d] * wsg[d];
@@ -121,7 +121,7 @@ void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b,
   const int64_t D = L->cfg.hidden;
   if (L->cfg.shared_ffn <= 0) return;
   const bool gated = L->cfg.shared_gate;
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt((double)T * (double)D)) schedule(static)
   for (int64_t t = 0; t < T; t++)
     for (int64_t c = 0; c < D; c++) out[t * D + c] = out[t * D + c] + (gated ? b->g[t] * b->y[t * D + c] : b->y[t * D + c]);
 }
@@ -186,7 +186,7 @@ static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64
 
 void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, const float *w, int64_t K,
                  const float *dout, const float *y, int64_t D, float *dy, float *dwrow) {
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)D)) schedule(static)
   for (int64_t p = 0; p < rows; p++) {
     const int64_t t = token_of[p], j = slot_of[p];
     const float wt = w[t * K + j];
@@ -249,7 +249,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
     }
   }
   /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g). */
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(10.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t p = 0; p < rows; p++)
     for (int64_t f = 0; f < F; f++) {
       const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
@@ -269,7 +269,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
     if (dwg || dwu) {
       const moe8_operand l = {MOE8_DTYPE_F32, xh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dgur, NULL, 0, 0};
       if ((st = moe8_tgmm(&l, &r, rows, D, 2 * F, G, gsz, 0, G, dwgu)) != MOE8_OK) goto done;
-      #pragma omp parallel for collapse(2) schedule(static)
+      #pragma omp parallel for collapse(2) num_threads(moe8__nt(2.0 * (double)G * (double)D * (double)F)) schedule(static)
       for (int64_t e = 0; e < G; e++)
         for (int64_t d = 0; d < D; d++) {
           const float *src = dwgu + (e * D + d) * 2 * F;
@@ -288,7 +288,7 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k;
   const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
   const bool use_aux = L->cfg.aux_loss_weight != 0.0f;
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)T * (double)E)) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     const float *s = scores + t * E;
     float *dst = dl + t * E;
@@ -315,7 +315,7 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
 }
 
 void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, int64_t D, int64_t E) {
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)D * (double)T * (double)E)) schedule(static)
   for (int64_t d = 0; d < D; d++)
     for (int64_t t = 0; t < T; t++) {
       const float xv = x[t * D + d];
@@ -333,7 +333,7 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
   float *dgl = malloc(sizeof(float) * (size_t)T + 4);
   moe8_status st = dys && dxs && dgl ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
   if (st == MOE8_OK) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D)) schedule(static)
     for (int64_t t = 0; t < T; t++) {
       float s = 0.0f;
       const float g = gated ? b->g[t] : 1.0f;
@@ -348,7 +348,7 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
   }
   if (st == MOE8_OK && dx) {
     const float *wsg = gated ? L->w[MOE8_W_SHARED_GATE_W] : NULL;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D)) schedule(static)
     for (int64_t t = 0; t < T; t++)
       for (int64_t d = 0; d < D; d++) {
         dx[t * D + d] += dxs[t * D + d];
@@ -357,7 +357,7 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
   }
   if (st == MOE8_OK && gated && gr->dwsgate) {
     float *acc = gr->dwsgate;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D)) schedule(static)
     for (int64_t d = 0; d < D; d++)
       for (int64_t t = 0; t < T; t++) acc[d] += x[t * D + d] * dgl[t];
   }

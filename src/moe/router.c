@@ -18,7 +18,7 @@ moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64
   if (T > 0 && (!x || !wr || !logits)) return moe8__fail(MOE8_ERR_INVALID_ARG, "router: NULL buffer");
   /* Chunks of 64 tokens; each (t, e) is one chain in d whatever the chunk. */
   const moe8__ktable *kt = moe8__kernels();
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D * (double)E)) schedule(static)
   for (int64_t t = 0; t < T; t += 64)
     kt->router_logits(logits + t * E, x + t * D, wr, T - t < 64 ? T - t : 64, D, E);
   return MOE8_OK;
@@ -56,7 +56,7 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
   const float scale = cfg->routed_scaling_factor != 0.0f ? cfg->routed_scaling_factor : 1.0f;
   /* Per-token scratch lives on the stack: E is capped at MOE8_MAX_EXPERTS,
   ** so routing never allocates (the fused forward relies on that). */
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)T * (double)E)) schedule(static)
   for (int64_t t = 0; t < T; t++) {
     float sbuf[MOE8_MAX_EXPERTS], sel[MOE8_MAX_EXPERTS];
     uint64_t taken[MOE8_MAX_EXPERTS / 64];

@@ -95,7 +95,7 @@ moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *tar
     if (!tr->n[w]) continue;
     float *p = moe8_layer_weight(tr->layer, k_ids[w], NULL), *m = tr->m[w], *v = tr->v[w];
     const float *gr = tr->g[w];
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for num_threads(moe8__nt(10.0 * (double)tr->n[w])) schedule(static)
     for (size_t i = 0; i < tr->n[w]; i++) {
       m[i] = b1 * m[i] + (1.0f - b1) * gr[i];
       v[i] = b2 * v[i] + (1.0f - b2) * gr[i] * gr[i];

@@ -158,7 +158,7 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
       const int64_t nt = moe8__cdiv(C, tile);
       const int64_t ns = spec->gran == MOE8_GRAN_ROW ? 1 : nt;
       /* One pass per row: its scales, then its values while it is in cache. */
-      #pragma omp parallel for reduction(+ : bad) schedule(static)
+      #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)R * (double)C)) reduction(+ : bad) schedule(static)
       for (int64_t r = 0; r < R; r++) {
         if (C == 0) { scale[r] = 1.0f; continue; }
         for (int64_t j = 0; j < nt; j++) {
@@ -178,7 +178,7 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
       /* w[E, K=R, N=C]; the scale row of block kb is scale[e, kb, :]. */
       const int64_t tile = spec->gran == MOE8_GRAN_CHANNEL ? (R > 0 ? R : 1) : spec->tile;
       const int64_t nb = spec->gran == MOE8_GRAN_CHANNEL ? 1 : moe8__cdiv(R, tile);
-      #pragma omp parallel for collapse(2) reduction(+ : bad) schedule(static)
+      #pragma omp parallel for collapse(2) num_threads(moe8__nt(2.0 * (double)E * (double)R * (double)C)) reduction(+ : bad) schedule(static)
       for (int64_t e = 0; e < E; e++)
         for (int64_t b = 0; b < nb; b++) {
           float *s = scale + (e * nb + b) * C;
@@ -188,7 +188,7 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
           for (int64_t c = 0; c < C; c++) s[c] = moe8_scale_from_absmax(s[c], qt, clip, p2);
         }
       if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
-      #pragma omp parallel for collapse(2) schedule(static)
+      #pragma omp parallel for collapse(2) num_threads(moe8__nt(4.0 * (double)E * (double)R * (double)C)) schedule(static)
       for (int64_t e = 0; e < E; e++)
         for (int64_t kk = 0; kk < R; kk++)
           k->quant_div(qb + (e * R + kk) * C, x + (e * R + kk) * C, scale + (e * nb + kk / tile) * C, 1,
@@ -199,7 +199,7 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
       /* w[E, N=R, K=C]; scale[e, R/bn, C/bk]. */
       const int64_t bn = spec->block_n, bk = spec->tile;
       const int64_t nbr = moe8__cdiv(R, bn), nbc = moe8__cdiv(C, bk);
-      #pragma omp parallel for collapse(2) reduction(+ : bad) schedule(static)
+      #pragma omp parallel for collapse(2) num_threads(moe8__nt(2.0 * (double)E * (double)R * (double)C)) reduction(+ : bad) schedule(static)
       for (int64_t e = 0; e < E; e++)
         for (int64_t br = 0; br < nbr; br++)
           for (int64_t bc = 0; bc < nbc; bc++) {
@@ -215,7 +215,7 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
             scale[(e * nbr + br) * nbc + bc] = moe8_scale_from_absmax(amax, qt, clip, p2);
           }
       if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
-      #pragma omp parallel for collapse(2) schedule(static)
+      #pragma omp parallel for collapse(2) num_threads(moe8__nt(4.0 * (double)E * (double)R * (double)C)) schedule(static)
       for (int64_t e = 0; e < E; e++)
         for (int64_t r = 0; r < R; r++)
           for (int64_t bc = 0; bc < nbc; bc++) {
@@ -245,7 +245,7 @@ moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q, const fl
   const size_t n = (size_t)(E * R * C);
   if (n && (!q || !scale || !y)) return moe8__fail(MOE8_ERR_INVALID_ARG, "dequantize: NULL buffer");
   const moe8_dtype t = spec->qtype;
-  #pragma omp parallel for collapse(2) schedule(static)
+  #pragma omp parallel for collapse(2) num_threads(moe8__nt(2.0 * (double)E * (double)R * (double)C)) schedule(static)
   for (int64_t e = 0; e < E; e++)
     for (int64_t r = 0; r < R; r++)
       for (int64_t c = 0; c < C; c++) {

@@ -35,8 +35,9 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static void set_threads(int n) {
+  moe8_set_num_threads(n);
 #ifdef _OPENMP
-  omp_set_num_threads(n);
+  omp_set_num_threads(n); /* the peers' OpenMP */
 #else
   (void)n;
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -39,7 +40,9 @@ static void usage(FILE *f) {
   fprintf(f,
           "\nenvironment: MOE8_ISA=ref|avx512|avx512_bf16|avx512_vnni|amx|amx_emu forces a kernel table,\n"
           "             MOE8_ORDER=canonical|native the summation order (docs/determinism.md),\n"
-          "             MOE8_DEBUG=1 prints the choice, OMP_NUM_THREADS sets threads.\n"
+          "             MOE8_DEBUG=1 prints the choice, OMP_NUM_THREADS sets threads,\n"
+          "             OMP_WAIT_POLICY=active|passive how idle threads wait (default passive,\n"
+          "             except in the bench).\n"
           "--threads N (any command) sets the threads for this run.\n"
           "moe8 --version prints the version.  exit codes:  0 success, 1 failure, 2 usage error.\n");
 }
@@ -73,7 +76,23 @@ int cli_same_file(const char *a, const char *b) {
 
 int cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }
 
+/* OpenMP's threads wait for work by spinning unless OMP_WAIT_POLICY says
+** passive.  On a host whose cores are busy with other processes a spinning
+** thread takes the time slice its team's slowest member needs: training a
+** small layer on two threads took 2.6 s instead of 0.06 s next to two busy
+** processes (docs/performance.md, "Threads on a busy host").  The runtime
+** reads the policy once, before main, so the command sets passive and
+** starts itself again when the environment does not choose; an explicit
+** OMP_WAIT_POLICY (active for the last few per cent on an idle machine) is
+** kept.  The bench keeps OpenMP's default, as its peers run with it. */
+static void wait_policy(int argc, char **argv) {
+  if (getenv("OMP_WAIT_POLICY") || (argc > 1 && strcmp(argv[1], "bench") == 0)) return;
+  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  execv("/proc/self/exe", argv); /* on failure: go on with the default */
+}
+
 int main(int argc, char **argv) {
+  wait_policy(argc, argv);
   /* --threads N anywhere: the OpenMP threads of this run (taken out of argv). */
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--threads") == 0) {
@@ -82,9 +101,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "moe8: --threads takes a thread count in [1, 4096]\n");
         return EXIT_USAGE;
       }
-#ifdef _OPENMP
-      omp_set_num_threads((int)n);
-#endif
+      moe8_set_num_threads((int)n);
       for (int j = i; j + 2 <= argc; j++) argv[j] = argv[j + 2];
       argc -= 2;
       i--;
