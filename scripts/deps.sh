@@ -2,7 +2,7 @@
 # Installs what moe8 needs to build and test, from Debian's packages, when
 # it is missing.  Used by scripts/test.sh and scripts/demo.sh.
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config libcjson-dev libcmocka-dev libopenblas-dev libopenmpi-dev openmpi-bin python3-numpy python3-pytest python3-pip python3-setuptools python3-torch)
+pkgs=(build-essential cmake ninja-build pkg-config libcjson-dev libcmocka-dev libopenblas-dev libopenmpi-dev openmpi-bin python3-numpy python3-pytest python3-pip python3-setuptools python3-venv python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

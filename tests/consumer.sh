@@ -18,6 +18,15 @@ bad=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^moe8_' || true)
 [ -z "$bad" ] || fail "the shared library exports non-public symbols: $(echo $bad | head -c 300)"
 echo "exported: $(nm -D --defined-only "$so" | wc -l) symbols, all moe8_"
 [ -x "$tmp/prefix/bin/moe8" ] || fail "the moe8 command is not installed"
+# MPI is a module of its own: neither the library nor its CMake package or
+# pkg-config file asks a user for MPI.
+readelf -d "$so" | grep NEEDED | grep -qi mpi && fail "libmoe8.so links MPI: $(readelf -d "$so" | grep NEEDED | grep -i mpi)"
+grep -rqi 'MPI' "$lib/cmake/moe8/moe8Config.cmake" && fail "the CMake package asks for MPI"
+grep -qi 'mpi' "$lib/pkgconfig/moe8.pc" && fail "moe8.pc names MPI"
+if [ -e "$build/libmoe8_mpi.so" ]; then
+  [ -e "$lib/moe8/libmoe8_mpi.so" ] || fail "the MPI module is not installed in lib/moe8"
+  echo "MPI: the module lib/moe8/libmoe8_mpi.so; libmoe8.so needs $(readelf -d "$so" | grep NEEDED | sed 's/.*\[\(.*\)\]/\1/' | tr '\n' ' ')"
+fi
 export PKG_CONFIG_PATH="$lib/pkgconfig"
 cc=${CC:-cc}
 $cc -o "$tmp/pc_shared" "$src/tests/consumer/consumer.c" $(pkg-config --cflags --libs moe8) -lm -Wl,-rpath,"$lib"

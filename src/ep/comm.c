@@ -1,11 +1,18 @@
 /*
 ** comm.c — the single-process communicator (P = 1: every collective is a
-** copy) and the public accessors of moe8_comm.
+** copy), the public accessors of moe8_comm, and the opening of the MPI
+** module (comm.h).
 */
+#define _GNU_SOURCE 1 /* dladdr */
 #include "comm.h"
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static moe8_status s_allgatherv(moe8_comm *c, const void *send, size_t n, void *recv, const size_t *rb) {
   (void)c;
@@ -49,11 +56,61 @@ int  moe8_comm_size(const moe8_comm *c) { return c ? c->size : 1; }
 bool moe8_comm_broken(const moe8_comm *c) { return c && c->broken; }
 void moe8_comm_destroy(moe8_comm *c) { if (c) c->destroy(c); }
 
-#ifndef MOE8_HAVE_MPI
-bool moe8_has_mpi(void) { return false; }
-moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out) {
-  (void)mpi_comm;
-  if (out) *out = NULL;
-  return moe8__fail(MOE8_ERR_UNSUPPORTED, "comm: this build of moe8 has no MPI (install libopenmpi-dev and rebuild)");
+/* ---- the MPI module ----------------------------------------------------
+** Looked for, in order: $MOE8_MPI_MODULE; libmoe8_mpi.so beside the file
+** that holds this code (libmoe8.so, or the program linking libmoe8.a), and
+** in its moe8/ directory (the installed layout); the build tree's. */
+static const moe8__comm_host g_host = {MOE8__COMM_ABI, sizeof(moe8_comm), moe8__fail};
+static moe8__mpi_entry g_entry;
+static char g_why[PATH_MAX + 256];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void *try_open(const char *path) {
+  if (!path || !*path) return NULL;
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h && access(path, F_OK) == 0) {
+    const char *e = dlerror();
+    snprintf(g_why, sizeof g_why, "%s could not be opened: %s", path, e ? e : "?");
+  }
+  return h;
 }
+
+static void load_module(void) {
+  snprintf(g_why, sizeof g_why, "the MPI module libmoe8_mpi.so was not found beside libmoe8 (this build found no MPI: "
+           "apt-get install libopenmpi-dev and rebuild, or set MOE8_MPI_MODULE to the module's path)");
+  void *h = try_open(getenv("MOE8_MPI_MODULE"));
+  Dl_info info;
+  char dir[PATH_MAX], path[PATH_MAX + 64];
+  if (!h && dladdr((void *)&load_module, &info) && info.dli_fname && strlen(info.dli_fname) < sizeof dir) {
+    strcpy(dir, info.dli_fname);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+      *slash = 0;
+      snprintf(path, sizeof path, "%s/libmoe8_mpi.so", dir);
+      h = try_open(path);
+      if (!h) { snprintf(path, sizeof path, "%s/moe8/libmoe8_mpi.so", dir); h = try_open(path); }
+    }
+  }
+#ifdef MOE8_MPI_MODULE_INSTALLED
+  if (!h) h = try_open(MOE8_MPI_MODULE_INSTALLED);
 #endif
+#ifdef MOE8_MPI_MODULE_BUILT
+  if (!h) h = try_open(MOE8_MPI_MODULE_BUILT);
+#endif
+  if (!h) return;
+  *(void **)&g_entry = dlsym(h, MOE8__MPI_ENTRY);
+  if (!g_entry) snprintf(g_why, sizeof g_why, "the MPI module has no %s: it is not moe8's", MOE8__MPI_ENTRY);
+}
+
+bool moe8_has_mpi(void) {
+  pthread_once(&g_once, load_module);
+  return g_entry != NULL;
+}
+
+moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out) {
+  if (out) *out = NULL;
+  if (!moe8_has_mpi()) return moe8__fail(MOE8_ERR_UNSUPPORTED, "comm: %s", g_why);
+  moe8_clear_error();
+  const moe8_status st = g_entry(&g_host, mpi_comm, out);
+  return st == MOE8_ERR_INTERNAL && !*moe8_last_error() ? moe8__fail(st, "comm: the MPI module was built for another moe8") : st;
+}

@@ -12,6 +12,9 @@
 ** node, SIGSTOP) is named in an error instead of a hang.  The
 ** communicator is then broken (moe8_comm_broken): the caller ends the job
 ** (MPI_Abort), since the stopped rank can never finish the collective.
+**
+** Built as the module libmoe8_mpi.so (comm.h): its errors go through the
+** host's fail(), so moe8_last_error() has them.
 */
 #define _DEFAULT_SOURCE 1 /* nanosleep */
 #include "comm.h"
@@ -23,7 +26,8 @@
 #include <string.h>
 #include <time.h>
 
-bool moe8_has_mpi(void) { return true; }
+static const moe8__comm_host *g_host;
+#define moe8__fail g_host->fail
 
 typedef struct impl {
   MPI_Comm comm;
@@ -158,7 +162,11 @@ static void m_destroy(moe8_comm *c) {
   free(c);
 }
 
-moe8_status moe8_comm_create_mpi(const void *mpi_comm, moe8_comm **out) {
+__attribute__((visibility("default"))) moe8_status moe8_mpi_module_create(const moe8__comm_host *host, const void *mpi_comm,
+                                                                      moe8_comm **out);
+moe8_status moe8_mpi_module_create(const moe8__comm_host *host, const void *mpi_comm, moe8_comm **out) {
+  if (!host || host->abi != MOE8__COMM_ABI || host->comm_size != sizeof(moe8_comm)) return MOE8_ERR_INTERNAL;
+  g_host = host;
   if (!mpi_comm || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "comm: NULL argument");
   *out = NULL;
   int init = 0;

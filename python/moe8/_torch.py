@@ -1,0 +1,283 @@
+"""The implementation of moe8.torch (imported from there when PyTorch is present)."""
+import json
+
+import numpy as np
+import torch
+
+from . import Layer, Rules
+
+_NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_gate_w")
+_CONFIG = ("score", "norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
+           "topk_group", "shared_ffn", "shared_gate")
+
+
+class _MoE8Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, block, *params):
+        layer = block.layer
+        xn = x.detach().contiguous().numpy()
+        ws = layer.new_workspace(xn.shape[0])
+        y, aux = layer.forward(xn, workspace=ws)
+        ctx.block, ctx.xn, ctx.ws = block, xn, ws
+        ctx.names = block.param_names
+        return torch.from_numpy(y), torch.tensor(aux, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, dy, daux):
+        layer = ctx.block.layer
+        if ctx.block.aux_loss_weight != 0 and float(daux) != 1.0:
+            raise RuntimeError("moe8: the aux loss must enter the loss with weight 1 (set aux_loss_weight instead)")
+        g = layer.backward(ctx.xn, dy.detach().contiguous().numpy(), workspace=ctx.ws)
+        grads = [torch.from_numpy(g[n]) for n in ctx.names]
+        return (torch.from_numpy(g["dx"]), None, *grads)
+
+
+def _rules_text(rules):
+    """The rule set as JSON text (kept for pickling), or None."""
+    if rules is None:
+        return None
+    if isinstance(rules, dict):
+        return json.dumps(rules)
+    if isinstance(rules, Rules):
+        raise TypeError("moe8: MoE8Block takes rules as a dict, JSON text or a path (a parsed Rules cannot be pickled)")
+    text = str(rules)
+    if text.lstrip()[:1] in ("{", "["):
+        return text
+    with open(text) as f:  # a path: its text, through the library's checks first
+        Rules(text)
+        return f.read()
+
+
+class MoE8Block(torch.nn.Module):
+    """A Mixture-of-Experts block computed by moe8: x [..., D] -> [..., D].
+
+    MoE8Block(hidden, ffn, num_experts, top_k, score="softmax",
+              norm_topk_prob=True, shared_ffn=0, shared_gate=False,
+              rules=None, seed=0, aux_loss_weight=0.0, ...)"""
+
+    def __init__(self, hidden, ffn, num_experts, top_k, rules=None, seed=0, module_path="model.layers.0.mlp.experts", _layer=None,
+                 **config):
+        super().__init__()
+        config.setdefault("norm_topk_prob", True)
+        self._rules = _rules_text(rules)
+        self._module_path = module_path
+        self._config = dict(config)
+        if _layer is None:
+            _layer = Layer(num_experts=num_experts, top_k=top_k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=module_path,
+                           **config)
+            _layer.init_random(seed)
+        self._attach(_layer)
+
+    def _attach(self, layer):
+        self.layer = layer
+        self.aux_loss_weight = self._config.get("aux_loss_weight", 0.0)
+        self.param_names = [n for n in _NAMES if not n.startswith("shared") or self.layer.shared_ffn > 0]
+        if not self.layer.shared_gate and "shared_gate_w" in self.param_names:
+            self.param_names.remove("shared_gate_w")
+        self._addr = {}
+        for n in self.param_names:
+            # the layer's memory itself: the optimizer updates moe8's masters
+            # (the tensor keeps the layer alive through the view's buffer)
+            view = self.layer.weight(n)
+            self._addr[n] = (view.ctypes.data, view.shape)
+            self.register_parameter(n, torch.nn.Parameter(torch.from_numpy(view)))
+        self.aux_loss = None
+        self._prepared_at = None
+
+    @classmethod
+    def from_pretrained(cls, model_dir, layer=None, rules=None, arch=None):
+        """The MoE block of layer `layer` (default: the first MoE layer) of a
+        checkpoint, with f32 master weights (trainable)."""
+        text = _rules_text(rules)
+        lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
+        cfg = {"score": "sigmoid" if _cfg(lay).score == 1 else "softmax"}
+        for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
+                  "topk_group", "shared_ffn", "shared_gate"):
+            cfg[k] = getattr(_cfg(lay), k)
+        return cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay,
+                   module_path="model.layers.%d.mlp.experts" % lay.layer_index, **cfg)
+
+    def extra_repr(self):
+        return "hidden=%d, ffn=%d, num_experts=%d, top_k=%d%s, rules=%s" % (
+            self.layer.hidden, self.layer.ffn, self.layer.num_experts, self.layer.top_k,
+            ", shared_ffn=%d" % self.layer.shared_ffn if self.layer.shared_ffn else "", "yes" if self._rules else "none")
+
+    # ---- pickling: the config, the rules and the weights --------------------------------
+    def __getstate__(self):
+        L = self.layer
+        return {"shape": (L.hidden, L.ffn, L.num_experts, L.top_k), "config": dict(self._config), "rules": self._rules,
+                "module_path": self._module_path, "training": self.training,
+                "weights": {n: getattr(self, n).detach().numpy().copy() for n in self.param_names},
+                "requires_grad": {n: getattr(self, n).requires_grad for n in self.param_names}}
+
+    def __setstate__(self, state):
+        torch.nn.Module.__init__(self)
+        hidden, ffn, E, k = state["shape"]
+        self._rules, self._module_path, self._config = state["rules"], state["module_path"], state["config"]
+        layer = Layer(num_experts=E, top_k=k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=self._module_path, **self._config)
+        self._attach(layer)
+        with torch.no_grad():
+            for n, w in state["weights"].items():
+                getattr(self, n).copy_(torch.from_numpy(w))
+                getattr(self, n).requires_grad_(state["requires_grad"][n])
+        self.train(state["training"])
+
+    def __deepcopy__(self, memo):
+        new = MoE8Block.__new__(MoE8Block)
+        new.__setstate__(self.__getstate__())
+        memo[id(self)] = new
+        return new
+
+    def _check_params(self):
+        """The autograd function computes with the layer's memory: a
+        parameter that is no longer that memory would silently stop
+        training, so it is refused."""
+        for n in self.param_names:
+            p = getattr(self, n)
+            addr, shape = self._addr[n]
+            if (not isinstance(p, torch.Tensor) or p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous()
+                    or p.data_ptr() != addr or tuple(p.shape) != tuple(shape)):
+                raise RuntimeError("moe8: parameter %s is no longer the moe8 layer's memory (it was replaced, converted or moved: "
+                                   "p.data = ..., .double(), .half(), .to(), share_memory()); MoE8Block's parameters must stay "
+                                   "float32 CPU tensors over the layer's weights. Write new values in place (p.data.copy_(...))" % n)
+
+    def _versions(self):
+        return tuple(getattr(self, n)._version for n in self.param_names)
+
+    def forward(self, x):
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError("moe8: MoE8Block takes float32 or bfloat16 CPU tensors, got %s on %s" % (x.dtype, x.device))
+        if x.dim() < 1 or x.shape[-1] != self.layer.hidden:
+            raise ValueError("moe8: MoE8Block input has shape %s; its last dimension must be hidden = %d"
+                             % (list(x.shape), self.layer.hidden))
+        self._check_params()
+        dt, shape = x.dtype, x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if not torch.is_grad_enabled() or not (x.requires_grad or any(getattr(self, n).requires_grad for n in self.param_names)):
+            # inference: the prepared, fused path; re-prepared after any in-place change of a parameter
+            v = self._versions()
+            if self._prepared_at != v:
+                self.layer.prepare()
+                self._prepared_at = v
+            y = torch.from_numpy(self.layer.forward(x2.detach().contiguous().numpy(), fused=True))
+            self.aux_loss = torch.zeros((), dtype=torch.float32)
+        else:
+            y, aux = _MoE8Function.apply(x2, self, *[getattr(self, n) for n in self.param_names])
+            self.aux_loss = aux
+            self._prepared_at = None
+        return y.reshape(shape).to(dt)
+
+
+def _cfg(layer):
+    from . import _layer_get_config
+    return _layer_get_config(layer._h).contents
+
+
+# ---- transformers blocks --------------------------------------------------------------------
+# The MoE blocks of transformers moe8 computes (class name -> family; OLMoE
+# is Qwen3-MoE's block); the
+# per-expert (4.x: experts is a ModuleList) and fused (5.x: experts holds
+# gate_up_proj [E, 2F, D] and down_proj [E, D, F]) layouts both.
+_HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
+              "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3"}
+
+
+def _first(*vals):
+    for v in vals:
+        if v is not None:
+            return v
+    return None
+
+
+def _expert_weights(experts, family):
+    """(gate [E, D, F], up [E, D, F], down [E, F, D]) in x @ W layout."""
+    if hasattr(experts, "gate_up_proj"):  # fused 3-D: gate rows first
+        gu = experts.gate_up_proj.detach().float()
+        F = gu.shape[1] // 2
+        return gu[:, :F, :].transpose(1, 2), gu[:, F:, :].transpose(1, 2), experts.down_proj.detach().float().transpose(1, 2)
+    names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    st = [torch.stack([getattr(e, n).weight.detach().float().t() for e in experts]) for n in names]
+    return st[0], st[1], st[2]
+
+
+def from_hf(block, config=None, rules=None):
+    """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
+    Qwen3-MoE, Mixtral, DeepSeek-V3), its weights copied; `config` is the
+    model's config (for what the block does not hold)."""
+    family = _HF_BLOCKS.get(type(block).__name__)
+    if family is None:
+        raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
+    cfg = config if config is not None else getattr(block, "config", None)
+    gate = block.gate
+    wr = gate.weight.detach().float()  # [E, D]
+    E, D = wr.shape
+    g, u, dn = _expert_weights(block.experts, family)
+    F = g.shape[2]
+    top_k = _first(getattr(block, "top_k", None), getattr(gate, "top_k", None), getattr(cfg, "num_experts_per_tok", None))
+    kw = {}
+    if family == "mixtral":
+        kw["norm_topk_prob"] = True
+    elif family == "deepseek_v3":
+        kw.update(score="sigmoid", use_selection_bias=True,
+                  norm_topk_prob=bool(_first(getattr(gate, "norm_topk_prob", None), getattr(cfg, "norm_topk_prob", None), True)),
+                  routed_scaling_factor=float(_first(getattr(gate, "routed_scaling_factor", None), getattr(cfg, "routed_scaling_factor", None), 2.5)),
+                  n_group=int(_first(getattr(gate, "n_group", None), getattr(cfg, "n_group", None), 1)),
+                  topk_group=int(_first(getattr(gate, "topk_group", None), getattr(cfg, "topk_group", None), 1)))
+    else:
+        kw["norm_topk_prob"] = bool(_first(getattr(block, "norm_topk_prob", None), getattr(gate, "norm_topk_prob", None),
+                                           getattr(cfg, "norm_topk_prob", None), False))
+    shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+    if shared is not None:
+        kw["shared_ffn"] = shared.gate_proj.weight.shape[0]
+        kw["shared_gate"] = getattr(block, "shared_expert_gate", None) is not None
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, **kw)
+    with torch.no_grad():
+        out.router.copy_(wr.t())
+        out.gate.copy_(g)
+        out.up.copy_(u)
+        out.down.copy_(dn)
+        if shared is not None:
+            out.shared_gate.copy_(shared.gate_proj.weight.detach().float().t())
+            out.shared_up.copy_(shared.up_proj.weight.detach().float().t())
+            out.shared_down.copy_(shared.down_proj.weight.detach().float().t())
+            if kw["shared_gate"]:
+                out.shared_gate_w.copy_(block.shared_expert_gate.weight.detach().float().reshape(-1))
+        if family == "deepseek_v3":
+            out.layer.weight("bias")[:] = gate.e_score_correction_bias.detach().float().numpy()
+    out._hf_family = family
+    return out
+
+
+class _HFBlock(torch.nn.Module):
+    """moe8 in a transformers block's place: the block's input and what it
+    returned (the hidden states, or (hidden states, router logits) as the
+    4.x Qwen and Mixtral blocks do: learned by calling the original once)."""
+
+    def __init__(self, moe, family, with_logits):
+        super().__init__()
+        self.moe, self.family, self.with_logits = moe, family, with_logits
+
+    def forward(self, hidden_states, *args, **kwargs):
+        y = self.moe(hidden_states)
+        if not self.with_logits:
+            return y
+        x = hidden_states.reshape(-1, hidden_states.shape[-1]).float()
+        return y, (x @ self.moe.router).to(hidden_states.dtype)
+
+
+def patch(model, rules=None):
+    """Replaces every MoE block of a transformers model moe8 computes by
+    moe8 (weights copied); returns how many were replaced."""
+    config = getattr(model, "config", None)
+    todo = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
+    for name, m in todo:
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        D = m.gate.weight.shape[1]
+        with torch.no_grad():
+            r = m(torch.zeros(1, 1, D, dtype=m.gate.weight.dtype))
+        setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(from_hf(m, config, rules), _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))
+    return len(todo)
+
+
+for _obj in (MoE8Block, _HFBlock, from_hf, patch, _MoE8Function):
+    _obj.__module__ = "moe8.torch"
