@@ -63,7 +63,8 @@ MOE8_API int         moe8_version(void);
 MOE8_API const char *moe8_version_string(void);
 /* sizeof the named public struct ("moe8_layer_config", "moe8_quant_spec",
 ** "moe8_layer_grads", "moe8_load_options", "moe8_gmm_args",
-** "moe8_prepared", "moe8_router_config"), 0 for another name: bindings
+** "moe8_prepared", "moe8_router_config", "moe8_quantize_options"), 0 for
+** another name: bindings
 ** check their mirrors of the structs against it when they load. */
 MOE8_API size_t      moe8_struct_size(const char *name);
 
@@ -826,6 +827,31 @@ typedef struct moe8_load_options {
 ** the same bytes.  Other checkpoints: no quantization without rules. */
 MOE8_API moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                                      moe8_layer **out);
+
+/* Pre-quantizes the expert weights of a model directory into out_dir, once
+** (what `moe8 quantize` runs): each MoE layer whose "<prefix>experts"
+** module path matches a rule with weight_qtype f8e4m3 or int8 (f8e5m2 is
+** left unquantized, with a progress notice); every other tensor is copied.
+**   MOE8_QFORMAT_MOE8      gate|up [E, D, 2F] and down [E, F, D] codes (the
+**                          kernels' packed layout where the K blocks allow)
+**                          with [E, nb, 1, N] f32 scales (docs/files.md);
+**   MOE8_QFORMAT_DEEPSEEK  DeepSeek-V3 FP8: F8_E4M3 .weight and F32
+**                          .weight_scale_inv per 128×128 block.
+** Everything is checked before anything is written; the new model is
+** written whole beside out_dir and swapped in, so a failure leaves out_dir
+** as it was.  out_dir may not be in_dir; a model already in out_dir is
+** replaced only with force.  progress (may be NULL) gets one line per
+** tensor or layer and a summary.  options NULL: moe8 format, no force. */
+typedef enum moe8_qformat { MOE8_QFORMAT_MOE8 = 0, MOE8_QFORMAT_DEEPSEEK = 1 } moe8_qformat;
+typedef struct moe8_quantize_options {
+  size_t       struct_size;   /* sizeof(moe8_quantize_options) */
+  moe8_qformat format;
+  bool         force;
+  void       (*progress)(void *ctx, const char *line);
+  void        *progress_ctx;
+} moe8_quantize_options;
+MOE8_API moe8_status moe8_model_quantize(const char *in_dir, const char *out_dir, const moe8_rules *rules,
+                                         const moe8_quantize_options *options);
 
 /* Installs already-quantized expert weights as a layer's prepared weights
 ** (copied); the masters become their dequantized values. */

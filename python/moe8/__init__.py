@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["__version__", "Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES", "set_num_threads",
+__all__ = ["__version__", "Error", "Layer", "Rules", "version", "quantize", "dequantize", "convert", "library_path", "DTYPES", "set_num_threads", "quantize_model",
            "get_num_threads"]
 
 # ---- the library -----------------------------------------------------------------------
@@ -101,11 +101,18 @@ class _LoadOptions(C.Structure):
     _fields_ = [("size", C.c_size_t), ("mode", C.c_int), ("progress", _P), ("ctx", _P)]
 
 
+class _QuantizeOptions(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("format", C.c_int), ("force", C.c_bool), ("progress", _P), ("ctx", _P)]
+
+
+_LINE = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
+
+
 _version_string = _fn("moe8_version_string", C.c_char_p)
 _struct_size = _fn("moe8_struct_size", C.c_size_t, C.c_char_p)
 # The structs mirrored here must be the library's: checked once, at import.
 for _name, _cls in (("moe8_layer_config", _LayerConfig), ("moe8_quant_spec", _QuantSpec), ("moe8_layer_grads", _Grads),
-                    ("moe8_load_options", _LoadOptions)):
+                    ("moe8_load_options", _LoadOptions), ("moe8_quantize_options", _QuantizeOptions)):
     if _struct_size(_name.encode()) != C.sizeof(_cls):
         raise ImportError("moe8: %s is %d bytes in %s but %d in this package: the package and the library do not match"
                           % (_name, _struct_size(_name.encode()), library_path, C.sizeof(_cls)))
@@ -222,6 +229,43 @@ class Rules:
 
 def _as_rules(rules):
     return rules if rules is None or isinstance(rules, Rules) else Rules(rules)
+
+
+_model_quantize = _fn("moe8_model_quantize", C.c_int, C.c_char_p, C.c_char_p, _P, C.POINTER(_QuantizeOptions))
+
+
+def quantize_model(model_dir, out_dir, rules, format="moe8", force=False, progress=None):
+    """Pre-quantizes the expert weights of the model in model_dir into out_dir,
+    as `moe8 quantize` does (the same files): each MoE layer whose
+    "<prefix>experts" module path matches a rule with weight_qtype f8e4m3
+    or int8; everything else is copied.  format "moe8" ([E, nb, 1, N]
+    scales, the kernels' packed layout) or "deepseek" (F8_E4M3 with 128x128
+    block scales).  out_dir may not be model_dir; a model already there is
+    replaced only with force=True.  A failure raises moe8.Error and leaves
+    out_dir as it was.  progress(line) gets one line per tensor or layer
+    and a summary; progress=True prints them."""
+    fmts = {"moe8": 0, "deepseek": 1}
+    if format not in fmts:
+        raise Error(1, "format must be 'moe8' or 'deepseek', not %r" % (format,))
+    r = _as_rules(rules)
+    if r is None:
+        raise Error(1, "quantize_model needs rules (a dict, JSON text, a path or moe8.Rules)")
+    if progress is True:
+        progress = print
+    errors = []
+
+    def _line(ctx, line):
+        try:
+            progress(line.decode(errors="replace"))
+        except BaseException as e:  # never unwind through C
+            errors.append(e)
+
+    cb = _LINE(_line) if progress else None
+    o = _QuantizeOptions(C.sizeof(_QuantizeOptions), fmts[format], bool(force),
+                         C.cast(cb, _P) if cb else None, None)
+    _check(_model_quantize(os.fsencode(model_dir), os.fsencode(out_dir), r._h, C.byref(o)))
+    if errors:
+        raise errors[0]
 
 
 # ---- quantization ------------------------------------------------------------------------

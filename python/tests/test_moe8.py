@@ -145,3 +145,29 @@ def test_num_threads():
     finally:
         moe8.set_num_threads(0)
     assert moe8.get_num_threads() >= 1
+
+
+@pytest.mark.parametrize("fmt", ["moe8", "deepseek"])
+def test_quantize_model_is_the_commands(model, tmp_path, fmt):
+    """moe8.quantize_model writes the files `moe8 quantize` writes, byte for
+    byte, reports progress, refuses an existing model without force and
+    leaves it whole when it refuses."""
+    d, _ = model
+    q_cli, q_py = tmp_path / "cli", tmp_path / "py"
+    sh("quantize", str(d / "m"), str(q_cli), "--rules", str(d / "rules.json"), "--format", fmt)
+    lines = []
+    moe8.quantize_model(str(d / "m"), str(q_py), str(d / "rules.json"), format=fmt, progress=lines.append)
+    for f in ("config.json", "model.safetensors"):
+        assert (q_cli / f).read_bytes() == (q_py / f).read_bytes(), f
+    assert any(line.startswith("quantize ") and "F8_E4M3" in line for line in lines), lines
+    assert lines[-1].startswith("quantize: ") and str(q_py) in lines[-1]
+    before = (q_py / "model.safetensors").read_bytes()
+    with pytest.raises(moe8.Error, match="already holds a model"):
+        moe8.quantize_model(str(d / "m"), str(q_py), str(d / "rules.json"), format=fmt)
+    with pytest.raises(moe8.Error, match="is the input model"):
+        moe8.quantize_model(str(d / "m"), str(d / "m"), str(d / "rules.json"))
+    with pytest.raises(moe8.Error, match="format must be"):
+        moe8.quantize_model(str(d / "m"), str(q_py), str(d / "rules.json"), format="gguf")
+    assert (q_py / "model.safetensors").read_bytes() == before
+    moe8.quantize_model(str(d / "m"), str(q_py), str(d / "rules.json"), format=fmt, force=True)
+    assert (q_py / "model.safetensors").read_bytes() == before

@@ -50,6 +50,7 @@ size_t moe8_struct_size(const char *name) {
   static const struct { const char *name; size_t size; } k[] = {
     {"moe8_layer_config", sizeof(moe8_layer_config)}, {"moe8_quant_spec", sizeof(moe8_quant_spec)},
     {"moe8_layer_grads", sizeof(moe8_layer_grads)},   {"moe8_load_options", sizeof(moe8_load_options)},
+    {"moe8_quantize_options", sizeof(moe8_quantize_options)},
     {"moe8_gmm_args", sizeof(moe8_gmm_args)},         {"moe8_prepared", sizeof(moe8_prepared)},
     {"moe8_router_config", sizeof(moe8_router_config)}};
   for (size_t i = 0; name && i < sizeof k / sizeof k[0]; i++)

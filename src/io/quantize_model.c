@@ -1,0 +1,395 @@
+/*
+** quantize_model.c — moe8_model_quantize(): pre-quantize the expert weights
+** of every layer of a model directory, once (the `moe8 quantize` command
+** and Python's moe8.quantize_model call it).
+**
+**   moe8      per the rule: gate|up fused [E, D, 2F] and down [E, F, D] as
+**             F8_E4M3 or I8 "qweight" (the kernels' packed layout where the
+**             K blocks allow: "qweight_packed") with F32 "scale"
+**             [E, nb, 1, N]; the run path installs them as they are.
+**   deepseek  every expert weight [N, K] as F8_E4M3 ".weight" plus F32
+**             ".weight_scale_inv" [ceil(N/128), ceil(K/128)], w ≈ q · s per
+**             128×128 block, and quantization_config in config.json.
+**
+** Everything is loaded and checked before anything is written.  The whole
+** new model (tensors and config) is written into a temporary directory
+** beside OUT and swapped in only when complete (an atomic exchange of the
+** two directories where the file system has it); the old model's files
+** (config, every shard, the index) are removed only after the swap, and
+** any other file in OUT is kept.  A failure at any point leaves OUT as it
+** was.
+*/
+#define _GNU_SOURCE 1 /* renameat2 */
+#include "core/internal.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A model file of a directory: the config, a tensor file or shard, the
+** shard index. */
+static bool is_model_file(const char *name) {
+  const size_t n = strlen(name);
+  return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors.index.json") ||
+         (n > 12 && !strcmp(name + n - 12, ".safetensors"));
+}
+
+/* Removes dir's model files and, if it is then empty, dir; other entries
+** are moved into keep (when keep is not NULL).  False if anything is left. */
+static bool clear_old(const char *dir, const char *keep) {
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  bool ok = true;
+  struct dirent *e;
+  char a[4096], b[4096];
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(a, sizeof a, "%s/%s", dir, e->d_name);
+    if (is_model_file(e->d_name)) {
+      if (unlink(a) != 0) ok = false;
+    } else if (keep) {
+      snprintf(b, sizeof b, "%s/%s", keep, e->d_name);
+      if (access(b, F_OK) == 0 || rename(a, b) != 0) ok = false;
+    } else {
+      ok = false;
+    }
+  }
+  closedir(d);
+  return ok && rmdir(dir) == 0;
+}
+
+typedef struct job {
+  const moe8_quantize_options *opt;
+} job;
+
+static void say(const job *j, const char *fmt, ...) MOE8__PRINTF(2, 3);
+static void say(const job *j, const char *fmt, ...) {
+  if (!j->opt->progress) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  j->opt->progress(j->opt->progress_ctx, line);
+}
+
+/* The finished model in tmp becomes outdir. */
+static moe8_status swap_in(const job *j, char *tmp, size_t cap, const char *outdir) {
+  struct stat sb;
+  if (stat(outdir, &sb) != 0) {
+    if (rename(tmp, outdir) == 0) return MOE8_OK;
+    return moe8__fail(MOE8_ERR_IO, "quantize: cannot move the new model to %s: %s (it is complete in %s)", outdir, strerror(errno), tmp);
+  }
+  char real[4096];
+  if (!realpath(outdir, real)) snprintf(real, sizeof real, "%s", outdir);
+  /* One atomic exchange where the file system has it, else two renames. */
+  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, real, RENAME_EXCHANGE) != 0) {
+    char old[4200];
+    snprintf(old, sizeof old, "%s.moe8-old-%ld", real, (long)getpid());
+    if (rename(real, old) != 0 || rename(tmp, real) != 0)
+      return moe8__fail(MOE8_ERR_IO, "quantize: cannot swap the new model into %s: %s (it is complete in %s)", outdir, strerror(errno), tmp);
+    snprintf(tmp, cap, "%s", old); /* the old model is now there */
+  }
+  /* tmp now holds the old model: drop its model files, keep the rest. */
+  if (!clear_old(tmp, real)) say(j, "note: the new model is in %s; some files of the old one are left in %s", outdir, tmp);
+  return MOE8_OK;
+}
+
+typedef struct outset {
+  moe8_tensor_view *t;
+  char            **names;
+  void            **owned;
+  size_t            n, cap;
+} outset;
+
+/* Takes ownership of owned (freed with the set, also on failure). */
+static moe8_status add(outset *o, const char *name, moe8_file_dtype dt, int ndim, const int64_t *shape, const void *data,
+                       size_t nbytes, void *owned) {
+  if (o->n == o->cap) {
+    const size_t cap = o->cap ? o->cap * 2 : 64;
+    moe8_tensor_view *t = realloc(o->t, cap * sizeof *t);
+    if (t) o->t = t;
+    char **names = t ? realloc(o->names, cap * sizeof *names) : NULL;
+    if (names) o->names = names;
+    void **ow = names ? realloc(o->owned, cap * sizeof *ow) : NULL;
+    if (ow) o->owned = ow;
+    if (!ow) { free(owned); return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory"); }
+    o->cap = cap;
+  }
+  char *nm = strdup(name);
+  if (!nm) { free(owned); return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory"); }
+  o->names[o->n] = nm;
+  o->owned[o->n] = owned;
+  o->t[o->n] = (moe8_tensor_view){nm, dt, ndim, {0}, data, nbytes, 0};
+  for (int i = 0; i < ndim; i++) o->t[o->n].shape[i] = shape[i];
+  o->n++;
+  return MOE8_OK;
+}
+
+static void outset_free(outset *o) {
+  for (size_t i = 0; i < o->n; i++) { free(o->names[i]); free(o->owned[i]); }
+  free(o->t); free(o->names); free(o->owned);
+}
+
+/* Is this tensor an expert weight (or scale) of some layer? */
+static bool is_expert_tensor(const char *name, bool deepseek) {
+  return strstr(name, ".experts.") != NULL || (deepseek && (strstr(name, ".shared_experts.") || strstr(name, ".shared_expert.")));
+}
+
+static bool same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Never over the input, and not over another model unless forced. */
+static moe8_status check_output(const char *in, const char *outdir, bool force) {
+  if (same_file(in, outdir)) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the output directory %s is the input model %s: refused", outdir, in);
+  char a1[4096], a2[4096];
+  const char *files[3] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+  for (int k = 0; k < 3; k++) {
+    snprintf(a1, sizeof a1, "%s/%s", outdir, files[k]);
+    snprintf(a2, sizeof a2, "%s/%s", in, files[k]);
+    if (same_file(a1, a2)) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s is the input's %s: refused", a1, a2);
+    if (!force && access(a1, F_OK) == 0)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s already holds a %smodel (%s): refused unless forced (--force, force=True)", outdir,
+                        k == 2 ? "sharded " : "", a1);
+  }
+  struct stat ob;
+  if (stat(outdir, &ob) == 0 && !S_ISDIR(ob.st_mode)) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s exists and is not a directory", outdir);
+  return MOE8_OK;
+}
+
+/* The moe8 format's four tensors of one layer. */
+static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char *p, int64_t E, int64_t D, int64_t F, int *packed_layout) {
+  moe8_prepared pr;
+  moe8_status st = moe8_layer_prepare(L);
+  if (st == MOE8_OK) st = moe8_layer_prepared(L, &pr);
+  if (st != MOE8_OK) return st;
+  const int64_t nbg = pr.tile ? (D + pr.tile - 1) / pr.tile : 1, nbd = pr.tile ? (F + pr.tile - 1) / pr.tile : 1;
+  const moe8_file_dtype fq = pr.dtype == MOE8_DTYPE_I8 ? MOE8_FDT_I8 : MOE8_FDT_F8_E4M3;
+  /* The kernels' packed layout when the K blocks allow (a run maps it in
+  ** place), else the plain [E, K, N] codes. */
+  const int64_t per = pr.dtype == MOE8_DTYPE_I8 ? 4 : 2;
+  const bool pk = (!pr.tile || pr.tile % per == 0);
+  const size_t pgu = moe8_gmm_packed_size(pr.dtype, 1, D, 2 * F), pdn = moe8_gmm_packed_size(pr.dtype, 1, F, D);
+  const int64_t s1[3] = {E, D, 2 * F}, s2[4] = {E, nbg, 1, 2 * F}, s3[3] = {E, F, D}, s4[4] = {E, nbd, 1, D};
+  const int64_t p1[2] = {E, (int64_t)pgu}, p3[2] = {E, (int64_t)pdn};
+  const size_t b1 = pk ? (size_t)E * pgu : (size_t)(E * D * 2 * F), b2 = (size_t)(E * nbg * 2 * F) * 4;
+  const size_t b3 = pk ? (size_t)E * pdn : (size_t)(E * F * D), b4 = (size_t)(E * nbd * D) * 4;
+  void *c1 = malloc(b1), *c2 = malloc(b2), *c3 = malloc(b3), *c4 = malloc(b4);
+  if (!c1 || !c2 || !c3 || !c4) { free(c1); free(c2); free(c3); free(c4); return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory"); }
+  if (pk) {
+    st = moe8_gmm_pack_rhs(pr.dtype, pr.w_gate_up, E, D, 2 * F, c1);
+    if (st == MOE8_OK) st = moe8_gmm_pack_rhs(pr.dtype, pr.w_down, E, F, D, c3);
+    if (st != MOE8_OK) { free(c1); free(c2); free(c3); free(c4); return st; }
+  } else {
+    memcpy(c1, pr.w_gate_up, b1); memcpy(c3, pr.w_down, b3);
+  }
+  *packed_layout = pk;
+  memcpy(c2, pr.s_gate_up, b2); memcpy(c4, pr.s_down, b4);
+  char n[256];
+  const char *qn = pk ? "qweight_packed" : "qweight";
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.%s", p, qn);
+  if ((st = add(o, n, fq, pk ? 2 : 3, pk ? p1 : s1, c1, b1, c1)) != MOE8_OK) { free(c2); free(c3); free(c4); return st; }
+  say(j, "quantize %s [%lld, %lld, %lld] -> %s%s", n, (long long)E, (long long)D, (long long)(2 * F), moe8_file_dtype_name(fq), pk ? " (packed)" : "");
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  if ((st = add(o, n, MOE8_FDT_F32, 4, s2, c2, b2, c2)) != MOE8_OK) { free(c3); free(c4); return st; }
+  snprintf(n, sizeof n, "%sexperts.down_proj.%s", p, qn);
+  if ((st = add(o, n, fq, pk ? 2 : 3, pk ? p3 : s3, c3, b3, c3)) != MOE8_OK) { free(c4); return st; }
+  say(j, "quantize %s [%lld, %lld, %lld] -> %s", n, (long long)E, (long long)F, (long long)D, moe8_file_dtype_name(fq));
+  snprintf(n, sizeof n, "%sexperts.down_proj.scale", p);
+  return add(o, n, MOE8_FDT_F32, 4, s4, c4, b4, c4);
+}
+
+/* DeepSeek's format: every expert weight (the shared expert's too) [N, K]
+** with 128×128 block scales. */
+static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const moe8_hf_config *hc, const char *p) {
+  const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn, Fs = hc->layer.shared_ffn;
+  const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_BLOCK2D, .tile = 128, .block_n = 128, .clip = 1.0f};
+  const bool mx = hc->arch == MOE8_ARCH_MIXTRAL;
+  const char *proj[3] = {mx ? "w1" : "gate_proj", mx ? "w3" : "up_proj", mx ? "w2" : "down_proj"};
+  const float *mw[3] = {moe8_layer_weight_read(L, MOE8_W_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_UP, NULL),
+                        moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
+  const float *sw[3] = {moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL),
+                        moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL)};
+  const char *sname = hc->arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert";
+  char n[256];
+  moe8_status st = MOE8_OK;
+  /* e = E is the shared expert (when the layer has one). */
+  for (int64_t e = 0; e < E + (Fs > 0) && st == MOE8_OK; e++)
+    for (int w = 0; w < 3 && st == MOE8_OK; w++) {
+      const bool sh = e == E;
+      const int64_t FF = sh ? Fs : F, N = w == 2 ? D : FF, K = w == 2 ? FF : D;
+      float *wt = malloc(sizeof(float) * (size_t)(N * K));
+      const size_t ns = (size_t)(((N + 127) / 128) * ((K + 127) / 128));
+      void *q = malloc((size_t)(N * K)), *s = malloc(ns * 4);
+      if (!wt || !q || !s) { free(wt); free(q); free(s); return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory"); }
+      const float *src = sh ? sw[w] : mw[w] + e * N * K; /* master [K, N] */
+      for (int64_t nn = 0; nn < N; nn++)
+        for (int64_t k = 0; k < K; k++) wt[nn * K + k] = src[k * N + nn];
+      st = moe8_quantize(&spec, wt, 1, N, K, q, s, NULL);
+      free(wt);
+      if (st != MOE8_OK) { free(q); free(s); return st; }
+      const int64_t qs[2] = {N, K}, ss[2] = {(N + 127) / 128, (K + 127) / 128};
+      if (sh) snprintf(n, sizeof n, "%s%s.%s.weight", p, sname, proj[w]);
+      else snprintf(n, sizeof n, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
+      if ((st = add(o, n, MOE8_FDT_F8_E4M3, 2, qs, q, (size_t)(N * K), q)) != MOE8_OK) { free(s); return st; }
+      say(j, "quantize %s [%lld, %lld] -> F8_E4M3 + weight_scale_inv [%lld, %lld]", n, (long long)N, (long long)K, (long long)ss[0],
+          (long long)ss[1]);
+      if (sh) snprintf(n, sizeof n, "%s%s.%s.weight_scale_inv", p, sname, proj[w]);
+      else snprintf(n, sizeof n, "%sexperts.%lld.%s.weight_scale_inv", p, (long long)e, proj[w]);
+      st = add(o, n, MOE8_FDT_F32, 2, ss, s, ns * 4, s);
+    }
+  return st;
+}
+
+/* The input's config.json with the new quantization recorded, into tmp. */
+static moe8_status write_config(const char *in, const char *tmp, bool deepseek, int quantized_layers, moe8_dtype qtype, int64_t qtile,
+                                int packed_layout) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/config.json", in);
+  char *txt = NULL;
+  size_t n = 0;
+  moe8_status st = moe8__read_small(path, (size_t)16 << 20, &txt, &n);
+  if (st != MOE8_OK) return st;
+  cJSON *root = cJSON_ParseWithLength(txt, n);
+  free(txt);
+  if (!root) return moe8__fail(MOE8_ERR_PARSE, "quantize: %s is not JSON", path);
+  if (quantized_layers) {
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization_config");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "moe8_quantization");
+    if (deepseek) {
+      cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+      cJSON_AddStringToObject(q, "quant_method", "fp8");
+      cJSON_AddStringToObject(q, "fmt", "e4m3");
+      cJSON *bs = cJSON_AddArrayToObject(q, "weight_block_size");
+      cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
+      cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
+      cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+    } else {
+      cJSON *q = cJSON_AddObjectToObject(root, "moe8_quantization");
+      cJSON_AddStringToObject(q, "weight_qtype", moe8_dtype_info(qtype)->name);
+      cJSON_AddNumberToObject(q, "tile_size", (double)qtile);
+      cJSON_AddStringToObject(q, "scale_layout", "[E, nb, 1, N]");
+      cJSON_AddNumberToObject(q, "packed_layout", packed_layout);
+    }
+  }
+  char *out = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (!out) return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory");
+  snprintf(path, sizeof path, "%s/config.json", tmp);
+  const void *parts[2] = {out, "\n"};
+  const size_t lens[2] = {strlen(out), 1};
+  st = moe8_file_write_atomic(path, parts, lens, 2);
+  free(out);
+  return st;
+}
+
+moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_rules *rules, const moe8_quantize_options *options) {
+  const moe8_quantize_options dflt = {sizeof dflt, MOE8_QFORMAT_MOE8, false, NULL, NULL};
+  if (!in || !outdir || !rules) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: NULL argument (input, output and rules are needed)");
+  if (!*in || !*outdir) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: an empty directory name");
+  if (options && options->struct_size != sizeof *options)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: options.struct_size is %zu, this library's is %zu", options->struct_size, sizeof *options);
+  const moe8_quantize_options *opt = options ? options : &dflt;
+  if (opt->format != MOE8_QFORMAT_MOE8 && opt->format != MOE8_QFORMAT_DEEPSEEK)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: format %d is not a format (moe8 0, deepseek 1)", (int)opt->format);
+  const job jb = {opt}, *j = &jb;
+  const bool deepseek = opt->format == MOE8_QFORMAT_DEEPSEEK;
+  moe8_status st = check_output(in, outdir, opt->force);
+  if (st != MOE8_OK) return st;
+  moe8_model *m = NULL;
+  if ((st = moe8_model_open(in, &m)) != MOE8_OK) return st;
+  const moe8_hf_config *hc = moe8_model_config(m);
+  const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;
+  outset o = {0};
+  int quantized_layers = 0, packed_layout = 0;
+  int64_t qtile = 0;
+  moe8_dtype qtype = MOE8_DTYPE_NONE;
+  /* Which layers get quantized, and their new tensors. */
+  unsigned char *replace = calloc((size_t)hc->num_layers + 1, 1);
+  if (!replace) st = moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory");
+  for (int64_t l = 0; l < hc->num_layers && st == MOE8_OK; l++) {
+    char p[128], mp[160];
+    moe8_model_prefix(m, l, p, sizeof p);
+    snprintf(mp, sizeof mp, "%sexperts", p);
+    const moe8_rule *r = moe8_rules_match(rules, mp);
+    if (moe8_hf_config_check_moe_layer(hc, l) != MOE8_OK) {
+      moe8_clear_error();
+      say(j, "layer %lld: a dense MLP layer, copied", (long long)l);
+      continue;
+    }
+    if (strstr(moe8_model_format(m, l), "unquantized") == NULL) {
+      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s: layer %lld is already quantized (%s)", in, (long long)l, moe8_model_format(m, l));
+      break;
+    }
+    if (!r || (r->weight_qtype != MOE8_DTYPE_F8E4M3 && r->weight_qtype != MOE8_DTYPE_I8)) {
+      say(j, "layer %lld: %s: weights left as they are", (long long)l,
+          !r ? "no rule matches" : r->weight_qtype == MOE8_DTYPE_NONE ? "the rule has no weight_qtype"
+                                                                      : "notice: weight_qtype is not pre-quantized (f8e4m3 and int8 are)");
+      continue;
+    }
+    if (deepseek && r->weight_qtype != MOE8_DTYPE_F8E4M3) {
+      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the deepseek format stores F8_E4M3 only; the rule for %s asks for %s", mp,
+                      moe8_dtype_info(r->weight_qtype)->name);
+      break;
+    }
+    moe8_layer *L = NULL;
+    if ((st = moe8_model_load_layer(m, l, rules, &L)) != MOE8_OK) break;
+    replace[l] = 1;
+    quantized_layers++;
+    qtype = r->weight_qtype;
+    qtile = r->tile_size;
+    st = deepseek ? layer_deepseek(j, &o, L, hc, p) : layer_moe8(j, &o, L, p, E, D, F, &packed_layout);
+    moe8_layer_destroy(L);
+  }
+  /* Everything else is copied as it is. */
+  for (size_t i = 0; i < moe8_model_tensor_count(m) && st == MOE8_OK; i++) {
+    const moe8_tensor_view *t = moe8_model_tensor_at(m, i);
+    long long l = -1;
+    if (is_expert_tensor(t->name, deepseek) && sscanf(t->name, "model.layers.%lld.", &l) == 1 && l >= 0 && l < hc->num_layers && replace[l])
+      continue;
+    st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
+  }
+  /* The new model, whole, in a directory beside OUT. */
+  char path[4400], tmp[4200];
+  {
+    size_t n = strlen(outdir);
+    while (n > 1 && outdir[n - 1] == '/') n--;
+    snprintf(tmp, sizeof tmp, "%.*s.moe8-new-XXXXXX", (int)n, outdir);
+  }
+  bool have_tmp = false;
+  if (st == MOE8_OK) {
+    if (mkdtemp(tmp)) have_tmp = true;
+    else st = moe8__fail(MOE8_ERR_IO, "quantize: cannot create %s beside the output: %s", tmp, strerror(errno));
+  }
+  if (st == MOE8_OK) {
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    st = moe8_st_write(path, o.t, o.n);
+  }
+  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout);
+  /* Test hook (docs/testing.md): fail after the whole new model is written. */
+  if (st == MOE8_OK && getenv("MOE8_TEST_QUANTIZE_FAIL"))
+    st = moe8__fail(MOE8_ERR_IO, "quantize: failing on purpose (MOE8_TEST_QUANTIZE_FAIL); %s is unchanged", outdir);
+  if (st == MOE8_OK) st = swap_in(j, tmp, sizeof tmp, outdir);
+  else if (have_tmp) {
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", moe8_last_error());
+    clear_old(tmp, NULL);
+    moe8__fail(st, "%s", keep);
+  }
+  if (st == MOE8_OK)
+    say(j, "quantize: %d of %lld layer(s) quantized (%s format), %zu tensors -> %s", quantized_layers, (long long)hc->num_layers,
+        deepseek ? "deepseek" : "moe8", o.n, outdir);
+  outset_free(&o);
+  free(replace);
+  moe8_model_close(m);
+  return st;
+}
