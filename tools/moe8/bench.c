@@ -589,13 +589,34 @@ static int bench_ep(void) {
   return rc;
 }
 
+/* The CPU's name (/proc/cpuinfo "model name"), for the report and the chart. */
+static void cpu_name(char *buf, size_t cap) {
+  snprintf(buf, cap, "unknown CPU");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "model name", 10)) {
+      const char *v = strchr(line, ':');
+      if (v) {
+        v++;
+        while (*v == ' ' || *v == '\t') v++;
+        snprintf(buf, cap, "%s", v);
+        buf[strcspn(buf, "\n\"\\")] = 0;
+      }
+      break;
+    }
+  fclose(f);
+}
+
 int cmd_bench(int argc, char **argv) {
-  const char *json = NULL;
+  const char *json = NULL, *plot = NULL;
+  char json_tmp[64] = "";
   int want[5] = {0}, any = 0; /* quant gmm layer ep peaks */
   static const char *const names[5] = {"quant", "gmm", "layer", "ep", "peaks"};
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
-      printf("usage: moe8 bench [--json FILE] [--shapes prefill|decode] [--isa T1,T2,...] [quant] [gmm] [layer] [ep]\n"
+      printf("usage: moe8 bench [--json FILE] [--plot PNG] [--shapes prefill|decode] [--isa T1,T2,...] [quant] [gmm] [layer] [ep]\n"
              "       (no section: all of them)\n\n"
              "  measures the machine's peaks first (f32 FMA, vdpbf16ps, vpdpbusd, memory read bandwidth), then:\n"
              "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB vs memory bandwidth\n"
@@ -606,6 +627,7 @@ int cmd_bench(int argc, char **argv) {
              "  ep      expert parallelism, ring vs all-to-all: bytes and time of the real forward and backward,\n"
              "          P = 2, 4, 8, shared memory and TCP; the bytes formula up to P = 256\n"
              "  --json FILE  one JSON object per measurement, written to FILE\n"
+             "  --plot PNG   the chart of the run's ratios (scripts/plot_bench.py, python3-matplotlib)\n"
              "  --shapes S   only the prefill or only the decode shapes of gmm and layer\n"
              "  --isa LIST   gmm and layer once per kernel table (ref, avx512, avx512_bf16, avx512_vnni, amx), side by side;\n"
              "               bf16 and FP8 rows are shown in both summation orders (\"c 1.9x\": canonical / native time)\n"
@@ -613,6 +635,7 @@ int cmd_bench(int argc, char **argv) {
       return EXIT_OK;
     }
     if (!strcmp(argv[i], "--json") && i + 1 < argc) { json = argv[++i]; continue; }
+    if (!strcmp(argv[i], "--plot") && i + 1 < argc) { plot = argv[++i]; continue; }
     if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
       /* The gmm and layer sections once per named kernel table, side by side. */
       char buf[256];
@@ -643,7 +666,26 @@ int cmd_bench(int argc, char **argv) {
     if (!found) { fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[i]); return EXIT_USAGE; }
   }
   if (!any) for (int s2 = 0; s2 < 4; s2++) want[s2] = 1;
+  if (plot && !json) {
+    snprintf(json_tmp, sizeof json_tmp, "/tmp/moe8-bench-XXXXXX");
+    const int fd = mkstemp(json_tmp);
+    if (fd < 0) { fprintf(stderr, "moe8 bench: cannot create a temporary file for --plot\n"); return EXIT_FAIL; }
+    close(fd);
+    json = json_tmp;
+  }
   if (json && !(g_json = fopen(json, "w"))) { fprintf(stderr, "moe8 bench: cannot write %s\n", json); return EXIT_FAIL; }
+  char cpu[256];
+  cpu_name(cpu, sizeof cpu);
+#ifdef _OPENMP
+  const int ncpu = omp_get_num_procs();
+#else
+  const int ncpu = 1;
+#endif
+  printf("machine: %s, %d CPUs, kernels %s%s\n", cpu, ncpu, moe8_isa_name(moe8_isa_active()),
+         moe8_isa_supported(MOE8_ISA_AMX) ? " (AMX tiles)" : " (no AMX)");
+  if (g_json)
+    fprintf(g_json, "{\"bench\":\"machine\",\"cpu\":\"%s\",\"cpus\":%d,\"kernels\":\"%s\",\"amx\":%s,\"version\":\"%s\"}\n", cpu, ncpu,
+            moe8_isa_name(moe8_isa_active()), moe8_isa_supported(MOE8_ISA_AMX) ? "true" : "false", MOE8_VERSION_STRING);
   int rc = EXIT_OK;
   peaks pk = {0};
   if (want[0] || want[1] || want[2] || want[4]) {
@@ -660,5 +702,11 @@ int cmd_bench(int argc, char **argv) {
   }
   if (rc == EXIT_OK && want[3]) rc = bench_ep();
   if (g_json) { fclose(g_json); g_json = NULL; }
+  if (rc == EXIT_OK && plot) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/../scripts/plot_bench.py' '%s' '%s'", MOE8_BENCH_DIR, json, plot);
+    if (system(cmd) != 0) { fprintf(stderr, "moe8 bench: the chart was not drawn (python3-matplotlib installed?); the figures are in %s\n", json); rc = EXIT_FAIL; }
+  }
+  if (json_tmp[0] && rc == EXIT_OK) remove(json_tmp);
   return rc;
 }

@@ -2,15 +2,48 @@
 ** init.c — 'moe8 init': a random MoE model in Hugging Face naming, from a
 ** config.json (Qwen2/3-MoE, Mixtral or DeepSeek-V3 keys), one or more
 ** layers, weights N(0, 1/fan_in), stored out × in as the HF checkpoints are.
+**
+** Each tensor is drawn straight into its file dtype, row by row from its
+** own stream (seed, layer, tensor, row), on every thread: the memory is
+** the file's tensors and no more (no layer, no f32 masters), and the
+** values do not depend on the thread count.  One progress line per layer.
 */
 #include "cli.h"
 #include "core/internal.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+static uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/* dst[N, K] (f32 or bf16) ~ N(0, 1/K): Box-Muller on a splitmix64 stream
+** per row. */
+static void fill_normal(void *dst, bool bf, int64_t N, int64_t K, uint64_t stream) {
+  const float sd = 1.0f / sqrtf((float)K);
+  #pragma omp parallel for schedule(static) num_threads(moe8__nt(40.0 * (double)N * (double)K))
+  for (int64_t n = 0; n < N; n++) {
+    uint64_t s = mix(stream ^ mix((uint64_t)n + 0x632BE59BD9B4E019ULL));
+    float row[256];
+    for (int64_t k0 = 0; k0 < K; k0 += 256) {
+      const int64_t kn = K - k0 < 256 ? K - k0 : 256;
+      for (int64_t k = 0; k < kn; k++) {
+        const double u0 = (double)(mix(s += 0x9E3779B97F4A7C15ULL) >> 11) * 0x1p-53;
+        const double u1 = (double)(mix(s += 0x9E3779B97F4A7C15ULL) >> 11) * 0x1p-53;
+        row[k] = sd * (float)(sqrt(-2.0 * log(u0 + 0x1p-60)) * cos(6.283185307179586 * u1));
+      }
+      moe8_convert((char *)dst + (size_t)(n * K + k0) * (bf ? 2 : 4), bf ? MOE8_DTYPE_BF16 : MOE8_DTYPE_F32, row, MOE8_DTYPE_F32,
+                   (size_t)kn, 0);
+    }
+  }
+}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 init --config CONFIG.json --out DIR [--layers N] [--seed S] [--dtype f32|bf16]\n\n"
@@ -64,62 +97,51 @@ int cmd_init(int argc, char **argv) {
   char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
   void **bufs = calloc(per_layer * (size_t)NL, sizeof *bufs);
   if (!tv || !names || !bufs) { fprintf(stderr, "moe8 init: out of memory\n"); return EXIT_FAIL; }
-  size_t nt = 0;
+  size_t nt = 0, bytes = 0;
   int rc = EXIT_OK;
+  const double t0 = cli_now();
   const int64_t Fs = hc.layer.shared_ffn;
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
-    if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) continue; /* dense MLP layers are not moe8's */
-    moe8_layer *L;
-    moe8_layer_config lc = hc.layer;
-    lc.use_selection_bias = false;
-    if ((st = moe8_layer_create(&lc, NULL, "init", &L)) != MOE8_OK || (st = moe8_layer_init_random(L, (uint64_t)(seed * 1000 + l))) != MOE8_OK) {
-      rc = cli_report(st, "init");
-      break;
-    }
+    if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
     char p[64];
     snprintf(p, sizeof p, "model.layers.%lld.%s", (long long)l, hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : "mlp.");
-    /* (name, master, rows N, cols K as stored out x in, master is [K, N] per expert) */
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
-    /* e = -1 the router, e = E the shared expert, e = E + 1 its gate. */
-    for (int64_t e = -1; e < E + (Fs > 0 ? 2 : 0); e++)
+    /* e = -1 the router, e = E the shared expert, e = E + 1 its gate; each
+    ** stored [N, K] = out x in. */
+    for (int64_t e = -1; e < E + (Fs > 0 ? 2 : 0) && rc == EXIT_OK; e++)
       for (int w = 0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
-        const float *src;
         int64_t N, K;
-        if (e < 0) { src = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL); N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
+        if (e < 0) { N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
         else if (e == E + 1) {
           if (!hc.layer.shared_gate) continue;
-          src = moe8_layer_weight_read(L, MOE8_W_SHARED_GATE_W, NULL); N = 1; K = D;
+          N = 1; K = D;
           snprintf(names[nt], 256, "%sshared_expert_gate.weight", p);
         } else if (e == E) {
-          const moe8_weight_id id = w == 0 ? MOE8_W_SHARED_GATE : w == 1 ? MOE8_W_SHARED_UP : MOE8_W_SHARED_DOWN;
           N = w == 2 ? D : Fs; K = w == 2 ? Fs : D;
-          src = moe8_layer_weight_read(L, id, NULL);
           snprintf(names[nt], 256, "%s%s.%s.weight", p, hc.arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert", proj[w]);
         } else {
-          const moe8_weight_id id = w == 0 ? MOE8_W_GATE : w == 1 ? MOE8_W_UP : MOE8_W_DOWN;
           N = w == 2 ? D : F; K = w == 2 ? F : D;
-          src = moe8_layer_weight_read(L, id, NULL) + e * N * K;
           snprintf(names[nt], 256, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
         }
-        float *tr = malloc(sizeof(float) * (size_t)(N * K));
-        bufs[nt] = malloc(es * (size_t)(N * K));
-        if (!tr || !bufs[nt]) { free(tr); rc = EXIT_FAIL; break; }
-        for (int64_t n = 0; n < N; n++)
-          for (int64_t k = 0; k < K; k++) tr[n * K + k] = src[k * N + n]; /* [K, N] -> [N, K] */
-        moe8_convert(bufs[nt], bf ? MOE8_DTYPE_BF16 : MOE8_DTYPE_F32, tr, MOE8_DTYPE_F32, (size_t)(N * K), 0);
-        free(tr);
+        bufs[nt] = malloc(es * (size_t)(N * K) + 1);
+        if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s [%lld, %lld]\n", names[nt], (long long)N, (long long)K); rc = EXIT_FAIL; break; }
+        fill_normal(bufs[nt], bf, N, K, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
         tv[nt] = (moe8_tensor_view){names[nt], fdt, 2, {N, K}, bufs[nt], es * (size_t)(N * K), 0};
+        bytes += tv[nt].nbytes;
         nt++;
       }
     if (hc.has_bias && rc == EXIT_OK) {
       snprintf(names[nt], 256, "%sgate.e_score_correction_bias", p);
       bufs[nt] = calloc((size_t)E, 4);
       tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {E}, bufs[nt], 4 * (size_t)E, 0};
+      bytes += tv[nt].nbytes;
       nt++;
     }
-    moe8_layer_destroy(L);
+    if (rc == EXIT_OK && !cli_quiet)
+      printf("init: layer %lld of %lld drawn (%.2f GB so far, %.1f s)\n", (long long)l + 1, (long long)NL, (double)bytes * 1e-9, cli_now() - t0);
   }
+  if (rc == EXIT_OK && !cli_quiet) { printf("init: writing %.2f GB to %s\n", (double)bytes * 1e-9, outdir); fflush(stdout); }
   char path[4096];
   if (rc == EXIT_OK) rc = cli_mkdir(outdir);
   if (rc == EXIT_OK) {
