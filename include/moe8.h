@@ -330,6 +330,12 @@ typedef enum moe8_score_func {
   MOE8_SCORE_SIGMOID
 } moe8_score_func;
 
+/* How group-limited routing scores a group of experts. */
+typedef enum moe8_group_score {
+  MOE8_GROUP_TOP2_SUM = 0, /* its two best selection values, summed (DeepSeek-V3, GLM-4.5) */
+  MOE8_GROUP_MAX      = 1  /* its best selection value (DeepSeek-V2 group_limited_greedy)  */
+} moe8_group_score;
+
 typedef struct moe8_router_config {
   int64_t          num_experts;           /* E                                   */
   int64_t          top_k;                 /* 1 <= top_k <= E                      */
@@ -344,6 +350,7 @@ typedef struct moe8_router_config {
   ** inference code and transformers 5 do).  n_group <= 1: plain top-k. */
   int64_t          n_group;
   int64_t          topk_group;
+  moe8_group_score group_score;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -496,6 +503,7 @@ typedef struct moe8_layer_config {
   ** shared_gate (Qwen2-MoE) it is multiplied by sigmoid(x · w_gate) first. */
   int64_t         shared_ffn;
   bool            shared_gate;
+  moe8_group_score group_score;           /* with n_group > 1 (moe8_router_config) */
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -726,7 +734,8 @@ MOE8_API moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dty
 #define MOE8_MAX_MLP_ONLY 1024
 typedef enum moe8_arch {
   MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3,
-  MOE8_ARCH_OLMOE        /* Qwen3-MoE's block: softmax top-k, optional renormalization */
+  MOE8_ARCH_OLMOE,       /* Qwen3-MoE's block: softmax top-k, optional renormalization */
+  MOE8_ARCH_DEEPSEEK_V2  /* softmax top-k (greedy or group_limited_greedy), scaling, ungated shared experts */
 } moe8_arch;
 
 typedef struct moe8_hf_config {

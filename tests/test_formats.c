@@ -82,6 +82,8 @@ static void sweep_fp8(moe8_dtype type, uint64_t stride, sweep_result *res) {
   uint64_t bad_ref = 0, bad_isa = 0;
   uint32_t first_ref = 0, first_isa = 0;
   int first_which = 0;
+  static tu_progress pr;
+  tu_progress_start(&pr, type == MOE8_DTYPE_F8E4M3 ? "f32 -> f8e4m3 sweep" : "f32 -> f8e5m2 sweep", nchunks);
   #pragma omp parallel for schedule(dynamic, 16) reduction(+ : bad_ref, bad_isa)
   for (int64_t c = 0; c < nchunks; c++) {
     float *src = malloc(CHUNK * sizeof(float));
@@ -108,6 +110,7 @@ static void sweep_fp8(moe8_dtype type, uint64_t stride, sweep_result *res) {
       }
     }
     free(src); free(got); free(want[0]); free(want[1]);
+    tu_progress_tick(&pr);
   }
   res->bad_ref = bad_ref; res->bad_isa = bad_isa;
   res->first_ref = first_ref; res->first_isa = first_isa; res->first_isa_which = first_which;
@@ -256,6 +259,8 @@ static void test_f32_to_bf16_all_inputs(void **state) {
   uint64_t bad = 0, bad_isa = 0;
   uint32_t first = 0;
   const int64_t nchunks = (int64_t)((1ULL << 32) / ((uint64_t)CHUNK * stride));
+  static tu_progress pr;
+  tu_progress_start(&pr, "f32 -> bf16 sweep", nchunks);
   #pragma omp parallel for schedule(dynamic, 16) reduction(+ : bad, bad_isa)
   for (int64_t c = 0; c < nchunks; c++) {
     float *src = malloc(CHUNK * 4);
@@ -271,6 +276,7 @@ static void test_f32_to_bf16_all_inputs(void **state) {
       bad_isa += memcmp(got, want, CHUNK * 2) != 0;
     }
     free(src); free(want); free(got);
+    tu_progress_tick(&pr);
   }
   if (bad) TU_FAIL("f32->bf16: %llu inputs differ from the reference, e.g. 0x%08x", (unsigned long long)bad, first);
   if (bad_isa) TU_FAIL("f32->bf16: %llu chunks differ between ISAs", (unsigned long long)bad_isa);

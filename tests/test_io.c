@@ -261,6 +261,34 @@ static void test_hf_configs(void **state) {
   assert_int_equal(c.arch, MOE8_ARCH_OLMOE);
   assert_true(c.layer.num_experts == 64 && c.layer.top_k == 8 && c.layer.hidden == 2048 && c.layer.ffn == 2048 && c.num_layers == 16);
   assert_true(!c.layer.norm_topk_prob && c.layer.shared_ffn == 0 && c.layer.score == MOE8_SCORE_SOFTMAX);
+  /* Qwen3-Next: Qwen2-MoE's block with Qwen3NextConfig's defaults. */
+  const char *qn = "{\"model_type\":\"qwen3_next\"}";
+  assert_int_equal(moe8_hf_config_parse(qn, strlen(qn), "qn", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_QWEN2_MOE);
+  assert_string_equal(c.model_type, "qwen3_next");
+  assert_true(c.layer.num_experts == 512 && c.layer.top_k == 10 && c.layer.hidden == 2048 && c.layer.ffn == 512 && c.num_layers == 48);
+  assert_true(c.layer.norm_topk_prob && c.layer.shared_ffn == 512 && c.layer.shared_gate && c.layer.score == MOE8_SCORE_SOFTMAX);
+  /* DeepSeek-V2: DeepseekV2Config's defaults, greedy and group_limited_greedy. */
+  const char *v2a = "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6}";
+  assert_int_equal(moe8_hf_config_parse(v2a, strlen(v2a), "v2a", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_DEEPSEEK_V2);
+  assert_true(c.layer.num_experts == 64 && c.layer.top_k == 6 && c.layer.hidden == 4096 && c.layer.ffn == 1407 && c.num_layers == 32);
+  assert_true(!c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 1.0f && c.layer.n_group == 0 && c.layer.shared_ffn == 2 * 1407);
+  assert_true(!c.has_bias && c.layer.score == MOE8_SCORE_SOFTMAX && !c.layer.shared_gate && c.first_k_dense_replace == 0);
+  const char *v2b = "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"n_routed_experts\":160,\"topk_method\":\"group_limited_greedy\","
+                    "\"n_group\":8,\"topk_group\":3,\"routed_scaling_factor\":16.0,\"n_shared_experts\":null,\"first_k_dense_replace\":1}";
+  assert_int_equal(moe8_hf_config_parse(v2b, strlen(v2b), "v2b", &c), MOE8_OK);
+  assert_true(c.layer.n_group == 8 && c.layer.topk_group == 3 && c.layer.group_score == MOE8_GROUP_MAX && c.layer.shared_ffn == 0);
+  assert_true(c.layer.routed_scaling_factor == 16.0f && moe8_hf_config_first_moe_layer(&c) == 1);
+  const char *v2bad[] = {"{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"norm_topk_prob\":true}",
+                         "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"topk_method\":\"noaux_tc\"}",
+                         "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"topk_method\":\"group_limited_greedy\"}",
+                         "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"scoring_func\":\"sigmoid\"}"};
+  const char *v2why[] = {"norm_topk_prob", "deepseek_v3", "n_group", "scoring_func"};
+  for (int i = 0; i < 4; i++) {
+    assert_int_not_equal(moe8_hf_config_parse(v2bad[i], strlen(v2bad[i]), "v2bad", &c), MOE8_OK);
+    if (!strstr(moe8_last_error(), v2why[i])) TU_FAIL("deepseek_v2 config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), v2why[i]);
+  }
   const char *glm2 = "{\"model_type\":\"glm4_moe\",\"num_local_experts\":16,\"num_experts_per_tok\":2}";
   assert_int_equal(moe8_hf_config_parse(glm2, strlen(glm2), "glm2", &c), MOE8_OK);
   assert_int_equal(c.layer.num_experts, 16);
@@ -294,7 +322,7 @@ static void test_hf_configs(void **state) {
                        "{\"a\":",
                        "{\"model_type\":\"qwen3_moe\",\"hidden_act\":\"gelu\"}",
                        "{\"model_type\":\"deepseek_v2\"}",
-                       "{\"model_type\":\"qwen3_next\",\"num_experts\":8}",
+                       "{\"model_type\":\"minimax\",\"num_experts\":8}",
                        "{\"model_type\":\"deepseek_v3\",\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[1e300,1e300]}}",
                        "{\"model_type\":\"qwen3_moe\",\"num_experts\":128.7}",
                        "{\"model_type\":\"qwen3_moe\",\"hidden_size\":-4}",
@@ -303,7 +331,7 @@ static void test_hf_configs(void **state) {
                        "{\"model_type\":\"deepseek_v3\",\"topk_method\":\"greedy\"}",
                        "{\"model_type\":\"deepseek_v3\",\"n_routed_experts\":64,\"n_group\":5}",
                        "{\"model_type\":\"qwen3_moe\",\"norm_topk_prob\":1}"};
-  const char *want[] = {"num_experts", "num_experts_per_tok", "malformed JSON", "hidden_act", "model_type", "model_type",
+  const char *want[] = {"num_experts", "num_experts_per_tok", "malformed JSON", "hidden_act", "num_experts_per_tok", "model_type",
                         "weight_block_size", "num_experts", "hidden_size", "moe_intermediate_size", "scoring_func", "topk_method",
                         "n_group", "norm_topk_prob"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/internal.h"
 
@@ -84,6 +85,26 @@ int tu_isas(moe8_isa out[MOE8_ISA_COUNT]) {
   for (int i = 0; i < MOE8_ISA_COUNT; i++)
     if (moe8_isa_supported((moe8_isa)i)) out[n++] = (moe8_isa)i;
   return n;
+}
+
+static double tu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void tu_progress_start(tu_progress *p, const char *what, int64_t total) {
+  p->what = what;
+  p->total = total;
+  atomic_store(&p->done, 0);
+  p->t0 = tu_now();
+  fprintf(stderr, "%s: %lld steps\n", what, (long long)total);
+}
+
+void tu_progress_tick(tu_progress *p) {
+  const int64_t d = atomic_fetch_add(&p->done, 1) + 1, step = p->total / 8 > 0 ? p->total / 8 : 1;
+  if (d % step == 0 || d == p->total)
+    fprintf(stderr, "%s: %3.0f%% (%.0f s)\n", p->what, 100.0 * (double)d / (double)p->total, tu_now() - p->t0);
 }
 
 int tu_exhaustive(void) {

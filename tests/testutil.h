@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <cmocka.h>
 
@@ -38,6 +39,17 @@ moe8_isa tu_isa_best(void);
 /* True when the long exhaustive loops should run (default); the sanitizer
 ** pass sets MOE8_TEST_EXHAUSTIVE=0 and the tests then take a strided sample. */
 int tu_exhaustive(void);
+
+/* Progress of a long loop on stderr: a line at every eighth of total ticks
+** (any thread may tick), so a sweep of minutes is never silent. */
+typedef struct tu_progress {
+  const char      *what;
+  int64_t          total;
+  _Atomic int64_t  done;
+  double           t0;
+} tu_progress;
+void tu_progress_start(tu_progress *p, const char *what, int64_t total);
+void tu_progress_tick(tu_progress *p);
 
 /* Prints "seed=... " context with a failing message, then fails. */
 #define TU_FAIL(...) do { print_error("seed=%llu: ", (unsigned long long)tu_seed()); \

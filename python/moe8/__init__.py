@@ -82,7 +82,7 @@ class _LayerConfig(C.Structure):
     _fields_ = [("num_experts", _i64), ("top_k", _i64), ("hidden", _i64), ("ffn", _i64), ("score", C.c_int),
                 ("norm_topk_prob", C.c_bool), ("routed_scaling_factor", C.c_float), ("use_selection_bias", C.c_bool),
                 ("capacity_factor", C.c_float), ("aux_loss_weight", C.c_float), ("n_group", _i64), ("topk_group", _i64),
-                ("shared_ffn", _i64), ("shared_gate", C.c_bool)]
+                ("shared_ffn", _i64), ("shared_gate", C.c_bool), ("group_score", C.c_int)]
 
 
 class _QuantSpec(C.Structure):
@@ -349,7 +349,7 @@ class Layer:
 
     def __init__(self, num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False,
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
-                 shared_ffn=0, shared_gate=False, rules=None, module_path="experts", _handle=None, _keep=None):
+                 shared_ffn=0, shared_gate=False, group_score="top2_sum", rules=None, module_path="experts", _handle=None, _keep=None):
         self._keep = _keep
         self._tls = threading.local()  # each thread's default workspace and last forward
         self._views_out = False
@@ -364,8 +364,12 @@ class Layer:
             hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
             n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
             shared_ffn = _int_arg(shared_ffn, "shared_ffn")
+            gscores = {"top2_sum": 0, "max": 1}
+            if group_score not in gscores:
+                raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
             cfg = _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
-                               use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate)
+                               use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
+                               gscores[group_score])
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))

@@ -90,7 +90,7 @@ class MoE8Block(torch.nn.Module):
         checkpoint, with f32 master weights (trainable)."""
         text = _rules_text(rules)
         lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
-        cfg = {"score": "sigmoid" if _cfg(lay).score == 1 else "softmax"}
+        cfg = {"score": "sigmoid" if _cfg(lay).score == 1 else "softmax", "group_score": "max" if _cfg(lay).group_score == 1 else "top2_sum"}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
                   "topk_group", "shared_ffn", "shared_gate"):
             cfg[k] = getattr(_cfg(lay), k)

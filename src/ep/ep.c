@@ -83,7 +83,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 26
+#define NFP 27
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -92,7 +92,7 @@ static const char *const k_fp_names[NFP] = {
   "num_experts", "top_k", "hidden", "ffn", "score function", "norm_topk_prob", "routed_scaling_factor",
   "selection bias", "capacity_factor", "aux_loss_weight", "weight quantization", "weight qtype", "weight tile",
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
-  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "expert-parallel mode", "summation order", "weights (checksum)"};
+  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert-parallel mode", "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
@@ -120,7 +120,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->routed_scaling_factor), c->use_selection_bias, moe8__f32_bits(c->capacity_factor),
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
-                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, ep->mode, order_code(L), 0}};
+                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score, ep->mode, order_code(L), 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);
@@ -299,8 +299,7 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
   if (before) ALLOC(xq_l, Tl * (int64_t)qrow);
   if (!ok) { free(logits); free(route_l); free(route_g); free(xg); free(xq_l); return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"); }
   /* 3. local routing, packed per token as ids[K] | weights[K] | scores[E] */
-  const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
-                                 L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
+  const moe8_router_config rc = moe8__router_config(L);
   float *sc_l = malloc(sizeof(float) * (size_t)(Tl * E + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
   int32_t *id_l = malloc(sizeof(int32_t) * (size_t)(Tl * K + 1));
   if (!sc_l || !w_l || !id_l) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");

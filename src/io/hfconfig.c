@@ -2,7 +2,8 @@
 ** hfconfig.c — the MoE keys of a Hugging Face config.json, per family
 ** (docs/models.md).
 **
-** Families: qwen2_moe, qwen3_moe, mixtral, deepseek_v3 (and kimi_k2), olmoe, chosen by
+** Families: qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3 (and
+** kimi_k2), olmoe, glm4_moe, chosen by
 ** model_type (or, when it is absent, by which expert-count key is
 ** present).  Every key moe8 uses takes, when missing or null, the default
 ** of the family's reference configuration class; a key with the wrong
@@ -26,6 +27,7 @@ const char *moe8_arch_name(moe8_arch a) {
     case MOE8_ARCH_MIXTRAL: return "mixtral";
     case MOE8_ARCH_DEEPSEEK_V3: return "deepseek_v3";
     case MOE8_ARCH_OLMOE: return "olmoe";
+    case MOE8_ARCH_DEEPSEEK_V2: return "deepseek_v2";
     default: return "unknown";
   }
 }
@@ -51,6 +53,13 @@ static const family k_families[] = {
   {"olmoe", MOE8_ARCH_OLMOE, "num_experts", "intermediate_size", "num_local_experts", 2048, 16, 64, 8, 2048, 0, false, 1.0, 0, 0, 0},
   /* Glm4MoeConfig (GLM-4.5/4.6): DeepSeek-V3's block (sigmoid, correction
   ** bias, group-limited top-k, shared experts) with its own defaults */
+  /* DeepseekV2Config: softmax routing, greedy or group_limited_greedy;
+  ** num_experts_per_tok has no default (None: a dense model) */
+  {"deepseek_v2", MOE8_ARCH_DEEPSEEK_V2, "n_routed_experts", "moe_intermediate_size", NULL, 4096, 32, 64, 0, 1407, 2, false, 1.0, 0, 0, 0},
+  /* Qwen3NextConfig: Qwen2-MoE's block (softmax top-k, sigmoid-gated
+  ** shared expert), renormalized by default */
+  {"qwen3_next", MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", "num_local_experts", 2048, 48, 512, 10, 512, 512, true, 1.0,
+   0, 0, 0},
   {"glm4_moe", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", "num_local_experts", 4096, 46, 128, 8, 1408, 1, true, 1.0,
    1, 1, 1},
 };
@@ -121,7 +130,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, mixtral, deepseek_v3, kimi_k2, olmoe, glm4_moe)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3, kimi_k2, olmoe, glm4_moe)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
@@ -131,7 +140,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   else return moe8__fail(MOE8_ERR_PARSE, "%s: no \"model_type\" and no expert count (num_experts, num_local_experts or n_routed_experts)", file);
   c->arch = fam->arch;
   snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt->valuestring : fam->name);
-  const bool ds = fam->arch == MOE8_ARCH_DEEPSEEK_V3, qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
+  const bool ds = fam->arch == MOE8_ARCH_DEEPSEEK_V3, v2 = fam->arch == MOE8_ARCH_DEEPSEEK_V2;
+  const bool qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
   const int64_t BIG = (int64_t)1 << 30;
   moe8_layer_config *L = &c->layer;
   TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
@@ -151,6 +161,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
                         (long long)a, fam->alias, (long long)b);
   }
   TRY(get_int(root, file, ekey, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
+  if (fam->top_k == 0 && !item(root, "num_experts_per_tok"))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" is missing (%s's configuration has no default: without it the model is "
+                      "dense)", file, fam->name);
   TRY(get_int(root, file, "num_experts_per_tok", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
   TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
   if (L->top_k > L->num_experts)
@@ -185,6 +198,51 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     c->has_bias = L->use_selection_bias = true;
     int64_t nsh;
     TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
+    L->shared_ffn = nsh * L->ffn;
+    TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
+    c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
+    TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
+  } else if (v2) {
+    /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
+    ** (a group's score is its best expert's, the topk_group best groups
+    ** stay); weights are the selected scores times routed_scaling_factor;
+    ** n_shared_experts ungated shared experts (null: none). */
+    TRY(want_str(root, file, "scoring_func", "softmax", "DeepSeek-V2 routes by softmax scores"));
+    const cJSON *tm = item(root, "topk_method");
+    if (tm && cJSON_IsString(tm) && !strcmp(tm->valuestring, "noaux_tc"))
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"topk_method\" is \"noaux_tc\", DeepSeek-V3's routing: run the model as deepseek_v3 "
+                        "(model_type, or --arch deepseek_v3)", file);
+    TRY(want_str(root, file, "topk_method", "greedy|group_limited_greedy", "DeepSeek-V2 routes by greedy or group_limited_greedy"));
+    const bool grouped = tm && !strcmp(tm->valuestring, "group_limited_greedy");
+    TRY(get_bool(root, file, "norm_topk_prob", false, &L->norm_topk_prob));
+    if (L->norm_topk_prob)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"norm_topk_prob\" is true: DeepSeek-V2's own code then renormalizes without "
+                        "routed_scaling_factor while transformers' scales without renormalizing; moe8 does not pick one (no released "
+                        "DeepSeek-V2 checkpoint sets it)", file);
+    const cJSON *v = item(root, "routed_scaling_factor");
+    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
+    L->routed_scaling_factor = (float)(v ? v->valuedouble : fam->scaling);
+    if (grouped) {
+      if (!item(root, "n_group") || !item(root, "topk_group"))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_method\" group_limited_greedy needs \"n_group\" and \"topk_group\"", file);
+      TRY(get_int(root, file, "n_group", 1, 1, MOE8_MAX_EXPERTS, &L->n_group));
+      TRY(get_int(root, file, "topk_group", 1, 1, MOE8_MAX_EXPERTS, &L->topk_group));
+      const int64_t E = L->num_experts, G = L->n_group;
+      if (G > 1 && (E % G || E / G < 2))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_group\" = %lld must divide \"n_routed_experts\" = %lld into groups of at least 2",
+                          file, (long long)G, (long long)E);
+      if (L->topk_group > G)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_group\" = %lld exceeds \"n_group\" = %lld", file, (long long)L->topk_group,
+                          (long long)G);
+      if (G > 1 && L->top_k > L->topk_group * (E / G))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld experts of \"topk_group\" = %lld groups",
+                          file, (long long)L->top_k, (long long)(L->topk_group * (E / G)), (long long)L->topk_group);
+      L->group_score = MOE8_GROUP_MAX;
+    }
+    const cJSON *ns = cJSON_GetObjectItemCaseSensitive(root, "n_shared_experts");
+    int64_t nsh = 0;
+    if (!(ns && cJSON_IsNull(ns))) TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
     L->shared_ffn = nsh * L->ffn;
     TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
     c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
@@ -274,7 +332,7 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
   if (!c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL");
   if (layer < 0 || layer >= c->num_layers)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, num_hidden_layers = %lld)", (long long)layer, (long long)c->num_layers);
-  if (c->arch == MOE8_ARCH_DEEPSEEK_V3) {
+  if (c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2) {
     if (layer < c->first_k_dense_replace) {
       const int64_t first = moe8_hf_config_first_moe_layer(c);
       char where[96];
@@ -300,7 +358,7 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
 int64_t moe8_hf_config_first_moe_layer(const moe8_hf_config *c) {
   if (!c) return -1;
   for (int64_t l = 0; l < c->num_layers && l < (1 << 20); l++) {
-    if (c->arch == MOE8_ARCH_DEEPSEEK_V3 && (l < c->first_k_dense_replace || (c->moe_layer_freq > 0 && l % c->moe_layer_freq))) continue;
+    if ((c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2) && (l < c->first_k_dense_replace || (c->moe_layer_freq > 0 && l % c->moe_layer_freq))) continue;
     bool dense = c->decoder_sparse_step > 1 && (l + 1) % c->decoder_sparse_step;
     for (int64_t i = 0; i < c->n_mlp_only && !dense; i++) dense = c->mlp_only_layers[i] == l;
     if (!dense) return l;

@@ -585,7 +585,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   /* The shared expert, in the family's names, as the routed ones are stored. */
   if (Fs > 0) {
-    snprintf(n, sizeof n, "%s%s.", p, c->arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert");
+    snprintf(n, sizeof n, "%s%s.", p, c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert");
     char probe[400];
     snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, 0));
     const moe8_tensor_view *sf = moe8_model_find(m, probe);

@@ -219,7 +219,7 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
                         moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
   const float *sw[3] = {moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL),
                         moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL)};
-  const char *sname = hc->arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert";
+  const char *sname = hc->arch == MOE8_ARCH_DEEPSEEK_V3 || hc->arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert";
   char n[256];
   moe8_status st = MOE8_OK;
   /* e = E is the shared expert (when the layer has one). */

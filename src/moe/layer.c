@@ -87,6 +87,8 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d", (int)cfg->score);
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
+  if (cfg->group_score != MOE8_GROUP_TOP2_SUM && cfg->group_score != MOE8_GROUP_MAX)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: group_score %d is not a group score (top-2 sum 0, max 1)", (int)cfg->group_score);
   if (cfg->n_group > 1) {
     const int64_t G = cfg->n_group, KG = cfg->topk_group;
     if (E % G || E / G < 2 || KG < 1 || KG > G || K > KG * (E / G))
@@ -724,8 +726,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     }
   } else {
     st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, w.logits);
-    const moe8_router_config rc = {E, K, L->cfg.score, L->cfg.norm_topk_prob, L->cfg.routed_scaling_factor,
-                                   L->cfg.use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, L->cfg.n_group, L->cfg.topk_group};
+    const moe8_router_config rc = moe8__router_config(L);
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
   }
   /* 2. dispatch */

@@ -90,6 +90,10 @@ void   moe8__shared_buf_carve(const moe8_layer *L, int64_t T, void *base, moe8__
 
 /* The shared expert on T tokens x (and, when the rule quantizes
 ** activations, their per-token quantization xq/sx): fills b->y and b->g. */
+/* The router configuration of the layer (the single process and both
+** expert-parallel modes route with it). */
+moe8_router_config moe8__router_config(const moe8_layer *L);
+
 moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
                                  moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
 /* out[t] = out[t] + g_t · y[t] (or + y[t] without a gate). */

@@ -55,6 +55,12 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
   return MOE8_OK;
 }
 
+moe8_router_config moe8__router_config(const moe8_layer *L) {
+  const moe8_layer_config *c = &L->cfg;
+  return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
+                              c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score};
+}
+
 moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes) {

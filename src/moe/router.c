@@ -53,6 +53,8 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
   if (NG > 1 && K > KG * (E / NG))
     return moe8__fail(MOE8_ERR_SHAPE, "route: top_k = %lld exceeds the %lld experts of topk_group = %lld groups", (long long)K,
                       (long long)(KG * (E / NG)), (long long)KG);
+  if (cfg->group_score != MOE8_GROUP_TOP2_SUM && cfg->group_score != MOE8_GROUP_MAX)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: group_score %d is not a group score (top-2 sum 0, max 1)", (int)cfg->group_score);
   const float scale = cfg->routed_scaling_factor != 0.0f ? cfg->routed_scaling_factor : 1.0f;
   /* Per-token scratch lives on the stack: E is capped at MOE8_MAX_EXPERTS,
   ** so routing never allocates (the fused forward relies on that). */
@@ -72,9 +74,9 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     }
     for (int64_t e = 0; e < E; e++) sel[e] = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
     if (NG > 1) {
-      /* Group score: its best selection value plus its second best; the
-      ** KG best groups stay, ties to the lower group; the others' experts
-      ** get a selection value of 0. */
+      /* Group score: its best selection value plus its second best (or
+      ** the best alone, MOE8_GROUP_MAX); the KG best groups stay, ties to
+      ** the lower group; the others' experts get a selection value of -inf. */
       const int64_t gs = E / NG;
       float gsc[MOE8_MAX_EXPERTS / 2];
       uint64_t keep[MOE8_MAX_EXPERTS / 128 + 1];
@@ -85,7 +87,7 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
           if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
           else if (sel[e] > b2) b2 = sel[e];
         }
-        gsc[g] = b1 + b2;
+        gsc[g] = cfg->group_score == MOE8_GROUP_MAX ? b1 : b1 + b2;
       }
       memset(keep, 0, sizeof keep);
       for (int64_t j = 0; j < KG; j++) {

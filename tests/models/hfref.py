@@ -161,6 +161,24 @@ def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale):
     return ids, w * scale
 
 
+def route_deepseek_v2(x, wr, k, n_group, topk_group, scale, grouped):
+    """DeepSeek-V2's gate (norm_topk_prob false): softmax scores; greedy
+    top-k, or group_limited_greedy (a group's score is its best expert's
+    score; the topk_group best groups stay, the others' scores become 0,
+    every kept score being > 0); weights = selected scores * scale."""
+    s = softmax(x @ wr.T)
+    sel = s
+    T, E = s.shape
+    if grouped and n_group > 1:
+        gs = s.reshape(T, n_group, E // n_group).max(axis=2)
+        mask = np.zeros((T, n_group), dtype=bool)
+        for t in range(T):
+            mask[t, topk_idx(gs[t], topk_group)] = True
+        sel = np.where(np.repeat(mask, E // n_group, axis=1), s, 0.0)
+    ids = np.array([topk_idx(r, k) for r in sel])
+    return ids, np.take_along_axis(s, ids, axis=1) * scale
+
+
 def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None):
     """routing: (ids [T, k], weights [T, k]); experts[e] = (wg, wu, wd);
     shared = (wg, wu, wd) or None; shared_gate: [1, D] (Qwen2) or None."""

@@ -287,6 +287,97 @@ def test_deepseek(tmp, rng):
             print("deepseek_v3 FP8: --training-load differs from the inference load")
 
 
+def deepseek_v2_case(tmp, rng, keys, T=48, router_scale=0.5):
+    """A DeepSeek-V2 block: softmax routing, shared experts (ungated)."""
+    E, k, D, F = 32, 4, 256, 160
+    cfg = {"model_type": "deepseek_v2", "n_routed_experts": E, "num_experts_per_tok": k, "hidden_size": D, "moe_intermediate_size": F,
+           "num_hidden_layers": 1, "n_shared_experts": 2}
+    cfg.update(keys)
+    p = "model.layers.0.mlp."
+    t = {}
+    wr = rnd(rng, E, D, scale=router_scale)
+    t[p + "gate.weight"] = ("F32", wr.astype(np.float32))
+    experts = per_expert(t, p, make_experts(rng, E, D, F), ("gate_proj", "up_proj", "down_proj"), "F32")
+    nsh = cfg.get("n_shared_experts", 2) or 0
+    shared = None
+    if nsh:
+        shared = []
+        for nm, w in zip(("gate_proj", "up_proj", "down_proj"), make_experts(rng, 1, D, F * nsh)[0]):
+            t[p + "shared_experts.%s.weight" % nm] = ("F32", w.astype(np.float32))
+            shared.append(store(w, "F32"))
+    d = os.path.join(tmp, "deepseek_v2_%d" % len(os.listdir(tmp)))
+    write_model(d, cfg, t)
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    grouped = cfg.get("topk_method") == "group_limited_greedy"
+    routing = R.route_deepseek_v2(x, store(wr, "F32"), k, cfg.get("n_group", 1), cfg.get("topk_group", 1),
+                                  cfg.get("routed_scaling_factor", 1.0), grouped)
+    return d, x, routing, experts, shared, store(wr, "F32")
+
+
+def test_deepseek_v2(tmp, rng):
+    d, x, routing, ex, sh, _ = deepseek_v2_case(tmp, rng, {})
+    got, _ = run(d, x)
+    check("deepseek_v2 f32, greedy (optional keys absent)", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    # small router weights: scores close together, so a group's best score
+    # and its top-2 sum (DeepSeek-V3's group score) keep different groups
+    d, x, routing, ex, sh, wr = deepseek_v2_case(tmp, rng, {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 1,
+                                                            "routed_scaling_factor": 16.0, "norm_topk_prob": False, "scoring_func": "softmax"},
+                                                 router_scale=0.03)
+    got, out = run(d, x)
+    check("deepseek_v2 f32, group_limited_greedy 4/1, scaling 16", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    greedy = R.route_deepseek_v2(x, wr, 4, 4, 1, 16.0, False)
+    differ = sum(set(a) != set(b) for a, b in zip(greedy[0], routing[0]))
+    s = R.softmax(x @ wr.T)
+    top2 = np.sort(s.reshape(len(x), 4, 8), axis=2)[:, :, -2:].sum(axis=2).argmax(axis=1)
+    other = int((top2 != s.reshape(len(x), 4, 8).max(axis=2).argmax(axis=1)).sum())
+    print("deepseek_v2 routing: %d of %d tokens pick other experts without group limits, %d keep another group by the top-2 sum"
+          % (differ, len(x), other))
+    if differ < len(x) // 2 or other < len(x) // 8:
+        FAILS.append("deepseek_v2 group routing does not matter in this case")
+    d, x, routing, ex, sh, _ = deepseek_v2_case(tmp, rng, {"n_shared_experts": None, "routed_scaling_factor": 1.5})
+    got, _ = run(d, x)
+    check("deepseek_v2 f32, no shared experts (null), scaling 1.5", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    d, x, routing, ex, sh, _ = deepseek_v2_case(tmp, rng, {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 1})
+    got, _ = run(d, x, ("--rules", _rules_file(tmp)))
+    exq, shq = fp8_emulated(ex, sh)
+    check("deepseek_v2 FP8 by rules (quantizers emulated)", got, R.moe_block(x, routing, exq, shq, act_q=lambda v: R.quant_rows(v, 128)),
+          1e-4)
+
+
+def test_qwen3_next(tmp, rng):
+    """Qwen3-Next's block is Qwen2-MoE's (softmax top-k, sigmoid-gated shared
+    expert) with Qwen3NextConfig's defaults: renormalized top-k."""
+    d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
+    cfgp = os.path.join(d, "config.json")
+    cfg = json.load(open(cfgp))
+    cfg["model_type"] = "qwen3_next"
+    cfg.pop("norm_topk_prob", None)
+    cfg["num_local_experts"] = cfg.pop("num_experts")  # as transformers 5 writes it
+    json.dump(cfg, open(cfgp, "w"))
+    ids, _ = routing
+    wr = _read(d, "model.layers.0.mlp.gate.weight")
+    routing = R.route_softmax(x, wr, ids.shape[1], True)
+    got, out = run(d, x)
+    check("qwen3_next f32 (norm_topk_prob absent: true, alias)", got, R.moe_block(x, routing, ex, sh, sg), 1e-5)
+
+
+def _rules_file(tmp):
+    p = os.path.join(tmp, "rules_fp8.json")
+    with open(p, "w") as f:
+        json.dump(RULES_FP8, f)
+    return p
+
+
+def _read(d, name):
+    import struct as S
+    with open(os.path.join(d, "model.safetensors"), "rb") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        m = h[name]
+        f.seek(8 + n + m["data_offsets"][0])
+        return np.frombuffer(f.read(m["data_offsets"][1] - m["data_offsets"][0]), dtype=np.float32).reshape(m["shape"]).astype(np.float64)
+
+
 def _router_of(d):
     import struct as S
     with open(os.path.join(d, "model.safetensors"), "rb") as f:
@@ -308,6 +399,8 @@ def main():
         test_mixtral(tmp, rng)
         test_olmoe(tmp, rng)
         test_deepseek(tmp, rng)
+        test_deepseek_v2(tmp, rng)
+        test_qwen3_next(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

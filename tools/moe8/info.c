@@ -33,8 +33,10 @@ int cmd_info(int argc, char **argv) {
          c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid" : "softmax", c->layer.norm_topk_prob ? "true" : "false",
          c->layer.routed_scaling_factor ? (double)c->layer.routed_scaling_factor : 1.0, c->has_bias ? ", selection bias" : "");
   if (c->layer.n_group > 1)
-    printf("routing: group-limited top-k: %lld groups of %lld experts, the best %lld kept (group score: sum of the top-2 scores + bias)\n",
-           (long long)c->layer.n_group, (long long)(c->layer.num_experts / c->layer.n_group), (long long)c->layer.topk_group);
+    printf("routing: group-limited top-%lld: %lld groups of %lld experts, the best %lld kept (group score: %s)\n", (long long)c->layer.top_k,
+           (long long)c->layer.n_group, (long long)(c->layer.num_experts / c->layer.n_group), (long long)c->layer.topk_group,
+           c->layer.group_score == MOE8_GROUP_MAX ? "its best softmax score, DeepSeek-V2's group_limited_greedy"
+                                                  : "sum of its top-2 scores + bias, DeepSeek-V3's noaux_tc");
   else
     printf("routing: top-%lld of %lld (%s)\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
            c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores" : "softmax over all experts");

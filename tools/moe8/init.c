@@ -119,7 +119,7 @@ int cmd_init(int argc, char **argv) {
           snprintf(names[nt], 256, "%sshared_expert_gate.weight", p);
         } else if (e == E) {
           N = w == 2 ? D : Fs; K = w == 2 ? Fs : D;
-          snprintf(names[nt], 256, "%s%s.%s.weight", p, hc.arch == MOE8_ARCH_DEEPSEEK_V3 ? "shared_experts" : "shared_expert", proj[w]);
+          snprintf(names[nt], 256, "%s%s.%s.weight", p, hc.arch == MOE8_ARCH_DEEPSEEK_V3 || hc.arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert", proj[w]);
         } else {
           N = w == 2 ? D : F; K = w == 2 ? F : D;
           snprintf(names[nt], 256, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
