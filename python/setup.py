@@ -7,7 +7,8 @@ build has one), taken from the first of:
   3. a build of its own: cmake configures ../ into python/build/cmake and
      builds the libraries (needs cmake, a C compiler and libcjson-dev;
      `pip install ./python` from a fresh clone does this).
-MOE8_USE_SYSTEM_LIBRARY=1 packages no library: the package then uses an
+MOE8_CMAKE_ARGS adds options to that cmake configure (-DMOE8_MPI=OFF: no
+MPI module).  MOE8_USE_SYSTEM_LIBRARY=1 packages no library: the package then uses an
 installed libmoe8 at import time.  The wheel carries a native library, so
 it is tagged for this platform, not py3-none-any.
 
@@ -48,6 +49,7 @@ def _build_own():
     cfg = ["cmake", "-S", root, "-B", bdir, "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_TESTING=OFF"]
     if shutil.which("ninja"):
         cfg += ["-G", "Ninja"]
+    cfg += os.environ.get("MOE8_CMAKE_ARGS", "").split()  # e.g. -DMOE8_MPI=OFF
     try:
         subprocess.run(cfg, check=True)
         subprocess.run(["cmake", "--build", bdir, "--target", "moe8_python_libs", "-j", str(os.cpu_count() or 1)], check=True)
