@@ -179,7 +179,8 @@ def _cfg(layer):
 # per-expert (4.x: experts is a ModuleList) and fused (5.x: experts holds
 # gate_up_proj [E, 2F, D] and down_proj [E, D, F]) layouts both.
 _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
-              "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3"}
+              "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3",
+              "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2"}
 
 
 def _first(*vals):
@@ -202,7 +203,8 @@ def _expert_weights(experts, family):
 
 def from_hf(block, config=None, rules=None):
     """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
-    Qwen3-MoE, Mixtral, DeepSeek-V3), its weights copied; `config` is the
+    Qwen3-MoE, Qwen3-Next, Mixtral, OLMoE, DeepSeek-V2, DeepSeek-V3,
+    GLM-4.5), its weights copied; `config` is the
     model's config (for what the block does not hold)."""
     family = _HF_BLOCKS.get(type(block).__name__)
     if family is None:
@@ -223,6 +225,17 @@ def from_hf(block, config=None, rules=None):
                   routed_scaling_factor=float(_first(getattr(gate, "routed_scaling_factor", None), getattr(cfg, "routed_scaling_factor", None), 2.5)),
                   n_group=int(_first(getattr(gate, "n_group", None), getattr(cfg, "n_group", None), 1)),
                   topk_group=int(_first(getattr(gate, "topk_group", None), getattr(cfg, "topk_group", None), 1)))
+    elif family == "deepseek_v2":
+        method = _first(getattr(block, "topk_method", None), getattr(cfg, "topk_method", None), "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError("moe8: DeepSeek-V2's topk_method %r is not one moe8 computes (greedy, group_limited_greedy)" % (method,))
+        if bool(_first(getattr(block, "norm_topk_prob", None), getattr(cfg, "norm_topk_prob", None), False)):
+            raise ValueError("moe8: DeepSeek-V2 with norm_topk_prob true is refused (docs/models.md)")
+        kw.update(norm_topk_prob=False, group_score="max",
+                  routed_scaling_factor=float(_first(getattr(block, "routed_scaling_factor", None), getattr(cfg, "routed_scaling_factor", None), 1.0)))
+        if method == "group_limited_greedy":
+            kw["n_group"] = int(_first(getattr(block, "num_group", None), getattr(block, "n_group", None), getattr(cfg, "n_group", None)))
+            kw["topk_group"] = int(_first(getattr(block, "topk_group", None), getattr(cfg, "topk_group", None)))
     else:
         kw["norm_topk_prob"] = bool(_first(getattr(block, "norm_topk_prob", None), getattr(gate, "norm_topk_prob", None),
                                            getattr(cfg, "norm_topk_prob", None), False))

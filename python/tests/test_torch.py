@@ -237,6 +237,45 @@ class MixtralSparseMoeBlock(torch.nn.Module):
         return out.reshape(b, s, D), logits
 
 
+class Qwen3NextSparseMoeBlock(Qwen2MoeSparseMoeBlock):
+    """Qwen3-Next's block: Qwen2-MoE's, renormalized (its config's default)."""
+
+    def __init__(self):
+        super().__init__(norm=True)
+
+
+class DeepseekV2Moe(torch.nn.Module):
+    """DeepSeek-V2's block (transformers 5 layout: returns the hidden states
+    only): softmax, group_limited_greedy by the group's best score, weights
+    times routed_scaling_factor, ungated shared experts."""
+
+    def __init__(self, D=32, F=16, E=8, k=2, n_group=4, topk_group=2, scale=2.0):
+        super().__init__()
+        self.top_k, self.num_group, self.topk_group, self.routed_scaling_factor = k, n_group, topk_group, scale
+        self.topk_method, self.norm_topk_prob = "group_limited_greedy", False
+        self.gate = torch.nn.Linear(D, E, bias=False)
+        self.experts = torch.nn.ModuleList([_MLP(D, F) for _ in range(E)])
+        self.shared_experts = _MLP(D, 2 * F)
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        p = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        E = p.shape[1]
+        gs = p.view(-1, self.num_group, E // self.num_group).max(dim=-1).values
+        keep = torch.zeros_like(gs).scatter_(1, torch.topk(gs, self.topk_group, dim=-1)[1], 1)
+        mask = keep.unsqueeze(-1).expand(-1, self.num_group, E // self.num_group).reshape(-1, E)
+        w, ids = torch.topk(p.masked_fill(~mask.bool(), 0.0), self.top_k, dim=-1)
+        w = w * self.routed_scaling_factor
+        out = torch.zeros_like(x)
+        for e in range(E):
+            for j in range(self.top_k):
+                m = ids[:, j] == e
+                if m.any():
+                    out[m] += w[m, j:j + 1] * self.experts[e](x[m])
+        return (out + self.shared_experts(x)).reshape(b, s, D)
+
+
 class _Model(torch.nn.Module):
     def __init__(self, blocks):
         super().__init__()
@@ -244,19 +283,20 @@ class _Model(torch.nn.Module):
 
     def forward(self, x):
         for l in self.layers:
-            y, _ = l["mlp"](x)
-            x = x + y
+            y = l["mlp"](x)
+            x = x + (y[0] if isinstance(y, tuple) else y)
         return x
 
 
 def test_patch_transformers_shaped_model():
     from moe8.torch import patch
     torch.manual_seed(0)
-    model = _Model([Qwen2MoeSparseMoeBlock(norm=False), Qwen2MoeSparseMoeBlock(norm=True), MixtralSparseMoeBlock()])
+    model = _Model([Qwen2MoeSparseMoeBlock(norm=False), Qwen2MoeSparseMoeBlock(norm=True), MixtralSparseMoeBlock(),
+                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe()])
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         want = model(x)
-        assert patch(model) == 3
+        assert patch(model) == 5
         got = model(x)
     assert rel(got, want) <= 1e-5, rel(got, want)
     assert type(model.layers[0]["mlp"]).__name__ == "_HFBlock"
