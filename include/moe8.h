@@ -189,7 +189,12 @@ typedef enum moe8_granularity {
 } moe8_granularity;
 
 typedef enum moe8_calibration {
-  MOE8_CALIB_ABSMAX = 0  /* s = clip · max|x| / qmax */
+  MOE8_CALIB_ABSMAX = 0, /* s = clip · max|x| / qmax */
+  /* qwix's (the JAX quantization library of seed A): for i8,
+  ** s = clip · max|x| / 127.5 (1 when below 2^-63), codes
+  ** clamp(round-half-even(x / s), -128, 127); for FP8 it is ABSMAX, whose
+  ** codes and scales are qwix's already.  No pow2. */
+  MOE8_CALIB_QWIX   = 1
 } moe8_calibration;
 
 typedef struct moe8_quant_spec {
@@ -239,6 +244,8 @@ typedef struct moe8_rule {
   bool             weight_pow2;      /* "absmax_pow2"                         */
   float            act_clip;
   bool             act_pow2;
+  moe8_calibration weight_calib;     /* "qwix": MOE8_CALIB_QWIX               */
+  moe8_calibration act_calib;
 } moe8_rule;
 
 typedef struct moe8_rules moe8_rules;

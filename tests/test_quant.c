@@ -215,6 +215,106 @@ static void fill_adversarial(float *x, size_t n, uint64_t salt) {
   }
 }
 
+/* qwix's int8 (MOE8_CALIB_QWIX), against the algorithm written here:
+** s = absmax / 127.5 in f32 (1 below 2^-63), q = clamp(rint(x / s), -128,
+** 127); every granularity, every ISA, rows that reach -128, tiny rows;
+** FP8 under the qwix calibration is the absmax bytes. */
+static void test_qwix_int8(void **state) {
+  (void)state;
+  enum { R = 9, C = 70 };
+  static float x[R * C];
+  tu_rng_reset(4242);
+  tu_fill_normal(x, R * C, 1.0f);
+  for (int c = 0; c < C; c++) x[3 * C + c] = 1e-22f * (float)(c - 35); /* absmax/127.5 < 2^-63: scale 1 */
+  x[4 * C + 5] = -7.0f;                                                 /* this row's -absmax: code -128 */
+  for (int c = 0; c < C; c++) x[5 * C + c] = 0.0f;
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  const moe8_granularity grans[3] = {MOE8_GRAN_ROW, MOE8_GRAN_ROW_TILE, MOE8_GRAN_TENSOR};
+  for (int t = 0; t < nisa; t++) {
+    moe8_isa_set(isas[t]);
+    for (int gi = 0; gi < 3; gi++) {
+      const int64_t tile = grans[gi] == MOE8_GRAN_ROW_TILE ? 32 : 0;
+      const moe8_quant_spec sp = {.qtype = MOE8_DTYPE_I8, .gran = grans[gi], .tile = tile, .clip = 1.0f, .calib = MOE8_CALIB_QWIX};
+      int8_t q[R * C], want[R * C];
+      float sc[R * 3], wsc[R * 3];
+      assert_int_equal(moe8_quantize(&sp, x, 1, R, C, q, sc, NULL), MOE8_OK);
+      int hits = 0;
+      for (int r = 0; r < R; r++) {
+        const int64_t tl = grans[gi] == MOE8_GRAN_TENSOR ? R * C : tile ? tile : C;
+        for (int64_t c0 = 0; c0 < (grans[gi] == MOE8_GRAN_TENSOR ? 1 : C); c0 += tl) {
+          const float *blk = grans[gi] == MOE8_GRAN_TENSOR ? x : x + r * C + c0;
+          const int64_t len = grans[gi] == MOE8_GRAN_TENSOR ? R * C : (C - c0 < tl ? C - c0 : tl);
+          float amax = 0.0f;
+          for (int64_t i = 0; i < len; i++) amax = fabsf(blk[i]) > amax ? fabsf(blk[i]) : amax;
+          float s = amax / 127.5f;
+          if (!(s >= 0x1p-63f)) s = 1.0f;
+          const size_t si = grans[gi] == MOE8_GRAN_TENSOR ? 0 : (size_t)(r * (tile ? 3 : 1) + c0 / (tile ? tile : C));
+          wsc[si] = s;
+          for (int64_t i = 0; i < len; i++) {
+            float v = rintf(blk[i] / s);
+            v = v > 127.0f ? 127.0f : v < -128.0f ? -128.0f : v;
+            int8_t *dst = grans[gi] == MOE8_GRAN_TENSOR ? want : want + r * C + c0;
+            dst[i] = (int8_t)v;
+            hits += dst[i] == -128;
+          }
+        }
+        if (grans[gi] == MOE8_GRAN_TENSOR) break;
+      }
+      const size_t ns = grans[gi] == MOE8_GRAN_TENSOR ? 1 : (size_t)R * (tile ? 3 : 1);
+      assert_memory_equal(q, want, sizeof q);
+      assert_memory_equal(sc, wsc, ns * 4);
+      if (grans[gi] == MOE8_GRAN_ROW) {
+        assert_true(hits >= 1);                 /* -128 is reached */
+        assert_true(sc[3] == 1.0f && sc[5] == 1.0f);
+        /* moe8's own int8 differs: bound 127, codes in [-127, 127] */
+        const moe8_quant_spec own = {.qtype = MOE8_DTYPE_I8, .gran = MOE8_GRAN_ROW, .clip = 1.0f};
+        int8_t q2[R * C];
+        float s2[R];
+        assert_int_equal(moe8_quantize(&own, x, 1, R, C, q2, s2, NULL), MOE8_OK);
+        assert_true(memcmp(q, q2, sizeof q) != 0);
+      }
+    }
+    /* FP8 under qwix: the absmax bytes */
+    const moe8_quant_spec f1 = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_ROW, .clip = 1.0f, .calib = MOE8_CALIB_QWIX};
+    const moe8_quant_spec f0 = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_ROW, .clip = 1.0f};
+    uint8_t a[R * C], b[R * C];
+    float sa[R], sb[R];
+    assert_int_equal(moe8_quantize(&f1, x, 1, R, C, a, sa, NULL), MOE8_OK);
+    assert_int_equal(moe8_quantize(&f0, x, 1, R, C, b, sb, NULL), MOE8_OK);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_equal(sa, sb, sizeof sa);
+  }
+  moe8_isa_set(tu_isa_best());
+  const moe8_quant_spec bad = {.qtype = MOE8_DTYPE_I8, .gran = MOE8_GRAN_ROW, .clip = 1.0f, .calib = MOE8_CALIB_QWIX, .pow2 = true};
+  int8_t q[R * C];
+  float sc[R];
+  assert_int_equal(moe8_quantize(&bad, x, 1, R, C, q, sc, NULL), MOE8_ERR_INVALID_ARG);
+  /* The rule option. */
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\", "
+                   "\"weight_calibration_method\": \"qwix\", \"act_calibration_method\": \"qwix,0.9\"}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  const moe8_rule *r = moe8_rules_match(rs, "experts");
+  assert_true(r && r->weight_calib == MOE8_CALIB_QWIX && r->act_calib == MOE8_CALIB_QWIX && r->act_clip == 0.9f && r->weight_clip == 1.0f);
+  /* ... reaches the layer: its prepared down codes are qwix's of its masters. */
+  const moe8_layer_config lc = {.num_experts = 4, .top_k = 2, .hidden = 48, .ffn = 40};
+  moe8_layer *L = NULL;
+  assert_int_equal(moe8_layer_create(&lc, rs, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  moe8_prepared pr;
+  assert_int_equal(moe8_layer_prepared(L, &pr), MOE8_OK);
+  const moe8_quant_spec ws = {.qtype = MOE8_DTYPE_I8, .gran = MOE8_GRAN_CHANNEL, .clip = 1.0f, .calib = MOE8_CALIB_QWIX};
+  static int8_t dq[4 * 40 * 48];
+  static float ds[4 * 48];
+  assert_int_equal(moe8_quantize(&ws, moe8_layer_weight_read(L, MOE8_W_DOWN, NULL), 4, 40, 48, dq, ds, NULL), MOE8_OK);
+  assert_memory_equal(pr.w_down, dq, sizeof dq);
+  assert_memory_equal(pr.s_down, ds, sizeof ds);
+  moe8_layer_destroy(L);
+  moe8_rules_destroy(rs);
+}
+
 static void test_isas_equal_reference(void **state) {
   (void)state;
   moe8_isa isas[MOE8_ISA_COUNT];
@@ -335,6 +435,7 @@ int main(void) {
     cmocka_unit_test(test_error_bounds),
     cmocka_unit_test(test_isas_equal_reference),
     cmocka_unit_test(test_gather_commutes),
+    cmocka_unit_test(test_qwix_int8),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,12 +96,15 @@ static bool parse_qtype(const cJSON *v, moe8_dtype *out) {
   return true;
 }
 
-/* "absmax", "absmax,C", "absmax_pow2", "absmax_pow2,C" with 0 < C <= 1e30. */
-static bool parse_calibration(const char *s, float *clip, bool *pow2) {
+/* "absmax", "absmax,C", "absmax_pow2", "absmax_pow2,C", "qwix", "qwix,C"
+** with 0 < C <= 1e30. */
+static bool parse_calibration(const char *s, float *clip, bool *pow2, moe8_calibration *calib) {
   *clip = 1.0f;
   *pow2 = false;
+  *calib = MOE8_CALIB_ABSMAX;
   const char *rest;
-  if (strncmp(s, "absmax_pow2", 11) == 0) { *pow2 = true; rest = s + 11; }
+  if (strncmp(s, "qwix", 4) == 0) { *calib = MOE8_CALIB_QWIX; rest = s + 4; }
+  else if (strncmp(s, "absmax_pow2", 11) == 0) { *pow2 = true; rest = s + 11; }
   else if (strncmp(s, "absmax", 6) == 0) rest = s + 6;
   else return false;
   if (*rest == '\0') return true;
@@ -166,9 +169,11 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
                strcmp(f->string, "act_calibration_method") == 0) {
       const bool w = f->string[0] == 'w';
       if (!cJSON_IsString(f) ||
-          !parse_calibration(f->valuestring, w ? &r->weight_clip : &r->act_clip, w ? &r->weight_pow2 : &r->act_pow2)) {
+          !parse_calibration(f->valuestring, w ? &r->weight_clip : &r->act_clip, w ? &r->weight_pow2 : &r->act_pow2,
+                             w ? &r->weight_calib : &r->act_calib)) {
         snprintf(msg, sizeof msg,
-                 "unknown calibration method %.64s (expected \"absmax\", \"absmax,C\", \"absmax_pow2\" or \"absmax_pow2,C\" with C > 0)",
+                 "unknown calibration method %.64s (expected \"absmax\", \"absmax,C\", \"absmax_pow2\", \"absmax_pow2,C\", \"qwix\" "
+                 "or \"qwix,C\" with C > 0)",
                  cJSON_IsString(f) ? f->valuestring : "(not a string)");
         return fail_at(c, cJSON_IsString(f) ? find_token(c, f->valuestring, at) : at, path, msg);
       }
@@ -300,6 +305,7 @@ bool moe8_rule_weight_spec(const moe8_rule *r, moe8_quant_spec *spec) {
   spec->tile = r->tile_size;
   spec->clip = r->weight_clip;
   spec->pow2 = r->weight_pow2;
+  spec->calib = r->weight_calib;
   return true;
 }
 
@@ -311,5 +317,6 @@ bool moe8_rule_act_spec(const moe8_rule *r, moe8_quant_spec *spec) {
   spec->tile = r->tile_size;
   spec->clip = r->act_clip;
   spec->pow2 = r->act_pow2;
+  spec->calib = r->act_calib;
   return true;
 }

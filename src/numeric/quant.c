@@ -68,6 +68,23 @@ float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool po
   return s;
 }
 
+/* qwix's int8 (MOE8_CALIB_QWIX): s = absmax / 127.5 (1 below 2^-63 or
+** past the f32 range), q = clamp(round-half-even(x / s), -128, 127). */
+static float scale_qwix(float absmax, float clip) {
+  if (clip > 0.0f && clip != 1.0f) absmax *= clip;
+  const float s = absmax / 127.5f;
+  return s >= 0x1p-63f && s <= 3.40282347e38f ? s : 1.0f;
+}
+
+static void quant_div_qwix(void *q, const float *x, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
+  (void)qtype;
+  int8_t *o = q;
+  for (size_t i = 0; i < n; i++) {
+    const float v = rintf(x[i] / s[i * s_step]);
+    o[i] = (int8_t)(v >= 127.0f ? 127 : v <= -128.0f ? -128 : (int)v);
+  }
+}
+
 /* ---- spec validation ------------------------------------------------- */
 static moe8_status check_spec(const moe8_quant_spec *spec, int64_t E, int64_t R, int64_t C) {
   if (!spec) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: NULL spec");
@@ -79,6 +96,10 @@ static moe8_status check_spec(const moe8_quant_spec *spec, int64_t E, int64_t R,
                       (long long)E, (long long)R, (long long)C);
   if (!(spec->clip >= 0.0f && spec->clip <= 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: clip %g is not in (0, 1e30]", (double)spec->clip);
+  if (spec->calib != MOE8_CALIB_ABSMAX && spec->calib != MOE8_CALIB_QWIX)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: calibration %d is not one (absmax 0, qwix 1)", (int)spec->calib);
+  if (spec->calib == MOE8_CALIB_QWIX && spec->pow2)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the qwix calibration has no power-of-two scales");
   switch (spec->gran) {
     case MOE8_GRAN_TENSOR: case MOE8_GRAN_CHANNEL: break;
     case MOE8_GRAN_ROW:
@@ -141,6 +162,10 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
   const moe8_dtype qt = spec->qtype;
   const float clip = spec->clip;
   const bool p2 = spec->pow2;
+  /* qwix's FP8 is moe8's, byte for byte; its int8 has its own bound. */
+  const bool qw = spec->calib == MOE8_CALIB_QWIX && qt == MOE8_DTYPE_I8;
+  void (*const quant_div)(void *, const float *, const float *, size_t, size_t, moe8_dtype) = qw ? quant_div_qwix : k->quant_div;
+#define SCALE_OF(amax) (qw ? scale_qwix((amax), clip) : moe8_scale_from_absmax((amax), qt, clip, p2))
   uint8_t *qb = q;
   size_t bad = 0;
 
@@ -148,8 +173,8 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
     case MOE8_GRAN_TENSOR: {
       const float amax = k->absmax(x, n, &bad);
       if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
-      scale[0] = moe8_scale_from_absmax(amax, qt, clip, p2);
-      k->quant_div(q, x, scale, 0, n, qt);
+      scale[0] = SCALE_OF(amax);
+      quant_div(q, x, scale, 0, n, qt);
       return MOE8_OK;
     }
     case MOE8_GRAN_ROW:
@@ -166,8 +191,8 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
           size_t b = 0;
           const float amax = k->absmax(x + r * C + c0, (size_t)len, &b);
           bad += b;
-          scale[r * ns + j] = moe8_scale_from_absmax(amax, qt, clip, p2);
-          k->quant_div(qb + r * C + c0, x + r * C + c0, &scale[r * ns + j], 0, (size_t)len, qt);
+          scale[r * ns + j] = SCALE_OF(amax);
+          quant_div(qb + r * C + c0, x + r * C + c0, &scale[r * ns + j], 0, (size_t)len, qt);
         }
       }
       if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
@@ -185,13 +210,13 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
           for (int64_t c = 0; c < C; c++) s[c] = 0.0f;
           const int64_t k1 = (b + 1) * tile < R ? (b + 1) * tile : R;
           for (int64_t kk = b * tile; kk < k1; kk++) bad += k->absmax_acc(s, x + (e * R + kk) * C, (size_t)C);
-          for (int64_t c = 0; c < C; c++) s[c] = moe8_scale_from_absmax(s[c], qt, clip, p2);
+          for (int64_t c = 0; c < C; c++) s[c] = SCALE_OF(s[c]);
         }
       if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
       #pragma omp parallel for collapse(2) num_threads(moe8__nt(4.0 * (double)E * (double)R * (double)C)) schedule(static)
       for (int64_t e = 0; e < E; e++)
         for (int64_t kk = 0; kk < R; kk++)
-          k->quant_div(qb + (e * R + kk) * C, x + (e * R + kk) * C, scale + (e * nb + kk / tile) * C, 1,
+          quant_div(qb + (e * R + kk) * C, x + (e * R + kk) * C, scale + (e * nb + kk / tile) * C, 1,
                        (size_t)C, qt);
       return MOE8_OK;
     }
@@ -212,7 +237,7 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
               if (m > amax) amax = m;
             }
             bad += b;
-            scale[(e * nbr + br) * nbc + bc] = moe8_scale_from_absmax(amax, qt, clip, p2);
+            scale[(e * nbr + br) * nbc + bc] = SCALE_OF(amax);
           }
       if (bad) return nonfinite_error(x, E, R, C, bad, nonfinite);
       #pragma omp parallel for collapse(2) num_threads(moe8__nt(4.0 * (double)E * (double)R * (double)C)) schedule(static)
@@ -221,11 +246,12 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
           for (int64_t bc = 0; bc < nbc; bc++) {
             const int64_t c0 = bc * bk, len = C - c0 < bk ? C - c0 : bk;
             const size_t off = (size_t)((e * R + r) * C + c0);
-            k->quant_div(qb + off, x + off, &scale[(e * nbr + r / bn) * nbc + bc], 0, (size_t)len, qt);
+            quant_div(qb + off, x + off, &scale[(e * nbr + r / bn) * nbc + bc], 0, (size_t)len, qt);
           }
       return MOE8_OK;
     }
   }
+  #undef SCALE_OF
   return moe8__fail(MOE8_ERR_INTERNAL, "quantize: unreachable granularity");
 }
 
