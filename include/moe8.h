@@ -493,6 +493,13 @@ MOE8_API moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *p
 ** aligned, passed to forward and then, unchanged, to backward, which reads
 ** what forward saved there.
 */
+/* The experts' activation on g = x·Wg, u = x·Wu (plus biases). */
+typedef enum moe8_expert_act {
+  MOE8_ACT_SWIGLU       = 0, /* h = silu(g) · u                                               */
+  MOE8_ACT_SWIGLU_CLAMP = 1  /* GPT-OSS: g' = min(g, limit), u' = clamp(u, ±limit),
+                             ** h = g' · sigmoid(α g') · (u' + 1)                             */
+} moe8_expert_act;
+
 typedef struct moe8_layer_config {
   int64_t         num_experts;            /* E                                    */
   int64_t         top_k;
@@ -511,6 +518,16 @@ typedef struct moe8_layer_config {
   int64_t         shared_ffn;
   bool            shared_gate;
   moe8_group_score group_score;           /* with n_group > 1 (moe8_router_config) */
+  /* The expert form (GPT-OSS's when act is MOE8_ACT_SWIGLU_CLAMP and both
+  ** biases are on).  router_bias: logits += b [E] (MOE8_W_ROUTER_BIAS),
+  ** for selection and weights alike.  expert_bias: the routed experts'
+  ** gate|up pre-activations += b [E, 2F] (gate columns, then up) and their
+  ** outputs += b [E, D], before the routing weight.  Forward, fused and
+  ** expert-parallel forward; backward and training are refused for a
+  ** layer with any of them (MOE8_ERR_UNSUPPORTED). */
+  moe8_expert_act act;
+  float           act_alpha, act_limit;   /* MOE8_ACT_SWIGLU_CLAMP: α > 0, limit > 0 */
+  bool            router_bias, expert_bias;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -523,6 +540,9 @@ typedef enum moe8_weight_id {
   MOE8_W_SHARED_UP,   /* [D, Fs]   */
   MOE8_W_SHARED_DOWN, /* [Fs, D]   */
   MOE8_W_SHARED_GATE_W, /* [D]     the shared expert's sigmoid gate (shared_gate) */
+  MOE8_W_ROUTER_BIAS, /* [E]       router_bias */
+  MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
+  MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
   MOE8_W_COUNT
 } moe8_weight_id;
 
@@ -742,7 +762,8 @@ MOE8_API moe8_status moe8_file_to_f32(float *dst, const void *src, moe8_file_dty
 typedef enum moe8_arch {
   MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3,
   MOE8_ARCH_OLMOE,       /* Qwen3-MoE's block: softmax top-k, optional renormalization */
-  MOE8_ARCH_DEEPSEEK_V2  /* softmax top-k (greedy or group_limited_greedy), scaling, ungated shared experts */
+  MOE8_ARCH_DEEPSEEK_V2, /* softmax top-k (greedy or group_limited_greedy), scaling, ungated shared experts */
+  MOE8_ARCH_GPT_OSS      /* router bias, top-k then softmax, expert biases, clamped SwiGLU, MXFP4 experts */
 } moe8_arch;
 
 typedef struct moe8_hf_config {
@@ -762,6 +783,7 @@ typedef struct moe8_hf_config {
   bool              first_k_dense_from_default; /* config.json did not set it */
   int64_t           n_mlp_only;
   int64_t           mlp_only_layers[MOE8_MAX_MLP_ONLY];
+  bool              mxfp4;          /* quantization_config quant_method mxfp4 (GPT-OSS) */
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -82,7 +82,8 @@ class _LayerConfig(C.Structure):
     _fields_ = [("num_experts", _i64), ("top_k", _i64), ("hidden", _i64), ("ffn", _i64), ("score", C.c_int),
                 ("norm_topk_prob", C.c_bool), ("routed_scaling_factor", C.c_float), ("use_selection_bias", C.c_bool),
                 ("capacity_factor", C.c_float), ("aux_loss_weight", C.c_float), ("n_group", _i64), ("topk_group", _i64),
-                ("shared_ffn", _i64), ("shared_gate", C.c_bool), ("group_score", C.c_int)]
+                ("shared_ffn", _i64), ("shared_gate", C.c_bool), ("group_score", C.c_int), ("act", C.c_int),
+                ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -325,7 +326,7 @@ def convert(x, dst="f8e4m3", src="f32", saturate=True):
 
 # ---- the layer ---------------------------------------------------------------------------
 _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
-            "shared_gate_w": 8}
+            "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11}
 
 
 class _Workspace:
@@ -424,7 +425,8 @@ class Layer:
             raise Error(1, "layer has no %s weight (inference layers hold no expert masters)" % name)
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
         shape = {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
-                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,)}[name]
+                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (E,), "gate_up_bias": (E, 2 * F),
+                 "down_bias": (E, D)}[name]
         # The view's buffer holds a reference to this layer, so the layer's
         # memory lives as long as any view of it (or tensor made from one).
         buf = (C.c_float * n.value).from_address(C.addressof(p.contents))

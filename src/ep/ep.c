@@ -83,7 +83,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 27
+#define NFP 29
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -92,7 +92,8 @@ static const char *const k_fp_names[NFP] = {
   "num_experts", "top_k", "hidden", "ffn", "score function", "norm_topk_prob", "routed_scaling_factor",
   "selection bias", "capacity_factor", "aux_loss_weight", "weight quantization", "weight qtype", "weight tile",
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
-  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert-parallel mode", "summation order", "weights (checksum)"};
+  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases)", "activation alpha and limit", "expert-parallel mode",
+  "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
@@ -120,7 +121,9 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->routed_scaling_factor), c->use_selection_bias, moe8__f32_bits(c->capacity_factor),
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
-                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score, ep->mode, order_code(L), 0}};
+                    ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score,
+                    c->act + 2 * c->router_bias + 4 * c->expert_bias,
+                    (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit)), ep->mode, order_code(L), 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);
@@ -303,7 +306,7 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
   float *sc_l = malloc(sizeof(float) * (size_t)(Tl * E + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
   int32_t *id_l = malloc(sizeof(int32_t) * (size_t)(Tl * K + 1));
   if (!sc_l || !w_l || !id_l) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-  if (st == MOE8_OK) st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], Tl, D, E, logits);
+  if (st == MOE8_OK) st = moe8__router_logits(L, x, Tl, logits);
   if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, sc_l, id_l, w_l);
   if (st == MOE8_OK)
     for (int64_t t = 0; t < Tl; t++) {
@@ -612,6 +615,8 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
 
 moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   if (!ep || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL argument");
+  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward");
+  if (fst != MOE8_OK) return fst;
   return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_backward(ep, x, Tl, dout, gr) : ring_backward(ep, x, Tl, dout, gr);
 }
 

@@ -161,7 +161,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   ALLOC(s->scnt, P); ALLOC(s->rcnt, P); ALLOC(s->bcnt, P); ALLOC(s->brcnt, P); ALLOC(s->recvrow, Tl * K);
   if (!ok) { free(logits); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
   const moe8_router_config rc = moe8__router_config(L);
-  st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], Tl, D, E, logits);
+  st = moe8__router_logits(L, x, Tl, logits);
   if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, s->scores, s->ids, s->w);
   free(logits);
   /* 3. the dispatch plan (each token once to each rank among its experts'

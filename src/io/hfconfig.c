@@ -28,6 +28,7 @@ const char *moe8_arch_name(moe8_arch a) {
     case MOE8_ARCH_DEEPSEEK_V3: return "deepseek_v3";
     case MOE8_ARCH_OLMOE: return "olmoe";
     case MOE8_ARCH_DEEPSEEK_V2: return "deepseek_v2";
+    case MOE8_ARCH_GPT_OSS: return "gpt_oss";
     default: return "unknown";
   }
 }
@@ -60,6 +61,10 @@ static const family k_families[] = {
   ** shared expert), renormalized by default */
   {"qwen3_next", MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", "num_local_experts", 2048, 48, 512, 10, 512, 512, true, 1.0,
    0, 0, 0},
+  /* GptOssConfig: router with a bias, top-k then softmax over the chosen
+  ** logits, expert biases, the clamped SwiGLU (α 1.702 fixed in
+  ** GptOssExperts, limit swiglu_limit); experts of width intermediate_size */
+  {"gpt_oss", MOE8_ARCH_GPT_OSS, "num_local_experts", "intermediate_size", NULL, 2880, 36, 128, 4, 2880, 0, true, 1.0, 0, 0, 0},
   {"glm4_moe", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", "num_local_experts", 4096, 46, 128, 8, 1408, 1, true, 1.0,
    1, 1, 1},
 };
@@ -112,7 +117,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** run silently wrong (docs/models.md). */
   static const struct { const char *type, *why; } k_differs[] = {
     {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
-    {"gpt_oss", "it routes by top-k then softmax over the selected logits, adds expert biases and clamps its SwiGLU"},
     {"llama4_text", "it routes by sigmoid top-1 and scales the expert input, not the output"},
     {"llama4", "it routes by sigmoid top-1 and scales the expert input, not the output"},
   };
@@ -130,7 +134,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3, kimi_k2, olmoe, glm4_moe)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3, kimi_k2, olmoe, glm4_moe, gpt_oss)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
@@ -171,7 +175,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
   L->score = ds ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
-  if (fam->arch == MOE8_ARCH_MIXTRAL) L->norm_topk_prob = true; /* the reference always renormalizes */
+  if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
   else TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
   L->routed_scaling_factor = 1.0f;
   if (ds) {
@@ -252,6 +256,16 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     if (v) TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax"));
     c->moe_layer_freq = 1;
   }
+  if (fam->arch == MOE8_ARCH_GPT_OSS) {
+    /* softmax over the top-k logits = the top-k softmax scores renormalized */
+    L->router_bias = L->expert_bias = true;
+    L->act = MOE8_ACT_SWIGLU_CLAMP;
+    L->act_alpha = 1.702f;
+    const cJSON *v = item(root, "swiglu_limit");
+    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number", file);
+    L->act_limit = (float)(v ? v->valuedouble : 7.0);
+  }
   if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
     TRY(get_int(root, file, "shared_expert_intermediate_size", fam->shared, 0, BIG, &L->shared_ffn));
     L->shared_gate = L->shared_ffn > 0;
@@ -276,7 +290,11 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (q) {
     const cJSON *m = item(q, "quant_method");
     if (!cJSON_IsObject(q) || !cJSON_IsString(m)) return moe8__fail(MOE8_ERR_PARSE, "%s: quantization_config.quant_method must be a string", file);
-    if (!strcmp(m->valuestring, "fp8")) {
+    if (!strcmp(m->valuestring, "mxfp4")) {
+      if (fam->arch != MOE8_ARCH_GPT_OSS)
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"mxfp4\" is read for gpt_oss only", file);
+      c->mxfp4 = true;
+    } else if (!strcmp(m->valuestring, "fp8")) {
       const cJSON *fmt = item(q, "fmt"), *bs = item(q, "weight_block_size");
       if (fmt && !(cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "e4m3")))
         return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.fmt must be \"e4m3\"", file);

@@ -202,6 +202,11 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
              pk ? " packed" : "");
     return mm->fmt;
   }
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
+  if (moe8_model_find(m, n)) {
+    snprintf(mm->fmt, sizeof mm->fmt, "mxfp4 (E2M1 values, E8M0 scales per 32 along K; decoded exactly at load)");
+    return mm->fmt;
+  }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
   if ((t = moe8_model_find(m, n))) {
     snprintf(mm->fmt, sizeof mm->fmt, "%s fused 3-D (unquantized)", moe8_file_dtype_name(t->dtype));
@@ -464,6 +469,143 @@ moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const m
   return st;
 }
 
+/* ---- GPT-OSS ---------------------------------------------------------------------- */
+/* The E2M1 values of MXFP4 codes 0..15 (sign, 2 exponent bits, 1 mantissa
+** bit): every one exact in bf16 and f32. */
+static const float k_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* One expert's [N, K] MXFP4 weight (blocks [N, K/32, 16] bytes, the low
+** nibble first; E8M0 scales [N, K/32], 2^(s-127)) decoded exactly, as
+** value(n, k) into out[n * K + k].  Scale 255 (NaN) and values past the
+** f32 range are refused, naming the tensor and the element. */
+static moe8_status mxfp4_decode(const moe8_tensor_view *bt, const moe8_tensor_view *st, int64_t e, int64_t N, int64_t K, float *out) {
+  const int64_t nb = K / 32;
+  const uint8_t *blk = (const uint8_t *)bt->data + (size_t)(e * N * nb * 16), *sc = (const uint8_t *)st->data + (size_t)(e * N * nb);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t s = sc[n * nb + b];
+      if (s == 255)
+        return moe8__fail(MOE8_ERR_NONFINITE, "model: '%s'[%lld, %lld, %lld] is 255, the E8M0 NaN (byte offset %zu of the tensor)", st->name,
+                          (long long)e, (long long)n, (long long)b, (size_t)((e * N + n) * nb + b));
+      for (int64_t j = 0; j < 16; j++) {
+        const uint8_t v = blk[(n * nb + b) * 16 + j];
+        const float lo = ldexpf(k_e2m1[v & 15], (int)s - 127), hi = ldexpf(k_e2m1[v >> 4], (int)s - 127);
+        if (!isfinite(lo) || !isfinite(hi))
+          return moe8__fail(MOE8_ERR_NONFINITE, "model: '%s' expert %lld row %lld block %lld: code x 2^(%d - 127) overflows f32", bt->name,
+                            (long long)e, (long long)n, (long long)b, (int)s);
+        out[n * K + b * 32 + 2 * j] = lo;
+        out[n * K + b * 32 + 2 * j + 1] = hi;
+      }
+    }
+  return MOE8_OK;
+}
+
+/* A GPT-OSS expert tensor: float `name` [E, K, N] (x · W layout), or its
+** MXFP4 pair name_blocks [E, N, K/32, 16] + name_scales [E, N, K/32]. */
+typedef struct gptoss_w {
+  const moe8_tensor_view *f, *blocks, *scales;
+} gptoss_w;
+
+static moe8_status gptoss_find(const moe8_model *m, const char *p, const char *what, int64_t E, int64_t K, int64_t N, gptoss_w *w) {
+  char n[320];
+  moe8_status st;
+  *w = (gptoss_w){0};
+  snprintf(n, sizeof n, "%sexperts.%s_blocks", p, what);
+  if (moe8_model_find(m, n)) {
+    if (K % 32) return moe8__fail(MOE8_ERR_SHAPE, "model: MXFP4 '%s' needs its K = %lld to be a multiple of 32", n, (long long)K);
+    const int64_t bs[4] = {E, N, K / 32, 16}, ss[3] = {E, N, K / 32};
+    if ((st = need(m, n, 4, bs, &w->blocks)) != MOE8_OK) return st;
+    snprintf(n, sizeof n, "%sexperts.%s_scales", p, what);
+    if ((st = need(m, n, 3, ss, &w->scales)) != MOE8_OK) return st;
+    if (w->blocks->dtype != MOE8_FDT_U8 || w->scales->dtype != MOE8_FDT_U8)
+      return moe8__fail(MOE8_ERR_DTYPE, "model: MXFP4 '%s' and its scales must be U8", w->blocks->name);
+    return MOE8_OK;
+  }
+  snprintf(n, sizeof n, "%sexperts.%s", p, what);
+  const int64_t fs[3] = {E, K, N};
+  if ((st = need(m, n, 3, fs, &w->f)) != MOE8_OK) return st;
+  if (!is_float_file(w->f->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16 (or MXFP4 _blocks/_scales)", n,
+                                                      moe8_file_dtype_name(w->f->dtype));
+  return MOE8_OK;
+}
+
+/* Expert e of w as [K, N] f32 (x · W) into out (tmp: N·K floats). */
+static moe8_status gptoss_read(const gptoss_w *w, int64_t e, int64_t K, int64_t N, float *out, float *tmp) {
+  if (w->f) return moe8_file_to_f32(out, (const char *)w->f->data + (size_t)(e * K * N) * moe8_file_dtype_size(w->f->dtype), w->f->dtype,
+                                    (size_t)(K * N));
+  moe8_status st = mxfp4_decode(w->blocks, w->scales, e, N, K, tmp);
+  if (st == MOE8_OK) transpose_f32(out, tmp, N, K, N);
+  return st;
+}
+
+/* GPT-OSS's MoE block (transformers' GptOssMLP): router.weight [E, D] and
+** router.bias [E]; experts.gate_up_proj [E, D, 2F] with gate and up in
+** alternate columns (gate = column 2f, up = 2f + 1) and its bias [E, 2F]
+** alike; experts.down_proj [E, F, D] and its bias [E, D]; the weights as
+** floats or MXFP4 (decoded exactly at load; moe8 keeps f32 values, or
+** quantizes them by the rules). */
+static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *o, moe8_layer **out) {
+  const moe8_hf_config *c = &m->cfg;
+  const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn;
+  char p[128], n[320], mp[160];
+  moe8_model_prefix(m, layer, p, sizeof p);
+  snprintf(mp, sizeof mp, "%sexperts", p);
+  const moe8_tensor_view *rw, *rb, *gub, *dnb;
+  moe8_status st;
+  const int64_t rs[2] = {E, D}, rbs[1] = {E}, gbs[2] = {E, 2 * F}, dbs[2] = {E, D};
+  snprintf(n, sizeof n, "%srouter.weight", p);
+  if ((st = need(m, n, 2, rs, &rw)) != MOE8_OK) return st;
+  snprintf(n, sizeof n, "%srouter.bias", p);
+  if ((st = need(m, n, 1, rbs, &rb)) != MOE8_OK) return st;
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj_bias", p);
+  if ((st = need(m, n, 2, gbs, &gub)) != MOE8_OK) return st;
+  snprintf(n, sizeof n, "%sexperts.down_proj_bias", p);
+  if ((st = need(m, n, 2, dbs, &dnb)) != MOE8_OK) return st;
+  const moe8_tensor_view *fl[4] = {rw, rb, gub, dnb};
+  for (int i = 0; i < 4; i++)
+    if (!is_float_file(fl[i]->dtype))
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", fl[i]->name, moe8_file_dtype_name(fl[i]->dtype));
+  gptoss_w wgu, wdn;
+  if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
+  if ((st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
+  const int64_t big = 2 * F * D > F * D ? 2 * F * D : F * D;
+  float *tmp = malloc(sizeof(float) * (size_t)big), *raw = malloc(sizeof(float) * (size_t)(2 * F * D));
+  float *gu = malloc(sizeof(float) * (size_t)(2 * F * D)), *dn = malloc(sizeof(float) * (size_t)(F * D));
+  float *bgu = malloc(sizeof(float) * (size_t)(2 * E * F));
+  moe8_layer *L = NULL;
+  if (!tmp || !raw || !gu || !dn || !bgu) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  if (st == MOE8_OK) st = moe8__layer_create(&c->layer, rules, mp, o->mode == MOE8_LOAD_INFERENCE, &L);
+  if (st == MOE8_OK) st = put_float(rw, rw->data, E, D, L->w[MOE8_W_ROUTER], E, 0, tmp);
+  if (st == MOE8_OK) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER_BIAS], rb->data, rb->dtype, (size_t)E);
+  if (st == MOE8_OK) st = moe8_file_to_f32(L->w[MOE8_W_DOWN_BIAS], dnb->data, dnb->dtype, (size_t)(E * D));
+  if (st == MOE8_OK) st = moe8_file_to_f32(bgu, gub->data, gub->dtype, (size_t)(2 * E * F));
+  /* moe8 keeps gate columns, then up columns */
+  for (int64_t e = 0; e < E && st == MOE8_OK; e++)
+    for (int64_t f = 0; f < F; f++) {
+      L->w[MOE8_W_GU_BIAS][e * 2 * F + f] = bgu[e * 2 * F + 2 * f];
+      L->w[MOE8_W_GU_BIAS][e * 2 * F + F + f] = bgu[e * 2 * F + 2 * f + 1];
+    }
+  if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
+  double last = now_s();
+  for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+    st = gptoss_read(&wgu, e, D, 2 * F, raw, tmp);
+    for (int64_t d = 0; d < D && st == MOE8_OK; d++)
+      for (int64_t f = 0; f < F; f++) {
+        gu[d * 2 * F + f] = raw[d * 2 * F + 2 * f];
+        gu[d * 2 * F + F + f] = raw[d * 2 * F + 2 * f + 1];
+      }
+    if (st == MOE8_OK) st = gptoss_read(&wdn, e, F, D, dn, tmp);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
+    if (o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, E); }
+  }
+  if (st == MOE8_OK) st = moe8__layer_end_load(L);
+  if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E, E);
+  free(tmp); free(raw); free(gu); free(dn); free(bgu);
+  if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
+  *out = L;
+  return MOE8_OK;
+}
+
 static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                               moe8_layer **out) {
   *out = NULL;
@@ -478,6 +620,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const moe8_hf_config *c = &m->cfg;
   moe8_status st = moe8_hf_config_check_moe_layer(c, layer);
   if (st != MOE8_OK) return st;
+  if (c->arch == MOE8_ARCH_GPT_OSS) return load_gpt_oss(m, layer, rules, &o, out);
   const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn, Fs = c->layer.shared_ffn;
   char p[128], n[320], mp[160];
   moe8_model_prefix(m, layer, p, sizeof p);

@@ -87,6 +87,11 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d", (int)cfg->score);
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
+  if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: act %d is not an expert activation (swiglu 0, swiglu_clamp 1)", (int)cfg->act);
+  if (cfg->act == MOE8_ACT_SWIGLU_CLAMP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e6f && cfg->act_limit > 0.0f && cfg->act_limit < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the clamped SwiGLU needs act_alpha in (0, 1e6) and act_limit in (0, 1e30), not %g and %g",
+                      (double)cfg->act_alpha, (double)cfg->act_limit);
   if (cfg->group_score != MOE8_GROUP_TOP2_SUM && cfg->group_score != MOE8_GROUP_MAX)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: group_score %d is not a group score (top-2 sum 0, max 1)", (int)cfg->group_score);
   if (cfg->n_group > 1) {
@@ -124,6 +129,9 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->n[MOE8_W_ROUTER] = (size_t)(D * E);
   L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)E : 0;
   L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
+  L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)E : 0;
+  L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * 2 * F) : 0;
+  L->n[MOE8_W_DOWN_BIAS] = cfg->expert_bias ? (size_t)(E * D) : 0;
   if (!inference)
     for (int s = 0; s < L->nsets; s++) {
       const moe8__xset *X = &L->xs[s];
@@ -219,9 +227,9 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
   if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: loaded for inference (no f32 masters): nothing to initialize");
   uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
   const float D = (float)L->cfg.hidden, F = (float)L->cfg.ffn, Fs = (float)L->cfg.shared_ffn;
-  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D};
+  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
-    if (i == MOE8_W_BIAS) continue;
+    if (i == MOE8_W_BIAS || i == MOE8_W_ROUTER_BIAS || i == MOE8_W_GU_BIAS || i == MOE8_W_DOWN_BIAS) continue; /* biases start at 0 */
     const float sd = 1.0f / sqrtf(fan[i]);
     for (size_t j = 0; j < L->n[i]; j++) {
       /* Box-Muller on a splitmix64 stream. */
@@ -390,7 +398,8 @@ moe8_status moe8_expert_weight_quantize(const moe8_rule *rule, const float *w, i
 static moe8_status check_weights(const moe8_layer *L) {
   static const char *const names[MOE8_W_COUNT] = {"router weight Wr", "gate weight Wg", "up weight Wu", "down weight Wd",
                                                   "selection bias", "shared expert gate weight", "shared expert up weight",
-                                                  "shared expert down weight", "shared expert gate"};
+                                                  "shared expert down weight", "shared expert gate", "router bias",
+                                                  "expert gate/up bias", "expert down bias"};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     const size_t bad = L->n[i] ? moe8__count_nonfinite(L->w[i], L->n[i]) : 0;
     if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s has %zu non-finite value(s)", L->module_path, names[i], bad);
@@ -725,7 +734,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
                           (long long)(a / K), (long long)(a % K), (double)w_in[a]);
     }
   } else {
-    st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, w.logits);
+    st = moe8__router_logits(L, x, T, w.logits);
     const moe8_router_config rc = moe8__router_config(L);
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
   }
@@ -818,6 +827,8 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
                             const moe8_layer_grads *gr) {
   if (L->inference)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer backward: the layer was loaded for inference (no f32 masters); load it for training");
+  moe8_status fst = moe8__check_backward_form(L, "layer backward");
+  if (fst != MOE8_OK) return fst;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K, Fs = L->cfg.shared_ffn;
   if (T < 0 || T > max_tokens(L)) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
   if (T > 0 && (!x || !dout || !ws)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL x, dout or workspace");

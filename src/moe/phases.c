@@ -61,6 +61,46 @@ moe8_router_config moe8__router_config(const moe8_layer *L) {
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score};
 }
 
+moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {
+  const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
+  moe8_status st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, logits);
+  const float *b = L->cfg.router_bias ? L->w[MOE8_W_ROUTER_BIAS] : NULL;
+  if (st == MOE8_OK && b)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t e = 0; e < E; e++) logits[t * E + e] += b[e];
+  return st;
+}
+
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
+  const moe8_layer_config *c = &L->cfg;
+  if (c->act != MOE8_ACT_SWIGLU || c->router_bias || c->expert_bias)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s%s: its backward is not implemented yet (forward, fused and expert-parallel "
+                      "forward are)", what, L->module_path, c->act != MOE8_ACT_SWIGLU ? "a clamped SwiGLU " : "",
+                      c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases" : "");
+  return MOE8_OK;
+}
+
+/* The expert biases of rows [0, rows) grouped by gsz (groups g0..g0+G-1):
+** v[p, :n] += b[g, :n]. */
+static void add_group_bias(float *v, int64_t n, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, const float *b) {
+  (void)rows;
+  int64_t p = 0;
+  for (int64_t g = 0; g < G; g++) {
+    const float *bg = b + (g0 + g) * n;
+    for (int64_t r = 0; r < gsz[g]; r++, p++)
+      for (int64_t c = 0; c < n; c++) v[p * n + c] += bg[c];
+  }
+}
+
+/* GPT-OSS's activation: gate columns g, up columns u of one row. */
+static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
+  for (size_t i = 0; i < n; i++) {
+    const float gc = g[i] < limit ? g[i] : limit;
+    const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+    h[i] = gc * (1.0f / (1.0f + moe8__expf(-alpha * gc))) * (uc + 1.0f);
+  }
+}
+
 moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes) {
@@ -74,6 +114,8 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
+  const bool xb = set == 0 && L->cfg.expert_bias, clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
+  if (xb) add_group_bias(gu, 2 * F, rows, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
   /* h = silu(g)·u, and (per-row scales) its quantization, a few rows at a
   ** time while they are in cache; a per-row quantizer gives the same bytes
   ** on any chunk of rows. */
@@ -84,7 +126,9 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)rows * (double)F)) schedule(static) reduction(|| : qbad)
   for (int64_t p0 = 0; p0 < rows; p0 += 8) {
     const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
-    for (int64_t p = p0; p < p1; p++) kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
+    for (int64_t p = p0; p < p1; p++)
+      if (clampd) swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }
   /* Unfused specs, or an error (then the whole-tensor call names the place). */
@@ -100,6 +144,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
                       .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
   st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
   if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
+  if (st == MOE8_OK && xb) add_group_bias(y, D, rows, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
   return st;
 }
 

@@ -194,3 +194,35 @@ def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None):
             y = y / (1.0 + np.exp(-(x @ shared_gate.T)))
         out = out + y
     return out
+
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_decode(blocks, scales):
+    """OCP MXFP4 as GPT-OSS stores it: blocks [..., N, K/32, 16] bytes (the
+    low nibble is the even element), scales [..., N, K/32] E8M0 (2^(s-127));
+    returns [..., N, K] in float64."""
+    lo = E2M1[blocks & 15]
+    hi = E2M1[blocks >> 4]
+    v = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)
+    v = v * np.exp2(scales.astype(np.float64) - 127.0)[..., None]
+    return v.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32)
+
+
+def gpt_oss_block(x, wr, br, gu, gub, dn, dnb, k, alpha=1.702, limit=7.0):
+    """transformers' GptOssMLP: logits = x Wr^T + b; top-k logits, softmax
+    over them; per expert gate_up = x @ gu[e] + gub[e] (gate even columns,
+    up odd), gate <= limit, |up| <= limit, glu = gate * sigmoid(alpha gate),
+    out = ((up + 1) * glu) @ dn[e] + dnb[e], weighted and summed."""
+    logits = x @ wr.T + br
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        ids = topk_idx(logits[t], k)
+        w = softmax(logits[t, ids])
+        for j, e in enumerate(ids):
+            h = x[t] @ gu[e] + gub[e]
+            g, u = np.minimum(h[0::2], limit), np.clip(h[1::2], -limit, limit)
+            glu = g / (1.0 + np.exp(-alpha * g))
+            out[t] += w[j] * (((u + 1.0) * glu) @ dn[e] + dnb[e])
+    return out

@@ -361,6 +361,88 @@ def test_qwen3_next(tmp, rng):
     check("qwen3_next f32 (norm_topk_prob absent: true, alias)", got, R.moe_block(x, routing, ex, sh, sg), 1e-5)
 
 
+def gpt_oss_case(tmp, rng, keys, mxfp4=False, dt="F32", T=40):
+    """A GPT-OSS block in transformers' names: router weight and bias,
+    gate_up_proj [E, D, 2F] (gate and up in alternate columns) with its
+    bias, down_proj [E, F, D] with its bias; the weights as floats or MXFP4
+    blocks and scales."""
+    E, k, D, F = 16, 4, 128, 96
+    cfg = {"model_type": "gpt_oss", "num_local_experts": E, "num_experts_per_tok": k, "hidden_size": D, "intermediate_size": F,
+           "num_hidden_layers": 1}
+    cfg.update(keys)
+    p = "model.layers.0.mlp."
+    t = {}
+    wr = rnd(rng, E, D, scale=D ** -0.5)
+    br = rnd(rng, E, scale=0.5)
+    gub = rnd(rng, E, 2 * F, scale=0.5)
+    dnb = rnd(rng, E, D, scale=0.2)
+    for name, arr in (("router.weight", wr), ("router.bias", br), ("experts.gate_up_proj_bias", gub), ("experts.down_proj_bias", dnb)):
+        t[p + name] = (dt, arr.astype(np.float32))
+    if mxfp4:
+        cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router"]}
+        ws = []
+        for name, N, K in (("gate_up_proj", 2 * F, D), ("down_proj", D, F)):
+            blocks = rng.integers(0, 256, size=(E, N, K // 32, 16), dtype=np.uint8)
+            scales = rng.integers(122, 128, size=(E, N, K // 32), dtype=np.uint8)  # values up to 6 * 2^0
+            t[p + "experts.%s_blocks" % name] = ("U8", blocks)
+            t[p + "experts.%s_scales" % name] = ("U8", scales)
+            ws.append(np.transpose(R.mxfp4_decode(blocks, scales), (0, 2, 1)))  # [E, K, N]
+        gu, dn = ws
+    else:
+        gu = rnd(rng, E, D, 2 * F, scale=D ** -0.5 * 3)
+        dn = rnd(rng, E, F, D, scale=F ** -0.5)
+        t[p + "experts.gate_up_proj"] = (dt, gu.astype(np.float32))
+        t[p + "experts.down_proj"] = (dt, dn.astype(np.float32))
+        gu, dn = store(gu, dt), store(dn, dt)
+    d = os.path.join(tmp, "gpt_oss_%d" % len(os.listdir(tmp)))
+    write_model(d, cfg, t)
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    ref = R.gpt_oss_block(x, store(wr, dt), store(br, dt), gu, store(gub, dt), dn, store(dnb, dt), k, limit=cfg.get("swiglu_limit", 7.0))
+    return d, x, ref, (store(wr, dt), store(br, dt), gu, store(gub, dt), dn, store(dnb, dt))
+
+
+def test_gpt_oss(tmp, rng):
+    d, x, ref, _ = gpt_oss_case(tmp, rng, {"swiglu_limit": 7.0, "hidden_act": "silu"})
+    got, out = run(d, x)
+    check("gpt_oss f32 (router bias, expert biases, clamped SwiGLU)", got, ref, 1e-5)
+    d, x, ref, w = gpt_oss_case(tmp, rng, {"swiglu_limit": 1.5})
+    got, _ = run(d, x)
+    check("gpt_oss f32, swiglu_limit 1.5 (the clamp binds)", got, ref, 1e-5)
+    h = x @ w[2][0] + w[3][0]
+    clamped = float(np.mean(np.abs(h) > 1.5))
+    print("gpt_oss: %.0f%% of expert 0's pre-activations are past the limit 1.5" % (100 * clamped))
+    if clamped < 0.1:
+        FAILS.append("gpt_oss clamp does not bind")
+    d, x, ref, _ = gpt_oss_case(tmp, rng, {}, dt="BF16")
+    got, _ = run(d, x)
+    check("gpt_oss bf16 checkpoint, optional keys absent", got, ref, 1e-5)
+    d, x, ref, w = gpt_oss_case(tmp, rng, {}, mxfp4=True)
+    got, out = run(d, x)
+    check("gpt_oss MXFP4 experts (decoded exactly at load)", got, ref, 1e-5)
+    # FP8 by rules on the decoded weights: quantizers emulated
+    wr, br, gu, gub, dn, dnb = w
+    q = lambda a: np.stack([R.quant_cols(a[e], 128) for e in range(a.shape[0])])  # [E, K, N], per column, 128-blocks along K
+    aq = lambda v: R.quant_rows(v, 128)
+    got, _ = run(d, x, ("--rules", _rules_file(tmp)))
+    refq = _gpt_oss_quant_ref(x, wr, br, q(gu), gub, q(dn), dnb, 4, aq)
+    check("gpt_oss MXFP4 experts run with FP8 rules (quantizers emulated)", got, refq, 1e-4)
+
+
+def _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, k, aq, alpha=1.702, limit=7.0):
+    logits = x @ wr.T + br
+    xq = aq(x)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        ids = R.topk_idx(logits[t], k)
+        w = R.softmax(logits[t, ids])
+        for j, e in enumerate(ids):
+            hh = xq[t] @ gu[e] + gub[e]
+            g, u = np.minimum(hh[0::2], limit), np.clip(hh[1::2], -limit, limit)
+            hq = aq((((u + 1.0) * (g / (1.0 + np.exp(-alpha * g)))))[None, :])[0]
+            out[t] += w[j] * (hq @ dn[e] + dnb[e])
+    return out
+
+
 def _rules_file(tmp):
     p = os.path.join(tmp, "rules_fp8.json")
     with open(p, "w") as f:
@@ -401,6 +483,7 @@ def main():
         test_deepseek(tmp, rng)
         test_deepseek_v2(tmp, rng)
         test_qwen3_next(tmp, rng)
+        test_gpt_oss(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
