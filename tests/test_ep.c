@@ -364,6 +364,67 @@ static void test_ep_failures(void **state) {
   g_mode = MOE8_EP_RING;
 }
 
+/* GPT-OSS's expert form (router bias, expert biases, clamped SwiGLU): the
+** forward of both modes gives the single-process bytes (f32, FP8 1x16
+** quantize-before, i8); the backward is refused on every rank by name. */
+static void test_ep_gpt_oss_form(void **state) {
+  (void)state;
+  const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
+  moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+  cfg.act = MOE8_ACT_SWIGLU_CLAMP;
+  cfg.act_alpha = 1.702f;
+  cfg.act_limit = 0.4f; /* binds on many rows of these weights */
+  cfg.router_bias = cfg.expert_bias = true;
+  float *x = malloc(sizeof(float) * (size_t)(T * D));
+  tu_rng_reset(777);
+  tu_fill_normal(x, (size_t)(T * D), 1.0f);
+  int64_t off[9];
+  shards(0, T, off);
+  const int64_t T0 = off[g_rank], Tl = off[g_rank + 1] - off[g_rank];
+  for (int mode = 0; mode < 4; mode++) {
+    if (mode == 1) continue;
+    for (int m = 0; m < 2; m++) {
+      g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
+      moe8_rules *rules = rules_for(mode, true);
+      moe8_layer *L;
+      assert_int_equal(moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L), MOE8_OK);
+      assert_int_equal(moe8_layer_init_random(L, 31), MOE8_OK);
+      const moe8_weight_id bids[3] = {MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS};
+      for (int b = 0; b < 3; b++) {
+        size_t n = 0;
+        float *w = moe8_layer_weight(L, bids[b], &n);
+        assert_non_null(w);
+        tu_rng_reset(900 + (uint64_t)b);
+        tu_fill_normal(w, n, 0.5f);
+      }
+      const size_t wsz = moe8_layer_workspace_size(L, T);
+      void *ws;
+      assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+      float *ref = malloc(sizeof(float) * (size_t)(T * D)), ref_aux;
+      assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
+      moe8_ep *ep;
+      assert_int_equal(ep_create(L, &ep), MOE8_OK);
+      float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
+      moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
+      if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep forward: %s", moe8_last_error());
+      if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
+        TU_FAIL("gpt_oss form (mode %d, %s, P=%d): output differs", mode, m ? "all-to-all" : "ring", g_size);
+      grads eg;
+      grads_alloc(&eg, Tl, D, E, F);
+      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL};
+      assert_int_equal(moe8_ep_backward(ep, x + T0 * D, Tl, x + T0 * D, &el), MOE8_ERR_UNSUPPORTED);
+      assert_non_null(strstr(moe8_last_error(), "clamped SwiGLU"));
+      grads_free(&eg);
+      moe8_ep_destroy(ep);
+      free(ref); free(out); free(ws);
+      moe8_layer_destroy(L);
+      moe8_rules_destroy(rules);
+    }
+  }
+  g_mode = MOE8_EP_RING;
+  free(x);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -375,6 +436,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_ep_equals_single_process),
     cmocka_unit_test(test_ep_failures),
     cmocka_unit_test(test_ep_bytes_p8),
+    cmocka_unit_test(test_ep_gpt_oss_form),
   };
   const int rc = cmocka_run_group_tests(tests, NULL, NULL);
   moe8_comm_destroy(g_comm);

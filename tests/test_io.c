@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -190,6 +191,114 @@ static void test_npy_bad_input(void **state) {
   size_t off;
   assert_int_equal(moe8_npy_parse("NOTNUMPYxx", 10, "x.npy", &dt, &nd, shape, &off), MOE8_ERR_FORMAT);
   assert_non_null(strstr(moe8_last_error(), "bad magic"));
+}
+
+/* GPT-OSS's MXFP4 experts: every byte value (both nibbles: all 16 E2M1
+** codes in each place) under every finite-result E8M0 scale 0..252, decoded
+** at load exactly as the OCP definition written here; gate and up taken from
+** alternate rows; the biases in place; scale 255 (NaN) and a value past the
+** f32 range refused with the tensor named. */
+static float e2m1_ref(unsigned c) {
+  static const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (c & 8) ? -v[c & 7] : v[c & 7];
+}
+
+static moe8_status write_gptoss(const char *dir, uint8_t *gb, uint8_t *gs, uint8_t *db, uint8_t *ds, float *rw, float *rb, float *gub,
+                                float *dnb, int64_t E, int64_t D, int64_t F) {
+  char path[600];
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return MOE8_ERR_IO;
+  fprintf(f, "{\"model_type\": \"gpt_oss\", \"num_local_experts\": %lld, \"num_experts_per_tok\": 2, \"hidden_size\": %lld, "
+             "\"intermediate_size\": %lld, \"num_hidden_layers\": 1, \"quantization_config\": {\"quant_method\": \"mxfp4\"}}\n",
+          (long long)E, (long long)D, (long long)F);
+  fclose(f);
+  const moe8_tensor_view t[8] = {
+    {"model.layers.0.mlp.router.weight", MOE8_FDT_F32, 2, {E, D}, rw, sizeof(float) * (size_t)(E * D), 0},
+    {"model.layers.0.mlp.router.bias", MOE8_FDT_F32, 1, {E}, rb, sizeof(float) * (size_t)E, 0},
+    {"model.layers.0.mlp.experts.gate_up_proj_blocks", MOE8_FDT_U8, 4, {E, 2 * F, D / 32, 16}, gb, (size_t)(E * 2 * F * D / 2), 0},
+    {"model.layers.0.mlp.experts.gate_up_proj_scales", MOE8_FDT_U8, 3, {E, 2 * F, D / 32}, gs, (size_t)(E * 2 * F * D / 32), 0},
+    {"model.layers.0.mlp.experts.gate_up_proj_bias", MOE8_FDT_F32, 2, {E, 2 * F}, gub, sizeof(float) * (size_t)(E * 2 * F), 0},
+    {"model.layers.0.mlp.experts.down_proj_blocks", MOE8_FDT_U8, 4, {E, D, F / 32, 16}, db, (size_t)(E * D * F / 2), 0},
+    {"model.layers.0.mlp.experts.down_proj_scales", MOE8_FDT_U8, 3, {E, D, F / 32}, ds, (size_t)(E * D * F / 32), 0},
+    {"model.layers.0.mlp.experts.down_proj_bias", MOE8_FDT_F32, 2, {E, D}, dnb, sizeof(float) * (size_t)(E * D), 0},
+  };
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  return moe8_st_write(path, t, 8);
+}
+
+static void test_gpt_oss_mxfp4(void **state) {
+  (void)state;
+  enum { E = 4, D = 64, F = 32 };
+  static uint8_t gb[E * 2 * F * D / 2], gs[E * 2 * F * D / 32], db[E * D * F / 2], ds[E * D * F / 32];
+  static float rw[E * D], rb[E], gub[E * 2 * F], dnb[E * D];
+  for (size_t i = 0; i < sizeof gb; i++) gb[i] = (uint8_t)(i * 7u + i / 256u);
+  for (size_t i = 0; i < sizeof db; i++) db[i] = (uint8_t)(i * 11u + 3u);
+  for (size_t i = 0; i < sizeof gs; i++) gs[i] = (uint8_t)(i % 253u);
+  for (size_t i = 0; i < sizeof ds; i++) ds[i] = (uint8_t)((i * 37u) % 253u);
+  tu_rng_reset(5150);
+  tu_fill_normal(rw, E * D, 0.1f);
+  tu_fill_normal(rb, E, 1.0f);
+  tu_fill_normal(gub, E * 2 * F, 1.0f);
+  tu_fill_normal(dnb, E * D, 1.0f);
+  /* every byte value with every scale: 256 x 253 pairs over the gate_up blocks */
+  int seen[256] = {0};
+  for (size_t i = 0; i < sizeof gb; i++) seen[gb[i]] = 1;
+  for (int v = 0; v < 256; v++) assert_true(seen[v]);
+  const char *dir = tmp_path("gptoss");
+  assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
+  moe8_model *m;
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  assert_int_equal(moe8_model_config(m)->arch, MOE8_ARCH_GPT_OSS);
+  assert_true(moe8_model_config(m)->mxfp4);
+  assert_non_null(strstr(moe8_model_format(m, 0), "mxfp4"));
+  moe8_layer *L;
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_OK);
+  const float *wg = moe8_layer_weight_read(L, MOE8_W_GATE, NULL), *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL);
+  const float *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL), *bg = moe8_layer_weight_read(L, MOE8_W_GU_BIAS, NULL);
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t n = 0; n < 2 * F; n++)
+      for (int64_t k = 0; k < D; k++) {
+        const size_t bi = (size_t)(((e * 2 * F + n) * (D / 32) + k / 32) * 16 + (k % 32) / 2);
+        const unsigned code = k % 2 ? gb[bi] >> 4 : gb[bi] & 15;
+        const float want = ldexpf(e2m1_ref(code), (int)gs[(e * 2 * F + n) * (D / 32) + k / 32] - 127);
+        const float got = n % 2 ? wu[(e * D + k) * F + n / 2] : wg[(e * D + k) * F + n / 2];
+        if (memcmp(&got, &want, 4) != 0) TU_FAIL("gate_up e %lld row %lld k %lld: %g, want %g", (long long)e, (long long)n, (long long)k, got, want);
+      }
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t n = 0; n < D; n++)
+      for (int64_t k = 0; k < F; k++) {
+        const size_t bi = (size_t)(((e * D + n) * (F / 32) + k / 32) * 16 + (k % 32) / 2);
+        const unsigned code = k % 2 ? db[bi] >> 4 : db[bi] & 15;
+        const float want = ldexpf(e2m1_ref(code), (int)ds[(e * D + n) * (F / 32) + k / 32] - 127);
+        if (memcmp(&wd[(e * F + k) * D + n], &want, 4) != 0) TU_FAIL("down e %lld n %lld k %lld", (long long)e, (long long)n, (long long)k);
+      }
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t f = 0; f < F; f++)
+      assert_true(bg[e * 2 * F + f] == gub[e * 2 * F + 2 * f] && bg[e * 2 * F + F + f] == gub[e * 2 * F + 2 * f + 1]);
+  assert_memory_equal(moe8_layer_weight_read(L, MOE8_W_ROUTER_BIAS, NULL), rb, sizeof rb);
+  assert_memory_equal(moe8_layer_weight_read(L, MOE8_W_DOWN_BIAS, NULL), dnb, sizeof dnb);
+  const moe8_layer_grads g = {0};
+  float x[D] = {0}, y[D];
+  assert_int_equal(moe8_layer_backward(L, x, 1, y, NULL, 0, &g), MOE8_ERR_UNSUPPORTED);
+  moe8_layer_destroy(L);
+  moe8_model_close(m);
+  /* Refused: the E8M0 NaN, and a value past the f32 range (code 6 under 2^126). */
+  gs[17] = 255;
+  assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "gate_up_proj_scales"));
+  assert_non_null(strstr(moe8_last_error(), "E8M0 NaN"));
+  moe8_model_close(m);
+  gs[17] = 253;
+  gb[17 * 16] = 0x07; /* code 6 (low nibble 7 = +6) in block 17 */
+  assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "overflows f32"));
+  moe8_model_close(m);
 }
 
 static void test_hf_configs(void **state) {
@@ -606,6 +715,7 @@ int main(void) {
     cmocka_unit_test(test_safetensors_bad_input),
     cmocka_unit_test(test_npy_bad_input),
     cmocka_unit_test(test_hf_configs),
+    cmocka_unit_test(test_gpt_oss_mxfp4),
     cmocka_unit_test(test_deepseek_blocks),
     cmocka_unit_test(test_cli_files),
   };

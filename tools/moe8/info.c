@@ -37,9 +37,17 @@ int cmd_info(int argc, char **argv) {
            (long long)c->layer.n_group, (long long)(c->layer.num_experts / c->layer.n_group), (long long)c->layer.topk_group,
            c->layer.group_score == MOE8_GROUP_MAX ? "its best softmax score, DeepSeek-V2's group_limited_greedy"
                                                   : "sum of its top-2 scores + bias, DeepSeek-V3's noaux_tc");
+  else if (c->arch == MOE8_ARCH_GPT_OSS)
+    printf("routing: logits + router bias, top-%lld of %lld, softmax over the %lld chosen logits\n", (long long)c->layer.top_k,
+           (long long)c->layer.num_experts, (long long)c->layer.top_k);
   else
     printf("routing: top-%lld of %lld (%s)\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
            c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores" : "softmax over all experts");
+  if (c->layer.act == MOE8_ACT_SWIGLU_CLAMP)
+    printf("experts: clamped SwiGLU (gate <= %g, |up| <= %g, alpha %g, (up + 1) * gate * sigmoid(alpha gate))%s\n", (double)c->layer.act_limit,
+           (double)c->layer.act_limit, (double)c->layer.act_alpha, c->layer.expert_bias ? ", gate/up and down biases" : "");
+  else
+    printf("experts: SwiGLU, down(silu(gate(x)) * up(x))\n");
   if (c->layer.shared_ffn > 0)
     printf("shared expert: width %lld, %s\n", (long long)c->layer.shared_ffn,
            c->layer.shared_gate ? "scaled by sigmoid(x . shared_expert_gate)" : "added ungated");
