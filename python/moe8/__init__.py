@@ -350,7 +350,8 @@ class Layer:
 
     def __init__(self, num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False,
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
-                 shared_ffn=0, shared_gate=False, group_score="top2_sum", rules=None, module_path="experts", _handle=None, _keep=None):
+                 shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
+                 expert_bias=False, rules=None, module_path="experts", _handle=None, _keep=None):
         self._keep = _keep
         self._tls = threading.local()  # each thread's default workspace and last forward
         self._views_out = False
@@ -368,9 +369,12 @@ class Layer:
             gscores = {"top2_sum": 0, "max": 1}
             if group_score not in gscores:
                 raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
+            acts = {"swiglu": 0, "swiglu_clamp": 1}
+            if act not in acts:
+                raise Error(1, "act must be 'swiglu' or 'swiglu_clamp' (GPT-OSS), not %r" % (act,))
             cfg = _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                                use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
-                               gscores[group_score])
+                               gscores[group_score], acts[act], act_alpha, act_limit, router_bias, expert_bias)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -378,6 +382,7 @@ class Layer:
         c = _layer_get_config(self._h).contents
         self.num_experts, self.top_k, self.hidden, self.ffn = c.num_experts, c.top_k, c.hidden, c.ffn
         self.shared_ffn, self.shared_gate = c.shared_ffn, bool(c.shared_gate)
+        self.router_bias, self.expert_bias = bool(c.router_bias), bool(c.expert_bias)
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):

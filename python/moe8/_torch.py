@@ -6,7 +6,8 @@ import torch
 
 from . import Layer, Rules
 
-_NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_gate_w")
+_NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_gate_w", "router_bias", "gate_up_bias",
+          "down_bias")
 _CONFIG = ("score", "norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
            "topk_group", "shared_ffn", "shared_gate")
 
@@ -74,6 +75,11 @@ class MoE8Block(torch.nn.Module):
         self.param_names = [n for n in _NAMES if not n.startswith("shared") or self.layer.shared_ffn > 0]
         if not self.layer.shared_gate and "shared_gate_w" in self.param_names:
             self.param_names.remove("shared_gate_w")
+        if not self.layer.router_bias:
+            self.param_names.remove("router_bias")
+        if not self.layer.expert_bias:
+            self.param_names.remove("gate_up_bias")
+            self.param_names.remove("down_bias")
         self._addr = {}
         for n in self.param_names:
             # the layer's memory itself: the optimizer updates moe8's masters
@@ -90,9 +96,11 @@ class MoE8Block(torch.nn.Module):
         checkpoint, with f32 master weights (trainable)."""
         text = _rules_text(rules)
         lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
-        cfg = {"score": "sigmoid" if _cfg(lay).score == 1 else "softmax", "group_score": "max" if _cfg(lay).group_score == 1 else "top2_sum"}
+        c = _cfg(lay)
+        cfg = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
+               "act": "swiglu_clamp" if c.act == 1 else "swiglu"}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
-                  "topk_group", "shared_ffn", "shared_gate"):
+                  "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias"):
             cfg[k] = getattr(_cfg(lay), k)
         return cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay,
                    module_path="model.layers.%d.mlp.experts" % lay.layer_index, **cfg)
@@ -180,7 +188,8 @@ def _cfg(layer):
 # gate_up_proj [E, 2F, D] and down_proj [E, D, F]) layouts both.
 _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
               "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3",
-              "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2"}
+              "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2",
+              "GptOssMLP": "gpt_oss"}
 
 
 def _first(*vals):
@@ -204,12 +213,14 @@ def _expert_weights(experts, family):
 def from_hf(block, config=None, rules=None):
     """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
     Qwen3-MoE, Qwen3-Next, Mixtral, OLMoE, DeepSeek-V2, DeepSeek-V3,
-    GLM-4.5), its weights copied; `config` is the
+    GLM-4.5, GPT-OSS), its weights copied; `config` is the
     model's config (for what the block does not hold)."""
     family = _HF_BLOCKS.get(type(block).__name__)
     if family is None:
         raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
     cfg = config if config is not None else getattr(block, "config", None)
+    if family == "gpt_oss":
+        return _from_gpt_oss(block, cfg, rules)
     gate = block.gate
     wr = gate.weight.detach().float()  # [E, D]
     E, D = wr.shape
@@ -261,6 +272,33 @@ def from_hf(block, config=None, rules=None):
     return out
 
 
+def _from_gpt_oss(block, cfg, rules):
+    """transformers' GptOssMLP: router (weight [E, D], bias [E]) and experts
+    (gate_up_proj [E, D, 2F] with gate and up in alternate columns, its bias
+    [E, 2F], down_proj [E, F, D], its bias [E, D], alpha, limit)."""
+    r, ex = block.router, block.experts
+    wr = r.weight.detach().float()
+    E, D = wr.shape
+    gu = ex.gate_up_proj.detach().float()
+    F = gu.shape[2] // 2
+    top_k = int(_first(getattr(r, "top_k", None), getattr(cfg, "num_experts_per_tok", None)))
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, norm_topk_prob=True, act="swiglu_clamp",
+                    act_alpha=float(_first(getattr(ex, "alpha", None), 1.702)),
+                    act_limit=float(_first(getattr(ex, "limit", None), getattr(cfg, "swiglu_limit", None), 7.0)),
+                    router_bias=True, expert_bias=True)
+    gub = ex.gate_up_proj_bias.detach().float()
+    with torch.no_grad():
+        out.router.copy_(wr.t())
+        out.router_bias.copy_(r.bias.detach().float())
+        out.gate.copy_(gu[:, :, 0::2])
+        out.up.copy_(gu[:, :, 1::2])
+        out.down.copy_(ex.down_proj.detach().float())
+        out.gate_up_bias.copy_(torch.cat([gub[:, 0::2], gub[:, 1::2]], dim=1))
+        out.down_bias.copy_(ex.down_proj_bias.detach().float())
+    out._hf_family = "gpt_oss"
+    return out
+
+
 class _HFBlock(torch.nn.Module):
     """moe8 in a transformers block's place: the block's input and what it
     returned (the hidden states, or (hidden states, router logits) as the
@@ -285,9 +323,9 @@ def patch(model, rules=None):
     todo = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
     for name, m in todo:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        D = m.gate.weight.shape[1]
+        wr = (m.router if _HF_BLOCKS[type(m).__name__] == "gpt_oss" else m.gate).weight
         with torch.no_grad():
-            r = m(torch.zeros(1, 1, D, dtype=m.gate.weight.dtype))
+            r = m(torch.zeros(1, 1, wr.shape[1], dtype=wr.dtype))
         setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(from_hf(m, config, rules), _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))
     return len(todo)
 

@@ -276,6 +276,51 @@ class DeepseekV2Moe(torch.nn.Module):
         return (out + self.shared_experts(x)).reshape(b, s, D)
 
 
+class _GptOssRouter(torch.nn.Module):
+    def __init__(self, D, E, k):
+        super().__init__()
+        self.top_k = k
+        self.weight = torch.nn.Parameter(torch.randn(E, D) * D ** -0.5)
+        self.bias = torch.nn.Parameter(torch.randn(E) * 0.5)
+
+
+class _GptOssExperts(torch.nn.Module):
+    def __init__(self, D, F, E):
+        super().__init__()
+        self.alpha, self.limit = 1.702, 1.0
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(E, D, 2 * F) * D ** -0.5 * 3)
+        self.gate_up_proj_bias = torch.nn.Parameter(torch.randn(E, 2 * F) * 0.5)
+        self.down_proj = torch.nn.Parameter(torch.randn(E, F, D) * F ** -0.5)
+        self.down_proj_bias = torch.nn.Parameter(torch.randn(E, D) * 0.2)
+
+
+class GptOssMLP(torch.nn.Module):
+    """transformers' GPT-OSS block: router bias, top-k then softmax, expert
+    biases, gate/up in alternate columns, the clamped SwiGLU."""
+
+    def __init__(self, D=32, F=16, E=8, k=2):
+        super().__init__()
+        self.router = _GptOssRouter(D, E, k)
+        self.experts = _GptOssExperts(D, F, E)
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        logits = x @ self.router.weight.t() + self.router.bias
+        top, ids = torch.topk(logits, self.router.top_k, dim=-1)
+        w = torch.softmax(top, dim=1)
+        ex = self.experts
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(ids.shape[1]):
+                e = int(ids[t, j])
+                gu = x[t] @ ex.gate_up_proj[e] + ex.gate_up_proj_bias[e]
+                g, u = gu[0::2].clamp(max=ex.limit), gu[1::2].clamp(-ex.limit, ex.limit)
+                h = (u + 1) * (g * torch.sigmoid(g * ex.alpha))
+                out[t] += w[t, j] * (h @ ex.down_proj[e] + ex.down_proj_bias[e])
+        return out.reshape(b, s, D), torch.zeros_like(logits).scatter_(1, ids, w)
+
+
 class _Model(torch.nn.Module):
     def __init__(self, blocks):
         super().__init__()
@@ -292,11 +337,11 @@ def test_patch_transformers_shaped_model():
     from moe8.torch import patch
     torch.manual_seed(0)
     model = _Model([Qwen2MoeSparseMoeBlock(norm=False), Qwen2MoeSparseMoeBlock(norm=True), MixtralSparseMoeBlock(),
-                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe()])
+                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe(), GptOssMLP()])
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         want = model(x)
-        assert patch(model) == 5
+        assert patch(model) == 6
         got = model(x)
     assert rel(got, want) <= 1e-5, rel(got, want)
     assert type(model.layers[0]["mlp"]).__name__ == "_HFBlock"
