@@ -528,6 +528,12 @@ typedef struct moe8_layer_config {
   moe8_expert_act act;
   float           act_alpha, act_limit;   /* MOE8_ACT_SWIGLU_CLAMP: α > 0, limit > 0 */
   bool            router_bias, expert_bias;
+  /* Llama-4: each routed expert gets its token scaled by the routing weight
+  ** (E_j(w_j · x)) and the outputs are summed unweighted, instead of
+  ** Σ w_j · E_j(x).  Activations are then quantized after the scaling
+  ** (quantize_before_ep_all_gather does not apply); expert parallelism and
+  ** the backward are refused for now (MOE8_ERR_UNSUPPORTED). */
+  bool            weight_input;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -763,7 +769,8 @@ typedef enum moe8_arch {
   MOE8_ARCH_UNKNOWN = 0, MOE8_ARCH_QWEN2_MOE, MOE8_ARCH_QWEN3_MOE, MOE8_ARCH_MIXTRAL, MOE8_ARCH_DEEPSEEK_V3,
   MOE8_ARCH_OLMOE,       /* Qwen3-MoE's block: softmax top-k, optional renormalization */
   MOE8_ARCH_DEEPSEEK_V2, /* softmax top-k (greedy or group_limited_greedy), scaling, ungated shared experts */
-  MOE8_ARCH_GPT_OSS      /* router bias, top-k then softmax, expert biases, clamped SwiGLU, MXFP4 experts */
+  MOE8_ARCH_GPT_OSS,     /* router bias, top-k then softmax, expert biases, clamped SwiGLU, MXFP4 experts */
+  MOE8_ARCH_LLAMA4       /* sigmoid of the top-k logits scaling the expert input, ungated shared expert */
 } moe8_arch;
 
 typedef struct moe8_hf_config {

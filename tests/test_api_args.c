@@ -146,6 +146,43 @@ static void test_rules_file_kinds(void **state) {
   alarm(0);
 }
 
+/* Expert forms without a backward or expert parallelism yet are refused
+** by name, never computed wrong: GPT-OSS's (biases, clamped SwiGLU) and
+** Llama-4's (the routing weight scaling the expert input). */
+static void test_forms_refused(void **state) {
+  (void)state;
+  moe8_layer_config c = {.num_experts = 4, .top_k = 1, .hidden = 16, .ffn = 8, .score = MOE8_SCORE_SIGMOID, .weight_input = true};
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 1), MOE8_OK);
+  float x[3 * 16], y[3 * 16], aux;
+  for (int i = 0; i < 48; i++) x[i] = (float)(i % 7) - 3.0f;
+  const size_t wsz = moe8_layer_workspace_size(L, 3);
+  void *ws = NULL;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  assert_int_equal(moe8_layer_forward(L, x, 3, y, &aux, ws, wsz), MOE8_OK);
+  const moe8_layer_grads g = {.dx = x};
+  assert_int_equal(moe8_layer_backward(L, x, 3, y, ws, wsz, &g), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "Llama-4"));
+  moe8_comm *cm;
+  moe8_ep *ep;
+  assert_int_equal(moe8_comm_create_single(&cm), MOE8_OK);
+  assert_int_equal(moe8_ep_create(L, cm, &ep), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "expert parallelism"));
+  moe8_trainer *tr;
+  assert_int_equal(moe8_trainer_create(L, 0.01f, &tr), MOE8_ERR_UNSUPPORTED);
+  moe8_comm_destroy(cm);
+  moe8_layer_destroy(L);
+  free(ws);
+  moe8_layer_config b = {.num_experts = 4, .top_k = 2, .hidden = 16, .ffn = 8, .act = MOE8_ACT_SWIGLU_CLAMP, .act_alpha = 1.702f,
+                         .act_limit = 0.0f};
+  assert_int_equal(moe8_layer_create(&b, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "act_limit"));
+  b.act_limit = 7.0f;
+  b.act = (moe8_expert_act)7;
+  assert_int_equal(moe8_layer_create(&b, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -153,6 +190,7 @@ int main(void) {
     cmocka_unit_test(test_sizes),
     cmocka_unit_test(test_null_and_zeroed),
     cmocka_unit_test(test_rules_file_kinds),
+    cmocka_unit_test(test_forms_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

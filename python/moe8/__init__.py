@@ -83,7 +83,8 @@ class _LayerConfig(C.Structure):
                 ("norm_topk_prob", C.c_bool), ("routed_scaling_factor", C.c_float), ("use_selection_bias", C.c_bool),
                 ("capacity_factor", C.c_float), ("aux_loss_weight", C.c_float), ("n_group", _i64), ("topk_group", _i64),
                 ("shared_ffn", _i64), ("shared_gate", C.c_bool), ("group_score", C.c_int), ("act", C.c_int),
-                ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool)]
+                ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool),
+                ("weight_input", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -351,7 +352,7 @@ class Layer:
     def __init__(self, num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False,
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
-                 expert_bias=False, rules=None, module_path="experts", _handle=None, _keep=None):
+                 expert_bias=False, weight_input=False, rules=None, module_path="experts", _handle=None, _keep=None):
         self._keep = _keep
         self._tls = threading.local()  # each thread's default workspace and last forward
         self._views_out = False
@@ -374,7 +375,7 @@ class Layer:
                 raise Error(1, "act must be 'swiglu' or 'swiglu_clamp' (GPT-OSS), not %r" % (act,))
             cfg = _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                                use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
-                               gscores[group_score], acts[act], act_alpha, act_limit, router_bias, expert_bias)
+                               gscores[group_score], acts[act], act_alpha, act_limit, router_bias, expert_bias, weight_input)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))

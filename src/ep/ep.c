@@ -146,6 +146,9 @@ moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out) {
 moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_options *opt, moe8_ep **out) {
   if (!layer || !comm || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: NULL argument");
   *out = NULL;
+  if (layer->cfg.weight_input)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s scales the expert input by the routing weight (Llama-4): its expert parallelism "
+                      "is not implemented yet", layer->module_path);
   moe8_ep_options o = {sizeof o, MOE8_EP_RING};
   if (opt) {
     if (opt->size < sizeof(size_t) + sizeof(moe8_ep_mode) || opt->size > ((size_t)1 << 16))

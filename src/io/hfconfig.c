@@ -29,6 +29,7 @@ const char *moe8_arch_name(moe8_arch a) {
     case MOE8_ARCH_OLMOE: return "olmoe";
     case MOE8_ARCH_DEEPSEEK_V2: return "deepseek_v2";
     case MOE8_ARCH_GPT_OSS: return "gpt_oss";
+    case MOE8_ARCH_LLAMA4: return "llama4_text";
     default: return "unknown";
   }
 }
@@ -65,6 +66,9 @@ static const family k_families[] = {
   ** logits, expert biases, the clamped SwiGLU (α 1.702 fixed in
   ** GptOssExperts, limit swiglu_limit); experts of width intermediate_size */
   {"gpt_oss", MOE8_ARCH_GPT_OSS, "num_local_experts", "intermediate_size", NULL, 2880, 36, 128, 4, 2880, 0, true, 1.0, 0, 0, 0},
+  /* Llama4TextConfig: sigmoid of the top-k router logits scaling the
+  ** expert input, a shared expert of width intermediate_size */
+  {"llama4_text", MOE8_ARCH_LLAMA4, "num_local_experts", "intermediate_size", NULL, 5120, 48, 16, 1, 8192, 1, false, 1.0, 0, 0, 0},
   {"glm4_moe", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", "num_local_experts", 4096, 46, 128, 8, 1408, 1, true, 1.0,
    1, 1, 1},
 };
@@ -117,8 +121,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** run silently wrong (docs/models.md). */
   static const struct { const char *type, *why; } k_differs[] = {
     {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
-    {"llama4_text", "it routes by sigmoid top-1 and scales the expert input, not the output"},
-    {"llama4", "it routes by sigmoid top-1 and scales the expert input, not the output"},
+    {"llama4", "it is the multimodal model: run its text model's config (model_type llama4_text, the text_config keys)"},
   };
   if (override && mt)
     for (size_t i = 0; i < sizeof k_differs / sizeof k_differs[0]; i++)
@@ -134,7 +137,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3, kimi_k2, olmoe, glm4_moe, gpt_oss)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3, kimi_k2, olmoe, glm4_moe, gpt_oss, llama4_text)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
@@ -174,7 +177,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds \"%s\" = %lld", file, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
-  L->score = ds ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
+  L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
   if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
   else TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
   L->routed_scaling_factor = 1.0f;
@@ -256,6 +259,34 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     if (v) TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax"));
     c->moe_layer_freq = 1;
   }
+  if (fam->arch == MOE8_ARCH_LLAMA4) {
+    /* router_scores = sigmoid of the top-k logits (the others' -inf give 0),
+    ** routed_in = x * score; the shared expert is ungated, of the experts'
+    ** width; MoE layers every interleave_moe_layer_step (or "moe_layers") */
+    L->norm_topk_prob = false;
+    L->weight_input = true;
+    L->shared_ffn = L->ffn;
+    int64_t step = 1;
+    TRY(get_int(root, file, "interleave_moe_layer_step", 1, 1, 1 << 20, &step));
+    c->decoder_sparse_step = step;
+    const cJSON *ml = item(root, "moe_layers");
+    if (ml) {
+      if (!cJSON_IsArray(ml)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layers\" must be a list of layer indices", file);
+      bool moe[1 << 12] = {0};
+      if (c->num_layers > (1 << 12)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layers\" with more than 4096 layers", file);
+      for (const cJSON *e = ml->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < (double)c->num_layers) || e->valuedouble != floor(e->valuedouble))
+          return moe8__fail(MOE8_ERR_PARSE, "%s: a \"moe_layers\" entry is not a layer index in [0, %lld)", file, (long long)c->num_layers);
+        moe[(int64_t)e->valuedouble] = true;
+      }
+      c->decoder_sparse_step = 1;
+      for (int64_t l = 0; l < c->num_layers; l++)
+        if (!moe[l]) {
+          if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY) return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layers\" leaves too many dense layers", file);
+          c->mlp_only_layers[c->n_mlp_only++] = l;
+        }
+    }
+  }
   if (fam->arch == MOE8_ARCH_GPT_OSS) {
     /* softmax over the top-k logits = the top-k softmax scores renormalized */
     L->router_bias = L->expert_bias = true;
@@ -270,7 +301,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(get_int(root, file, "shared_expert_intermediate_size", fam->shared, 0, BIG, &L->shared_ffn));
     L->shared_gate = L->shared_ffn > 0;
   }
-  c->decoder_sparse_step = 1;
+  if (fam->arch != MOE8_ARCH_LLAMA4) c->decoder_sparse_step = 1;
   if (qwen) {
     TRY(get_int(root, file, "decoder_sparse_step", 1, 1, 1 << 20, &c->decoder_sparse_step));
     const cJSON *v = item(root, "mlp_only_layers");

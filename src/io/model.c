@@ -147,7 +147,8 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
   snprintf(buf, cap, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)layer);
   const bool bsm = m && m->cfg.arch == MOE8_ARCH_MIXTRAL && moe8_model_find(m, buf);
-  snprintf(buf, cap, "model.layers.%lld.%s", (long long)layer, bsm ? "block_sparse_moe." : "mlp.");
+  snprintf(buf, cap, "model.layers.%lld.%s", (long long)layer,
+           bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
 }
 
 static const char *proj_name(const moe8_model *m, int which) {
@@ -606,6 +607,61 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
   return MOE8_OK;
 }
 
+/* Llama-4's MoE block (transformers' Llama4TextMoe): feed_forward.router
+** .weight [E, D]; experts.gate_up_proj [E, D, 2F] in x · W layout, gate
+** the first F columns, up the next; experts.down_proj [E, F, D]; the
+** shared expert shared_expert.{gate,up,down}_proj.weight (out × in). */
+static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *o, moe8_layer **out) {
+  const moe8_hf_config *c = &m->cfg;
+  const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn, Fs = c->layer.shared_ffn;
+  char p[128], n[320], mp[160];
+  moe8_model_prefix(m, layer, p, sizeof p);
+  snprintf(mp, sizeof mp, "%sexperts", p);
+  const moe8_tensor_view *rw, *sw[3];
+  moe8_status st;
+  const int64_t rs[2] = {E, D};
+  snprintf(n, sizeof n, "%srouter.weight", p);
+  if ((st = need(m, n, 2, rs, &rw)) != MOE8_OK) return st;
+  static const char *const sn[3] = {"gate_proj", "up_proj", "down_proj"};
+  for (int i = 0; i < 3 && Fs > 0; i++) {
+    const int64_t sh[2] = {i == 2 ? D : Fs, i == 2 ? Fs : D};
+    snprintf(n, sizeof n, "%sshared_expert.%s.weight", p, sn[i]);
+    if ((st = need(m, n, 2, sh, &sw[i])) != MOE8_OK) return st;
+    if (!is_float_file(sw[i]->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sw[i]->dtype));
+  }
+  if (!is_float_file(rw->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", rw->name, moe8_file_dtype_name(rw->dtype));
+  gptoss_w wgu, wdn;
+  if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
+  if ((st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
+  if (!wgu.f || !wdn.f) return moe8__fail(MOE8_ERR_FORMAT, "model: Llama-4's experts are read as floats only ('%sexperts.gate_up_proj')", p);
+  const int64_t FF = F > Fs ? F : Fs, big = (E > 2 * FF ? E : 2 * FF) * D;
+  float *tmp = malloc(sizeof(float) * (size_t)big), *gu = malloc(sizeof(float) * (size_t)(2 * FF * D)), *dn = malloc(sizeof(float) * (size_t)(FF * D));
+  moe8_layer *L = NULL;
+  if (!tmp || !gu || !dn) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  if (st == MOE8_OK) st = moe8__layer_create(&c->layer, rules, mp, o->mode == MOE8_LOAD_INFERENCE, &L);
+  if (st == MOE8_OK) st = put_float(rw, rw->data, E, D, L->w[MOE8_W_ROUTER], E, 0, tmp);
+  if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
+  double last = now_s();
+  for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+    st = gptoss_read(&wgu, e, D, 2 * F, gu, tmp); /* [D, 2F]: gate columns, then up, as moe8 keeps them */
+    if (st == MOE8_OK) st = gptoss_read(&wdn, e, F, D, dn, tmp);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
+    if (o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, E + 1); }
+  }
+  if (st == MOE8_OK && Fs > 0) {
+    st = put_float(sw[0], sw[0]->data, Fs, D, gu, 2 * Fs, 0, tmp);
+    if (st == MOE8_OK) st = put_float(sw[1], sw[1]->data, Fs, D, gu, 2 * Fs, Fs, tmp);
+    if (st == MOE8_OK) st = put_float(sw[2], sw[2]->data, D, Fs, dn, D, 0, tmp);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, gu, dn, NULL, NULL, NULL, NULL);
+  }
+  if (st == MOE8_OK) st = moe8__layer_end_load(L);
+  if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E + 1, E + 1);
+  free(tmp); free(gu); free(dn);
+  if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
+  *out = L;
+  return MOE8_OK;
+}
+
 static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                               moe8_layer **out) {
   *out = NULL;
@@ -621,6 +677,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   moe8_status st = moe8_hf_config_check_moe_layer(c, layer);
   if (st != MOE8_OK) return st;
   if (c->arch == MOE8_ARCH_GPT_OSS) return load_gpt_oss(m, layer, rules, &o, out);
+  if (c->arch == MOE8_ARCH_LLAMA4) return load_llama4(m, layer, rules, &o, out);
   const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn, Fs = c->layer.shared_ffn;
   char p[128], n[320], mp[160];
   moe8_model_prefix(m, layer, p, sizeof p);

@@ -308,10 +308,11 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   moe8_model *m = NULL;
   if ((st = moe8_model_open(in, &m)) != MOE8_OK) return st;
   const moe8_hf_config *hc = moe8_model_config(m);
-  if (hc->arch == MOE8_ARCH_GPT_OSS) {
+  if (hc->arch == MOE8_ARCH_GPT_OSS || hc->arch == MOE8_ARCH_LLAMA4) {
     moe8_model_close(m);
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is gpt_oss: its pre-quantized moe8 files are not written yet; run it with the rules "
-                      "instead (moe8 run --rules R: the experts are quantized once at load)", in);
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet; run it with the rules "
+                      "instead (moe8 run --rules R: the experts are quantized once at load)", in,
+                      moe8_arch_name(hc->arch));
   }
   const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};

@@ -749,7 +749,17 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   }
   /* 3. expert input rows */
   const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 1;
-  if (L->aq && L->before_sort) {
+  if (L->cfg.weight_input) {
+    /* Llama-4: row p is its token scaled by its slot's weight, quantized
+    ** after; the combine then adds the expert outputs unweighted. */
+    st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
+    for (int64_t p = 0; p < rows && st == MOE8_OK; p++) {
+      const float s = w.w[(int64_t)w.token_of[p] * K + w.slot_of[p]];
+      for (int64_t c = 0; c < D; c++) w.xs[p * D + c] *= s;
+    }
+    for (int64_t a = 0; a < T * K && st == MOE8_OK; a++) w.w[a] = 1.0f;
+    if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
+  } else if (L->aq && L->before_sort) {
     st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
     bool gathered;
     if (st == MOE8_OK)
@@ -766,7 +776,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
     moe8__shared_buf sb;
     moe8__shared_buf_carve(L, T, w.shared, &sb);
-    if (L->aq && !L->before_sort) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
+    if (L->aq && (!L->before_sort || L->cfg.weight_input)) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
     if (st == MOE8_OK) st = moe8__shared_forward(L, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
     if (st == MOE8_OK) moe8__shared_add(L, T, &sb, out);
   }

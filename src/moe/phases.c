@@ -73,10 +73,11 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
 
 moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   const moe8_layer_config *c = &L->cfg;
-  if (c->act != MOE8_ACT_SWIGLU || c->router_bias || c->expert_bias)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s%s: its backward is not implemented yet (forward, fused and expert-parallel "
-                      "forward are)", what, L->module_path, c->act != MOE8_ACT_SWIGLU ? "a clamped SwiGLU " : "",
-                      c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases" : "");
+  if (c->act != MOE8_ACT_SWIGLU || c->router_bias || c->expert_bias || c->weight_input)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s%s%s: its backward is not implemented yet (its forward and fused forward "
+                      "are)", what, L->module_path, c->act != MOE8_ACT_SWIGLU ? "a clamped SwiGLU " : "",
+                      c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases " : "",
+                      c->weight_input ? "routing weights that scale the expert input (Llama-4)" : "");
   return MOE8_OK;
 }
 

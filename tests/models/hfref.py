@@ -226,3 +226,19 @@ def gpt_oss_block(x, wr, br, gu, gub, dn, dnb, k, alpha=1.702, limit=7.0):
             glu = g / (1.0 + np.exp(-alpha * g))
             out[t] += w[j] * (((u + 1.0) * glu) @ dn[e] + dnb[e])
     return out
+
+
+def llama4_block(x, wr, gu, dn, shared, k):
+    """transformers' Llama4TextMoe: logits = x Wr^T; the top-k logits'
+    sigmoids scale the input of their experts (the others get 0, which
+    gives 0); gate_up [E, D, 2F] in x @ W layout, gate the first half;
+    out = shared(x) + sum of the experts' outputs."""
+    logits = x @ wr.T
+    out = mlp(x, *shared)
+    F = gu.shape[2] // 2
+    for t in range(x.shape[0]):
+        for e in topk_idx(logits[t], k):
+            xi = x[t] / (1.0 + np.exp(-logits[t, e]))
+            h = xi @ gu[e]
+            out[t] += (h[:F] / (1.0 + np.exp(-h[:F])) * h[F:]) @ dn[e]
+    return out

@@ -428,6 +428,57 @@ def test_gpt_oss(tmp, rng):
     check("gpt_oss MXFP4 experts run with FP8 rules (quantizers emulated)", got, refq, 1e-4)
 
 
+def test_llama4(tmp, rng):
+    for k, label, keys in ((1, "top-1 (the default)", {}), (2, "top-2, every second layer MoE", {"interleave_moe_layer_step": 2})):
+        E, D, F = 8, 128, 96
+        cfg = {"model_type": "llama4_text", "num_local_experts": E, "hidden_size": D, "intermediate_size": F, "num_hidden_layers": 2,
+               "intermediate_size_mlp": 256, "hidden_act": "silu"}
+        if k != 1:
+            cfg["num_experts_per_tok"] = k
+        cfg.update(keys)
+        layer = 1 if keys else 0
+        p = "model.layers.%d.feed_forward." % layer
+        wr = rnd(rng, E, D, scale=D ** -0.5 * 2)
+        gu = rnd(rng, E, D, 2 * F, scale=D ** -0.5)
+        dn = rnd(rng, E, F, D, scale=F ** -0.5)
+        sh = make_experts(rng, 1, D, F)[0]
+        t = {p + "router.weight": ("F32", wr), p + "experts.gate_up_proj": ("F32", gu), p + "experts.down_proj": ("F32", dn)}
+        for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sh):
+            t[p + "shared_expert.%s.weight" % nm] = ("F32", w)
+        d = os.path.join(tmp, "llama4_%d" % len(os.listdir(tmp)))
+        write_model(d, cfg, t)
+        x = rnd(rng, 32, D).astype(np.float32).astype(np.float64)
+        f = lambda a: a.astype(np.float32).astype(np.float64)
+        ref = R.llama4_block(x, f(wr), f(gu), f(dn), tuple(f(w) for w in sh), k)
+        got, out = run(d, x)
+        check("llama4_text f32, %s" % label, got, ref, 1e-5)
+        if k == 2:
+            # FP8 rules: weights per column in 128-blocks, the scaled rows quantized after the scaling
+            got, _ = run(d, x, ("--rules", _rules_file(tmp)))
+            qc = lambda a: R.quant_cols(a, 128)
+            aq = lambda v: R.quant_rows(v, 128)
+            logits = x @ f(wr).T
+            shq = tuple(qc(f(w).T).T for w in sh)
+            refq = R.mlp(x, *shq, aq)
+            for tt in range(len(x)):
+                for e in R.topk_idx(logits[tt], k):
+                    xi = aq((x[tt] / (1.0 + np.exp(-logits[tt, e])))[None, :])
+                    h = xi @ qc(f(gu[e]))
+                    hh = aq(h[:, :F] / (1.0 + np.exp(-h[:, :F])) * h[:, F:])
+                    refq[tt] += (hh @ qc(f(dn[e])))[0]
+            check("llama4_text FP8 by rules (quantized after the input scaling, emulated)", got, refq, 1e-4)
+        if k == 1:
+            # the point of the form: weighting the output instead differs
+            logits = x @ f(wr).T
+            outw = R.mlp(x, *(f(w) for w in sh))
+            for tt in range(len(x)):
+                e = R.topk_idx(logits[tt], 1)[0]
+                outw[tt] += R.mlp(x[tt:tt + 1], f(gu[e][:, :F]).T, f(gu[e][:, F:]).T, f(dn[e]).T)[0] / (1.0 + np.exp(-logits[tt, e]))
+            print("llama4_text: weighting the output instead of the input: rel err %.2e" % rel(outw, ref))
+            if rel(outw, ref) < 1e-3:
+                FAILS.append("llama4 input scaling does not matter in this case")
+
+
 def _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, k, aq, alpha=1.702, limit=7.0):
     logits = x @ wr.T + br
     xq = aq(x)
@@ -484,6 +535,7 @@ def main():
         test_deepseek_v2(tmp, rng)
         test_qwen3_next(tmp, rng)
         test_gpt_oss(tmp, rng)
+        test_llama4(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

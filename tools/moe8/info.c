@@ -37,6 +37,9 @@ int cmd_info(int argc, char **argv) {
            (long long)c->layer.n_group, (long long)(c->layer.num_experts / c->layer.n_group), (long long)c->layer.topk_group,
            c->layer.group_score == MOE8_GROUP_MAX ? "its best softmax score, DeepSeek-V2's group_limited_greedy"
                                                   : "sum of its top-2 scores + bias, DeepSeek-V3's noaux_tc");
+  else if (c->layer.weight_input)
+    printf("routing: top-%lld of %lld logits, sigmoid of each chosen logit scaling that expert's input (Llama-4), outputs summed\n",
+           (long long)c->layer.top_k, (long long)c->layer.num_experts);
   else if (c->arch == MOE8_ARCH_GPT_OSS)
     printf("routing: logits + router bias, top-%lld of %lld, softmax over the %lld chosen logits\n", (long long)c->layer.top_k,
            (long long)c->layer.num_experts, (long long)c->layer.top_k);
