@@ -282,6 +282,35 @@ static void test_gpt_oss_mxfp4(void **state) {
   const moe8_layer_grads g = {0};
   float x[D] = {0}, y[D];
   assert_int_equal(moe8_layer_backward(L, x, 1, y, NULL, 0, &g), MOE8_ERR_UNSUPPORTED);
+  /* Loaded for inference the experts stay MXFP4 (the kernels decode them):
+  ** the same outputs as the decoded f32 weights, to f32 summation (scales
+  ** of a real model's range here, so the outputs are finite). */
+  moe8_layer_destroy(L);
+  moe8_model_close(m);
+  for (size_t i = 0; i < sizeof gs; i++) gs[i] = (uint8_t)(118 + i % 8);
+  for (size_t i = 0; i < sizeof ds; i++) ds[i] = (uint8_t)(118 + (i * 3) % 8);
+  assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_OK);
+  moe8_layer *Li;
+  const moe8_load_options lo = {sizeof lo, MOE8_LOAD_INFERENCE, NULL, NULL};
+  assert_int_equal(moe8_model_load_layer_ex(m, 0, NULL, &lo, &Li), MOE8_OK);
+  assert_non_null(strstr(moe8_layer_describe(Li), "mxfp4"));
+  enum { T = 7 };
+  static float xt[T * D], y1[T * D], y2[T * D];
+  for (int i = 0; i < T * D; i++) xt[i] = (float)((i * 37) % 23) / 23.0f - 0.5f;
+  const size_t w1 = moe8_layer_workspace_size(L, T), w2 = moe8_layer_workspace_size(Li, T);
+  void *ws1, *ws2;
+  assert_int_equal(posix_memalign(&ws1, 64, w1), 0);
+  assert_int_equal(posix_memalign(&ws2, 64, w2), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, xt, T, y1, &aux, ws1, w1), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(Li, xt, T, y2, ws2, w2), MOE8_OK);
+  double num = 0, den = 0;
+  for (int i = 0; i < T * D; i++) { num += ((double)y1[i] - y2[i]) * ((double)y1[i] - y2[i]); den += (double)y1[i] * y1[i]; }
+  if (!(den > 0 && sqrt(num / den) < 1e-5)) TU_FAIL("MXFP4 inference vs decoded: rel err %g", sqrt(num / (den > 0 ? den : 1)));
+  free(ws1); free(ws2);
+  moe8_layer_destroy(Li);
   moe8_layer_destroy(L);
   moe8_model_close(m);
   /* Refused: the E8M0 NaN, and a value past the f32 range (code 6 under 2^126). */
@@ -291,12 +320,16 @@ static void test_gpt_oss_mxfp4(void **state) {
   assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_ERR_NONFINITE);
   assert_non_null(strstr(moe8_last_error(), "gate_up_proj_scales"));
   assert_non_null(strstr(moe8_last_error(), "E8M0 NaN"));
+  assert_int_equal(moe8_model_load_layer_ex(m, 0, NULL, &lo, &L), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "E8M0 NaN"));
   moe8_model_close(m);
   gs[17] = 253;
   gb[17 * 16] = 0x07; /* code 6 (low nibble 7 = +6) in block 17 */
   assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
   assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
   assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "overflows f32"));
+  assert_int_equal(moe8_model_load_layer_ex(m, 0, NULL, &lo, &L), MOE8_ERR_NONFINITE);
   assert_non_null(strstr(moe8_last_error(), "overflows f32"));
   moe8_model_close(m);
 }

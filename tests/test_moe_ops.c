@@ -376,6 +376,63 @@ static void test_threads_setting(void **state) {
   moe8_rules_destroy(rs);
 }
 
+/* MXFP4 rows (moe8__ktable.mx4_rows): every ISA's bytes equal the
+** reference's, on rows 0..8, K up to 2880, N with tails of the 4-column
+** tile, split (gate/up de-interleave) on and off, column ranges and row
+** subsets giving the same bytes; and the reference equals the definition
+** (double sums of code x 2^(s-127) x x) to 1e-5 of the absolute sum. */
+static void test_mx4_rows(void **state) {
+  (void)state;
+  static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  const int64_t Ks[4] = {32, 64, 96, 2880}, Ns[6] = {1, 4, 5, 18, 64, 66}, Rs[5] = {0, 1, 2, 3, 8};
+  for (int ki = 0; ki < 4; ki++)
+    for (int ni = 0; ni < 6; ni++)
+      for (int ri = 0; ri < 5; ri++) {
+        const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32;
+        if (K == 2880 && N > 18) continue;
+        uint8_t *blk = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb));
+        float *x = malloc(sizeof(float) * (size_t)(R * K + 1)), *want = malloc(sizeof(float) * (size_t)(R * N + 1));
+        float *got = malloc(sizeof(float) * (size_t)(R * N + 1));
+        tu_rng_reset((uint64_t)(ki * 100 + ni * 10 + ri));
+        for (int64_t i = 0; i < N * nb * 16; i++) blk[i] = (uint8_t)(tu_u64() >> 56);
+        for (int64_t i = 0; i < N * nb; i++) sc[i] = (uint8_t)(120 + tu_u64() % 12);
+        tu_fill_normal(x, (size_t)(R * K), 1.0f);
+        for (int split = 0; split < 2; split++) {
+          if (split && N % 2) continue;
+          const int64_t sp = split ? N / 2 : 0;
+          moe8__kernels_for(MOE8_ISA_REF)->mx4_rows(x, R, K, K, blk, sc, 0, N, want, N, sp);
+          for (int64_t p = 0; p < R; p++)
+            for (int64_t n = 0; n < N; n++) {
+              double d = 0, a = 0;
+              for (int64_t k = 0; k < K; k++) {
+                const uint8_t byte = blk[(n * nb + k / 32) * 16 + (k % 32) / 2];
+                const double w = (double)e2m1[(k & 1) ? byte >> 4 : byte & 15] * ldexp(1.0, (int)sc[n * nb + k / 32] - 127);
+                d += w * x[p * K + k];
+                a += fabs(w * x[p * K + k]);
+              }
+              const float g = want[p * N + (sp ? n / 2 + ((n & 1) ? sp : 0) : n)];
+              if (fabs((double)g - d) > 1e-5 * a + 1e-30) TU_FAIL("mx4 ref K=%lld N=%lld row %lld col %lld: %g vs %g", (long long)K, (long long)N, (long long)p, (long long)n, g, d);
+            }
+          for (int t = 0; t < nisa; t++) {
+            memset(got, 0xA5, sizeof(float) * (size_t)(R * N + 1));
+            const moe8__ktable *k = moe8__kernels_for(isas[t]);
+            /* two column ranges, rows one by one for the first row */
+            k->mx4_rows(x, R, K, K, blk, sc, 0, N / 2, got, N, sp);
+            k->mx4_rows(x, R, K, K, blk, sc, N / 2, N, got, N, sp);
+            if (R && memcmp(got, want, sizeof(float) * (size_t)(R * N)) != 0)
+              TU_FAIL("mx4 %s K=%lld N=%lld rows %lld split %d: bytes differ from the reference", moe8_isa_name(isas[t]), (long long)K, (long long)N, (long long)R, split);
+            if (R > 1) {
+              k->mx4_rows(x + K, 1, K, K, blk, sc, 0, N, got, N, sp);
+              if (memcmp(got, want + N, sizeof(float) * (size_t)N) != 0) TU_FAIL("mx4 %s: row 1 alone differs", moe8_isa_name(isas[t]));
+            }
+          }
+        }
+        free(blk); free(sc); free(x); free(want); free(got);
+      }
+}
+
 static void test_combine(void **state) {
   (void)state;
   enum { T = 7, K = 3, D = 33, R = 21 };
@@ -419,6 +476,7 @@ int main(void) {
     cmocka_unit_test(test_gather_scale_rule),
     cmocka_unit_test(test_combine),
     cmocka_unit_test(test_threads_setting),
+    cmocka_unit_test(test_mx4_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

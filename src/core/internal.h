@@ -60,6 +60,15 @@ typedef struct moe8__ktable {
                     size_t n, moe8_dtype qtype);
   /* h[i] = silu(g[i]) · u[i], silu(g) = g / (1 + moe8__expf(-g)). */
   void (*swiglu)(float *h, const float *g, const float *u, size_t n);
+  /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
+  ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
+  ** code of nibble k of row n (blk [N, K/32, 16] bytes, the low nibble
+  ** first) times 2^(sc[n, k/32] - 127); col(n) = n, or with split > 0 the
+  ** gate/up de-interleave n/2 + (n odd ? split : 0).  K is a multiple of
+  ** 32; each 32-block is summed, scaled, then added in increasing k.
+  ** Results are the same for any rows and any [n0, n1) split. */
+  void (*mx4_rows)(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
+                   int64_t n1, float *out, int64_t ldo, int64_t split);
   /* logits[t, e] = Σ_d x[t, d] · wr[d, e] for T tokens: one chain per
   ** (t, e) in increasing d, a multiply then an add. */
   void (*router_logits)(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E);

@@ -507,6 +507,41 @@ typedef struct gptoss_w {
   const moe8_tensor_view *f, *blocks, *scales;
 } gptoss_w;
 
+/* A copy of an MXFP4 tensor's bytes into weight memory, its file pages
+** dropped slice by slice as they are copied (the layer then holds the
+** file's bytes once); scales checked: 255 (the E8M0 NaN) refused, and
+** blocks whose largest code overflows f32 under their scale. */
+static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_view *scales, uint8_t **bo, uint8_t **so) {
+  *bo = moe8__alloc_weights(blocks->nbytes);
+  *so = moe8__alloc_weights(scales->nbytes);
+  if (!*bo || !*so) { free(*bo); free(*so); *bo = *so = NULL; return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory for '%s'", blocks->name); }
+  const uint8_t *sc = scales->data, *bl = blocks->data;
+  for (size_t i = 0; i < scales->nbytes; i++) {
+    if (sc[i] == 255) {
+      free(*bo); free(*so); *bo = *so = NULL;
+      return moe8__fail(MOE8_ERR_NONFINITE, "model: '%s' element %zu is 255, the E8M0 NaN (byte offset %zu of the tensor)", scales->name, i, i);
+    }
+    if (sc[i] >= 253)
+      for (int j = 0; j < 16; j++) {
+        const uint8_t v = bl[i * 16 + (size_t)j], m = (v & 7) > (v >> 4 & 7) ? (v & 7) : (v >> 4 & 7);
+        if (ldexpf(k_e2m1[m], (int)sc[i] - 127) > 3.40282347e38f) {
+          free(*bo); free(*so); *bo = *so = NULL;
+          return moe8__fail(MOE8_ERR_NONFINITE, "model: '%s' block %zu: a code x 2^(%d - 127) overflows f32", blocks->name, i, (int)sc[i]);
+        }
+      }
+  }
+  const size_t chunk = (size_t)64 << 20;
+  for (size_t off = 0; off < blocks->nbytes; off += chunk) {
+    const size_t n = blocks->nbytes - off < chunk ? blocks->nbytes - off : chunk;
+    memcpy(*bo + off, bl + off, n);
+    const moe8_tensor_view part = {blocks->name, blocks->dtype, 1, {(int64_t)n}, bl + off, n, 0};
+    drop_pages(&part);
+  }
+  memcpy(*so, sc, scales->nbytes);
+  drop_pages(scales);
+  return MOE8_OK;
+}
+
 static moe8_status gptoss_find(const moe8_model *m, const char *p, const char *what, int64_t E, int64_t K, int64_t N, gptoss_w *w) {
   char n[320];
   moe8_status st;
@@ -586,6 +621,19 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
       L->w[MOE8_W_GU_BIAS][e * 2 * F + f] = bgu[e * 2 * F + 2 * f];
       L->w[MOE8_W_GU_BIAS][e * 2 * F + F + f] = bgu[e * 2 * F + 2 * f + 1];
     }
+  if (st == MOE8_OK && L->inference && !L->wq && !L->aq && wgu.blocks && wdn.blocks) {
+    /* MXFP4 kept as the file holds it: 4.25 bits a weight, decoded by the
+    ** kernels (moe8__ktable.mx4_rows). */
+    uint8_t *b1 = NULL, *s1 = NULL, *b2 = NULL, *s2 = NULL;
+    st = mx4_take(wgu.blocks, wgu.scales, &b1, &s1);
+    if (st == MOE8_OK && (st = mx4_take(wdn.blocks, wdn.scales, &b2, &s2)) != MOE8_OK) { free(b1); free(s1); }
+    if (st == MOE8_OK) st = moe8__layer_load_mx4(L, b1, s1, b2, s2);
+    if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E, E);
+    free(tmp); free(raw); free(gu); free(dn); free(bgu);
+    if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
+    *out = L;
+    return MOE8_OK;
+  }
   if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
   double last = now_s();
   for (int64_t e = 0; e < E && st == MOE8_OK; e++) {

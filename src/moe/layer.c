@@ -166,6 +166,8 @@ static void free_set(moe8__xset *X) {
   free(X->wgu_f32);
   if (X->own_wd) free(X->wd_f32);
   free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
+  free(X->mx_gu_b); free(X->mx_gu_s); free(X->mx_dn_b); free(X->mx_dn_s);
+  X->mx_gu_b = X->mx_gu_s = X->mx_dn_b = X->mx_dn_s = NULL;
   if (!X->pk_borrowed) { free(X->wgu_pk); free(X->wd_pk); }
   X->pk_borrowed = false;
   X->wgu_f32 = X->wd_f32 = X->wgu_s = X->wd_s = NULL;
@@ -675,6 +677,23 @@ moe8_status moe8__layer_end_load(moe8_layer *L) {
   if (!L->inference) return L->from_codes ? finish_training(L) : MOE8_OK;
   if ((st = check_weights(L)) != MOE8_OK) return st;
   set_describe(L, L->xs[0].wgu_pk ? " (loaded for inference, packed)" : " (loaded for inference)");
+  L->prepared = true;
+  return MOE8_OK;
+}
+
+moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s) {
+  if (!L->inference || L->wq || L->aq || L->nsets != 1 || L->cfg.hidden % 32 || L->cfg.ffn % 32) {
+    free(gu_b); free(gu_s); free(dn_b); free(dn_s);
+    return moe8__fail(MOE8_ERR_INTERNAL, "layer: MXFP4 weights need an inference layer without rules or a shared expert, D and F multiples of 32");
+  }
+  moe8__xset *X = &L->xs[0];
+  free_set(X);
+  X->mx_gu_b = gu_b; X->mx_gu_s = gu_s; X->mx_dn_b = dn_b; X->mx_dn_s = dn_s;
+  moe8_layer_weights_changed(L);
+  L->from_codes = false;
+  moe8_status st = check_weights(L);
+  if (st != MOE8_OK) return st;
+  snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (loaded for inference, as the file holds them), activations f32");
   L->prepared = true;
   return MOE8_OK;
 }

@@ -24,6 +24,10 @@ typedef struct moe8__xset {
   uint8_t *wgu_q, *wd_q;            /* quantized values [E, K, N], or NULL when only packed */
   float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
   uint8_t *wgu_pk, *wd_pk;          /* codes packed (moe8_gmm_pack_rhs), or NULL */
+  /* MXFP4 weights as a file holds them (GPT-OSS, inference layers without
+  ** a weight rule): blocks [E, N, K/32, 16] and E8M0 scales [E, N, K/32]
+  ** of gate|up (rows alternate gate, up) and down; NULL otherwise. */
+  uint8_t *mx_gu_b, *mx_gu_s, *mx_dn_b, *mx_dn_s;
   bool     coded;                   /* codes put by a load since begin_load    */
   bool     pk_borrowed;             /* wgu_pk/wd_pk lie in a file mapping (not freed) */
 } moe8__xset;
@@ -120,6 +124,10 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int set, int64_t e, const floa
 moe8_status moe8__layer_put_packed(moe8_layer *L, int set, const uint8_t *gu_pk, const float *gs, const uint8_t *dn_pk,
                                    const float *ds);
 moe8_status moe8__layer_end_load(moe8_layer *L);
+/* An inference layer without weight or activation rules takes its routed
+** experts as MXFP4 bytes (ownership of the four buffers passes, also on
+** failure), then ends the load (prepared). */
+moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s);
 /* A layer without f32 expert masters (inference). */
 moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
                                moe8_layer **out);

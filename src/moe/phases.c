@@ -102,11 +102,48 @@ static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, flo
   }
 }
 
+/* out[rows, ldo] = x[rows, K] · W per group, W MXFP4 (blk, sc for all
+** groups from g0); tasks of 64 output columns over the threads. */
+static void mx4_grouped(const moe8_layer *L, const float *x, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, int64_t K,
+                        int64_t N, const uint8_t *blk, const uint8_t *sc, float *out, int64_t ldo, int64_t split) {
+  const moe8__ktable *kt = moe8__kernels();
+  enum { NT = 64 };
+  const int64_t nct = moe8__cdiv(N, NT);
+  int64_t row0[MOE8_MAX_EXPERTS + 1];
+  row0[0] = 0;
+  for (int64_t g = 0; g < G; g++) row0[g + 1] = row0[g] + gsz[g];
+  (void)rows;
+  const int64_t ntask = G * nct;
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)N * (double)K)) schedule(dynamic, 1)
+  for (int64_t t = 0; t < ntask; t++) {
+    const int64_t g = t / nct, c = t % nct;
+    if (!gsz[g]) continue;
+    const int64_t n0 = c * NT, n1 = n0 + NT < N ? n0 + NT : N, e = g0 + g;
+    kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, blk + (size_t)(e * N * (K / 32) * 16), sc + (size_t)(e * N * (K / 32)), n0, n1,
+                 out + row0[g] * ldo, ldo, split);
+  }
+  (void)L;
+}
+
 moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes) {
   const moe8__xset *X = &L->xs[set];
   const int64_t D = L->cfg.hidden, F = X->F;
+  if (X->mx_gu_b) {
+    /* MXFP4 weights, read as the file holds them: gate/up rows alternate. */
+    (void)xsq; (void)sxs; (void)hq; (void)sh; (void)scratch; (void)scratch_bytes;
+    mx4_grouped(L, xs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, F);
+    if (L->cfg.expert_bias) add_group_bias(gu, 2 * F, rows, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
+    const moe8__ktable *kt = moe8__kernels();
+    #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)rows * (double)F)) schedule(static)
+    for (int64_t p = 0; p < rows; p++)
+      if (L->cfg.act == MOE8_ACT_SWIGLU_CLAMP) swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
+    mx4_grouped(L, h, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0);
+    if (L->cfg.expert_bias) add_group_bias(y, D, rows, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
+    return MOE8_OK;
+  }
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,

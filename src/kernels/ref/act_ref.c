@@ -4,6 +4,8 @@
 ** out (no contraction: the build passes -ffp-contract=off); every ISA's
 ** version must give these bytes.
 */
+#include <math.h>
+#include <string.h>
 #include "ref.h"
 
 static inline float silu(float g) { return g / (1.0f + moe8__expf(-g)); }
@@ -22,4 +24,41 @@ void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int
       for (int64_t e = 0; e < E; e++) l[e] += xv * w[e];
     }
   }
+}
+
+/* The E2M1 values of the 16 MXFP4 codes. */
+static const float k_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+float moe8__e8m0(uint8_t s) {
+  uint32_t b = s ? (uint32_t)s << 23 : 0x00400000u; /* 2^(s-127); s = 0 is the subnormal 2^-127 */
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+/* The reference: the AVX-512 kernel's order (16 lanes; lane j takes
+** k = 32b + j then 32b + 16 + j of every block b with a fused multiply-add
+** of the weight, itself code × scale exactly; then lanes j + 8, j + 4,
+** j + 2, j + 1 folded) so the tables give the same bytes. */
+void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
+                        int64_t n1, float *out, int64_t ldo, int64_t split) {
+  const int64_t nb = K / 32;
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t n = n0; n < n1; n++) {
+      float lane[16] = {0};
+      for (int64_t b = 0; b < nb; b++) {
+        const float s = moe8__e8m0(sc[n * nb + b]);
+        const uint8_t *q = blk + (n * nb + b) * 16;
+        const float *xb = x + p * ldx + b * 32;
+        for (int j = 0; j < 16; j++) {
+          const float w0 = k_e2m1[(q[j / 2] >> (4 * (j & 1))) & 15] * s, w1 = k_e2m1[(q[8 + j / 2] >> (4 * (j & 1))) & 15] * s;
+          lane[j] = fmaf(w0, xb[j], lane[j]);
+          lane[j] = fmaf(w1, xb[16 + j], lane[j]);
+        }
+      }
+      /* _mm512_reduce_add_ps: halves 8 + 8, then 4 + 4, 2 + 2, 1 + 1 */
+      for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
+      out[p * ldo + (split > 0 ? n / 2 + ((n & 1) ? split : 0) : n)] = lane[0];
+    }
 }

@@ -19,6 +19,10 @@ size_t moe8__ref_absmax_acc(float *amax, const float *x, size_t n);
 void   moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n,
                            moe8_dtype qtype);
 void   moe8__ref_swiglu(float *h, const float *g, const float *u, size_t n);
+void   moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
+                          int64_t n1, float *out, int64_t ldo, int64_t split);
+/* 2^(s - 127) as f32 (the E8M0 scale byte s < 255). */
+float  moe8__e8m0(uint8_t s);
 void   moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E);
 
 #endif
