@@ -530,7 +530,7 @@ static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_vi
         }
       }
   }
-  const size_t chunk = (size_t)64 << 20;
+  const size_t chunk = (size_t)8 << 20;
   for (size_t off = 0; off < blocks->nbytes; off += chunk) {
     const size_t n = blocks->nbytes - off < chunk ? blocks->nbytes - off : chunk;
     memcpy(*bo + off, bl + off, n);

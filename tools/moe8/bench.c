@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -589,6 +590,173 @@ static int bench_ep(void) {
   return rc;
 }
 
+/* ---- moe8 bench mxfp4 -------------------------------------------------------- */
+/* Resident and peak-resident bytes of the process (/proc/self/status). */
+static double status_kb(const char *key) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  double v = -1;
+  const size_t n = strlen(key);
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, key, n)) { v = atof(line + n + 1); break; }
+  if (f) fclose(f);
+  return v;
+}
+
+
+/* Decode T = 1, 2, 4, 8 of a layer, each forward on other tokens (so other
+** experts): the fastest of reps, and the expert bytes it read. */
+static void decode_times(moe8_layer *L, int64_t D, int64_t E, int64_t K, double bytes_per_expert, int reps, double *ms, double *gbs, int64_t *Ts,
+                         int nT) {
+  float *x = malloc(sizeof(float) * (size_t)(8 * D * reps)), *y = malloc(sizeof(float) * (size_t)(8 * D));
+  const size_t wsz = moe8_layer_workspace_size(L, 8);
+  void *ws = NULL;
+  if (!x || !y || posix_memalign(&ws, 64, wsz) != 0) { free(x); free(y); return; }
+  for (int64_t i = 0; i < 8 * D * reps; i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-3f;
+  const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL);
+  for (int ti = 0; ti < nT; ti++) {
+    const int64_t T = Ts[ti];
+    double best = 1e30, best_bytes = 0;
+    for (int r = 0; r < reps; r++) {
+      const float *xr = x + (size_t)r * 8 * D;
+      const double t0 = cli_now();
+      if (moe8_layer_forward_fused(L, xr, T, y, ws, wsz) != MOE8_OK) break;
+      const double dt = cli_now() - t0;
+      /* the experts this forward touched: top-K of the router logits */
+      bool hit[MOE8_MAX_EXPERTS] = {false};
+      int64_t nhit = 0;
+      for (int64_t t = 0; t < T; t++) {
+        float lg[MOE8_MAX_EXPERTS];
+        for (int64_t e = 0; e < E; e++) {
+          float a = 0;
+          for (int64_t d = 0; d < D; d++) a += xr[t * D + d] * wr[d * E + e];
+          lg[e] = a;
+        }
+        for (int64_t j = 0; j < K; j++) {
+          int64_t b = -1;
+          for (int64_t e = 0; e < E; e++)
+            if (lg[e] > -1e30f && (b < 0 || lg[e] > lg[b])) b = e;
+          lg[b] = -1e38f;
+          if (!hit[b]) { hit[b] = true; nhit++; }
+        }
+      }
+      if (dt < best) { best = dt; best_bytes = (double)nhit * bytes_per_expert; }
+    }
+    ms[ti] = best * 1e3;
+    gbs[ti] = best_bytes / best / 1e9;
+  }
+  free(x); free(y); free(ws);
+}
+
+static int bench_mxfp4(const peaks *pk) {
+  const int64_t E = 32, K = 4, D = 2880, F = 2880;
+  char dir[64] = "/tmp/moe8-bench-mxfp4-XXXXXX";
+  if (!mkdtemp(dir)) { fprintf(stderr, "moe8 bench mxfp4: cannot create a temporary directory\n"); return EXIT_FAIL; }
+  printf("\nmoe8 bench mxfp4: a GPT-OSS-shaped layer (E=%lld, top_k=%lld, D=%lld, F=%lld, MXFP4 experts), loaded for inference\n",
+         (long long)E, (long long)K, (long long)D, (long long)F);
+  const size_t ngu = (size_t)(E * 2 * F * (D / 32)), ndn = (size_t)(E * D * (F / 32));
+  uint8_t *gb = malloc(ngu * 16), *gs = malloc(ngu), *db = malloc(ndn * 16), *ds = malloc(ndn);
+  float *rw = malloc(sizeof(float) * (size_t)(E * D)), *rb = calloc((size_t)E, 4), *gub = calloc((size_t)(E * 2 * F), 4),
+        *dnb = calloc((size_t)(E * D), 4);
+  int rc = EXIT_OK;
+  if (!gb || !gs || !db || !ds || !rw || !rb || !gub || !dnb) { rc = EXIT_FAIL; goto done; }
+  for (size_t i = 0; i < ngu * 16; i += 8) { const uint64_t r = rnd(); memcpy(gb + i, &r, 8); }
+  for (size_t i = 0; i < ndn * 16; i += 8) { const uint64_t r = rnd(); memcpy(db + i, &r, 8); }
+  for (size_t i = 0; i < ngu; i++) gs[i] = (uint8_t)(118 + rnd() % 4);
+  for (size_t i = 0; i < ndn; i++) ds[i] = (uint8_t)(118 + rnd() % 4);
+  for (int64_t i = 0; i < E * D; i++) rw[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-4f;
+  char path[128];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) { rc = EXIT_FAIL; goto done; }
+  fprintf(f, "{\"model_type\": \"gpt_oss\", \"num_local_experts\": %lld, \"num_experts_per_tok\": %lld, \"hidden_size\": %lld, "
+             "\"intermediate_size\": %lld, \"num_hidden_layers\": 1, \"quantization_config\": {\"quant_method\": \"mxfp4\"}}\n",
+          (long long)E, (long long)K, (long long)D, (long long)F);
+  fclose(f);
+  {
+    const moe8_tensor_view t[8] = {
+      {"model.layers.0.mlp.router.weight", MOE8_FDT_F32, 2, {E, D}, rw, sizeof(float) * (size_t)(E * D), 0},
+      {"model.layers.0.mlp.router.bias", MOE8_FDT_F32, 1, {E}, rb, sizeof(float) * (size_t)E, 0},
+      {"model.layers.0.mlp.experts.gate_up_proj_blocks", MOE8_FDT_U8, 4, {E, 2 * F, D / 32, 16}, gb, ngu * 16, 0},
+      {"model.layers.0.mlp.experts.gate_up_proj_scales", MOE8_FDT_U8, 3, {E, 2 * F, D / 32}, gs, ngu, 0},
+      {"model.layers.0.mlp.experts.gate_up_proj_bias", MOE8_FDT_F32, 2, {E, 2 * F}, gub, sizeof(float) * (size_t)(E * 2 * F), 0},
+      {"model.layers.0.mlp.experts.down_proj_blocks", MOE8_FDT_U8, 4, {E, D, F / 32, 16}, db, ndn * 16, 0},
+      {"model.layers.0.mlp.experts.down_proj_scales", MOE8_FDT_U8, 3, {E, D, F / 32}, ds, ndn, 0},
+      {"model.layers.0.mlp.experts.down_proj_bias", MOE8_FDT_F32, 2, {E, D}, dnb, sizeof(float) * (size_t)(E * D), 0},
+    };
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (moe8_st_write(path, t, 8) != MOE8_OK) { rc = cli_report(moe8_st_write(path, t, 8), "bench mxfp4"); goto done; }
+  }
+  free(gb); free(gs); free(db); free(ds);
+  gb = gs = db = ds = NULL;
+  {
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const double file_mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
+    /* peak resident bytes of the load: VmHWM reset first (clear_refs 5) */
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    if (cr) { fputs("5", cr); fclose(cr); }
+    const double rss0 = status_kb("VmRSS:") * 1e3;
+    moe8_model *m = NULL;
+    moe8_layer *L = NULL;
+    const moe8_load_options o = {sizeof o, MOE8_LOAD_INFERENCE, NULL, NULL};
+    const double t0 = cli_now();
+    moe8_status st = moe8_model_open(dir, &m);
+    if (st == MOE8_OK) st = moe8_model_load_layer_ex(m, 0, NULL, &o, &L);
+    moe8_model_close(m);
+    const double tl = cli_now() - t0;
+    if (st != MOE8_OK) { rc = cli_report(st, "bench mxfp4"); goto done; }
+    const double rss1 = status_kb("VmRSS:") * 1e3, hwm = status_kb("VmHWM:") * 1e3;
+    printf("file %.1f MB; load %.2f s; resident after the load +%.1f MB (%.3fx the file), peak during it +%.1f MB (%.3fx)\n", file_mb, tl,
+           (rss1 - rss0) / 1e6, (rss1 - rss0) / 1e6 / file_mb, (hwm - rss0) / 1e6, (hwm - rss0) / 1e6 / file_mb);
+    printf("%s\n", moe8_layer_describe(L));
+    if (g_json)
+      fprintf(g_json, "{\"bench\":\"mxfp4_load\",\"file_mb\":%.1f,\"rss_mb\":%.1f,\"peak_mb\":%.1f,\"load_s\":%.2f}\n", file_mb,
+              (rss1 - rss0) / 1e6, (hwm - rss0) / 1e6, tl);
+    const double per_expert = (double)(2 * F * D + D * F) * (16.0 + 1.0) / 32.0; /* blocks + scales */
+    int64_t Ts[4] = {1, 2, 4, 8};
+    /* An FP8 layer of the same D, F (8 experts, packed at prepare) for the ratio in the same run. */
+    moe8_layer_config fc = {.num_experts = 8, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true};
+    const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 128}]}";
+    moe8_rules *rules = NULL;
+    moe8_layer *L8 = NULL;
+    st = moe8_rules_parse(rj, strlen(rj), "inline", &rules);
+    if (st == MOE8_OK) st = moe8_layer_create(&fc, rules, "experts", &L8);
+    if (st == MOE8_OK) st = moe8_layer_init_random(L8, 3);
+    if (st == MOE8_OK) st = moe8_layer_prepare(L8);
+    const double per8 = (double)(2 * F * D + D * F) * (1.0 + 4.0 / 128.0);
+    printf("decode   thr   mxfp4 ms  GB/s  %% bw   |  f8e4m3 ms  GB/s  %% bw  (8 experts, packed) | mxfp4 / f8 GB/s\n");
+    for (int th = 1; th <= max_threads() && th <= 2; th++) {
+      set_threads(th);
+      double ms[4] = {0}, gbs[4] = {0}, ms8[4] = {0}, gbs8[4] = {0};
+      decode_times(L, D, E, K, per_expert, 12, ms, gbs, Ts, 4);
+      if (st == MOE8_OK) decode_times(L8, D, 8, K, per8, 12, ms8, gbs8, Ts, 4);
+      const double bw = th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2;
+      for (int i = 0; i < 4; i++) {
+        printf("T=%-5lld %3d %10.3f %5.1f %5.0f%%  | %10.3f %5.1f %5.0f%%                       | %.2fx\n", (long long)Ts[i], th, ms[i], gbs[i],
+               bw > 0 ? 100 * gbs[i] / bw : 0, ms8[i], gbs8[i], bw > 0 ? 100 * gbs8[i] / bw : 0, gbs8[i] > 0 ? gbs[i] / gbs8[i] : 0);
+        if (g_json)
+          fprintf(g_json, "{\"bench\":\"mxfp4_decode\",\"T\":%lld,\"threads\":%d,\"mxfp4_ms\":%.4f,\"mxfp4_gbs\":%.2f,\"pct_bw\":%.1f,"
+                          "\"f8_ms\":%.4f,\"f8_gbs\":%.2f,\"f8_pct_bw\":%.1f}\n", (long long)Ts[i], th, ms[i], gbs[i], bw > 0 ? 100 * gbs[i] / bw : 0,
+                  ms8[i], gbs8[i], bw > 0 ? 100 * gbs8[i] / bw : 0);
+      }
+    }
+    set_threads(max_threads());
+    printf("(GB/s: the bytes of the experts each forward touched / its time; %% bw: of the read bandwidth measured above with the same threads)\n");
+    moe8_layer_destroy(L8);
+    moe8_rules_destroy(rules);
+    moe8_layer_destroy(L);
+  }
+done:
+  free(gb); free(gs); free(db); free(ds); free(rw); free(rb); free(gub); free(dnb);
+  {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "moe8 bench: could not remove %s\n", dir);
+  }
+  return rc;
+}
+
 /* The CPU's name (/proc/cpuinfo "model name"), for the report and the chart. */
 static void cpu_name(char *buf, size_t cap) {
   snprintf(buf, cap, "unknown CPU");
@@ -612,11 +780,11 @@ static void cpu_name(char *buf, size_t cap) {
 int cmd_bench(int argc, char **argv) {
   const char *json = NULL, *plot = NULL;
   char json_tmp[64] = "";
-  int want[5] = {0}, any = 0; /* quant gmm layer ep peaks */
-  static const char *const names[5] = {"quant", "gmm", "layer", "ep", "peaks"};
+  int want[6] = {0}, any = 0; /* quant gmm layer ep peaks mxfp4 */
+  static const char *const names[6] = {"quant", "gmm", "layer", "ep", "peaks", "mxfp4"};
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
-      printf("usage: moe8 bench [--json FILE] [--plot PNG] [--shapes prefill|decode] [--isa T1,T2,...] [quant] [gmm] [layer] [ep]\n"
+      printf("usage: moe8 bench [--json FILE] [--plot PNG] [--shapes prefill|decode] [--isa T1,T2,...] [quant] [gmm] [layer] [ep] [mxfp4]\n"
              "       (no section: all of them)\n\n"
              "  measures the machine's peaks first (f32 FMA, vdpbf16ps, vpdpbusd, memory read bandwidth), then:\n"
              "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB vs memory bandwidth\n"
@@ -626,6 +794,8 @@ int cmd_bench(int argc, char **argv) {
              "  layer   the whole layer (f32, f8e4m3, i8) against PyTorch eager f32 and bf16 (python3-torch)\n"
              "  ep      expert parallelism, ring vs all-to-all: bytes and time of the real forward and backward,\n"
              "          P = 2, 4, 8, shared memory and TCP; the bytes formula up to P = 256\n"
+             "  mxfp4   a GPT-OSS-shaped layer (E=32, k=4, D=F=2880) with MXFP4 experts: load memory against its file,\n"
+             "          decode T=1..8 GB/s against the read bandwidth and an FP8 layer of the same width\n"
              "  --json FILE  one JSON object per measurement, written to FILE\n"
              "  --plot PNG   the chart of the run's ratios (scripts/plot_bench.py, python3-matplotlib)\n"
              "  --shapes S   only the prefill or only the decode shapes of gmm and layer\n"
@@ -661,7 +831,7 @@ int cmd_bench(int argc, char **argv) {
       continue;
     }
     int found = 0;
-    for (int s2 = 0; s2 < 5; s2++)
+    for (int s2 = 0; s2 < 6; s2++)
       if (!strcmp(argv[i], names[s2])) { want[s2] = 1; found = any = 1; }
     if (!found) { fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[i]); return EXIT_USAGE; }
   }
@@ -688,7 +858,7 @@ int cmd_bench(int argc, char **argv) {
             moe8_isa_name(moe8_isa_active()), moe8_isa_supported(MOE8_ISA_AMX) ? "true" : "false", MOE8_VERSION_STRING);
   int rc = EXIT_OK;
   peaks pk = {0};
-  if (want[0] || want[1] || want[2] || want[4]) {
+  if (want[0] || want[1] || want[2] || want[4] || want[5]) {
     pk = measure_peaks();
     if (g_json) fprintf(g_json, "{\"bench\":\"peaks\",\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,\"i8_gops\":%.1f,\"read_gbs\":%.2f,\"read_gbs_2t\":%.2f,"
                         "\"amx_bf16_gflops\":%.1f,\"amx_i8_gops\":%.1f}\n", pk.f32, pk.bf16, pk.i8, pk.bw, pk.bw2, pk.amx_bf16, pk.amx_i8);
@@ -701,6 +871,7 @@ int cmd_bench(int argc, char **argv) {
     if (rc == EXIT_OK && want[2]) rc = bench_layer(g_json);
   }
   if (rc == EXIT_OK && want[3]) rc = bench_ep();
+  if (rc == EXIT_OK && want[5]) rc = bench_mxfp4(&pk);
   if (g_json) { fclose(g_json); g_json = NULL; }
   if (rc == EXIT_OK && plot) {
     char cmd[2048];

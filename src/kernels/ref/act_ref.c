@@ -29,17 +29,12 @@ void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int
 /* The E2M1 values of the 16 MXFP4 codes. */
 static const float k_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-float moe8__e8m0(uint8_t s) {
-  uint32_t b = s ? (uint32_t)s << 23 : 0x00400000u; /* 2^(s-127); s = 0 is the subnormal 2^-127 */
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
 
-/* The reference: the AVX-512 kernel's order (16 lanes; lane j takes
-** k = 32b + j then 32b + 16 + j of every block b with a fused multiply-add
-** of the weight, itself code × scale exactly; then lanes j + 8, j + 4,
-** j + 2, j + 1 folded) so the tables give the same bytes. */
+/* The reference: the AVX-512 kernel's order (16 lanes; lane j takes byte
+** j of every block b, k = 32b + 2j (its low nibble) then 32b + 2j + 1 (its
+** high nibble), each a fused multiply-add of the weight, itself code ×
+** scale exactly; then lanes j + 8, j + 4, j + 2, j + 1 folded) so the
+** tables give the same bytes. */
 void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                         int64_t n1, float *out, int64_t ldo, int64_t split) {
   const int64_t nb = K / 32;
@@ -51,9 +46,9 @@ void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, co
         const uint8_t *q = blk + (n * nb + b) * 16;
         const float *xb = x + p * ldx + b * 32;
         for (int j = 0; j < 16; j++) {
-          const float w0 = k_e2m1[(q[j / 2] >> (4 * (j & 1))) & 15] * s, w1 = k_e2m1[(q[8 + j / 2] >> (4 * (j & 1))) & 15] * s;
-          lane[j] = fmaf(w0, xb[j], lane[j]);
-          lane[j] = fmaf(w1, xb[16 + j], lane[j]);
+          const float w0 = k_e2m1[q[j] & 15] * s, w1 = k_e2m1[q[j] >> 4] * s;
+          lane[j] = fmaf(w0, xb[2 * j], lane[j]);
+          lane[j] = fmaf(w1, xb[2 * j + 1], lane[j]);
         }
       }
       /* _mm512_reduce_add_ps: halves 8 + 8, then 4 + 4, 2 + 2, 1 + 1 */

@@ -6,6 +6,7 @@
 #ifndef MOE8_REF_H
 #define MOE8_REF_H
 
+#include <string.h>
 #include "../../core/internal.h"
 
 void   moe8__ref_cvt_f32_f8(uint8_t *dst, const float *src, size_t n, moe8_dtype type, bool sat);
@@ -21,8 +22,14 @@ void   moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_ste
 void   moe8__ref_swiglu(float *h, const float *g, const float *u, size_t n);
 void   moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                           int64_t n1, float *out, int64_t ldo, int64_t split);
-/* 2^(s - 127) as f32 (the E8M0 scale byte s < 255). */
-float  moe8__e8m0(uint8_t s);
+/* 2^(s - 127) as f32 (the E8M0 scale byte s < 255; s = 0 is the
+** subnormal 2^-127). */
+static inline float moe8__e8m0(uint8_t s) {
+  const uint32_t b = s ? (uint32_t)s << 23 : 0x00400000u;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
 void   moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E);
 
 #endif

@@ -78,49 +78,71 @@ static inline float fold16(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
-/* The 32 weights of one block, code x scale, as two vectors (k 0..15, 16..31). */
-static inline void mx4_block(const uint8_t *q, uint8_t s, __m512 lut, __m512 *w0, __m512 *w1) {
-  const __m128i b = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(15);
-  const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-  const __m512 sv = _mm512_set1_ps(moe8__e8m0(s));
-  *w0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), lut), sv);
-  *w1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), lut), sv);
-}
-
-static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0, int64_t n1,
-                     float *out, int64_t ldo, int64_t split) {
-  const int64_t nb = K / 32;
-  const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  enum { NC = 4, RC = 2 }; /* columns x rows per tile: 8 accumulators */
-  for (int64_t p0 = 0; p0 < rows; p0 += RC) {
-    const int rr = rows - p0 < RC ? (int)(rows - p0) : RC;
-    int64_t n = n0;
-    for (; n < n1; n += NC) {
-      const int nc = n1 - n < NC ? (int)(n1 - n) : NC;
-      __m512 acc[NC][RC];
-      for (int c = 0; c < NC; c++)
-        for (int r = 0; r < RC; r++) acc[c][r] = _mm512_setzero_ps();
-      for (int64_t b = 0; b < nb; b++) {
-        __m512 xa[RC], xb[RC];
-        for (int r = 0; r < rr; r++) {
-          xa[r] = _mm512_loadu_ps(x + (p0 + r) * ldx + b * 32);
-          xb[r] = _mm512_loadu_ps(x + (p0 + r) * ldx + b * 32 + 16);
-        }
-        for (int c = 0; c < nc; c++) {
-          __m512 w0, w1;
-          mx4_block(blk + ((n + c) * nb + b) * 16, sc[(n + c) * nb + b], lut, &w0, &w1);
-          for (int r = 0; r < rr; r++) {
-            acc[c][r] = _mm512_fmadd_ps(w0, xa[r], acc[c][r]);
-            acc[c][r] = _mm512_fmadd_ps(w1, xb[r], acc[c][r]);
-          }
-        }
-      }
-      for (int c = 0; c < nc; c++) {
-        const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
-        for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = fold16(acc[c][r]);
+/* One tile: nc columns (n .. n + nc) x rr rows over all nb blocks; xe/xo
+** the rows' even and odd elements; fs the columns' block scales.  A
+** block's weights: lut values of the low (even k) and high (odd k)
+** nibbles of its 16 bytes, times its scale. */
+static inline __attribute__((always_inline)) void mx4_tile(const float *xe, const float *xo, int64_t ldh, int rr, int nc, const uint8_t *blk,
+                                                           const float *fs, int64_t nb, __m512 lut, float *res /* [nc][rr] */) {
+  __m512 acc[4][2];
+  for (int c = 0; c < 4; c++)
+    for (int r = 0; r < 2; r++) acc[c][r] = _mm512_setzero_ps();
+  const __m512i m15 = _mm512_set1_epi32(15);
+  for (int64_t b = 0; b < nb; b++) {
+    __m512 ve[2], vo[2];
+    for (int r = 0; r < rr; r++) {
+      ve[r] = _mm512_loadu_ps(xe + r * ldh + b * 16);
+      vo[r] = _mm512_loadu_ps(xo + r * ldh + b * 16);
+    }
+    if ((b & 3) == 0) /* the tile two ahead, a line per column every four blocks (decode streams from memory) */
+      for (int c = 0; c < nc; c++) _mm_prefetch((const char *)(blk + ((int64_t)(c + 8) * nb + b) * 16), _MM_HINT_T0);
+    for (int c = 0; c < nc; c++) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + ((int64_t)c * nb + b) * 16)));
+      const __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(fs[c * nb + b]));
+      const __m512 we = _mm512_permutexvar_ps(_mm512_and_si512(v, m15), ls), wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), ls);
+      for (int r = 0; r < rr; r++) {
+        acc[c][r] = _mm512_fmadd_ps(we, ve[r], acc[c][r]);
+        acc[c][r] = _mm512_fmadd_ps(wo, vo[r], acc[c][r]);
       }
     }
   }
+  for (int c = 0; c < nc; c++)
+    for (int r = 0; r < rr; r++) res[c * 2 + r] = fold16(acc[c][r]);
+}
+
+enum { MX_KMAX = 8192 };
+
+static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0, int64_t n1,
+                     float *out, int64_t ldo, int64_t split) {
+  if (K > MX_KMAX) { moe8__ref_mx4_rows(x, rows, ldx, K, blk, sc, n0, n1, out, ldo, split); return; }
+  const int64_t nb = K / 32, h = K / 2;
+  const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+  float xe[2][MX_KMAX / 2], xo[2][MX_KMAX / 2], fs[4 * (MX_KMAX / 32)], res[8];
+  for (int64_t p0 = 0; p0 < rows; p0 += 2) {
+    const int rr = rows - p0 < 2 ? (int)(rows - p0) : 2;
+    for (int r = 0; r < rr; r++) /* even and odd elements of the row */
+      for (int64_t k = 0; k < K; k += 32) {
+        const __m512 a = _mm512_loadu_ps(x + (p0 + r) * ldx + k), c = _mm512_loadu_ps(x + (p0 + r) * ldx + k + 16);
+        _mm512_storeu_ps(&xe[r][k / 2], _mm512_permutex2var_ps(a, ie, c));
+        _mm512_storeu_ps(&xo[r][k / 2], _mm512_permutex2var_ps(a, io, c));
+      }
+    for (int64_t n = n0; n < n1; n += 4) {
+      const int nc = n1 - n < 4 ? (int)(n1 - n) : 4;
+      for (int c = 0; c < nc; c++)
+        for (int64_t b = 0; b < nb; b++) fs[c * nb + b] = moe8__e8m0(sc[(n + c) * nb + b]);
+      const uint8_t *bn = blk + n * nb * 16;
+      if (nc == 4 && rr == 1) mx4_tile(xe[0], xo[0], MX_KMAX / 2, 1, 4, bn, fs, nb, lut, res);
+      else if (nc == 4 && rr == 2) mx4_tile(xe[0], xo[0], MX_KMAX / 2, 2, 4, bn, fs, nb, lut, res);
+      else mx4_tile(xe[0], xo[0], MX_KMAX / 2, rr, nc, bn, fs, nb, lut, res);
+      for (int c = 0; c < nc; c++) {
+        const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
+        for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = res[c * 2 + r];
+      }
+    }
+  }
+  (void)h;
 }
 
 void moe8__act_init_avx512(moe8__ktable *k) {
