@@ -189,7 +189,7 @@ def _cfg(layer):
 _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
               "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3",
               "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2",
-              "GptOssMLP": "gpt_oss"}
+              "GptOssMLP": "gpt_oss", "Llama4TextMoe": "llama4_text"}
 
 
 def _first(*vals):
@@ -213,7 +213,7 @@ def _expert_weights(experts, family):
 def from_hf(block, config=None, rules=None):
     """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
     Qwen3-MoE, Qwen3-Next, Mixtral, OLMoE, DeepSeek-V2, DeepSeek-V3,
-    GLM-4.5, GPT-OSS), its weights copied; `config` is the
+    GLM-4.5, GPT-OSS, Llama-4), its weights copied; `config` is the
     model's config (for what the block does not hold)."""
     family = _HF_BLOCKS.get(type(block).__name__)
     if family is None:
@@ -221,6 +221,8 @@ def from_hf(block, config=None, rules=None):
     cfg = config if config is not None else getattr(block, "config", None)
     if family == "gpt_oss":
         return _from_gpt_oss(block, cfg, rules)
+    if family == "llama4_text":
+        return _from_llama4(block, cfg, rules)
     gate = block.gate
     wr = gate.weight.detach().float()  # [E, D]
     E, D = wr.shape
@@ -299,6 +301,31 @@ def _from_gpt_oss(block, cfg, rules):
     return out
 
 
+def _from_llama4(block, cfg, rules):
+    """transformers' Llama4TextMoe: router (Linear [E, D]), experts
+    (gate_up_proj [E, D, 2F], gate the first F columns, down_proj
+    [E, F, D]), shared_expert (gate/up/down Linear); the sigmoid of each
+    chosen logit scales that expert's input."""
+    wr = block.router.weight.detach().float()
+    E, D = wr.shape
+    gu = block.experts.gate_up_proj.detach().float()
+    F = gu.shape[2] // 2
+    sh = block.shared_expert
+    top_k = int(_first(getattr(block, "top_k", None), getattr(cfg, "num_experts_per_tok", None), 1))
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, score="sigmoid", norm_topk_prob=False, weight_input=True,
+                    shared_ffn=sh.gate_proj.weight.shape[0])
+    with torch.no_grad():
+        out.router.copy_(wr.t())
+        out.gate.copy_(gu[:, :, :F])
+        out.up.copy_(gu[:, :, F:])
+        out.down.copy_(block.experts.down_proj.detach().float())
+        out.shared_gate.copy_(sh.gate_proj.weight.detach().float().t())
+        out.shared_up.copy_(sh.up_proj.weight.detach().float().t())
+        out.shared_down.copy_(sh.down_proj.weight.detach().float().t())
+    out._hf_family = "llama4_text"
+    return out
+
+
 class _HFBlock(torch.nn.Module):
     """moe8 in a transformers block's place: the block's input and what it
     returned (the hidden states, or (hidden states, router logits) as the
@@ -323,7 +350,7 @@ def patch(model, rules=None):
     todo = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
     for name, m in todo:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        wr = (m.router if _HF_BLOCKS[type(m).__name__] == "gpt_oss" else m.gate).weight
+        wr = (m.router if _HF_BLOCKS[type(m).__name__] in ("gpt_oss", "llama4_text") else m.gate).weight
         with torch.no_grad():
             r = m(torch.zeros(1, 1, wr.shape[1], dtype=wr.dtype))
         setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(from_hf(m, config, rules), _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))

@@ -321,6 +321,38 @@ class GptOssMLP(torch.nn.Module):
         return out.reshape(b, s, D), torch.zeros_like(logits).scatter_(1, ids, w)
 
 
+class _Llama4Experts(torch.nn.Module):
+    def __init__(self, D, F, E):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(E, D, 2 * F) * D ** -0.5)
+        self.down_proj = torch.nn.Parameter(torch.randn(E, F, D) * F ** -0.5)
+
+
+class Llama4TextMoe(torch.nn.Module):
+    """transformers' Llama-4 block: the sigmoid of each chosen router logit
+    scales that expert's input; the ungated shared expert added."""
+
+    def __init__(self, D=32, F=16, E=8, k=1):
+        super().__init__()
+        self.top_k = k
+        self.router = torch.nn.Linear(D, E, bias=False)
+        self.experts = _Llama4Experts(D, F, E)
+        self.shared_expert = _MLP(D, F)
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        logits = self.router(x)
+        top, ids = torch.topk(logits, self.top_k, dim=1)
+        scores = torch.sigmoid(torch.full_like(logits, float("-inf")).scatter_(1, ids, top))
+        out = self.shared_expert(x)
+        F = self.experts.gate_up_proj.shape[2] // 2
+        for e in range(logits.shape[1]):
+            h = (x * scores[:, e:e + 1]) @ self.experts.gate_up_proj[e]
+            out = out + (torch.nn.functional.silu(h[:, :F]) * h[:, F:]) @ self.experts.down_proj[e]
+        return out.reshape(b, s, D), logits
+
+
 class _Model(torch.nn.Module):
     def __init__(self, blocks):
         super().__init__()
@@ -337,11 +369,11 @@ def test_patch_transformers_shaped_model():
     from moe8.torch import patch
     torch.manual_seed(0)
     model = _Model([Qwen2MoeSparseMoeBlock(norm=False), Qwen2MoeSparseMoeBlock(norm=True), MixtralSparseMoeBlock(),
-                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe(), GptOssMLP()])
+                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe(), GptOssMLP(), Llama4TextMoe(), Llama4TextMoe(k=2)])
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         want = model(x)
-        assert patch(model) == 6
+        assert patch(model) == 8
         got = model(x)
     assert rel(got, want) <= 1e-5, rel(got, want)
     assert type(model.layers[0]["mlp"]).__name__ == "_HFBlock"
