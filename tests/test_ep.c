@@ -81,13 +81,15 @@ typedef struct scenario {
   int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts */
   int         shard_variant;
   float       aux, capacity;
-  int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated) */
+  int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated),
+                          ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best) */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
   const int64_t E = 8, K = 2, D = sc->mode == 4 ? 320 : 64, F = 48, T = 37;
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, sc->bias != 0, sc->capacity, sc->aux};
   if (sc->shared) { cfg.shared_ffn = FS; cfg.shared_gate = sc->shared == 2; }
+  if (sc->shared == 3) { cfg.norm_topk_prob = false; cfg.routed_scaling_factor = 16.0f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_score = MOE8_GROUP_MAX; }
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(4242);
@@ -162,7 +164,8 @@ static void run_scenario(const scenario *sc) {
       int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
       float *lgt = malloc(sizeof(float) * (size_t)(T * E)), *wt = malloc(sizeof(float) * (size_t)(T * K));
       const moe8_router_config rc = {E, K, cfg.score, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                                     cfg.use_selection_bias ? moe8_layer_weight_read(L, MOE8_W_BIAS, NULL) : NULL, cfg.n_group, cfg.topk_group};
+                                     cfg.use_selection_bias ? moe8_layer_weight_read(L, MOE8_W_BIAS, NULL) : NULL, cfg.n_group, cfg.topk_group,
+                                     cfg.group_score};
       assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lgt), MOE8_OK);
       assert_int_equal(moe8_route(&rc, lgt, T, NULL, ids, wt), MOE8_OK);
       const int64_t El = E / g_size;
@@ -234,6 +237,7 @@ static void test_ep_equals_single_process(void **state) {
     {"i8 per-token", 3, 0, 1, 0.01f, 0},
     {"fp8 1x128 (D = 320: a partial last tile), DeepSeek-V3 shared expert", 4, 0, 1, 0.01f, 0, 1},
     {"i8 per-token, capacity 1.25, expert 5 unused", 3, 1, 0, 0, 1.25f},
+    {"fp8 1x16, DeepSeek-V2 group_limited_greedy and shared experts", 2, 0, 1, 0.01f, 0, 3},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
