@@ -205,7 +205,7 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if (moe8_model_find(m, n)) {
-    snprintf(mm->fmt, sizeof mm->fmt, "mxfp4 (E2M1 values, E8M0 scales per 32 along K; decoded exactly at load)");
+    snprintf(mm->fmt, sizeof mm->fmt, "mxfp4 (E2M1 values, E8M0 scales per 32 along K)");
     return mm->fmt;
   }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
