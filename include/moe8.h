@@ -246,6 +246,11 @@ typedef struct moe8_rule {
   bool             act_pow2;
   moe8_calibration weight_calib;     /* "qwix": MOE8_CALIB_QWIX               */
   moe8_calibration act_calib;
+  /* weight_qtype "mxfp4": the experts quantized to OCP MXFP4 (E2M1 codes,
+  ** one E8M0 scale per 32 along K) at an inference load and kept so
+  ** (4.25 bits a weight); weight_qtype is then NONE.  Activations stay
+  ** f32 (act_qtype null); D and the FFN widths multiples of 32. */
+  bool             weight_mxfp4;
 } moe8_rule;
 
 typedef struct moe8_rules moe8_rules;

@@ -315,6 +315,47 @@ static void test_qwix_int8(void **state) {
   moe8_rules_destroy(rs);
 }
 
+/* MXFP4 quantization (moe8__mx4_quantize): the E2M1 rounding at every
+** grid point and midpoint (ties to the even code), saturation, sign; the
+** block scale 2^(floor(log2 amax) - 2) with its clamps; and a round trip
+** through the mx4 kernel of the reference table equals the dequantized
+** weights' products. */
+static void test_mxfp4_quantize(void **state) {
+  (void)state;
+  static const struct { float v; uint8_t code; } cases[] = {
+    {0.0f, 0}, {0.2f, 0}, {0.25f, 0}, {0.26f, 1}, {0.5f, 1}, {0.75f, 2}, {0.74f, 1}, {1.0f, 2}, {1.25f, 2}, {1.26f, 3}, {1.5f, 3},
+    {1.75f, 4}, {2.0f, 4}, {2.5f, 4}, {2.51f, 5}, {3.0f, 5}, {3.5f, 6}, {3.49f, 5}, {4.0f, 6}, {5.0f, 6}, {5.01f, 7}, {6.0f, 7},
+    {7.9f, 7}, {1e9f, 7}, {-0.5f, 9}, {-6.0f, 15}, {-2.5f, 12}, {-0.25f, 8}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (moe8__e2m1_code(cases[i].v) != cases[i].code)
+      TU_FAIL("e2m1(%g) = %u, want %u", (double)cases[i].v, moe8__e2m1_code(cases[i].v), cases[i].code);
+  enum { K = 64, N = 3 };
+  static float w[K * N];
+  tu_rng_reset(31);
+  tu_fill_normal(w, K * N, 1.0f);
+  for (int k = 0; k < 32; k++) w[k * N + 1] = 0.0f;          /* column 1, block 0: all zero -> scale byte 0 */
+  w[40 * N + 2] = 12.0f;                                       /* column 2, block 1: amax 12 -> X = 2^(3 - 2) */
+  uint8_t blk[N * 2 * 16], sc[N * 2];
+  moe8__mx4_quantize(w, K, N, blk, sc);
+  assert_int_equal(sc[1 * 2 + 0], 0);
+  assert_int_equal(sc[2 * 2 + 1], 127 + 1);
+  static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  for (int n = 0; n < N; n++)
+    for (int b = 0; b < 2; b++) {
+      float amax = 0;
+      for (int k = b * 32; k < b * 32 + 32; k++) amax = fabsf(w[k * N + n]) > amax ? fabsf(w[k * N + n]) : amax;
+      const int want_s = amax > 0 ? (int)floor(log2((double)amax)) - 2 + 127 : 0;
+      assert_int_equal(sc[n * 2 + b], want_s);
+      for (int k = b * 32; k < b * 32 + 32; k++) {
+        const uint8_t byte = blk[(n * 2 + b) * 16 + (k % 32) / 2], code = (k & 1) ? byte >> 4 : byte & 15;
+        assert_int_equal(code, moe8__e2m1_code(w[k * N + n] / ldexpf(1.0f, want_s - 127)));
+        /* the nearest grid value: no other code is closer */
+        const float v = fabsf(w[k * N + n]) / ldexpf(1.0f, want_s - 127), got = fabsf(e2m1[code]);
+        for (int c = 0; c < 8; c++) assert_true(fabsf(v - got) <= fabsf(v - e2m1[c]) || v > 6.0f);
+      }
+    }
+}
+
 static void test_isas_equal_reference(void **state) {
   (void)state;
   moe8_isa isas[MOE8_ISA_COUNT];
@@ -436,6 +477,7 @@ int main(void) {
     cmocka_unit_test(test_isas_equal_reference),
     cmocka_unit_test(test_gather_commutes),
     cmocka_unit_test(test_qwix_int8),
+    cmocka_unit_test(test_mxfp4_quantize),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,16 @@ moe8_status moe8__fail(moe8_status status, const char *fmt, ...) MOE8__PRINTF(2,
 ** is small, else moe8_get_num_threads() (threads.c).  Every
 ** "#pragma omp parallel" says num_threads(moe8__nt(work)). */
 int moe8__nt(double work);
+
+/* OCP MXFP4 of w[K, N] (x · W layout), column n a row of the result:
+** blk [N, K/32, 16] (code of k = 32b + 2j in the low nibble of byte j,
+** 32b + 2j + 1 in the high), sc [N, K/32] E8M0.  Per block: X =
+** 2^(floor(log2 max|v|) - 2) (the scale byte clamped to [0, 254]; 0 for an
+** all-zero block), codes = v / X rounded to the nearest E2M1 value, ties
+** to the even code, saturating at ±6.  K a multiple of 32; w finite. */
+void moe8__mx4_quantize(const float *w, int64_t K, int64_t N, uint8_t *blk, uint8_t *sc);
+/* One value's E2M1 code (sign in bit 3) for v already divided by X. */
+uint8_t moe8__e2m1_code(float v);
 /* Tests: the work below which loops run on one thread (0: never). */
 void moe8__set_par_min(double work);
 

@@ -120,6 +120,17 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     notice = "; notice: weight_qtype f8e5m2 is not pre-quantized, weights stay f32";
   }
   L->aq = r && moe8_rule_act_spec(r, &L->aspec);
+  if (r && r->weight_mxfp4) {
+    const char *why = !inference ? "layers loaded for inference only (training layers keep f32 weights: load with MOE8_LOAD_INFERENCE)"
+                      : L->aq ? "f32 activations only (act_qtype null)"
+                      : D % 32 || F % 32 || Fs % 32 ? "hidden and FFN widths that are multiples of 32" : NULL;
+    if (why) {
+      pthread_rwlock_destroy(&L->lock);
+      free(L);
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: weight_qtype mxfp4 is for %s", module_path ? module_path : "experts", why);
+    }
+    L->wmx = true;
+  }
   set_describe(L, "");
   strncat(L->describe, notice, sizeof L->describe - strlen(L->describe) - 1);
 
@@ -521,6 +532,9 @@ moe8_status moe8_layer_prepared(const moe8_layer *L, moe8_prepared *o) {
 /* ---- loading ------------------------------------------------------------------ */
 moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
   const int64_t D = L->cfg.hidden;
+  if (L->wmx && qt != MOE8_DTYPE_NONE)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: the checkpoint's experts are already quantized (%s); weight_qtype mxfp4 takes float "
+                      "checkpoints", L->module_path, moe8_dtype_info(qt)->name);
   if (qt != MOE8_DTYPE_NONE) {
     if (qt != MOE8_DTYPE_F8E4M3 && qt != MOE8_DTYPE_I8)
       return moe8__fail(MOE8_ERR_DTYPE, "layer: prepared weights must be f8e4m3 or i8");
@@ -545,6 +559,15 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
       X->wd_q = malloc((size_t)(E * F * D));
     } else {
       free_set(X);
+      if (L->wmx) { /* MXFP4 blocks and scales, filled expert by expert (moe8__layer_put_expert) */
+        X->mx_gu_b = moe8__alloc_weights((size_t)(E * 2 * F * (D / 32) * 16));
+        X->mx_gu_s = moe8__alloc_weights((size_t)(E * 2 * F * (D / 32)));
+        X->mx_dn_b = moe8__alloc_weights((size_t)(E * D * (F / 32) * 16));
+        X->mx_dn_s = moe8__alloc_weights((size_t)(E * D * (F / 32)));
+        X->mx_split = 0;
+        if (!X->mx_gu_b || !X->mx_gu_s || !X->mx_dn_b || !X->mx_dn_s) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
+        continue;
+      }
       if (!L->wq) {
         X->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * 2 * F));
         X->wd_f32 = malloc(sizeof(float) * (size_t)(E * F * D));
@@ -596,6 +619,11 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
   size_t bad = moe8__count_nonfinite(gu, (size_t)(D * 2 * F)) + moe8__count_nonfinite(dn, (size_t)(F * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s expert %lld has %zu non-finite weight(s)", L->module_path,
                              s ? "shared" : "routed", (long long)e, bad);
+  if (L->wmx) {
+    moe8__mx4_quantize(gu, D, 2 * F, X->mx_gu_b + (size_t)(e * 2 * F * (D / 32) * 16), X->mx_gu_s + (size_t)(e * 2 * F * (D / 32)));
+    moe8__mx4_quantize(dn, F, D, X->mx_dn_b + (size_t)(e * D * (F / 32) * 16), X->mx_dn_s + (size_t)(e * D * (F / 32)));
+    return MOE8_OK;
+  }
   if (!L->wq) {
     memcpy(X->wgu_f32 + e * D * 2 * F, gu, sizeof(float) * (size_t)(D * 2 * F));
     memcpy(X->wd_f32 + e * F * D, dn, sizeof(float) * (size_t)(F * D));
@@ -619,6 +647,9 @@ moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, c
                                    const float *ds) {
   moe8__xset *X = &L->xs[s];
   const int64_t D = L->cfg.hidden, F = X->F, E = X->E;
+  if (L->wmx)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: the checkpoint's experts are already quantized (moe8 packed); weight_qtype mxfp4 "
+                      "takes float checkpoints", L->module_path);
   if (!L->inference || !L->wq || !X->wgu_pk || !moe8__layer_packable(L, s))
     return moe8__fail(MOE8_ERR_INTERNAL, "layer: packed weights need an inference layer with a packable layout");
   free(X->wgu_pk); free(X->wd_pk);
@@ -677,6 +708,9 @@ moe8_status moe8__layer_end_load(moe8_layer *L) {
   if (!L->inference) return L->from_codes ? finish_training(L) : MOE8_OK;
   if ((st = check_weights(L)) != MOE8_OK) return st;
   set_describe(L, L->xs[0].wgu_pk ? " (loaded for inference, packed)" : " (loaded for inference)");
+  if (L->wmx)
+    snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (quantized at load, OCP MX: E2M1 codes, E8M0 scale per 32 along K), "
+             "activations f32");
   L->prepared = true;
   return MOE8_OK;
 }
@@ -689,6 +723,7 @@ moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, ui
   moe8__xset *X = &L->xs[0];
   free_set(X);
   X->mx_gu_b = gu_b; X->mx_gu_s = gu_s; X->mx_dn_b = dn_b; X->mx_dn_s = dn_s;
+  X->mx_split = X->F;
   moe8_layer_weights_changed(L);
   L->from_codes = false;
   moe8_status st = check_weights(L);

@@ -28,6 +28,7 @@ typedef struct moe8__xset {
   ** a weight rule): blocks [E, N, K/32, 16] and E8M0 scales [E, N, K/32]
   ** of gate|up (rows alternate gate, up) and down; NULL otherwise. */
   uint8_t *mx_gu_b, *mx_gu_s, *mx_dn_b, *mx_dn_s;
+  int64_t  mx_split;                /* F: gate/up rows alternate (GPT-OSS's files); 0: gate rows, then up */
   bool     coded;                   /* codes put by a load since begin_load    */
   bool     pk_borrowed;             /* wgu_pk/wd_pk lie in a file mapping (not freed) */
 } moe8__xset;
@@ -39,6 +40,7 @@ struct moe8_layer {
   char              module_path[256];
   moe8_quant_spec   wspec, aspec;   /* weight / activation specs               */
   bool              wq, aq;         /* weights / activations quantized         */
+  bool              wmx;            /* weights quantized to MXFP4 at an inference load (rule "mxfp4") */
   bool              before_sort;
   bool              prepared;
   /* Loaded for inference: no f32 masters of the expert weights; the

@@ -133,15 +133,15 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   if (X->mx_gu_b) {
     /* MXFP4 weights, read as the file holds them: gate/up rows alternate. */
     (void)xsq; (void)sxs; (void)hq; (void)sh; (void)scratch; (void)scratch_bytes;
-    mx4_grouped(L, xs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, F);
-    if (L->cfg.expert_bias) add_group_bias(gu, 2 * F, rows, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
+    mx4_grouped(L, xs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, X->mx_split);
+    if (set == 0 && L->cfg.expert_bias) add_group_bias(gu, 2 * F, rows, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
     const moe8__ktable *kt = moe8__kernels();
     #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)rows * (double)F)) schedule(static)
     for (int64_t p = 0; p < rows; p++)
       if (L->cfg.act == MOE8_ACT_SWIGLU_CLAMP) swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     mx4_grouped(L, h, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0);
-    if (L->cfg.expert_bias) add_group_bias(y, D, rows, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
+    if (set == 0 && L->cfg.expert_bias) add_group_bias(y, D, rows, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
     return MOE8_OK;
   }
   /* Packed weights only while prepared (training re-quantizes per call). */

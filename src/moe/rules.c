@@ -154,8 +154,14 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
     } else if (strcmp(f->string, "weight_qtype") == 0 || strcmp(f->string, "act_qtype") == 0 ||
                strcmp(f->string, "bwd_qtype") == 0) {
       moe8_dtype *dst = f->string[0] == 'w' ? &r->weight_qtype : f->string[0] == 'a' ? &r->act_qtype : &r->bwd_qtype;
+      if (cJSON_IsString(f) && (!strcmp(f->valuestring, "mxfp4") || !strcmp(f->valuestring, "mx4"))) {
+        if (f->string[0] != 'w') return fail_at(c, find_token(c, f->valuestring, at), path, "mxfp4 is a weight format only (weight_qtype)");
+        r->weight_mxfp4 = true;
+        *dst = MOE8_DTYPE_NONE;
+        continue;
+      }
       if (!parse_qtype(f, dst)) {
-        snprintf(msg, sizeof msg, "unknown qtype %s%.64s%s (expected float8_e4m3fn, float8_e5m2, int8 or null)",
+        snprintf(msg, sizeof msg, "unknown qtype %s%.64s%s (expected float8_e4m3fn, float8_e5m2, int8, null, or mxfp4 for weights)",
                  cJSON_IsString(f) ? "\"" : "", cJSON_IsString(f) ? f->valuestring : "(not a string)",
                  cJSON_IsString(f) ? "\"" : "");
         return fail_at(c, cJSON_IsString(f) ? find_token(c, f->valuestring, at) : at, path, msg);

@@ -292,3 +292,43 @@ moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q, const fl
       }
   return MOE8_OK;
 }
+
+/* ---- MXFP4 ----------------------------------------------------------------- */
+uint8_t moe8__e2m1_code(float v) {
+  const uint8_t sign = signbit(v) ? 8 : 0;
+  const float a = fabsf(v);
+  /* the magnitudes 0 .5 1 1.5 2 3 4 6 (codes 0..7); at a midpoint the even
+  ** code (last bit 0): 0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2.0,
+  ** 2.5 -> 2, 3.5 -> 4, 5 -> 4 */
+  uint8_t m;
+  if (a <= 0.25f) m = 0;
+  else if (a < 0.75f) m = 1;
+  else if (a <= 1.25f) m = 2;
+  else if (a < 1.75f) m = 3;
+  else if (a <= 2.5f) m = 4;
+  else if (a < 3.5f) m = 5;
+  else if (a <= 5.0f) m = 6;
+  else m = 7;
+  return sign | m;
+}
+
+void moe8__mx4_quantize(const float *w, int64_t K, int64_t N, uint8_t *blk, uint8_t *sc) {
+  const int64_t nb = K / 32;
+  #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)K * (double)N)) schedule(static)
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < nb; b++) {
+      float amax = 0.0f;
+      for (int64_t k = b * 32; k < b * 32 + 32; k++) amax = fabsf(w[k * N + n]) > amax ? fabsf(w[k * N + n]) : amax;
+      int e = 0;
+      if (amax > 0.0f) (void)frexpf(amax, &e); /* amax = m 2^e, m in [0.5, 1): floor(log2 amax) = e - 1 */
+      int s = amax > 0.0f ? e - 1 - 2 + 127 : 0;
+      s = s < 0 ? 0 : s > 254 ? 254 : s;
+      sc[n * nb + b] = (uint8_t)s;
+      const float inv = ldexpf(1.0f, 127 - s); /* 1 / X, exact: X is a power of two */
+      uint8_t *q = blk + (n * nb + b) * 16;
+      for (int j = 0; j < 16; j++) {
+        const int64_t k = b * 32 + 2 * j;
+        q[j] = (uint8_t)(moe8__e2m1_code(w[k * N + n] * inv) | moe8__e2m1_code(w[(k + 1) * N + n] * inv) << 4);
+      }
+    }
+}

@@ -242,3 +242,20 @@ def llama4_block(x, wr, gu, dn, shared, k):
             h = xi @ gu[e]
             out[t] += (h[:F] / (1.0 + np.exp(-h[:F])) * h[F:]) @ dn[e]
     return out
+
+
+def mxfp4_quant(w):
+    """OCP MXFP4 of an [N, K] weight (out x in), blocks of 32 along K: X =
+    2^(floor(log2 amax) - 2) (E8M0 byte clamped to [0, 254], 0 for a zero
+    block), v / X rounded to the nearest E2M1 value, ties to the even code,
+    saturating at 6; returns the dequantized values in float64."""
+    w = np.asarray(w, dtype=np.float32).astype(np.float64)
+    N, K = w.shape
+    b = w.reshape(N, K // 32, 32)
+    amax = np.abs(b).max(axis=2)
+    e = np.where(amax > 0, np.frexp(amax)[1] - 1 - 2 + 127, 0)
+    e = np.clip(e, 0, 254)
+    X = np.exp2(e.astype(np.float64) - 127)[..., None]
+    a = np.abs(b / X)
+    m = np.select([a <= 0.25, a < 0.75, a <= 1.25, a < 1.75, a <= 2.5, a < 3.5, a <= 5.0], [0, 0.5, 1, 1.5, 2, 3, 4], 6)
+    return (np.sign(b) * m * X).reshape(N, K)

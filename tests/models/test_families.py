@@ -499,6 +499,35 @@ def test_llama4(tmp, rng):
                 FAILS.append("llama4 input scaling does not matter in this case")
 
 
+def test_mxfp4_rule(tmp, rng):
+    """weight_qtype mxfp4: float checkpoints quantized to MXFP4 at an
+    inference load (f32 activations), against the OCP quantizer written
+    here; a Qwen2-MoE block (shared expert quantized too) and GPT-OSS's
+    float experts."""
+    rules = os.path.join(tmp, "rules_mx4.json")
+    with open(rules, "w") as f:
+        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4"}]}, f)
+    d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
+    got, out = run(d, x, ("--rules", rules))
+    q = lambda w: R.mxfp4_quant(w)
+    exq = [tuple(q(w) for w in e) for e in ex]
+    shq = tuple(q(w) for w in sh)
+    check("qwen2_moe f32 with mxfp4 weights (OCP quantizer emulated)", got, R.moe_block(x, routing, exq, shq, sg), 1e-5)
+    if "weights mxfp4" not in out:
+        FAILS.append("mxfp4 rule did not give mxfp4 weights: " + out.strip())
+    d, x, _, w = gpt_oss_case(tmp, rng, {})
+    wr, br, gu, gub, dn, dnb = w
+    guq = np.stack([q(gu[e].T).T for e in range(gu.shape[0])])
+    dnq = np.stack([q(dn[e].T).T for e in range(dn.shape[0])])
+    got, _ = run(d, x, ("--rules", rules))
+    check("gpt_oss f32 with mxfp4 weights by rule (emulated)", got, R.gpt_oss_block(x, wr, br, guq, gub, dnq, dnb, 4), 1e-5)
+    p = subprocess.run([MOE8, "run", "--model", d, "--input", os.path.join(d, "x.npy"), "--output", os.path.join(d, "y.npy"), "--rules", rules,
+                        "--training-load"], capture_output=True, text=True)
+    if p.returncode == 0 or "inference" not in p.stderr:
+        FAILS.append("mxfp4 rule on a training load was not refused: " + p.stderr)
+    print("mxfp4 rule with --training-load: refused (%s)" % p.stderr.strip().split(": ")[-1][:80])
+
+
 def _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, k, aq, alpha=1.702, limit=7.0):
     logits = x @ wr.T + br
     xq = aq(x)
@@ -556,6 +585,7 @@ def main():
         test_qwen3_next(tmp, rng)
         test_gpt_oss(tmp, rng)
         test_llama4(tmp, rng)
+        test_mxfp4_rule(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
