@@ -640,6 +640,9 @@ typedef struct moe8_layer_grads {
   /* The shared expert's (when the layer has one): [D, Fs], [D, Fs],
   ** [Fs, D] and the gate [D]. */
   float *dwsg, *dwsu, *dwsd, *dwsgate;
+  /* With router_bias / expert_bias: [E], [E, 2F] (gate columns, then up),
+  ** [E, D] (NULL: not wanted). */
+  float *dwrb, *dwgub, *dwdb;
 } moe8_layer_grads;
 
 MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,

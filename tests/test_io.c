@@ -279,9 +279,6 @@ static void test_gpt_oss_mxfp4(void **state) {
       assert_true(bg[e * 2 * F + f] == gub[e * 2 * F + 2 * f] && bg[e * 2 * F + F + f] == gub[e * 2 * F + 2 * f + 1]);
   assert_memory_equal(moe8_layer_weight_read(L, MOE8_W_ROUTER_BIAS, NULL), rb, sizeof rb);
   assert_memory_equal(moe8_layer_weight_read(L, MOE8_W_DOWN_BIAS, NULL), dnb, sizeof dnb);
-  const moe8_layer_grads g = {0};
-  float x[D] = {0}, y[D];
-  assert_int_equal(moe8_layer_backward(L, x, 1, y, NULL, 0, &g), MOE8_ERR_UNSUPPORTED);
   /* Loaded for inference the experts stay MXFP4 (the kernels decode them):
   ** the same outputs as the decoded f32 weights, to f32 summation (scales
   ** of a real model's range here, so the outputs are finite). */

@@ -723,6 +723,88 @@ static void test_training_reduces_loss(void **state) {
   }
 }
 
+/* GPT-OSS's expert form (router bias, expert biases, the clamped SwiGLU
+** with a limit that binds): every gradient of the single-process backward,
+** the biases' included, against central finite differences of the layer's
+** own f32 forward (loss = Σ dout · y in double). */
+static double form_loss(moe8_layer *L, const float *x, const float *dout, int64_t T, int64_t D, void *ws, size_t wsz) {
+  float *y = malloc(sizeof(float) * (size_t)(T * D)), aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y, &aux, ws, wsz), MOE8_OK);
+  double l = 0;
+  for (int64_t i = 0; i < T * D; i++) l += (double)dout[i] * y[i];
+  free(y);
+  return l;
+}
+
+static void test_gpt_oss_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, T = 6 };
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_CLAMP,
+                         .act_alpha = 1.702f, .act_limit = 0.35f, .router_bias = true, .expert_bias = true};
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 8), MOE8_OK);
+  const moe8_weight_id bids[3] = {MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS};
+  for (int b = 0; b < 3; b++) {
+    size_t n;
+    float *w = moe8_layer_weight(L, bids[b], &n);
+    tu_rng_reset(60 + (uint64_t)b);
+    tu_fill_normal(w, n, 0.3f);
+  }
+  static float x[T * D], dout[T * D];
+  tu_rng_reset(61);
+  tu_fill_normal(x, T * D, 1.0f);
+  tu_fill_normal(dout, T * D, 1.0f);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], drb[E], dgub[E * 2 * F], ddb[E * D];
+  const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwrb = drb, .dwgub = dgub, .dwdb = ddb};
+  (void)form_loss(L, x, dout, T, D, ws, wsz);
+  assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &g), MOE8_OK);
+  struct { const char *name; float *v; size_t n; const float *g; } t[] = {
+    {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+    {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+    {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd}, {"router bias", moe8_layer_weight(L, MOE8_W_ROUTER_BIAS, NULL), E, drb},
+    {"gate/up bias", moe8_layer_weight(L, MOE8_W_GU_BIAS, NULL), E * 2 * F, dgub}, {"down bias", moe8_layer_weight(L, MOE8_W_DOWN_BIAS, NULL), E * D, ddb}};
+  int nonzero_clamped = 0, used = 0, skipped = 0;
+  const double l0 = form_loss(L, x, dout, T, D, ws, wsz);
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    double gmax = 0;
+    for (size_t j = 0; j < t[i].n; j++) gmax = fabs(t[i].g[j]) > gmax ? fabs(t[i].g[j]) : gmax;
+    for (int s2 = 0; s2 < 16; s2++) {
+      const size_t j = (size_t)((tu_u64() >> 11) % t[i].n);
+      const float keep = t[i].v[j];
+      const float eps = 2e-3f * (fabsf(keep) > 1.0f ? fabsf(keep) : 1.0f);
+      t[i].v[j] = keep + eps;
+      moe8_layer_weights_changed(L);
+      const double lp = form_loss(L, x, dout, T, D, ws, wsz);
+      t[i].v[j] = keep - eps;
+      moe8_layer_weights_changed(L);
+      const double lm = form_loss(L, x, dout, T, D, ws, wsz);
+      t[i].v[j] = keep;
+      moe8_layer_weights_changed(L);
+      const double fd = (lp - lm) / (2.0 * (double)eps), fdp = (lp - l0) / (double)eps, fdm = (l0 - lm) / (double)eps;
+      /* a sample whose step crosses a kink (a clamp bound, a change of the
+      ** chosen experts) has one-sided slopes that disagree: not a place to
+      ** compare a derivative */
+      if (fabs(fdp - fdm) > 0.05 * (fabs(fdp) + fabs(fdm)) + 1e-3 * gmax) { skipped++; continue; }
+      used++;
+      if (fabs(fd - t[i].g[j]) > 2e-2 * (fabs(fd) + gmax) + 1e-5)
+        TU_FAIL("gpt_oss form: d loss / d %s[%zu] = %g, finite differences %g", t[i].name, j, (double)t[i].g[j], fd);
+    }
+    if (i >= 5) for (size_t j = 0; j < t[i].n; j++) nonzero_clamped += t[i].g[j] != 0.0f;
+  }
+  assert_true(nonzero_clamped > 0);
+  if (skipped * 8 > used) TU_FAIL("gpt_oss form: %d of %d samples at a kink", skipped, used + skipped);
+  /* the clamp binds: some gate/up pre-activations are past the limit (their gradient 0) */
+  size_t zeros = 0;
+  for (size_t j = 0; j < E * 2 * F; j++) zeros += dgub[j] == 0.0f;
+  assert_true(zeros > 0);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -736,6 +818,7 @@ int main(void) {
     cmocka_unit_test(test_quantized_gradients_straight_through),
     cmocka_unit_test(test_nonfinite_output),
     cmocka_unit_test(test_training_reduces_loss),
+    cmocka_unit_test(test_gpt_oss_form_grads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,7 +93,7 @@ class _QuantSpec(C.Structure):
 
 
 class _Grads(C.Structure):
-    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate")]
+    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb")]
 
 
 _PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_int64, C.c_int64)
@@ -512,7 +512,8 @@ class Layer:
     def backward(self, x, dout, workspace=None):
         """Gradients of sum(dout * out) + aux_loss at the last forward (same
         x): a dict of dx, router, gate, up, down and, with a shared expert,
-        shared_gate, shared_up, shared_down (and shared_gate_w)."""
+        shared_gate, shared_up, shared_down (and shared_gate_w); with biases
+        router_bias, gate_up_bias, down_bias."""
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
         dout = _f32(dout, "dout", 2, (T, self.hidden))
@@ -525,7 +526,12 @@ class Layer:
                       "shared_down": np.empty((Fs, D), np.float32)})
             if self.shared_gate:
                 g["shared_gate_w"] = np.empty((D,), np.float32)
+        if self.router_bias:
+            g["router_bias"] = np.empty((E,), np.float32)
+        if self.expert_bias:
+            g["gate_up_bias"] = np.empty((E, 2 * F), np.float32)
+            g["down_bias"] = np.empty((E, D), np.float32)
         cg = _Grads(*[_ptr(g.get(k)) for k in ("dx", "router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
-                                                  "shared_gate_w")])
+                                                  "shared_gate_w", "router_bias", "gate_up_bias", "down_bias")])
         _check(_layer_backward(self._h, _ptr(x), T, _ptr(dout), ws.ptr, ws.n, C.byref(cg)))
         return g

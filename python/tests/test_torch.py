@@ -396,3 +396,28 @@ def test_patch_real_transformers_classes():
         want = r[0] if isinstance(r, tuple) else r
         got = from_hf(blk, cfg)(x.reshape(-1, 32)).reshape(1, 7, 32)
     assert rel(got, want) <= 1e-5
+
+
+def test_gpt_oss_block_gradients_match_plain_pytorch():
+    """from_hf of a GPT-OSS block: moe8's backward (the biases and the
+    clamp included) gives plain PyTorch's gradients of the same block."""
+    from moe8.torch import from_hf
+    torch.manual_seed(3)
+    ref = GptOssMLP()
+    blk = from_hf(ref)
+    x = torch.randn(1, 6, 32)
+    xr = x.clone().requires_grad_(True)
+    want, _ = ref(xr)
+    want.sum().backward()
+    xm = x.clone().reshape(6, 32).requires_grad_(True)
+    got = blk(xm)
+    assert rel(got.reshape(1, 6, 32), want) <= 1e-5
+    got.sum().backward()
+    assert rel(xm.grad.reshape(1, 6, 32), xr.grad) <= 1e-4, rel(xm.grad.reshape(1, 6, 32), xr.grad)
+    assert rel(blk.router_bias.grad, ref.router.bias.grad) <= 1e-4
+    gub = ref.experts.gate_up_proj_bias.grad
+    assert rel(blk.gate_up_bias.grad, torch.cat([gub[:, 0::2], gub[:, 1::2]], dim=1)) <= 1e-4
+    assert rel(blk.down_bias.grad, ref.experts.down_proj_bias.grad) <= 1e-4
+    assert rel(blk.down.grad, ref.experts.down_proj.grad) <= 1e-4
+    assert rel(blk.gate.grad, ref.experts.gate_up_proj.grad[:, :, 0::2]) <= 1e-4
+    assert rel(blk.up.grad, ref.experts.gate_up_proj.grad[:, :, 1::2]) <= 1e-4

@@ -451,7 +451,7 @@ static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const 
   /* this rank's experts */
   moe8__dy_dw(rows, ep->token_of + ep->P0, ep->slot_of + ep->P0, ep->w_g, K, Dg, ep->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, dy, ep->xs, ep->xsq, ep->sxs, ep->h, ep->hq, ep->sh,
-                              ep->gu, dxs, gr->dwg, gr->dwu, gr->dwd);
+                              ep->gu, dxs, gr->dwg, gr->dwu, gr->dwd, NULL, NULL);
   for (int64_t i = 0; st == MOE8_OK && i < rows; i++) {
     memcpy(packed + i * (D + 1), dxs + i * D, sizeof(float) * (size_t)D);
     packed[i * (D + 1) + D] = dwrow[i];
@@ -618,7 +618,7 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
 
 moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   if (!ep || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL argument");
-  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward");
+  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward", false);
   if (fst != MOE8_OK) return fst;
   return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_backward(ep, x, Tl, dout, gr) : ring_backward(ep, x, Tl, dout, gr);
 }

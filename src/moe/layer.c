@@ -891,7 +891,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
                             const moe8_layer_grads *gr) {
   if (L->inference)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer backward: the layer was loaded for inference (no f32 masters); load it for training");
-  moe8_status fst = moe8__check_backward_form(L, "layer backward");
+  moe8_status fst = moe8__check_backward_form(L, "layer backward", true);
   if (fst != MOE8_OK) return fst;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K, Fs = L->cfg.shared_ffn;
   if (T < 0 || T > max_tokens(L)) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
@@ -920,6 +920,9 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
   if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
+  if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)E);
+  if (gr->dwgub && L->cfg.expert_bias) memset(gr->dwgub, 0, sizeof(float) * (size_t)(E * 2 * F));
+  if (gr->dwdb && L->cfg.expert_bias) memset(gr->dwdb, 0, sizeof(float) * (size_t)(E * D));
   if (T == 0) return MOE8_OK;
   ws_layout w;
   layout(L, T, ws, &w);
@@ -936,7 +939,8 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   if (!dy || !dxs || !dwrow || !dw || !dl || !ones || !tmp) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
   moe8__dy_dw(rows, w.token_of, w.slot_of, w.w, K, dout, w.y, D, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
-  st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd);
+  st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
+                              L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
   if (st != MOE8_OK) goto done;
   /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
   for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;
@@ -944,6 +948,9 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   moe8__aux_loss(L, T, w.ids, w.scores, f);
   moe8__router_backward(L, T, w.scores, w.ids, dw, f, T, dl);
   if (gr->dwr) moe8__router_wgrad(gr->dwr, x, dl, T, D, E);
+  if (gr->dwrb && L->cfg.router_bias)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t e = 0; e < E; e++) gr->dwrb[e] += dl[t * E + e];
   if (gr->dx) {
     const int32_t one[1] = {(int32_t)T};
     const moe8_gmm_args a = {.M = T, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,

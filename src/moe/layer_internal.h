@@ -103,7 +103,7 @@ moe8_router_config moe8__router_config(const moe8_layer *L);
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits);
 /* MOE8_ERR_UNSUPPORTED naming the form when the layer's experts have a
 ** form with no backward yet (biases, the clamped SwiGLU); `what` leads. */
-moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what);
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool single);
 
 moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
                                  moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
@@ -152,10 +152,13 @@ void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, 
 
 /* Expert part of the backward for groups [g0, g0 + G): from dy [rows, D]
 ** and the saved xsq/sxs or xs, hq/sh or h, gu, writes dxs [rows, D] and
-** the groups' slices of dwg, dwu, dwd (full-size arrays; may be NULL). */
+** the groups' slices of dwg, dwu, dwd (full-size arrays; may be NULL), and
+** adds the expert biases' gradients to dbgu [E, 2F] and dbd [E, D] (NULL:
+** none). */
 moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
-                                   const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd);
+                                   const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd,
+                                   float *dbgu, float *dbd);
 
 /* The aux loss from all T tokens' ids [T·K] and scores [T, E]; f[E] gets
 ** the fractions f_e (for the backward).  Sums run in token order. */

@@ -71,13 +71,16 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
   return st;
 }
 
-moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool single) {
   const moe8_layer_config *c = &L->cfg;
+  /* the single-process backward has GPT-OSS's form (biases, the clamp) */
+  if (single && !c->weight_input) return MOE8_OK;
   if (c->act != MOE8_ACT_SWIGLU || c->router_bias || c->expert_bias || c->weight_input)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s%s%s: its backward is not implemented yet (its forward and fused forward "
-                      "are)", what, L->module_path, c->act != MOE8_ACT_SWIGLU ? "a clamped SwiGLU " : "",
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s%s%s: this backward is not implemented yet (the forward and fused "
+                      "forward are%s)", what, L->module_path, c->act != MOE8_ACT_SWIGLU ? "a clamped SwiGLU " : "",
                       c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases " : "",
-                      c->weight_input ? "routing weights that scale the expert input (Llama-4)" : "");
+                      c->weight_input ? "routing weights that scale the expert input (Llama-4)" : "",
+                      c->weight_input ? "" : "; so is the single-process moe8_layer_backward");
   return MOE8_OK;
 }
 
@@ -290,7 +293,8 @@ void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, 
 
 moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *dy,
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
-                                   const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd) {
+                                   const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd, float *dbgu,
+                                   float *dbd) {
   const int64_t D = L->cfg.hidden, F = L->xs[set].F;
   const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
   const int64_t nw = G * D * 2 * F, nd = G * F * D;
@@ -337,15 +341,38 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
       if ((st = moe8_tgmm(&l, &r, rows, F, D, G, gsz, 0, G, dwd + g0 * F * D)) != MOE8_OK) goto done;
     }
   }
-  /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g). */
+  /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g).
+  ** Clamped (GPT-OSS): h = g'·σ(αg')·(u'+1), g' = min(g, L), u' = clamp(u, ±L):
+  ** dg = dh·(u'+1)·σ(αg')(1 + αg'(1-σ(αg'))) where g <= L, du = dh·g'σ(αg')
+  ** where |u| <= L (torch.clamp's gradient: 1 inside the bounds, ends included). */
+  const bool clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
+  const float al = L->cfg.act_alpha, lim = L->cfg.act_limit;
   #pragma omp parallel for num_threads(moe8__nt(10.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t p = 0; p < rows; p++)
     for (int64_t f = 0; f < F; f++) {
       const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
+      if (clampd) {
+        const float gc = gv < lim ? gv : lim, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
+        const float sg = 1.0f / (1.0f + moe8__expf(-al * gc));
+        dgu[p * 2 * F + f] = gv <= lim ? d * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg)) : 0.0f;
+        dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
+        continue;
+      }
       const float sg = 1.0f / (1.0f + moe8__expf(-gv));
       dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
       dgu[p * 2 * F + F + f] = d * gv * sg;
     }
+  /* the biases' gradients: their rows summed per expert, in row order */
+  if (dbgu || dbd) {
+    int64_t p = 0;
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t r = 0; r < gsz[g]; r++, p++) {
+        if (dbgu)
+          for (int64_t c = 0; c < 2 * F; c++) dbgu[(g0 + g) * 2 * F + c] += dgu[p * 2 * F + c];
+        if (dbd)
+          for (int64_t c = 0; c < D; c++) dbd[(g0 + g) * D + c] += dyr[p * D + c];
+      }
+  }
   memcpy(dgur, dgu, sizeof(float) * 2 * RF);
   if ((st = fake_quant(L, dgu, rows, 2 * F, NULL, 0)) != MOE8_OK) goto done;
   if ((st = fake_quant(L, dgur, rows, 2 * F, gsz, G)) != MOE8_OK) goto done;
@@ -433,7 +460,8 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
       dgl[t] = s * (g * (1.0f - g));
     }
     const int32_t one[1] = {(int32_t)T};
-    st = moe8__experts_backward(L, 1, T, one, 0, 1, dys, b->x, xq, sx, b->h, b->hq, b->sh, b->gu, dxs, gr->dwsg, gr->dwsu, gr->dwsd);
+    st = moe8__experts_backward(L, 1, T, one, 0, 1, dys, b->x, xq, sx, b->h, b->hq, b->sh, b->gu, dxs, gr->dwsg, gr->dwsu, gr->dwsd, NULL,
+                                NULL);
   }
   if (st == MOE8_OK && dx) {
     const float *wsg = gated ? L->w[MOE8_W_SHARED_GATE_W] : NULL;
