@@ -413,11 +413,30 @@ static void test_ep_gpt_oss_form(void **state) {
       if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep forward: %s", moe8_last_error());
       if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
         TU_FAIL("gpt_oss form (mode %d, %s, P=%d): output differs", mode, m ? "all-to-all" : "ring", g_size);
-      grads eg;
+      /* the backward: every gradient, the biases' included, the single process's bytes */
+      grads g, eg;
+      grads_alloc(&g, T, D, E, F);
       grads_alloc(&eg, Tl, D, E, F);
-      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL};
-      assert_int_equal(moe8_ep_backward(ep, x + T0 * D, Tl, x + T0 * D, &el), MOE8_ERR_UNSUPPORTED);
-      assert_non_null(strstr(moe8_last_error(), "clamped SwiGLU"));
+      float *b1 = malloc(sizeof(float) * (size_t)(E + E * 2 * F + E * D)), *b2 = malloc(sizeof(float) * (size_t)(E + E * 2 * F + E * D));
+      const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, NULL, NULL, NULL, NULL, b1, b1 + E, b1 + E + E * 2 * F};
+      assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
+      assert_int_equal(moe8_layer_backward(L, x, T, x, ws, wsz, &lg), MOE8_OK);
+      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL, b2, b2 + E, b2 + E + E * 2 * F};
+      st = moe8_ep_backward(ep, x + T0 * D, Tl, x + T0 * D, &el);
+      if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep backward: %s", moe8_last_error());
+      const char *what = m ? "all-to-all" : "ring";
+      if (memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("gpt_oss form (%s, P=%d): dx differs", what, g_size);
+      if (memcmp(eg.dwr, g.dwr, sizeof(float) * (size_t)(D * E)) != 0) TU_FAIL("gpt_oss form (%s, P=%d): dWr differs", what, g_size);
+      if (memcmp(b2, b1, sizeof(float) * (size_t)E) != 0) TU_FAIL("gpt_oss form (%s, P=%d): router bias gradient differs", what, g_size);
+      const int64_t Eloc = E / g_size, e0 = g_rank * Eloc;
+      if (memcmp(b2 + E + e0 * 2 * F, b1 + E + e0 * 2 * F, sizeof(float) * (size_t)(Eloc * 2 * F)) != 0 ||
+          memcmp(b2 + E + E * 2 * F + e0 * D, b1 + E + E * 2 * F + e0 * D, sizeof(float) * (size_t)(Eloc * D)) != 0)
+        TU_FAIL("gpt_oss form (%s, P=%d): expert bias gradients differ", what, g_size);
+      if (memcmp(eg.dwg + e0 * D * F, g.dwg + e0 * D * F, sizeof(float) * (size_t)(Eloc * D * F)) != 0 ||
+          memcmp(eg.dwd + e0 * F * D, g.dwd + e0 * F * D, sizeof(float) * (size_t)(Eloc * F * D)) != 0)
+        TU_FAIL("gpt_oss form (%s, P=%d): expert weight gradients differ", what, g_size);
+      free(b1); free(b2);
+      grads_free(&g);
       grads_free(&eg);
       moe8_ep_destroy(ep);
       free(ref); free(out); free(ws);

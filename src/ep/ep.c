@@ -451,7 +451,8 @@ static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const 
   /* this rank's experts */
   moe8__dy_dw(rows, ep->token_of + ep->P0, ep->slot_of + ep->P0, ep->w_g, K, Dg, ep->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, dy, ep->xs, ep->xsq, ep->sxs, ep->h, ep->hq, ep->sh,
-                              ep->gu, dxs, gr->dwg, gr->dwu, gr->dwd, NULL, NULL);
+                              ep->gu, dxs, gr->dwg, gr->dwu, gr->dwd,
+                              L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
   for (int64_t i = 0; st == MOE8_OK && i < rows; i++) {
     memcpy(packed + i * (D + 1), dxs + i * D, sizeof(float) * (size_t)D);
     packed[i * (D + 1) + D] = dwrow[i];
@@ -556,24 +557,32 @@ static void zero_grads(const moe8_layer *L, int64_t Tl, const moe8_layer_grads *
   if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
   if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
+  if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)E);
+  if (gr->dwgub && L->cfg.expert_bias) memset(gr->dwgub, 0, sizeof(float) * (size_t)(E * 2 * F));
+  if (gr->dwdb && L->cfg.expert_bias) memset(gr->dwdb, 0, sizeof(float) * (size_t)(E * D));
 }
 
 moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
-  float *acc = calloc((size_t)(D * E) + 1, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t)(Tl * D) + 4);
+  /* dWr [D, E], and the router bias's [E] after it when the layer has one */
+  const int64_t nb = L->cfg.router_bias ? E : 0, na = D * E + nb;
+  float *acc = calloc((size_t)na + 1, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t)(Tl * D) + 4);
   moe8_status st = acc && tmp ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(acc); free(tmp); return st; }
   /* dWr: a relay in rank order (one chain per element over the global
   ** token order), then a broadcast from the last rank. */
   const double t0 = moe8__ep_now();
-  if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)(D * E));
+  if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)na);
   if (st == MOE8_OK) moe8__router_wgrad(acc, x, dl, Tl, D, E);
-  if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)(D * E));
-  if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)(D * E));
+  for (int64_t t = 0; st == MOE8_OK && nb && t < Tl; t++)
+    for (int64_t e = 0; e < E; e++) acc[D * E + e] += dl[t * E + e];
+  if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)na);
+  if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)na);
   ep->st.router_s = moe8__ep_now() - t0;
-  ep->st.router_bytes = (uint64_t)(D * E) * sizeof(float) * (ep->P > 1 ? 2u : 0u);
+  ep->st.router_bytes = (uint64_t)na * sizeof(float) * (ep->P > 1 ? 2u : 0u);
   if (st == MOE8_OK && gr->dwr) memcpy(gr->dwr, acc, sizeof(float) * (size_t)(D * E));
+  if (st == MOE8_OK && nb && gr->dwrb) memcpy(gr->dwrb, acc + D * E, sizeof(float) * (size_t)E);
   if (st == MOE8_OK && gr->dx && Tl > 0) {
     const int32_t one[1] = {(int32_t)Tl};
     const moe8_gmm_args a = {.M = Tl, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
@@ -618,7 +627,7 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
 
 moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   if (!ep || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL argument");
-  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward", false);
+  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward", true);
   if (fst != MOE8_OK) return fst;
   return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_backward(ep, x, Tl, dout, gr) : ring_backward(ep, x, Tl, dout, gr);
 }

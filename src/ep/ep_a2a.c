@@ -375,7 +375,8 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   /* this rank's experts */
   moe8__dy_dw(rows, s->tok_of, s->slot_of, wr, K, dr, s->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, s->gsz, g0, Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh, s->gu, dxs, gr->dwg, gr->dwu,
-                              gr->dwd, NULL, NULL);
+                              gr->dwd,
+                              L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
   for (int64_t n = 0; st == MOE8_OK && n < s->nback; n++) { /* the forward's return plan */
     float *o = bsend + (size_t)n * (size_t)(D + 1);
     const int32_t p = s->pos[s->ret_asg[n]];
