@@ -785,7 +785,7 @@ int cmd_bench(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
       printf("usage: moe8 bench [--json FILE] [--plot PNG] [--shapes prefill|decode] [--isa T1,T2,...] [quant] [gmm] [layer] [ep] [mxfp4]\n"
-             "       (no section: all of them)\n\n"
+             "       (no section: quant, gmm, layer and ep)\n\n"
              "  measures the machine's peaks first (f32 FMA, vdpbf16ps, vpdpbusd, memory read bandwidth), then:\n"
              "  quant   f32 -> f8e4m3 per-token 1x128 quantizer throughput on 64 MiB vs memory bandwidth\n"
              "  gmm     grouped matmul per dtype (f32, bf16, f8e4m3, i8) at prefill shapes (T=2048 E=8 k=2\n"
