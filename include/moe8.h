@@ -194,7 +194,13 @@ typedef enum moe8_calibration {
   ** s = clip · max|x| / 127.5 (1 when below 2^-63), codes
   ** clamp(round-half-even(x / s), -128, 127); for FP8 it is ABSMAX, whose
   ** codes and scales are qwix's already.  No pow2. */
-  MOE8_CALIB_QWIX   = 1
+  MOE8_CALIB_QWIX   = 1,
+  /* OCP microscaling (MX v1.0) for FP8: s = 2^(floor(log2 max|x|) - emax),
+  ** emax 8 for E4M3 and 15 for E5M2 (the exponent clamped to [-127, 127];
+  ** 1 for an all-zero block), codes = x / s saturating; with 32 along K
+  ** this is MXFP8.  Not for i8; no clip or pow2 (the scale is a power of
+  ** two already). */
+  MOE8_CALIB_MX     = 2
 } moe8_calibration;
 
 typedef struct moe8_quant_spec {
@@ -251,6 +257,9 @@ typedef struct moe8_rule {
   ** (4.25 bits a weight); weight_qtype is then NONE.  Activations stay
   ** f32 (act_qtype null); D and the FFN widths multiples of 32. */
   bool             weight_mxfp4;
+  /* weight_qtype "mxfp8": weight_qtype f8e4m3, weight_calib MOE8_CALIB_MX,
+  ** and tile_size 32 (set when the rule gives none; another is refused). */
+  bool             weight_mx8;
 } moe8_rule;
 
 typedef struct moe8_rules moe8_rules;

@@ -356,6 +356,51 @@ static void test_mxfp4_quantize(void **state) {
     }
 }
 
+/* OCP MX calibration for FP8 (MXFP8 with 32 along K): the scale is
+** 2^(floor(log2 amax) - emax) (8 for e4m3, 15 for e5m2), codes saturate;
+** the "mxfp8" rule sets e4m3, the calibration and tile 32. */
+static void test_mx_calibration(void **state) {
+  (void)state;
+  enum { K = 96, N = 5 };
+  static float w[K * N];
+  tu_rng_reset(91);
+  tu_fill_normal(w, K * N, 3.0f);
+  for (int k = 0; k < 32; k++) w[k * N + 2] = 0.0f;
+  for (int t = 0; t < 2; t++) {
+    const moe8_dtype qt = t ? MOE8_DTYPE_F8E5M2 : MOE8_DTYPE_F8E4M3;
+    const moe8_quant_spec sp = {.qtype = qt, .gran = MOE8_GRAN_CHANNEL_TILE, .tile = 32, .clip = 1.0f, .calib = MOE8_CALIB_MX};
+    uint8_t q[K * N];
+    float sc[3 * N];
+    assert_int_equal(moe8_quantize(&sp, w, 1, K, N, q, sc, NULL), MOE8_OK);
+    for (int b = 0; b < 3; b++)
+      for (int n = 0; n < N; n++) {
+        float amax = 0;
+        for (int k = b * 32; k < b * 32 + 32; k++) amax = fabsf(w[k * N + n]) > amax ? fabsf(w[k * N + n]) : amax;
+        const float want = amax > 0 ? ldexpf(1.0f, (int)floor(log2((double)amax)) - (t ? 15 : 8)) : 1.0f;
+        if (sc[b * N + n] != want) TU_FAIL("mx scale %s block %d col %d: %g, want %g", t ? "e5m2" : "e4m3", b, n, (double)sc[b * N + n], (double)want);
+        for (int k = b * 32; k < b * 32 + 32; k++) {
+          const uint8_t c = t ? moe8_f32_to_f8e5m2(w[k * N + n] / want, true) : moe8_f32_to_f8e4m3(w[k * N + n] / want, true);
+          assert_int_equal(q[k * N + n], c);
+        }
+      }
+  }
+  const moe8_quant_spec bad = {.qtype = MOE8_DTYPE_I8, .gran = MOE8_GRAN_ROW, .clip = 1.0f, .calib = MOE8_CALIB_MX};
+  uint8_t q[K * N];
+  float sc[K];
+  assert_int_equal(moe8_quantize(&bad, w, 1, K, N, q, sc, NULL), MOE8_ERR_INVALID_ARG);
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp8\"}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  const moe8_rule *r = moe8_rules_match(rs, "experts");
+  assert_true(r && r->weight_qtype == MOE8_DTYPE_F8E4M3 && r->weight_calib == MOE8_CALIB_MX && r->tile_size == 32 && r->weight_mx8);
+  moe8_rules_destroy(rs);
+  const char *bad1 = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp8\", \"tile_size\": 16}]}";
+  assert_int_not_equal(moe8_rules_parse(bad1, strlen(bad1), "inline", &rs), MOE8_OK);
+  assert_non_null(strstr(moe8_last_error(), "tile_size must be 32"));
+  const char *bad2 = "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"mxfp8\"}]}";
+  assert_int_not_equal(moe8_rules_parse(bad2, strlen(bad2), "inline", &rs), MOE8_OK);
+}
+
 static void test_isas_equal_reference(void **state) {
   (void)state;
   moe8_isa isas[MOE8_ISA_COUNT];
@@ -478,6 +523,7 @@ int main(void) {
     cmocka_unit_test(test_gather_commutes),
     cmocka_unit_test(test_qwix_int8),
     cmocka_unit_test(test_mxfp4_quantize),
+    cmocka_unit_test(test_mx_calibration),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,6 +103,7 @@ static bool parse_calibration(const char *s, float *clip, bool *pow2, moe8_calib
   *pow2 = false;
   *calib = MOE8_CALIB_ABSMAX;
   const char *rest;
+  if (strcmp(s, "mx") == 0) { *calib = MOE8_CALIB_MX; return true; }
   if (strncmp(s, "qwix", 4) == 0) { *calib = MOE8_CALIB_QWIX; rest = s + 4; }
   else if (strncmp(s, "absmax_pow2", 11) == 0) { *pow2 = true; rest = s + 11; }
   else if (strncmp(s, "absmax", 6) == 0) rest = s + 6;
@@ -154,6 +155,14 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
     } else if (strcmp(f->string, "weight_qtype") == 0 || strcmp(f->string, "act_qtype") == 0 ||
                strcmp(f->string, "bwd_qtype") == 0) {
       moe8_dtype *dst = f->string[0] == 'w' ? &r->weight_qtype : f->string[0] == 'a' ? &r->act_qtype : &r->bwd_qtype;
+      if (cJSON_IsString(f) && !strcmp(f->valuestring, "mxfp8")) {
+        /* MXFP8: e4m3 codes, OCP MX scales per 32 along K */
+        if (f->string[0] != 'w') return fail_at(c, find_token(c, f->valuestring, at), path, "mxfp8 is a weight format only (weight_qtype)");
+        *dst = MOE8_DTYPE_F8E4M3;
+        r->weight_calib = MOE8_CALIB_MX;
+        r->weight_mx8 = true;
+        continue;
+      }
       if (cJSON_IsString(f) && (!strcmp(f->valuestring, "mxfp4") || !strcmp(f->valuestring, "mx4"))) {
         if (f->string[0] != 'w') return fail_at(c, find_token(c, f->valuestring, at), path, "mxfp4 is a weight format only (weight_qtype)");
         r->weight_mxfp4 = true;
@@ -178,8 +187,8 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
           !parse_calibration(f->valuestring, w ? &r->weight_clip : &r->act_clip, w ? &r->weight_pow2 : &r->act_pow2,
                              w ? &r->weight_calib : &r->act_calib)) {
         snprintf(msg, sizeof msg,
-                 "unknown calibration method %.64s (expected \"absmax\", \"absmax,C\", \"absmax_pow2\", \"absmax_pow2,C\", \"qwix\" "
-                 "or \"qwix,C\" with C > 0)",
+                 "unknown calibration method %.64s (expected \"absmax\", \"absmax,C\", \"absmax_pow2\", \"absmax_pow2,C\", \"qwix\", "
+                 "\"qwix,C\" with C > 0, or \"mx\")",
                  cJSON_IsString(f) ? f->valuestring : "(not a string)");
         return fail_at(c, cJSON_IsString(f) ? find_token(c, f->valuestring, at) : at, path, msg);
       }
@@ -190,6 +199,13 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
   if (!have_path) {
     snprintf(path, sizeof path, "rules[%zu]", idx);
     return fail_at(c, from, path, "missing required field \"module_path\"");
+  }
+  if (r->weight_mx8) {
+    snprintf(path, sizeof path, "rules[%zu]", idx);
+    if (r->tile_size == 0) r->tile_size = 32;
+    if (r->tile_size != 32) return fail_at(c, from, path, "weight_qtype mxfp8 has its blocks of 32 along K: tile_size must be 32 or absent");
+    if (r->weight_calib != MOE8_CALIB_MX)
+      return fail_at(c, from, path, "weight_qtype mxfp8 takes the mx calibration: weight_calibration_method must be \"mx\" or absent");
   }
   return MOE8_OK;
 }

@@ -76,6 +76,16 @@ static float scale_qwix(float absmax, float clip) {
   return s >= 0x1p-63f && s <= 3.40282347e38f ? s : 1.0f;
 }
 
+/* OCP MX's FP8 scale: 2^(floor(log2 amax) - emax), the exponent in [-127, 127]. */
+static float scale_mx(float absmax, moe8_dtype qt) {
+  if (!(absmax > 0.0f) || !(absmax <= 3.40282347e38f)) return 1.0f;
+  int e;
+  (void)frexpf(absmax, &e); /* floor(log2 amax) = e - 1 */
+  int x = e - 1 - (qt == MOE8_DTYPE_F8E5M2 ? 15 : 8);
+  x = x < -127 ? -127 : x > 127 ? 127 : x;
+  return ldexpf(1.0f, x);
+}
+
 static void quant_div_qwix(void *q, const float *x, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
   (void)qtype;
   int8_t *o = q;
@@ -96,8 +106,10 @@ static moe8_status check_spec(const moe8_quant_spec *spec, int64_t E, int64_t R,
                       (long long)E, (long long)R, (long long)C);
   if (!(spec->clip >= 0.0f && spec->clip <= 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: clip %g is not in (0, 1e30]", (double)spec->clip);
-  if (spec->calib != MOE8_CALIB_ABSMAX && spec->calib != MOE8_CALIB_QWIX)
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: calibration %d is not one (absmax 0, qwix 1)", (int)spec->calib);
+  if (spec->calib != MOE8_CALIB_ABSMAX && spec->calib != MOE8_CALIB_QWIX && spec->calib != MOE8_CALIB_MX)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: calibration %d is not one (absmax 0, qwix 1, mx 2)", (int)spec->calib);
+  if (spec->calib == MOE8_CALIB_MX && (spec->qtype == MOE8_DTYPE_I8 || spec->pow2 || (spec->clip != 0.0f && spec->clip != 1.0f)))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the mx calibration is for FP8 (MXFP8), without clip or pow2");
   if (spec->calib == MOE8_CALIB_QWIX && spec->pow2)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the qwix calibration has no power-of-two scales");
   switch (spec->gran) {
@@ -165,7 +177,8 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
   /* qwix's FP8 is moe8's, byte for byte; its int8 has its own bound. */
   const bool qw = spec->calib == MOE8_CALIB_QWIX && qt == MOE8_DTYPE_I8;
   void (*const quant_div)(void *, const float *, const float *, size_t, size_t, moe8_dtype) = qw ? quant_div_qwix : k->quant_div;
-#define SCALE_OF(amax) (qw ? scale_qwix((amax), clip) : moe8_scale_from_absmax((amax), qt, clip, p2))
+  const bool mx = spec->calib == MOE8_CALIB_MX;
+#define SCALE_OF(amax) (qw ? scale_qwix((amax), clip) : mx ? scale_mx((amax), qt) : moe8_scale_from_absmax((amax), qt, clip, p2))
   uint8_t *qb = q;
   size_t bad = 0;
 

@@ -259,3 +259,16 @@ def mxfp4_quant(w):
     a = np.abs(b / X)
     m = np.select([a <= 0.25, a < 0.75, a <= 1.25, a < 1.75, a <= 2.5, a < 3.5, a <= 5.0], [0, 0.5, 1, 1.5, 2, 3, 4], 6)
     return (np.sign(b) * m * X).reshape(N, K)
+
+
+def mxfp8_quant(w):
+    """OCP MXFP8 (E4M3) of an [N, K] weight (out x in), blocks of 32 along
+    K: s = 2^(floor(log2 amax) - 8) (1 for a zero block), codes w / s on
+    the e4m3 grid, saturating; the dequantized values in float64."""
+    w = np.asarray(w, dtype=np.float32)
+    N, K = w.shape
+    b = w.reshape(N, K // 32, 32).astype(np.float64)
+    amax = np.abs(b).max(axis=2)
+    ex = np.where(amax > 0, np.frexp(amax)[1] - 1 - 8, 0)
+    s = np.where(amax > 0, np.exp2(np.clip(ex, -127, 127).astype(np.float64)), 1.0)[..., None]
+    return (e4m3_round(b / s) * s).reshape(N, K)

@@ -521,6 +521,15 @@ def test_mxfp4_rule(tmp, rng):
     dnq = np.stack([q(dn[e].T).T for e in range(dn.shape[0])])
     got, _ = run(d, x, ("--rules", rules))
     check("gpt_oss f32 with mxfp4 weights by rule (emulated)", got, R.gpt_oss_block(x, wr, br, guq, gub, dnq, dnb, 4), 1e-5)
+    # MXFP8: e4m3 codes with OCP MX scales per 32 along K (weights only here)
+    rules8 = os.path.join(tmp, "rules_mx8.json")
+    with open(rules8, "w") as f:
+        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp8"}]}, f)
+    dq, xq, routingq, exq8, shq8, sgq = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
+    got8, out8 = run(dq, xq, ("--rules", rules8))
+    q8 = lambda w: R.mxfp8_quant(w)
+    check("qwen2_moe f32 with mxfp8 weights (OCP MX emulated)", got8,
+          R.moe_block(xq, routingq, [tuple(q8(w) for w in e) for e in exq8], tuple(q8(w) for w in shq8), sgq), 1e-5)
     p = subprocess.run([MOE8, "run", "--model", d, "--input", os.path.join(d, "x.npy"), "--output", os.path.join(d, "y.npy"), "--rules", rules,
                         "--training-load"], capture_output=True, text=True)
     if p.returncode == 0 or "inference" not in p.stderr:
