@@ -805,6 +805,62 @@ static void test_gpt_oss_form_grads(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* Llama-4's form (the sigmoid routing weight scales the expert input, the
+** shared expert added): every gradient of the backward against central
+** finite differences of the layer's own forward, top-1 and top-2. */
+static void test_llama4_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, D = 32, F = 16, T = 6 };
+  for (int K = 1; K <= 2; K++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .score = MOE8_SCORE_SIGMOID, .weight_input = true,
+                           .shared_ffn = 16};
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9 + (uint64_t)K), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    tu_rng_reset(70 + (uint64_t)K);
+    tu_fill_normal(x, T * D, 1.0f);
+    tu_fill_normal(dout, T * D, 1.0f);
+    const size_t wsz = moe8_layer_workspace_size(L, T);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], sg[D * 16], su[D * 16], sd[16 * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = sg, .dwsu = su, .dwsd = sd};
+    const double l0 = form_loss(L, x, dout, T, D, ws, wsz);
+    assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &g), MOE8_OK);
+    struct { const char *name; float *v; size_t n; const float *g; } t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd}, {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), 16 * D, sd}};
+    int used = 0, skipped = 0;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+      double gmax = 0;
+      for (size_t j = 0; j < t[i].n; j++) gmax = fabs(t[i].g[j]) > gmax ? fabs(t[i].g[j]) : gmax;
+      for (int s2 = 0; s2 < 16; s2++) {
+        const size_t j = (size_t)((tu_u64() >> 11) % t[i].n);
+        const float keep = t[i].v[j];
+        const float eps = 2e-3f * (fabsf(keep) > 1.0f ? fabsf(keep) : 1.0f);
+        t[i].v[j] = keep + eps;
+        moe8_layer_weights_changed(L);
+        const double lp = form_loss(L, x, dout, T, D, ws, wsz);
+        t[i].v[j] = keep - eps;
+        moe8_layer_weights_changed(L);
+        const double lm = form_loss(L, x, dout, T, D, ws, wsz);
+        t[i].v[j] = keep;
+        moe8_layer_weights_changed(L);
+        const double fd = (lp - lm) / (2.0 * (double)eps), fdp = (lp - l0) / (double)eps, fdm = (l0 - lm) / (double)eps;
+        if (fabs(fdp - fdm) > 0.05 * (fabs(fdp) + fabs(fdm)) + 1e-3 * gmax) { skipped++; continue; } /* a change of the chosen experts */
+        used++;
+        if (fabs(fd - t[i].g[j]) > 2e-2 * (fabs(fd) + gmax) + 1e-5)
+          TU_FAIL("llama4 form (top-%d): d loss / d %s[%zu] = %g, finite differences %g", K, t[i].name, j, (double)t[i].g[j], fd);
+      }
+    }
+    if (skipped * 8 > used) TU_FAIL("llama4 form: %d of %d samples at a kink", skipped, used + skipped);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -819,6 +875,7 @@ int main(void) {
     cmocka_unit_test(test_nonfinite_output),
     cmocka_unit_test(test_training_reduces_loss),
     cmocka_unit_test(test_gpt_oss_form_grads),
+    cmocka_unit_test(test_llama4_form_grads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

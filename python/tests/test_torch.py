@@ -421,3 +421,26 @@ def test_gpt_oss_block_gradients_match_plain_pytorch():
     assert rel(blk.down.grad, ref.experts.down_proj.grad) <= 1e-4
     assert rel(blk.gate.grad, ref.experts.gate_up_proj.grad[:, :, 0::2]) <= 1e-4
     assert rel(blk.up.grad, ref.experts.gate_up_proj.grad[:, :, 1::2]) <= 1e-4
+
+
+def test_llama4_block_gradients_match_plain_pytorch():
+    """from_hf of a Llama-4 block (top-2 here): moe8's backward through the
+    input-scaling routing gives plain PyTorch's gradients."""
+    from moe8.torch import from_hf
+    torch.manual_seed(5)
+    ref = Llama4TextMoe(k=2)
+    blk = from_hf(ref)
+    x = torch.randn(1, 6, 32)
+    xr = x.clone().requires_grad_(True)
+    want, _ = ref(xr)
+    want.sum().backward()
+    xm = x.clone().reshape(6, 32).requires_grad_(True)
+    got = blk(xm)
+    assert rel(got.reshape(1, 6, 32), want) <= 1e-5
+    got.sum().backward()
+    assert rel(xm.grad.reshape(1, 6, 32), xr.grad) <= 1e-4, rel(xm.grad.reshape(1, 6, 32), xr.grad)
+    assert rel(blk.router.grad, ref.router.weight.grad.t()) <= 1e-4
+    F = blk.gate.shape[2]
+    assert rel(blk.gate.grad, ref.experts.gate_up_proj.grad[:, :, :F]) <= 1e-4
+    assert rel(blk.down.grad, ref.experts.down_proj.grad) <= 1e-4
+    assert rel(blk.shared_down.grad, ref.shared_expert.down_proj.weight.grad.t()) <= 1e-4

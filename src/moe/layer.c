@@ -942,9 +942,31 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
   if (st != MOE8_OK) goto done;
-  /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
-  for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;
-  if (gr->dx && (st = moe8_combine(dxs, rows, w.pos_of, ones, T, K, D, gr->dx)) != MOE8_OK) goto done;
+  if (L->cfg.weight_input) {
+    /* Llama-4: row p = s·x_t went through the expert, s the slot's routing
+    ** weight (its sigmoid score times the scaling): dx_t += s·dxs_p and
+    ** ds = dxs_p · x_t, each token's slots in slot order. */
+    const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+    for (int64_t a = 0; a < A; a++) dw[a] = 0.0f;
+    if (gr->dx)
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++) {
+          const int32_t p = w.pos_of[t * K + j];
+          if (p < 0) continue;
+          const float sw = w.scores[t * E + w.ids[t * K + j]] * c;
+          for (int64_t d = 0; d < D; d++) gr->dx[t * D + d] += sw * dxs[(int64_t)p * D + d];
+        }
+    for (int64_t p = 0; p < rows; p++) {
+      const int64_t t = w.token_of[p];
+      float sdot = 0.0f;
+      for (int64_t d = 0; d < D; d++) sdot += dxs[p * D + d] * x[t * D + d];
+      dw[t * K + w.slot_of[p]] = sdot; /* dL/dw; the router backward takes it to the scores */
+    }
+  } else {
+    /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
+    for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;
+    if (gr->dx && (st = moe8_combine(dxs, rows, w.pos_of, ones, T, K, D, gr->dx)) != MOE8_OK) goto done;
+  }
   moe8__aux_loss(L, T, w.ids, w.scores, f);
   moe8__router_backward(L, T, w.scores, w.ids, dw, f, T, dl);
   if (gr->dwr) moe8__router_wgrad(gr->dwr, x, dl, T, D, E);

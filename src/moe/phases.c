@@ -73,14 +73,17 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
 
 moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool single) {
   const moe8_layer_config *c = &L->cfg;
-  /* the single-process backward has GPT-OSS's form (biases, the clamp) */
-  if (single && !c->weight_input) return MOE8_OK;
-  if (c->act != MOE8_ACT_SWIGLU || c->router_bias || c->expert_bias || c->weight_input)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s%s%s: this backward is not implemented yet (the forward and fused "
-                      "forward are%s)", what, L->module_path, c->act != MOE8_ACT_SWIGLU ? "a clamped SwiGLU " : "",
-                      c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases " : "",
-                      c->weight_input ? "routing weights that scale the expert input (Llama-4)" : "",
-                      c->weight_input ? "" : "; so is the single-process moe8_layer_backward");
+  /* The layer's backward (single process and expert parallel) has every
+  ** form; a Llama-4 layer's backward needs its weights unnormalized (the
+  ** routing weight is its expert's sigmoid score). moe8_trainer has no Adam
+  ** slots for the biases yet. */
+  if (single && c->weight_input && c->norm_topk_prob)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s scales the expert input by renormalized weights: that backward is not "
+                      "implemented (Llama-4's are its sigmoid scores, norm_topk_prob false)", what, L->module_path);
+  if (single) return MOE8_OK;
+  if (c->router_bias || c->expert_bias)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s: the trainer has no Adam state for them yet (moe8_layer_backward "
+                      "gives their gradients)", what, L->module_path, c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases" : "");
   return MOE8_OK;
 }
 
