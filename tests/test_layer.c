@@ -736,6 +736,41 @@ static double form_loss(moe8_layer *L, const float *x, const float *dout, int64_
   return l;
 }
 
+/* The gradients in t[] against central finite differences of the
+** layer's own f32 forward, 16 sampled elements each (a sample whose step
+** crosses a kink, a clamp bound or a change of the chosen experts, has
+** one-sided slopes that disagree and is skipped; at most 1 in 9 may be). */
+typedef struct form_grad { const char *name; float *v; size_t n; const float *g; } form_grad;
+
+static void form_fd_check(const char *form, moe8_layer *L, const float *x, const float *dout, int64_t T, int64_t D, void *ws, size_t wsz,
+                          const form_grad *t, size_t nt) {
+  const double l0 = form_loss(L, x, dout, T, D, ws, wsz);
+  int used = 0, skipped = 0;
+  for (size_t i = 0; i < nt; i++) {
+    double gmax = 0;
+    for (size_t j = 0; j < t[i].n; j++) gmax = fabs(t[i].g[j]) > gmax ? fabs(t[i].g[j]) : gmax;
+    for (int s2 = 0; s2 < 16; s2++) {
+      const size_t j = (size_t)((tu_u64() >> 11) % t[i].n);
+      const float keep = t[i].v[j];
+      const float eps = 2e-3f * (fabsf(keep) > 1.0f ? fabsf(keep) : 1.0f);
+      t[i].v[j] = keep + eps;
+      moe8_layer_weights_changed(L);
+      const double lp = form_loss(L, x, dout, T, D, ws, wsz);
+      t[i].v[j] = keep - eps;
+      moe8_layer_weights_changed(L);
+      const double lm = form_loss(L, x, dout, T, D, ws, wsz);
+      t[i].v[j] = keep;
+      moe8_layer_weights_changed(L);
+      const double fd = (lp - lm) / (2.0 * (double)eps), fdp = (lp - l0) / (double)eps, fdm = (l0 - lm) / (double)eps;
+      if (fabs(fdp - fdm) > 0.05 * (fabs(fdp) + fabs(fdm)) + 1e-3 * gmax) { skipped++; continue; }
+      used++;
+      if (fabs(fd - t[i].g[j]) > 2e-2 * (fabs(fd) + gmax) + 1e-5)
+        TU_FAIL("%s: d loss / d %s[%zu] = %g, finite differences %g", form, t[i].name, j, (double)t[i].g[j], fd);
+    }
+  }
+  if (skipped * 8 > used) TU_FAIL("%s: %d of %d samples at a kink", form, skipped, used + skipped);
+}
+
 static void test_gpt_oss_form_grads(void **state) {
   (void)state;
   enum { E = 4, K = 2, D = 32, F = 16, T = 6 };
@@ -762,41 +797,16 @@ static void test_gpt_oss_form_grads(void **state) {
   const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwrb = drb, .dwgub = dgub, .dwdb = ddb};
   (void)form_loss(L, x, dout, T, D, ws, wsz);
   assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &g), MOE8_OK);
-  struct { const char *name; float *v; size_t n; const float *g; } t[] = {
+  const form_grad t[] = {
     {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
     {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
     {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd}, {"router bias", moe8_layer_weight(L, MOE8_W_ROUTER_BIAS, NULL), E, drb},
     {"gate/up bias", moe8_layer_weight(L, MOE8_W_GU_BIAS, NULL), E * 2 * F, dgub}, {"down bias", moe8_layer_weight(L, MOE8_W_DOWN_BIAS, NULL), E * D, ddb}};
-  int nonzero_clamped = 0, used = 0, skipped = 0;
-  const double l0 = form_loss(L, x, dout, T, D, ws, wsz);
-  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-    double gmax = 0;
-    for (size_t j = 0; j < t[i].n; j++) gmax = fabs(t[i].g[j]) > gmax ? fabs(t[i].g[j]) : gmax;
-    for (int s2 = 0; s2 < 16; s2++) {
-      const size_t j = (size_t)((tu_u64() >> 11) % t[i].n);
-      const float keep = t[i].v[j];
-      const float eps = 2e-3f * (fabsf(keep) > 1.0f ? fabsf(keep) : 1.0f);
-      t[i].v[j] = keep + eps;
-      moe8_layer_weights_changed(L);
-      const double lp = form_loss(L, x, dout, T, D, ws, wsz);
-      t[i].v[j] = keep - eps;
-      moe8_layer_weights_changed(L);
-      const double lm = form_loss(L, x, dout, T, D, ws, wsz);
-      t[i].v[j] = keep;
-      moe8_layer_weights_changed(L);
-      const double fd = (lp - lm) / (2.0 * (double)eps), fdp = (lp - l0) / (double)eps, fdm = (l0 - lm) / (double)eps;
-      /* a sample whose step crosses a kink (a clamp bound, a change of the
-      ** chosen experts) has one-sided slopes that disagree: not a place to
-      ** compare a derivative */
-      if (fabs(fdp - fdm) > 0.05 * (fabs(fdp) + fabs(fdm)) + 1e-3 * gmax) { skipped++; continue; }
-      used++;
-      if (fabs(fd - t[i].g[j]) > 2e-2 * (fabs(fd) + gmax) + 1e-5)
-        TU_FAIL("gpt_oss form: d loss / d %s[%zu] = %g, finite differences %g", t[i].name, j, (double)t[i].g[j], fd);
-    }
-    if (i >= 5) for (size_t j = 0; j < t[i].n; j++) nonzero_clamped += t[i].g[j] != 0.0f;
-  }
-  assert_true(nonzero_clamped > 0);
-  if (skipped * 8 > used) TU_FAIL("gpt_oss form: %d of %d samples at a kink", skipped, used + skipped);
+  form_fd_check("gpt_oss form", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+  int nonzero = 0; /* the biases' gradients are there */
+  for (size_t i = 5; i < sizeof t / sizeof t[0]; i++)
+    for (size_t j = 0; j < t[i].n; j++) nonzero += t[i].g[j] != 0.0f;
+  assert_true(nonzero > 0);
   /* the clamp binds: some gate/up pre-activations are past the limit (their gradient 0) */
   size_t zeros = 0;
   for (size_t j = 0; j < E * 2 * F; j++) zeros += dgub[j] == 0.0f;
@@ -826,36 +836,13 @@ static void test_llama4_form_grads(void **state) {
     assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
     static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], sg[D * 16], su[D * 16], sd[16 * D];
     const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = sg, .dwsu = su, .dwsd = sd};
-    const double l0 = form_loss(L, x, dout, T, D, ws, wsz);
+    (void)form_loss(L, x, dout, T, D, ws, wsz);
     assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &g), MOE8_OK);
-    struct { const char *name; float *v; size_t n; const float *g; } t[] = {
+    const form_grad t[] = {
       {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
       {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
       {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd}, {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), 16 * D, sd}};
-    int used = 0, skipped = 0;
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-      double gmax = 0;
-      for (size_t j = 0; j < t[i].n; j++) gmax = fabs(t[i].g[j]) > gmax ? fabs(t[i].g[j]) : gmax;
-      for (int s2 = 0; s2 < 16; s2++) {
-        const size_t j = (size_t)((tu_u64() >> 11) % t[i].n);
-        const float keep = t[i].v[j];
-        const float eps = 2e-3f * (fabsf(keep) > 1.0f ? fabsf(keep) : 1.0f);
-        t[i].v[j] = keep + eps;
-        moe8_layer_weights_changed(L);
-        const double lp = form_loss(L, x, dout, T, D, ws, wsz);
-        t[i].v[j] = keep - eps;
-        moe8_layer_weights_changed(L);
-        const double lm = form_loss(L, x, dout, T, D, ws, wsz);
-        t[i].v[j] = keep;
-        moe8_layer_weights_changed(L);
-        const double fd = (lp - lm) / (2.0 * (double)eps), fdp = (lp - l0) / (double)eps, fdm = (l0 - lm) / (double)eps;
-        if (fabs(fdp - fdm) > 0.05 * (fabs(fdp) + fabs(fdm)) + 1e-3 * gmax) { skipped++; continue; } /* a change of the chosen experts */
-        used++;
-        if (fabs(fd - t[i].g[j]) > 2e-2 * (fabs(fd) + gmax) + 1e-5)
-          TU_FAIL("llama4 form (top-%d): d loss / d %s[%zu] = %g, finite differences %g", K, t[i].name, j, (double)t[i].g[j], fd);
-      }
-    }
-    if (skipped * 8 > used) TU_FAIL("llama4 form: %d of %d samples at a kink", skipped, used + skipped);
+    form_fd_check(K == 1 ? "llama4 form (top-1)" : "llama4 form (top-2)", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
     free(ws);
     moe8_layer_destroy(L);
   }

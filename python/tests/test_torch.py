@@ -398,6 +398,20 @@ def test_patch_real_transformers_classes():
     assert rel(got, want) <= 1e-5
 
 
+def _same_grads_of_the_input(ref, blk, T=6, D=32):
+    """Runs the transformers-shaped block and its moe8 block forward and
+    backward on the same tokens: outputs and input gradients agree."""
+    x = torch.randn(1, T, D)
+    xr = x.clone().requires_grad_(True)
+    want, _ = ref(xr)
+    want.sum().backward()
+    xm = x.clone().reshape(T, D).requires_grad_(True)
+    got = blk(xm)
+    assert rel(got.reshape(1, T, D), want) <= 1e-5
+    got.sum().backward()
+    assert rel(xm.grad.reshape(1, T, D), xr.grad) <= 1e-4, rel(xm.grad.reshape(1, T, D), xr.grad)
+
+
 def test_gpt_oss_block_gradients_match_plain_pytorch():
     """from_hf of a GPT-OSS block: moe8's backward (the biases and the
     clamp included) gives plain PyTorch's gradients of the same block."""
@@ -405,15 +419,7 @@ def test_gpt_oss_block_gradients_match_plain_pytorch():
     torch.manual_seed(3)
     ref = GptOssMLP()
     blk = from_hf(ref)
-    x = torch.randn(1, 6, 32)
-    xr = x.clone().requires_grad_(True)
-    want, _ = ref(xr)
-    want.sum().backward()
-    xm = x.clone().reshape(6, 32).requires_grad_(True)
-    got = blk(xm)
-    assert rel(got.reshape(1, 6, 32), want) <= 1e-5
-    got.sum().backward()
-    assert rel(xm.grad.reshape(1, 6, 32), xr.grad) <= 1e-4, rel(xm.grad.reshape(1, 6, 32), xr.grad)
+    _same_grads_of_the_input(ref, blk)
     assert rel(blk.router_bias.grad, ref.router.bias.grad) <= 1e-4
     gub = ref.experts.gate_up_proj_bias.grad
     assert rel(blk.gate_up_bias.grad, torch.cat([gub[:, 0::2], gub[:, 1::2]], dim=1)) <= 1e-4
@@ -430,15 +436,7 @@ def test_llama4_block_gradients_match_plain_pytorch():
     torch.manual_seed(5)
     ref = Llama4TextMoe(k=2)
     blk = from_hf(ref)
-    x = torch.randn(1, 6, 32)
-    xr = x.clone().requires_grad_(True)
-    want, _ = ref(xr)
-    want.sum().backward()
-    xm = x.clone().reshape(6, 32).requires_grad_(True)
-    got = blk(xm)
-    assert rel(got.reshape(1, 6, 32), want) <= 1e-5
-    got.sum().backward()
-    assert rel(xm.grad.reshape(1, 6, 32), xr.grad) <= 1e-4, rel(xm.grad.reshape(1, 6, 32), xr.grad)
+    _same_grads_of_the_input(ref, blk)
     assert rel(blk.router.grad, ref.router.weight.grad.t()) <= 1e-4
     F = blk.gate.shape[2]
     assert rel(blk.gate.grad, ref.experts.gate_up_proj.grad[:, :, :F]) <= 1e-4

@@ -604,12 +604,12 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
   gptoss_w wgu, wdn;
   if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
   if ((st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
-  const int64_t big = 2 * F * D > F * D ? 2 * F * D : F * D;
-  float *tmp = malloc(sizeof(float) * (size_t)big), *raw = malloc(sizeof(float) * (size_t)(2 * F * D));
-  float *gu = malloc(sizeof(float) * (size_t)(2 * F * D)), *dn = malloc(sizeof(float) * (size_t)(F * D));
+  /* the router's transpose buffer now; an expert's three more only when
+  ** the experts are decoded (not for MXFP4 kept as it is) */
+  float *tmp = malloc(sizeof(float) * (size_t)(E * D)), *raw = NULL, *gu = NULL, *dn = NULL;
   float *bgu = malloc(sizeof(float) * (size_t)(2 * E * F));
   moe8_layer *L = NULL;
-  if (!tmp || !raw || !gu || !dn || !bgu) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  if (!tmp || !bgu) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   if (st == MOE8_OK) st = moe8__layer_create(&c->layer, rules, mp, o->mode == MOE8_LOAD_INFERENCE, &L);
   if (st == MOE8_OK) st = put_float(rw, rw->data, E, D, L->w[MOE8_W_ROUTER], E, 0, tmp);
   if (st == MOE8_OK) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER_BIAS], rb->data, rb->dtype, (size_t)E);
@@ -633,6 +633,14 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
     if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
     *out = L;
     return MOE8_OK;
+  }
+  if (st == MOE8_OK) {
+    free(tmp);
+    tmp = malloc(sizeof(float) * (size_t)(2 * F * D));
+    raw = malloc(sizeof(float) * (size_t)(2 * F * D));
+    gu = malloc(sizeof(float) * (size_t)(2 * F * D));
+    dn = malloc(sizeof(float) * (size_t)(F * D));
+    if (!tmp || !raw || !gu || !dn) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   }
   if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
   double last = now_s();

@@ -103,7 +103,7 @@ moe8_router_config moe8__router_config(const moe8_layer *L);
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits);
 /* MOE8_ERR_UNSUPPORTED naming the form when the layer's experts have a
 ** form with no backward yet (biases, the clamped SwiGLU); `what` leads. */
-moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool single);
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool trainer);
 
 moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
                                  moe8__shared_buf *b, void *scratch, size_t scratch_bytes);

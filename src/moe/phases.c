@@ -71,16 +71,16 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
   return st;
 }
 
-moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool single) {
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool trainer) {
   const moe8_layer_config *c = &L->cfg;
   /* The layer's backward (single process and expert parallel) has every
   ** form; a Llama-4 layer's backward needs its weights unnormalized (the
   ** routing weight is its expert's sigmoid score). moe8_trainer has no Adam
   ** slots for the biases yet. */
-  if (single && c->weight_input && c->norm_topk_prob)
+  if (c->weight_input && c->norm_topk_prob)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s scales the expert input by renormalized weights: that backward is not "
                       "implemented (Llama-4's are its sigmoid scores, norm_topk_prob false)", what, L->module_path);
-  if (single) return MOE8_OK;
+  if (!trainer) return MOE8_OK;
   if (c->router_bias || c->expert_bias)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s: the trainer has no Adam state for them yet (moe8_layer_backward "
                       "gives their gradients)", what, L->module_path, c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases" : "");
@@ -89,8 +89,7 @@ moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, boo
 
 /* The expert biases of rows [0, rows) grouped by gsz (groups g0..g0+G-1):
 ** v[p, :n] += b[g, :n]. */
-static void add_group_bias(float *v, int64_t n, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, const float *b) {
-  (void)rows;
+static void add_group_bias(float *v, int64_t n, const int32_t *gsz, int64_t g0, int64_t G, const float *b) {
   int64_t p = 0;
   for (int64_t g = 0; g < G; g++) {
     const float *bg = b + (g0 + g) * n;
@@ -110,7 +109,7 @@ static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, flo
 
 /* out[rows, ldo] = x[rows, K] · W per group, W MXFP4 (blk, sc for all
 ** groups from g0); tasks of 64 output columns over the threads. */
-static void mx4_grouped(const moe8_layer *L, const float *x, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, int64_t K,
+static void mx4_grouped(const float *x, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, int64_t K,
                         int64_t N, const uint8_t *blk, const uint8_t *sc, float *out, int64_t ldo, int64_t split) {
   const moe8__ktable *kt = moe8__kernels();
   enum { NT = 64 };
@@ -118,7 +117,6 @@ static void mx4_grouped(const moe8_layer *L, const float *x, int64_t rows, const
   int64_t row0[MOE8_MAX_EXPERTS + 1];
   row0[0] = 0;
   for (int64_t g = 0; g < G; g++) row0[g + 1] = row0[g] + gsz[g];
-  (void)rows;
   const int64_t ntask = G * nct;
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)N * (double)K)) schedule(dynamic, 1)
   for (int64_t t = 0; t < ntask; t++) {
@@ -128,7 +126,6 @@ static void mx4_grouped(const moe8_layer *L, const float *x, int64_t rows, const
     kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, blk + (size_t)(e * N * (K / 32) * 16), sc + (size_t)(e * N * (K / 32)), n0, n1,
                  out + row0[g] * ldo, ldo, split);
   }
-  (void)L;
 }
 
 moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
@@ -136,30 +133,20 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
                                   void *scratch, size_t scratch_bytes) {
   const moe8__xset *X = &L->xs[set];
   const int64_t D = L->cfg.hidden, F = X->F;
-  if (X->mx_gu_b) {
-    /* MXFP4 weights, read as the file holds them: gate/up rows alternate. */
-    (void)xsq; (void)sxs; (void)hq; (void)sh; (void)scratch; (void)scratch_bytes;
-    mx4_grouped(L, xs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, X->mx_split);
-    if (set == 0 && L->cfg.expert_bias) add_group_bias(gu, 2 * F, rows, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
-    const moe8__ktable *kt = moe8__kernels();
-    #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)rows * (double)F)) schedule(static)
-    for (int64_t p = 0; p < rows; p++)
-      if (L->cfg.act == MOE8_ACT_SWIGLU_CLAMP) swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
-      else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
-    mx4_grouped(L, h, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0);
-    if (set == 0 && L->cfg.expert_bias) add_group_bias(y, D, rows, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
-    return MOE8_OK;
-  }
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                     .rhs = weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32, .out = gu, .order = L->order,
+                     .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32,
+                     .out = gu, .order = L->order,
                      .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
-  moe8_status st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs);
-  if (st == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
+  /* MXFP4 weights (f32 activations: aq is false) run their own kernels;
+  ** everything between the two matmuls is shared. */
+  moe8_status st = MOE8_OK;
+  if (X->mx_gu_b) mx4_grouped(xs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, X->mx_split);
+  else if ((st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs)) == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
   const bool xb = set == 0 && L->cfg.expert_bias, clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
-  if (xb) add_group_bias(gu, 2 * F, rows, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
+  if (xb) add_group_bias(gu, 2 * F, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
   /* h = silu(g)·u, and (per-row scales) its quantization, a few rows at a
   ** time while they are in cache; a per-row quantizer gives the same bytes
   ** on any chunk of rows. */
@@ -184,11 +171,12 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
     return st;
   }
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
-                      .rhs = weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32, .out = y, .order = L->order,
+                      .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32,
+                      .out = y, .order = L->order,
                       .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
-  st = act_operand(L, h, hq, sh, rows, F, &g2.lhs);
-  if (st == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
-  if (st == MOE8_OK && xb) add_group_bias(y, D, rows, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
+  if (X->mx_gu_b) mx4_grouped(h, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0);
+  else if ((st = act_operand(L, h, hq, sh, rows, F, &g2.lhs)) == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
+  if (st == MOE8_OK && xb) add_group_bias(y, D, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
   return st;
 }
 

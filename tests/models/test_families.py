@@ -499,20 +499,31 @@ def test_llama4(tmp, rng):
                 FAILS.append("llama4 input scaling does not matter in this case")
 
 
+def _weight_rule(tmp, qtype):
+    """A rule file quantizing every layer's expert weights to qtype."""
+    path = os.path.join(tmp, "rules_%s.json" % qtype)
+    with open(path, "w") as f:
+        json.dump({"rules": [{"module_path": ".*", "weight_qtype": qtype}]}, f)
+    return path
+
+
+def _qwen2_with_weight_rule(tmp, rng, rules, quant, label):
+    """A Qwen2-MoE block (shared expert too) run with a weight rule, against
+    the reference on the weights as `quant` gives them; the run's stdout."""
+    d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
+    got, out = run(d, x, ("--rules", rules))
+    check(label, got, R.moe_block(x, routing, [tuple(quant(w) for w in e) for e in ex], tuple(quant(w) for w in sh), sg), 1e-5)
+    return out
+
+
 def test_mxfp4_rule(tmp, rng):
     """weight_qtype mxfp4: float checkpoints quantized to MXFP4 at an
     inference load (f32 activations), against the OCP quantizer written
     here; a Qwen2-MoE block (shared expert quantized too) and GPT-OSS's
     float experts."""
-    rules = os.path.join(tmp, "rules_mx4.json")
-    with open(rules, "w") as f:
-        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4"}]}, f)
-    d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
-    got, out = run(d, x, ("--rules", rules))
-    q = lambda w: R.mxfp4_quant(w)
-    exq = [tuple(q(w) for w in e) for e in ex]
-    shq = tuple(q(w) for w in sh)
-    check("qwen2_moe f32 with mxfp4 weights (OCP quantizer emulated)", got, R.moe_block(x, routing, exq, shq, sg), 1e-5)
+    rules = _weight_rule(tmp, "mxfp4")
+    q = R.mxfp4_quant
+    out = _qwen2_with_weight_rule(tmp, rng, rules, q, "qwen2_moe f32 with mxfp4 weights (OCP quantizer emulated)")
     if "weights mxfp4" not in out:
         FAILS.append("mxfp4 rule did not give mxfp4 weights: " + out.strip())
     d, x, _, w = gpt_oss_case(tmp, rng, {})
@@ -522,14 +533,7 @@ def test_mxfp4_rule(tmp, rng):
     got, _ = run(d, x, ("--rules", rules))
     check("gpt_oss f32 with mxfp4 weights by rule (emulated)", got, R.gpt_oss_block(x, wr, br, guq, gub, dnq, dnb, 4), 1e-5)
     # MXFP8: e4m3 codes with OCP MX scales per 32 along K (weights only here)
-    rules8 = os.path.join(tmp, "rules_mx8.json")
-    with open(rules8, "w") as f:
-        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp8"}]}, f)
-    dq, xq, routingq, exq8, shq8, sgq = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
-    got8, out8 = run(dq, xq, ("--rules", rules8))
-    q8 = lambda w: R.mxfp8_quant(w)
-    check("qwen2_moe f32 with mxfp8 weights (OCP MX emulated)", got8,
-          R.moe_block(xq, routingq, [tuple(q8(w) for w in e) for e in exq8], tuple(q8(w) for w in shq8), sgq), 1e-5)
+    _qwen2_with_weight_rule(tmp, rng, _weight_rule(tmp, "mxfp8"), R.mxfp8_quant, "qwen2_moe f32 with mxfp8 weights (OCP MX emulated)")
     p = subprocess.run([MOE8, "run", "--model", d, "--input", os.path.join(d, "x.npy"), "--output", os.path.join(d, "y.npy"), "--rules", rules,
                         "--training-load"], capture_output=True, text=True)
     if p.returncode == 0 or "inference" not in p.stderr:

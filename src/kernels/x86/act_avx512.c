@@ -115,7 +115,7 @@ enum { MX_KMAX = 8192 };
 static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0, int64_t n1,
                      float *out, int64_t ldo, int64_t split) {
   if (K > MX_KMAX) { moe8__ref_mx4_rows(x, rows, ldx, K, blk, sc, n0, n1, out, ldo, split); return; }
-  const int64_t nb = K / 32, h = K / 2;
+  const int64_t nb = K / 32;
   const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
   const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
@@ -142,7 +142,6 @@ static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const
       }
     }
   }
-  (void)h;
 }
 
 void moe8__act_init_avx512(moe8__ktable *k) {
