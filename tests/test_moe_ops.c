@@ -376,28 +376,33 @@ static void test_threads_setting(void **state) {
   moe8_rules_destroy(rs);
 }
 
-/* MXFP4 rows (moe8__ktable.mx4_rows): every ISA's bytes equal the
-** reference's, on rows 0..8, K up to 2880, N with tails of the 4-column
-** tile, split (gate/up de-interleave) on and off, column ranges and row
-** subsets giving the same bytes; and the reference equals the definition
-** (double sums of code x 2^(s-127) x x) to 1e-5 of the absolute sum. */
+/* MXFP4 rows (moe8__ktable.mx4_rows, weights in moe8__mx4_repack's
+** layout): every ISA's bytes equal the reference's, on rows 0..8 (every
+** row tile and its tails), K of 1 to 257 blocks (whole groups of 8 and the
+** blocks after them, K above the old 8192 limit), N with tails of every
+** column tile, split (gate/up de-interleave) on and off, column ranges and
+** row subsets giving the same bytes; and the reference equals the
+** definition (double sums of code x 2^(s-127) x x, from the OCP layout) to
+** 1e-5 of the absolute sum. */
 static void test_mx4_rows(void **state) {
   (void)state;
   static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
   moe8_isa isas[MOE8_ISA_COUNT];
   const int nisa = tu_isas(isas);
-  const int64_t Ks[4] = {32, 64, 96, 2880}, Ns[6] = {1, 4, 5, 18, 64, 66}, Rs[5] = {0, 1, 2, 3, 8};
-  for (int ki = 0; ki < 4; ki++)
-    for (int ni = 0; ni < 6; ni++)
-      for (int ri = 0; ri < 5; ri++) {
+  const int64_t Ks[7] = {32, 64, 96, 256, 320, 2880, 8224}, Ns[7] = {1, 4, 5, 9, 18, 64, 66}, Rs[8] = {0, 1, 2, 3, 4, 5, 7, 8};
+  for (int ki = 0; ki < 7; ki++)
+    for (int ni = 0; ni < 7; ni++)
+      for (int ri = 0; ri < 8; ri++) {
         const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32;
-        if (K == 2880 && N > 18) continue;
-        uint8_t *blk = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb));
+        if (K >= 2880 && (N > 18 || R % 2 == 0)) continue;
+        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb)), *blk = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
         float *x = malloc(sizeof(float) * (size_t)(R * K + 1)), *want = malloc(sizeof(float) * (size_t)(R * N + 1));
         float *got = malloc(sizeof(float) * (size_t)(R * N + 1));
         tu_rng_reset((uint64_t)(ki * 100 + ni * 10 + ri));
-        for (int64_t i = 0; i < N * nb * 16; i++) blk[i] = (uint8_t)(tu_u64() >> 56);
+        for (int64_t i = 0; i < N * nb * 16; i++) ocp[i] = (uint8_t)(tu_u64() >> 56);
         for (int64_t i = 0; i < N * nb; i++) sc[i] = (uint8_t)(120 + tu_u64() % 12);
+        if (N > 0 && nb > 0) sc[0] = 0; /* the subnormal scale 2^-127 */
+        moe8__mx4_repack(blk, ocp, N, K);
         tu_fill_normal(x, (size_t)(R * K), 1.0f);
         for (int split = 0; split < 2; split++) {
           if (split && N % 2) continue;
@@ -407,7 +412,7 @@ static void test_mx4_rows(void **state) {
             for (int64_t n = 0; n < N; n++) {
               double d = 0, a = 0;
               for (int64_t k = 0; k < K; k++) {
-                const uint8_t byte = blk[(n * nb + k / 32) * 16 + (k % 32) / 2];
+                const uint8_t byte = ocp[(n * nb + k / 32) * 16 + (k % 32) / 2];
                 const double w = (double)e2m1[(k & 1) ? byte >> 4 : byte & 15] * ldexp(1.0, (int)sc[n * nb + k / 32] - 127);
                 d += w * x[p * K + k];
                 a += fabs(w * x[p * K + k]);
@@ -429,7 +434,7 @@ static void test_mx4_rows(void **state) {
             }
           }
         }
-        free(blk); free(sc); free(x); free(want); free(got);
+        free(blk); free(sc); free(ocp); free(x); free(want); free(got);
       }
 }
 

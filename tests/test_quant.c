@@ -317,9 +317,9 @@ static void test_qwix_int8(void **state) {
 
 /* MXFP4 quantization (moe8__mx4_quantize): the E2M1 rounding at every
 ** grid point and midpoint (ties to the even code), saturation, sign; the
-** block scale 2^(floor(log2 amax) - 2) with its clamps; and a round trip
-** through the mx4 kernel of the reference table equals the dequantized
-** weights' products. */
+** block scale 2^(floor(log2 amax) - 2) with its clamps; each code the
+** nearest grid value; and moe8__mx4_repack moves every code to the place
+** its layout names, as a permutation of the row's bytes' nibbles. */
 static void test_mxfp4_quantize(void **state) {
   (void)state;
   static const struct { float v; uint8_t code; } cases[] = {
@@ -354,6 +354,31 @@ static void test_mxfp4_quantize(void **state) {
         for (int c = 0; c < 8; c++) assert_true(fabsf(v - got) <= fabsf(v - e2m1[c]) || v > 6.0f);
       }
     }
+  /* the kernels' layout, for rows of 1, 8, 9, 10 and 23 blocks (whole
+  ** groups of 8 and the blocks after them), rows 64-byte aligned */
+  static const int64_t nbs[5] = {1, 8, 9, 10, 23};
+  for (int t = 0; t < 5; t++) {
+    const int64_t nb = nbs[t], NN = 3;
+    const int64_t rb = moe8__mx4_row_bytes(nb * 32);
+    assert_true(rb % 64 == 0 && rb >= nb * 16 && rb < nb * 16 + 64);
+    uint8_t *o = malloc((size_t)(NN * nb * 16)), *r = malloc((size_t)(NN * rb));
+    for (int64_t i = 0; i < NN * nb * 16; i++) o[i] = (uint8_t)(tu_u64() >> 56);
+    memset(r, 0xA5, (size_t)(NN * rb));
+    moe8__mx4_repack(r, o, NN, nb * 32);
+    for (int64_t n = 0; n < NN; n++)
+      for (int64_t k = 0; k < nb * 32; k++) {
+        const int64_t b = k / 32, pos = k % 32, h = pos / 16, L = pos % 16;
+        const uint8_t want = (uint8_t)(o[(n * nb + b) * 16 + pos / 2] >> (4 * (pos & 1)) & 15);
+        const uint8_t *row = r + n * rb;
+        const uint8_t got = b < nb / 8 * 8 ? (uint8_t)(row[b / 8 * 128 + h * 64 + 4 * L + (b % 8) / 2] >> (4 * (b % 2)) & 15)
+                                           : (uint8_t)(row[b * 16 + L] >> (4 * h) & 15);
+        if (got != want) TU_FAIL("mx4 repack nb=%lld row %lld k %lld: code %u, want %u", (long long)nb, (long long)n, (long long)k, got, want);
+      }
+    for (int64_t n = 0; n < NN; n++) /* the padding is zero */
+      for (int64_t i = nb * 16; i < rb; i++)
+        if (r[n * rb + i]) TU_FAIL("mx4 repack nb=%lld row %lld: padding byte %lld is %u", (long long)nb, (long long)n, (long long)i, r[n * rb + i]);
+    free(o); free(r);
+  }
 }
 
 /* OCP MX calibration for FP8 (MXFP8 with 32 along K): the scale is

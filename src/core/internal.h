@@ -38,6 +38,17 @@ int moe8__nt(double work);
 ** all-zero block), codes = v / X rounded to the nearest E2M1 value, ties
 ** to the even code, saturating at ±6.  K a multiple of 32; w finite. */
 void moe8__mx4_quantize(const float *w, int64_t K, int64_t N, uint8_t *blk, uint8_t *sc);
+/* The kernels' layout of MXFP4 blocks (moe8__ktable.mx4_rows): row n of
+** dst starts at n · moe8__mx4_row_bytes(K) (a multiple of 64, so that no
+** load splits a cache line; the padding is zero).  Blocks 8g .. 8g + 7 of
+** a row are 128 bytes at 128 g: 32-bit word L (little endian) of half h
+** (bytes 64 h + 4 L ..) holds in its bits 4j .. 4j + 3 the code of
+** k = 32 (8g + j) + 16 h + L.  The nb % 8 blocks after the last whole
+** group take 16 bytes each: byte L holds the code of k = 32b + L in its
+** low nibble and of 32b + 16 + L in its high.  src is the OCP layout
+** above ([N, K/32, 16]); the codes are the same, moved. */
+static inline int64_t moe8__mx4_row_bytes(int64_t K) { return (K / 32 * 16 + 63) / 64 * 64; }
+void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K);
 /* One value's E2M1 code (sign in bit 3) for v already divided by X. */
 uint8_t moe8__e2m1_code(float v);
 /* Tests: the work below which loops run on one thread (0: never). */
@@ -72,11 +83,12 @@ typedef struct moe8__ktable {
   void (*swiglu)(float *h, const float *g, const float *u, size_t n);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
-  ** code of nibble k of row n (blk [N, K/32, 16] bytes, the low nibble
-  ** first) times 2^(sc[n, k/32] - 127); col(n) = n, or with split > 0 the
-  ** gate/up de-interleave n/2 + (n odd ? split : 0).  K is a multiple of
-  ** 32; each 32-block is summed, scaled, then added in increasing k.
-  ** Results are the same for any rows and any [n0, n1) split. */
+  ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of
+  ** moe8__mx4_row_bytes(K)) times 2^(sc[n, k/32] - 127); col(n) = n, or with split > 0
+  ** the gate/up de-interleave n/2 + (n odd ? split : 0).  K is a multiple
+  ** of 32.  The order is moe8__ref_mx4_rows's: 32 chains, one per k mod 32,
+  ** in increasing k, then added as 16 lanes and folded.  Results are the
+  ** same for any rows and any [n0, n1) split. */
   void (*mx4_rows)(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                    int64_t n1, float *out, int64_t ldo, int64_t split);
   /* logits[t, e] = Σ_d x[t, d] · wr[d, e] for T tokens: one chain per

@@ -511,8 +511,11 @@ typedef struct gptoss_w {
 ** dropped slice by slice as they are copied (the layer then holds the
 ** file's bytes once); scales checked: 255 (the E8M0 NaN) refused, and
 ** blocks whose largest code overflows f32 under their scale. */
+/* A GPT-OSS *_blocks / *_scales pair, checked, into the kernels' layout
+** (moe8__mx4_repack) a few MB at a time, each part's pages dropped. */
 static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_view *scales, uint8_t **bo, uint8_t **so) {
-  *bo = moe8__alloc_weights(blocks->nbytes);
+  const int64_t K = blocks->shape[blocks->ndim - 2] * 32, rows = (int64_t)(blocks->nbytes / (size_t)(K / 2)), rb = moe8__mx4_row_bytes(K);
+  *bo = moe8__alloc_weights((size_t)(rows * rb));
   *so = moe8__alloc_weights(scales->nbytes);
   if (!*bo || !*so) { free(*bo); free(*so); *bo = *so = NULL; return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory for '%s'", blocks->name); }
   const uint8_t *sc = scales->data, *bl = blocks->data;
@@ -530,11 +533,11 @@ static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_vi
         }
       }
   }
-  const size_t chunk = (size_t)8 << 20;
-  for (size_t off = 0; off < blocks->nbytes; off += chunk) {
-    const size_t n = blocks->nbytes - off < chunk ? blocks->nbytes - off : chunk;
-    memcpy(*bo + off, bl + off, n);
-    const moe8_tensor_view part = {blocks->name, blocks->dtype, 1, {(int64_t)n}, bl + off, n, 0};
+  const int64_t chunk = ((int64_t)8 << 20) / (K / 2) + 1;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+    moe8__mx4_repack(*bo + r0 * rb, bl + r0 * (K / 2), n, K);
+    const moe8_tensor_view part = {blocks->name, blocks->dtype, 1, {n * (K / 2)}, bl + r0 * (K / 2), (size_t)(n * (K / 2)), 0};
     drop_pages(&part);
   }
   memcpy(*so, sc, scales->nbytes);

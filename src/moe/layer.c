@@ -560,9 +560,9 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
     } else {
       free_set(X);
       if (L->wmx) { /* MXFP4 blocks and scales, filled expert by expert (moe8__layer_put_expert) */
-        X->mx_gu_b = moe8__alloc_weights((size_t)(E * 2 * F * (D / 32) * 16));
+        X->mx_gu_b = moe8__alloc_weights((size_t)(E * 2 * F * moe8__mx4_row_bytes(D)));
         X->mx_gu_s = moe8__alloc_weights((size_t)(E * 2 * F * (D / 32)));
-        X->mx_dn_b = moe8__alloc_weights((size_t)(E * D * (F / 32) * 16));
+        X->mx_dn_b = moe8__alloc_weights((size_t)(E * D * moe8__mx4_row_bytes(F)));
         X->mx_dn_s = moe8__alloc_weights((size_t)(E * D * (F / 32)));
         X->mx_split = 0;
         if (!X->mx_gu_b || !X->mx_gu_s || !X->mx_dn_b || !X->mx_dn_s) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
@@ -620,8 +620,14 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s expert %lld has %zu non-finite weight(s)", L->module_path,
                              s ? "shared" : "routed", (long long)e, bad);
   if (L->wmx) {
-    moe8__mx4_quantize(gu, D, 2 * F, X->mx_gu_b + (size_t)(e * 2 * F * (D / 32) * 16), X->mx_gu_s + (size_t)(e * 2 * F * (D / 32)));
-    moe8__mx4_quantize(dn, F, D, X->mx_dn_b + (size_t)(e * D * (F / 32) * 16), X->mx_dn_s + (size_t)(e * D * (F / 32)));
+    /* the OCP layout, then the kernels' */
+    uint8_t *ocp = malloc((size_t)((2 * F * D + F * D) / 2));
+    if (!ocp) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
+    moe8__mx4_quantize(gu, D, 2 * F, ocp, X->mx_gu_s + (size_t)(e * 2 * F * (D / 32)));
+    moe8__mx4_quantize(dn, F, D, ocp + F * D, X->mx_dn_s + (size_t)(e * D * (F / 32)));
+    moe8__mx4_repack(X->mx_gu_b + (size_t)(e * 2 * F * moe8__mx4_row_bytes(D)), ocp, 2 * F, D);
+    moe8__mx4_repack(X->mx_dn_b + (size_t)(e * D * moe8__mx4_row_bytes(F)), ocp + F * D, D, F);
+    free(ocp);
     return MOE8_OK;
   }
   if (!L->wq) {

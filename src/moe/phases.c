@@ -16,6 +16,7 @@
 #include "layer_internal.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,23 +109,37 @@ static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, flo
 }
 
 /* out[rows, ldo] = x[rows, K] · W per group, W MXFP4 (blk, sc for all
-** groups from g0); tasks of 64 output columns over the threads. */
+** groups from g0).  Tasks of 64 output columns; each thread takes one
+** contiguous run of them, of about equal cost (a task of a group with r
+** rows costs r + 1: its codes, then its rows).  Contiguous runs let the
+** kernel's prefetch of the next columns serve the same thread, which is
+** what decode, reading each weight once from memory, is bound by. */
 static void mx4_grouped(const float *x, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, int64_t K,
                         int64_t N, const uint8_t *blk, const uint8_t *sc, float *out, int64_t ldo, int64_t split) {
   const moe8__ktable *kt = moe8__kernels();
   enum { NT = 64 };
   const int64_t nct = moe8__cdiv(N, NT);
-  int64_t row0[MOE8_MAX_EXPERTS + 1];
-  row0[0] = 0;
-  for (int64_t g = 0; g < G; g++) row0[g + 1] = row0[g] + gsz[g];
-  const int64_t ntask = G * nct;
-  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)N * (double)K)) schedule(dynamic, 1)
-  for (int64_t t = 0; t < ntask; t++) {
-    const int64_t g = t / nct, c = t % nct;
-    if (!gsz[g]) continue;
-    const int64_t n0 = c * NT, n1 = n0 + NT < N ? n0 + NT : N, e = g0 + g;
-    kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, blk + (size_t)(e * N * (K / 32) * 16), sc + (size_t)(e * N * (K / 32)), n0, n1,
-                 out + row0[g] * ldo, ldo, split);
+  int64_t row0[MOE8_MAX_EXPERTS + 1], cost0[MOE8_MAX_EXPERTS + 1];
+  row0[0] = cost0[0] = 0;
+  for (int64_t g = 0; g < G; g++) {
+    row0[g + 1] = row0[g] + gsz[g];
+    cost0[g + 1] = cost0[g] + (gsz[g] ? (gsz[g] + 1) * nct : 0);
+  }
+  const int64_t ntask = G * nct, total = cost0[G];
+  #pragma omp parallel num_threads(moe8__nt(2.0 * (double)rows * (double)N * (double)K))
+  {
+    const int64_t nth = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t lo = total * id / nth, hi = total * (id + 1) / nth;
+    for (int64_t t = 0; t < ntask; t++) {
+      const int64_t g = t / nct, c = t % nct;
+      if (!gsz[g]) { t = (g + 1) * nct - 1; continue; }
+      const int64_t at = cost0[g] + c * (gsz[g] + 1); /* this task's cost starts here */
+      if (at < lo) continue;
+      if (at >= hi) break;
+      const int64_t n0 = c * NT, n1 = n0 + NT < N ? n0 + NT : N, e = g0 + g;
+      kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, blk + (size_t)(e * N * moe8__mx4_row_bytes(K)), sc + (size_t)(e * N * (K / 32)),
+                   n0, n1, out + row0[g] * ldo, ldo, split);
+    }
   }
 }
 

@@ -345,3 +345,25 @@ void moe8__mx4_quantize(const float *w, int64_t K, int64_t N, uint8_t *blk, uint
       }
     }
 }
+
+/* The kernels' layout (core/internal.h). */
+void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K) {
+  const int64_t nb = K / 32, ng = nb / 8, rb = moe8__mx4_row_bytes(K);
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)K * (double)N)) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const uint8_t *in = src + n * nb * 16;
+    uint8_t *q = dst + n * rb;
+    memset(q, 0, (size_t)rb);
+    for (int64_t g = 0; g < ng; g++)
+      for (int j = 0; j < 8; j++)
+        for (int k = 0; k < 32; k++) {
+          const uint8_t code = (uint8_t)(in[(g * 8 + j) * 16 + k / 2] >> (4 * (k & 1)) & 15);
+          q[g * 128 + (k / 16) * 64 + 4 * (k % 16) + j / 2] |= (uint8_t)(code << (4 * (j & 1)));
+        }
+    for (int64_t b = ng * 8; b < nb; b++)
+      for (int L = 0; L < 16; L++) {
+        const uint8_t lo = (uint8_t)(in[b * 16 + L / 2] >> (4 * (L & 1)) & 15), hi = (uint8_t)(in[b * 16 + (16 + L) / 2] >> (4 * (L & 1)) & 15);
+        q[b * 16 + L] = (uint8_t)(lo | hi << 4);
+      }
+  }
+}

@@ -30,28 +30,36 @@ void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int
 static const float k_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 
-/* The reference: the AVX-512 kernel's order (16 lanes; lane j takes byte
-** j of every block b, k = 32b + 2j (its low nibble) then 32b + 2j + 1 (its
-** high nibble), each a fused multiply-add of the weight, itself code ×
-** scale exactly; then lanes j + 8, j + 4, j + 2, j + 1 folded) so the
-** tables give the same bytes. */
+/* The code of weight k = 32b + pos of one row in moe8__mx4_repack's
+** layout. */
+static inline uint8_t mx4_code(const uint8_t *row, int64_t nb, int64_t b, int pos) {
+  const int h = pos / 16, L = pos % 16;
+  if (b < nb / 8 * 8) {
+    const int j = (int)(b % 8);
+    return (uint8_t)(row[b / 8 * 128 + h * 64 + 4 * L + j / 2] >> (4 * (j & 1)) & 15);
+  }
+  return (uint8_t)(row[b * 16 + L] >> (4 * h) & 15);
+}
+
+/* The reference, in the AVX-512 kernel's order: chain pos (k mod 32) takes
+** weight 32b + pos of every block b in increasing b, each a fused
+** multiply-add of the weight (code × scale, exact) and x; then lane j is
+** chain j + chain 16 + j, and lanes j + 8, j + 4, j + 2, j + 1 are folded
+** (_mm512_reduce_add_ps's order), so the tables give the same bytes. */
 void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                         int64_t n1, float *out, int64_t ldo, int64_t split) {
   const int64_t nb = K / 32;
   for (int64_t p = 0; p < rows; p++)
     for (int64_t n = n0; n < n1; n++) {
-      float lane[16] = {0};
+      float chain[32] = {0};
+      const uint8_t *row = blk + n * moe8__mx4_row_bytes(K);
       for (int64_t b = 0; b < nb; b++) {
         const float s = moe8__e8m0(sc[n * nb + b]);
-        const uint8_t *q = blk + (n * nb + b) * 16;
         const float *xb = x + p * ldx + b * 32;
-        for (int j = 0; j < 16; j++) {
-          const float w0 = k_e2m1[q[j] & 15] * s, w1 = k_e2m1[q[j] >> 4] * s;
-          lane[j] = fmaf(w0, xb[2 * j], lane[j]);
-          lane[j] = fmaf(w1, xb[2 * j + 1], lane[j]);
-        }
+        for (int pos = 0; pos < 32; pos++) chain[pos] = fmaf(k_e2m1[mx4_code(row, nb, b, pos)] * s, xb[pos], chain[pos]);
       }
-      /* _mm512_reduce_add_ps: halves 8 + 8, then 4 + 4, 2 + 2, 1 + 1 */
+      float lane[16];
+      for (int j = 0; j < 16; j++) lane[j] = chain[j] + chain[16 + j];
       for (int w = 8; w >= 1; w /= 2)
         for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
       out[p * ldo + (split > 0 ? n / 2 + ((n & 1) ? split : 0) : n)] = lane[0];

@@ -78,67 +78,141 @@ static inline float fold16(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
-/* One tile: nc columns (n .. n + nc) x rr rows over all nb blocks; xe/xo
-** the rows' even and odd elements; fs the columns' block scales.  A
-** block's weights: lut values of the low (even k) and high (odd k)
-** nibbles of its 16 bytes, times its scale. */
-static inline __attribute__((always_inline)) void mx4_tile(const float *xe, const float *xo, int64_t ldh, int rr, int nc, const uint8_t *blk,
-                                                           const float *fs, int64_t nb, __m512 lut, float *res /* [nc][rr] */) {
-  __m512 acc[4][2];
-  for (int c = 0; c < 4; c++)
-    for (int r = 0; r < 2; r++) acc[c][r] = _mm512_setzero_ps();
-  const __m512i m15 = _mm512_set1_epi32(15);
-  for (int64_t b = 0; b < nb; b++) {
-    __m512 ve[2], vo[2];
+/* The f32 values of 8 E8M0 scale bytes (moe8__e8m0). */
+static inline void e8m0_8(float *dst, const uint8_t *src) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)src));
+  const __m256i f = _mm256_mask_mov_epi32(_mm256_slli_epi32(e, 23), _mm256_cmpeq_epi32_mask(e, _mm256_setzero_si256()),
+                                          _mm256_set1_epi32(0x00400000));
+  _mm256_storeu_ps(dst, _mm256_castsi256_ps(f));
+}
+
+enum { MX_NC = 8, MX_NR = 4 }; /* a tile: nc columns x rr rows, nc · rr <= 8 (32 accumulators) */
+
+/* One tile: columns 0 .. nc - 1 of q (rs bytes a column, moe8__mx4_repack's
+** layout) and sc (nb a column) against rows 0 .. rr - 1 of x.  Chains
+** a[c][r] (k mod 32 < 16) and b[c][r] (the rest) take one block at a
+** time in increasing k.  A group of 8 blocks is two 64-byte loads a
+** column: word L of each holds lane L's code for the 8 blocks, nibble j
+** for block j, so the code is a shift away and vpermps (which reads 4
+** index bits) looks it up in the block's scaled table.  No weight is
+** moved between lanes and x is read as it is.  Groups g0 .. g1 - 1 (and
+** with tail the blocks after the last group); the chains start at zero
+** (st NULL) or continue from st, and go back to st (res NULL) or are
+** folded into res. */
+static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64_t ldx, int rr, int nc, const uint8_t *q,
+                                                           int64_t rs, const uint8_t *sc, int64_t nb, int64_t g0, int64_t g1,
+                                                           bool tail, __m512 lut, float *st, const float *st_in, float *res) {
+  __m512 a[MX_NC][MX_NR], b[MX_NC][MX_NR];
+#pragma GCC unroll 8
+  for (int c = 0; c < nc; c++)
+#pragma GCC unroll 4
     for (int r = 0; r < rr; r++) {
-      ve[r] = _mm512_loadu_ps(xe + r * ldh + b * 16);
-      vo[r] = _mm512_loadu_ps(xo + r * ldh + b * 16);
+      a[c][r] = st_in ? _mm512_loadu_ps(st_in + (c * MX_NR + r) * 32) : _mm512_setzero_ps();
+      b[c][r] = st_in ? _mm512_loadu_ps(st_in + (c * MX_NR + r) * 32 + 16) : _mm512_setzero_ps();
     }
-    if ((b & 3) == 0) /* the tile two ahead, a line per column every four blocks (decode streams from memory) */
-      for (int c = 0; c < nc; c++) _mm_prefetch((const char *)(blk + ((int64_t)(c + 8) * nb + b) * 16), _MM_HINT_T0);
+  const int64_t ng = nb / 8;
+  float fs[MX_NC][8];
+  for (int64_t g = g0; g < g1; g++) {
+#pragma GCC unroll 8
     for (int c = 0; c < nc; c++) {
-      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + ((int64_t)c * nb + b) * 16)));
-      const __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(fs[c * nb + b]));
-      const __m512 we = _mm512_permutexvar_ps(_mm512_and_si512(v, m15), ls), wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), ls);
-      for (int r = 0; r < rr; r++) {
-        acc[c][r] = _mm512_fmadd_ps(we, ve[r], acc[c][r]);
-        acc[c][r] = _mm512_fmadd_ps(wo, vo[r], acc[c][r]);
+      e8m0_8(fs[c], sc + c * nb + g * 8);
+      /* the next tile's two lines (decode streams from memory) */
+      _mm_prefetch((const char *)(q + (c + 4 * nc) * rs + g * 128), _MM_HINT_T0);
+      _mm_prefetch((const char *)(q + (c + 4 * nc) * rs + g * 128 + 64), _MM_HINT_T0);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+      /* Read the codes, scales and x from L1 at each use: held in
+      ** registers across the group they would take the accumulators'. */
+      __asm__ volatile("" ::: "memory");
+      const float *xb = x + (g * 8 + j) * 32;
+      __m512 xa[MX_NR], xh[MX_NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < MX_NR; r++) {
+        xa[r] = r < rr ? _mm512_loadu_ps(xb + r * ldx) : _mm512_setzero_ps();
+        xh[r] = r < rr ? _mm512_loadu_ps(xb + r * ldx + 16) : _mm512_setzero_ps();
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < nc; c++) {
+        const uint8_t *qc = q + c * rs + g * 128;
+        const __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(fs[c][j]));
+        const __m512 wa = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_loadu_si512(qc), 4 * j), ls);
+        const __m512 wb = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_loadu_si512(qc + 64), 4 * j), ls);
+#pragma GCC unroll 4
+        for (int r = 0; r < rr; r++) {
+          a[c][r] = _mm512_fmadd_ps(wa, xa[r], a[c][r]);
+          b[c][r] = _mm512_fmadd_ps(wb, xh[r], b[c][r]);
+        }
       }
     }
   }
+  for (int64_t k = ng * 8; tail && k < nb; k++) { /* the blocks after the last group: byte L holds lane L's two codes */
+    const float *xb = x + k * 32;
+#pragma GCC unroll 8
+    for (int c = 0; c < nc; c++) {
+      const __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(moe8__e8m0(sc[c * nb + k])));
+      const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + c * rs + k * 16)));
+      const __m512 wa = _mm512_permutexvar_ps(u, ls), wb = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), ls);
+#pragma GCC unroll 4
+      for (int r = 0; r < rr; r++) {
+        a[c][r] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(xb + r * ldx), a[c][r]);
+        b[c][r] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(xb + r * ldx + 16), b[c][r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
   for (int c = 0; c < nc; c++)
-    for (int r = 0; r < rr; r++) res[c * 2 + r] = fold16(acc[c][r]);
+#pragma GCC unroll 4
+    for (int r = 0; r < rr; r++) {
+      if (res) res[c * MX_NR + r] = fold16(_mm512_add_ps(a[c][r], b[c][r]));
+      else {
+        _mm512_storeu_ps(st + (c * MX_NR + r) * 32, a[c][r]);
+        _mm512_storeu_ps(st + (c * MX_NR + r) * 32 + 16, b[c][r]);
+      }
+    }
 }
 
-enum { MX_KMAX = 8192 };
+/* A tile over groups [g0, g1) with its shape known at compile time. */
+static void mx4_tile_any(const float *x, int64_t ldx, int rr, int nc, const uint8_t *q, int64_t rs, const uint8_t *sc, int64_t nb,
+                         int64_t g0, int64_t g1, bool tail, __m512 lut, float *st, const float *st_in, float *res) {
+  if (nc == 4 && rr == 1) mx4_tile(x, ldx, 1, 4, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
+  else if (nc == 4 && rr == 2) mx4_tile(x, ldx, 2, 4, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
+  else if (nc == 2 && rr == 3) mx4_tile(x, ldx, 3, 2, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
+  else if (nc == 2 && rr == 4) mx4_tile(x, ldx, 4, 2, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
+  else mx4_tile(x, ldx, rr, nc, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
+}
 
+/* Tiles of 4 columns for 1 or 2 rows (4 streams of codes suit the memory
+** best), 2 columns for 3 or 4 rows.  With 3 or 4 rows, x would not stay in
+** L1 over all of K: K goes in parts of 4 groups (1024 values a row), 64
+** columns at a time, the chains kept between parts (the same order). */
 static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0, int64_t n1,
                      float *out, int64_t ldo, int64_t split) {
-  if (K > MX_KMAX) { moe8__ref_mx4_rows(x, rows, ldx, K, blk, sc, n0, n1, out, ldo, split); return; }
-  const int64_t nb = K / 32;
+  enum { NB = 64, GC = 4 };
+  const int64_t nb = K / 32, ng = nb / 8, rs = moe8__mx4_row_bytes(K);
   const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
-  float xe[2][MX_KMAX / 2], xo[2][MX_KMAX / 2], fs[4 * (MX_KMAX / 32)], res[8];
-  for (int64_t p0 = 0; p0 < rows; p0 += 2) {
-    const int rr = rows - p0 < 2 ? (int)(rows - p0) : 2;
-    for (int r = 0; r < rr; r++) /* even and odd elements of the row */
-      for (int64_t k = 0; k < K; k += 32) {
-        const __m512 a = _mm512_loadu_ps(x + (p0 + r) * ldx + k), c = _mm512_loadu_ps(x + (p0 + r) * ldx + k + 16);
-        _mm512_storeu_ps(&xe[r][k / 2], _mm512_permutex2var_ps(a, ie, c));
-        _mm512_storeu_ps(&xo[r][k / 2], _mm512_permutex2var_ps(a, io, c));
-      }
-    for (int64_t n = n0; n < n1; n += 4) {
-      const int nc = n1 - n < 4 ? (int)(n1 - n) : 4;
-      for (int c = 0; c < nc; c++)
-        for (int64_t b = 0; b < nb; b++) fs[c * nb + b] = moe8__e8m0(sc[(n + c) * nb + b]);
-      const uint8_t *bn = blk + n * nb * 16;
-      if (nc == 4 && rr == 1) mx4_tile(xe[0], xo[0], MX_KMAX / 2, 1, 4, bn, fs, nb, lut, res);
-      else if (nc == 4 && rr == 2) mx4_tile(xe[0], xo[0], MX_KMAX / 2, 2, 4, bn, fs, nb, lut, res);
-      else mx4_tile(xe[0], xo[0], MX_KMAX / 2, rr, nc, bn, fs, nb, lut, res);
-      for (int c = 0; c < nc; c++) {
-        const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
-        for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = res[c * 2 + r];
+  float res[MX_NC * MX_NR];
+  static _Thread_local float stb[NB / 2][MX_NC * MX_NR * 32 / 4]; /* 2 columns x 4 rows x 32 lanes a tile */
+  for (int64_t p0 = 0; p0 < rows; p0 += MX_NR) {
+    const int rr = rows - p0 < MX_NR ? (int)(rows - p0) : MX_NR, ncw = rr <= 2 ? 4 : 2;
+    const float *xp = x + p0 * ldx;
+    for (int64_t m0 = n0; m0 < n1; m0 += NB) {
+      const int64_t m1 = m0 + NB < n1 ? m0 + NB : n1;
+      const int64_t gstep = rr <= 2 ? (ng > 0 ? ng : 1) : GC;
+      for (int64_t g0 = 0; g0 < ng || g0 == 0; g0 += gstep) {
+        const int64_t g1 = g0 + gstep < ng ? g0 + gstep : ng;
+        const bool first = g0 == 0, last = g1 >= ng;
+        for (int64_t n = m0; n < m1; n += ncw) {
+          const int nc = m1 - n < ncw ? (int)(m1 - n) : ncw;
+          float *st = stb[(n - m0) / ncw];
+          mx4_tile_any(xp, ldx, rr, nc, blk + n * rs, rs, sc + n * nb, nb, g0, g1, last, lut, st, first ? NULL : st, last ? res : NULL);
+          if (!last) continue;
+          for (int c = 0; c < nc; c++) {
+            const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
+            for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = res[c * MX_NR + r];
+          }
+        }
+        if (last) break;
       }
     }
   }
