@@ -86,7 +86,7 @@ static inline void e8m0_8(float *dst, const uint8_t *src) {
   _mm256_storeu_ps(dst, _mm256_castsi256_ps(f));
 }
 
-enum { MX_NC = 8, MX_NR = 4 }; /* a tile: nc columns x rr rows, nc · rr <= 8 (32 accumulators) */
+enum { MX_NC = 4, MX_NR = 4 }; /* a tile: nc columns x rr rows, nc · rr <= 8 (16 chain pairs) */
 
 /* One tile: columns 0 .. nc - 1 of q (rs bytes a column, moe8__mx4_repack's
 ** layout) and sc (nb a column) against rows 0 .. rr - 1 of x.  Chains
@@ -95,24 +95,20 @@ enum { MX_NC = 8, MX_NR = 4 }; /* a tile: nc columns x rr rows, nc · rr <= 8 (3
 ** column: word L of each holds lane L's code for the 8 blocks, nibble j
 ** for block j, so the code is a shift away and vpermps (which reads 4
 ** index bits) looks it up in the block's scaled table.  No weight is
-** moved between lanes and x is read as it is.  Groups g0 .. g1 - 1 (and
-** with tail the blocks after the last group); the chains start at zero
-** (st NULL) or continue from st, and go back to st (res NULL) or are
-** folded into res. */
+** moved between lanes and x is read as it is. */
 static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64_t ldx, int rr, int nc, const uint8_t *q,
-                                                           int64_t rs, const uint8_t *sc, int64_t nb, int64_t g0, int64_t g1,
-                                                           bool tail, __m512 lut, float *st, const float *st_in, float *res) {
+                                                           int64_t rs, const uint8_t *sc, int64_t nb, __m512 lut, float *res) {
   __m512 a[MX_NC][MX_NR], b[MX_NC][MX_NR];
 #pragma GCC unroll 8
   for (int c = 0; c < nc; c++)
 #pragma GCC unroll 4
     for (int r = 0; r < rr; r++) {
-      a[c][r] = st_in ? _mm512_loadu_ps(st_in + (c * MX_NR + r) * 32) : _mm512_setzero_ps();
-      b[c][r] = st_in ? _mm512_loadu_ps(st_in + (c * MX_NR + r) * 32 + 16) : _mm512_setzero_ps();
+      a[c][r] = _mm512_setzero_ps();
+      b[c][r] = _mm512_setzero_ps();
     }
   const int64_t ng = nb / 8;
   float fs[MX_NC][8];
-  for (int64_t g = g0; g < g1; g++) {
+  for (int64_t g = 0; g < ng; g++) {
 #pragma GCC unroll 8
     for (int c = 0; c < nc; c++) {
       e8m0_8(fs[c], sc + c * nb + g * 8);
@@ -120,10 +116,19 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
       _mm_prefetch((const char *)(q + (c + 4 * nc) * rs + g * 128), _MM_HINT_T0);
       _mm_prefetch((const char *)(q + (c + 4 * nc) * rs + g * 128 + 64), _MM_HINT_T0);
     }
+    /* The group's codes stay in registers when they fit beside the
+    ** accumulators and one block's x; else they are read from L1 at each
+    ** use.  The barrier keeps the compiler from holding more (x of the
+    ** whole group, the codes anyway), which would spill the accumulators. */
+    const bool hold = nc * (2 + 2 * rr) + 2 * rr <= 26;
+    __m512i ua[MX_NC], ub[MX_NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < MX_NC; c++) {
+      ua[c] = hold && c < nc ? _mm512_loadu_si512(q + c * rs + g * 128) : _mm512_setzero_si512();
+      ub[c] = hold && c < nc ? _mm512_loadu_si512(q + c * rs + g * 128 + 64) : _mm512_setzero_si512();
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-      /* Read the codes, scales and x from L1 at each use: held in
-      ** registers across the group they would take the accumulators'. */
       __asm__ volatile("" ::: "memory");
       const float *xb = x + (g * 8 + j) * 32;
       __m512 xa[MX_NR], xh[MX_NR];
@@ -136,8 +141,9 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
       for (int c = 0; c < nc; c++) {
         const uint8_t *qc = q + c * rs + g * 128;
         const __m512 ls = _mm512_mul_ps(lut, _mm512_set1_ps(fs[c][j]));
-        const __m512 wa = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_loadu_si512(qc), 4 * j), ls);
-        const __m512 wb = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_loadu_si512(qc + 64), 4 * j), ls);
+        const __m512i va = hold ? ua[c] : _mm512_loadu_si512(qc), vb = hold ? ub[c] : _mm512_loadu_si512(qc + 64);
+        const __m512 wa = _mm512_permutexvar_ps(_mm512_srli_epi32(va, 4 * j), ls);
+        const __m512 wb = _mm512_permutexvar_ps(_mm512_srli_epi32(vb, 4 * j), ls);
 #pragma GCC unroll 4
         for (int r = 0; r < rr; r++) {
           a[c][r] = _mm512_fmadd_ps(wa, xa[r], a[c][r]);
@@ -146,7 +152,7 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
       }
     }
   }
-  for (int64_t k = ng * 8; tail && k < nb; k++) { /* the blocks after the last group: byte L holds lane L's two codes */
+  for (int64_t k = ng * 8; k < nb; k++) { /* the blocks after the last group: byte L holds lane L's two codes */
     const float *xb = x + k * 32;
 #pragma GCC unroll 8
     for (int c = 0; c < nc; c++) {
@@ -163,56 +169,31 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
 #pragma GCC unroll 8
   for (int c = 0; c < nc; c++)
 #pragma GCC unroll 4
-    for (int r = 0; r < rr; r++) {
-      if (res) res[c * MX_NR + r] = fold16(_mm512_add_ps(a[c][r], b[c][r]));
-      else {
-        _mm512_storeu_ps(st + (c * MX_NR + r) * 32, a[c][r]);
-        _mm512_storeu_ps(st + (c * MX_NR + r) * 32 + 16, b[c][r]);
-      }
-    }
-}
-
-/* A tile over groups [g0, g1) with its shape known at compile time. */
-static void mx4_tile_any(const float *x, int64_t ldx, int rr, int nc, const uint8_t *q, int64_t rs, const uint8_t *sc, int64_t nb,
-                         int64_t g0, int64_t g1, bool tail, __m512 lut, float *st, const float *st_in, float *res) {
-  if (nc == 4 && rr == 1) mx4_tile(x, ldx, 1, 4, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
-  else if (nc == 4 && rr == 2) mx4_tile(x, ldx, 2, 4, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
-  else if (nc == 2 && rr == 3) mx4_tile(x, ldx, 3, 2, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
-  else if (nc == 2 && rr == 4) mx4_tile(x, ldx, 4, 2, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
-  else mx4_tile(x, ldx, rr, nc, q, rs, sc, nb, g0, g1, tail, lut, st, st_in, res);
+    for (int r = 0; r < rr; r++) res[c * MX_NR + r] = fold16(_mm512_add_ps(a[c][r], b[c][r]));
 }
 
 /* Tiles of 4 columns for 1 or 2 rows (4 streams of codes suit the memory
-** best), 2 columns for 3 or 4 rows.  With 3 or 4 rows, x would not stay in
-** L1 over all of K: K goes in parts of 4 groups (1024 values a row), 64
-** columns at a time, the chains kept between parts (the same order). */
+** best: 8 were slower from memory though faster in cache), 2 columns for
+** 3 or 4 rows; the shapes known at compile time. */
 static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0, int64_t n1,
                      float *out, int64_t ldo, int64_t split) {
-  enum { NB = 64, GC = 4 };
-  const int64_t nb = K / 32, ng = nb / 8, rs = moe8__mx4_row_bytes(K);
+  const int64_t nb = K / 32, rs = moe8__mx4_row_bytes(K);
   const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
   float res[MX_NC * MX_NR];
-  static _Thread_local float stb[NB / 2][MX_NC * MX_NR * 32 / 4]; /* 2 columns x 4 rows x 32 lanes a tile */
   for (int64_t p0 = 0; p0 < rows; p0 += MX_NR) {
     const int rr = rows - p0 < MX_NR ? (int)(rows - p0) : MX_NR, ncw = rr <= 2 ? 4 : 2;
     const float *xp = x + p0 * ldx;
-    for (int64_t m0 = n0; m0 < n1; m0 += NB) {
-      const int64_t m1 = m0 + NB < n1 ? m0 + NB : n1;
-      const int64_t gstep = rr <= 2 ? (ng > 0 ? ng : 1) : GC;
-      for (int64_t g0 = 0; g0 < ng || g0 == 0; g0 += gstep) {
-        const int64_t g1 = g0 + gstep < ng ? g0 + gstep : ng;
-        const bool first = g0 == 0, last = g1 >= ng;
-        for (int64_t n = m0; n < m1; n += ncw) {
-          const int nc = m1 - n < ncw ? (int)(m1 - n) : ncw;
-          float *st = stb[(n - m0) / ncw];
-          mx4_tile_any(xp, ldx, rr, nc, blk + n * rs, rs, sc + n * nb, nb, g0, g1, last, lut, st, first ? NULL : st, last ? res : NULL);
-          if (!last) continue;
-          for (int c = 0; c < nc; c++) {
-            const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
-            for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = res[c * MX_NR + r];
-          }
-        }
-        if (last) break;
+    for (int64_t n = n0; n < n1; n += ncw) {
+      const int nc = n1 - n < ncw ? (int)(n1 - n) : ncw;
+      const uint8_t *q = blk + n * rs, *s = sc + n * nb;
+      if (nc == 4 && rr == 1) mx4_tile(xp, ldx, 1, 4, q, rs, s, nb, lut, res);
+      else if (nc == 4 && rr == 2) mx4_tile(xp, ldx, 2, 4, q, rs, s, nb, lut, res);
+      else if (nc == 2 && rr == 3) mx4_tile(xp, ldx, 3, 2, q, rs, s, nb, lut, res);
+      else if (nc == 2 && rr == 4) mx4_tile(xp, ldx, 4, 2, q, rs, s, nb, lut, res);
+      else mx4_tile(xp, ldx, rr, nc, q, rs, s, nb, lut, res);
+      for (int c = 0; c < nc; c++) {
+        const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
+        for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = res[c * MX_NR + r];
       }
     }
   }
