@@ -86,7 +86,7 @@ static inline void e8m0_8(float *dst, const uint8_t *src) {
   _mm256_storeu_ps(dst, _mm256_castsi256_ps(f));
 }
 
-enum { MX_NC = 4, MX_NR = 4 }; /* a tile: nc columns x rr rows, nc · rr <= 8 (16 chain pairs) */
+enum { MX_NC = 4, MX_NR = 2 }; /* a tile: up to 4 columns x 2 rows (16 chains) */
 
 /* One tile: columns 0 .. nc - 1 of q (rs bytes a column, moe8__mx4_repack's
 ** layout) and sc (nb a column) against rows 0 .. rr - 1 of x.  Chains
@@ -172,24 +172,24 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
     for (int r = 0; r < rr; r++) res[c * MX_NR + r] = fold16(_mm512_add_ps(a[c][r], b[c][r]));
 }
 
-/* Tiles of 4 columns for 1 or 2 rows (4 streams of codes suit the memory
-** best: 8 were slower from memory though faster in cache), 2 columns for
-** 3 or 4 rows; the shapes known at compile time. */
+/* Tiles of 4 columns (4 streams of codes suit the memory best: 8 were
+** slower from memory though faster in cache) by 2 rows, the shapes known
+** at compile time.  More rows go in pairs over the same columns, whose
+** codes the first pair left in L2: wider row tiles were slower (the x
+** loads and the accumulators no longer fit beside the decode). */
 static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0, int64_t n1,
                      float *out, int64_t ldo, int64_t split) {
   const int64_t nb = K / 32, rs = moe8__mx4_row_bytes(K);
   const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
   float res[MX_NC * MX_NR];
   for (int64_t p0 = 0; p0 < rows; p0 += MX_NR) {
-    const int rr = rows - p0 < MX_NR ? (int)(rows - p0) : MX_NR, ncw = rr <= 2 ? 4 : 2;
+    const int rr = rows - p0 < MX_NR ? (int)(rows - p0) : MX_NR, ncw = 4;
     const float *xp = x + p0 * ldx;
     for (int64_t n = n0; n < n1; n += ncw) {
       const int nc = n1 - n < ncw ? (int)(n1 - n) : ncw;
       const uint8_t *q = blk + n * rs, *s = sc + n * nb;
       if (nc == 4 && rr == 1) mx4_tile(xp, ldx, 1, 4, q, rs, s, nb, lut, res);
       else if (nc == 4 && rr == 2) mx4_tile(xp, ldx, 2, 4, q, rs, s, nb, lut, res);
-      else if (nc == 2 && rr == 3) mx4_tile(xp, ldx, 3, 2, q, rs, s, nb, lut, res);
-      else if (nc == 2 && rr == 4) mx4_tile(xp, ldx, 4, 2, q, rs, s, nb, lut, res);
       else mx4_tile(xp, ldx, rr, nc, q, rs, s, nb, lut, res);
       for (int c = 0; c < nc; c++) {
         const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
