@@ -143,7 +143,7 @@ setkey() {
 }
 setkey hidden_act '"gelu"'
 expect 1 "hidden_act" "$moe8" run --model "$tmp/c" --input "$tmp/x.npy" --output "$tmp/n.npy"
-setkey model_type '"minimax"'
+setkey model_type '"arctic"'
 expect 1 "model_type" "$moe8" info "$tmp/c"
 expect 0 "" "$moe8" info "$tmp/c" --arch qwen3_moe
 setkey mlp_only_layers '[0]'

@@ -428,6 +428,35 @@ static void test_hf_configs(void **state) {
     assert_int_not_equal(moe8_hf_config_parse(v2bad[i], strlen(v2bad[i]), "v2bad", &c), MOE8_OK);
     if (!strstr(moe8_last_error(), v2why[i])) TU_FAIL("deepseek_v2 config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), v2why[i]);
   }
+  /* dots.llm1: DeepSeek-V3's block with Dots1Config's defaults; the keys
+  ** without a default are required, by name. */
+  const char *dots = "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"num_experts_per_tok\":6,\"n_shared_experts\":2}";
+  assert_int_equal(moe8_hf_config_parse(dots, strlen(dots), "dots", &c), MOE8_OK);
+  assert_int_equal(c.arch, MOE8_ARCH_DEEPSEEK_V3);
+  assert_string_equal(c.model_type, "dots1");
+  assert_true(c.layer.num_experts == 128 && c.layer.top_k == 6 && c.layer.hidden == 4608 && c.layer.ffn == 1408 && c.num_layers == 62);
+  assert_true(!c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 1.0f && c.layer.n_group == 1 && c.layer.topk_group == 1);
+  assert_true(c.layer.shared_ffn == 2 * 1408 && c.first_k_dense_replace == 0 && c.has_bias && c.layer.score == MOE8_SCORE_SIGMOID);
+  const char *dotsbad[] = {"{\"model_type\":\"dots1\",\"num_experts_per_tok\":6,\"n_shared_experts\":2}",
+                           "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"n_shared_experts\":2}",
+                           "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"num_experts_per_tok\":6}",
+                           "{\"model_type\":\"minimax_m2\",\"scoring_func\":\"softmax\"}"};
+  const char *dotswhy[] = {"n_routed_experts", "num_experts_per_tok", "n_shared_experts", "scoring_func"};
+  for (int i = 0; i < 4; i++) {
+    assert_int_not_equal(moe8_hf_config_parse(dotsbad[i], strlen(dotsbad[i]), "dotsbad", &c), MOE8_OK);
+    if (!strstr(moe8_last_error(), dotswhy[i])) TU_FAIL("config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), dotswhy[i]);
+  }
+  /* MiniMax (Text-01): Mixtral's block; MiniMax-M2: Mixtral's block routed
+  ** by sigmoid + the block's correction bias, renormalized.  Both take
+  ** num_experts as an alias. */
+  const char *mm = "{\"model_type\":\"minimax\",\"num_experts\":32}", *m2 = "{\"model_type\":\"minimax_m2\"}";
+  assert_int_equal(moe8_hf_config_parse(mm, strlen(mm), "mm", &c), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_MIXTRAL && c.layer.num_experts == 32 && c.layer.top_k == 2 && c.layer.ffn == 14336 && c.layer.norm_topk_prob);
+  assert_true(c.layer.score == MOE8_SCORE_SOFTMAX && !c.has_bias);
+  assert_int_equal(moe8_hf_config_parse(m2, strlen(m2), "m2", &c), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_MIXTRAL && c.layer.num_experts == 256 && c.layer.top_k == 8 && c.layer.hidden == 3072 && c.layer.ffn == 1536);
+  assert_true(c.layer.score == MOE8_SCORE_SIGMOID && c.has_bias && c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 1.0f);
+  assert_true(c.layer.n_group <= 1 && c.layer.shared_ffn == 0 && c.num_layers == 62);
   const char *glm2 = "{\"model_type\":\"glm4_moe\",\"num_local_experts\":16,\"num_experts_per_tok\":2}";
   assert_int_equal(moe8_hf_config_parse(glm2, strlen(glm2), "glm2", &c), MOE8_OK);
   assert_int_equal(c.layer.num_experts, 16);
@@ -461,7 +490,7 @@ static void test_hf_configs(void **state) {
                        "{\"a\":",
                        "{\"model_type\":\"qwen3_moe\",\"hidden_act\":\"gelu\"}",
                        "{\"model_type\":\"deepseek_v2\"}",
-                       "{\"model_type\":\"minimax\",\"num_experts\":8}",
+                       "{\"model_type\":\"arctic\",\"num_experts\":8}",
                        "{\"model_type\":\"deepseek_v3\",\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[1e300,1e300]}}",
                        "{\"model_type\":\"qwen3_moe\",\"num_experts\":128.7}",
                        "{\"model_type\":\"qwen3_moe\",\"hidden_size\":-4}",

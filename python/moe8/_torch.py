@@ -189,7 +189,8 @@ def _cfg(layer):
 _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "qwen3_moe", "MixtralSparseMoeBlock": "mixtral",
               "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3",
               "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2",
-              "GptOssMLP": "gpt_oss", "Llama4TextMoe": "llama4_text"}
+              "GptOssMLP": "gpt_oss", "Llama4TextMoe": "llama4_text", "Dots1MoE": "deepseek_v3",
+              "MiniMaxSparseMoeBlock": "mixtral", "MiniMaxM2SparseMoeBlock": "minimax_m2"}
 
 
 def _first(*vals):
@@ -205,16 +206,16 @@ def _expert_weights(experts, family):
         gu = experts.gate_up_proj.detach().float()
         F = gu.shape[1] // 2
         return gu[:, :F, :].transpose(1, 2), gu[:, F:, :].transpose(1, 2), experts.down_proj.detach().float().transpose(1, 2)
-    names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    names = ("w1", "w3", "w2") if family in ("mixtral", "minimax_m2") else ("gate_proj", "up_proj", "down_proj")
     st = [torch.stack([getattr(e, n).weight.detach().float().t() for e in experts]) for n in names]
     return st[0], st[1], st[2]
 
 
 def from_hf(block, config=None, rules=None):
     """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
-    Qwen3-MoE, Qwen3-Next, Mixtral, OLMoE, DeepSeek-V2, DeepSeek-V3,
-    GLM-4.5, GPT-OSS, Llama-4), its weights copied; `config` is the
-    model's config (for what the block does not hold)."""
+    Qwen3-MoE, Qwen3-Next, Mixtral, MiniMax, MiniMax-M2, OLMoE, DeepSeek-V2,
+    DeepSeek-V3, GLM-4.5, dots.llm1, GPT-OSS, Llama-4), its weights copied;
+    `config` is the model's config (for what the block does not hold)."""
     family = _HF_BLOCKS.get(type(block).__name__)
     if family is None:
         raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
@@ -230,14 +231,21 @@ def from_hf(block, config=None, rules=None):
     F = g.shape[2]
     top_k = _first(getattr(block, "top_k", None), getattr(gate, "top_k", None), getattr(cfg, "num_experts_per_tok", None))
     kw = {}
+    def attr(name, default):
+        """The routing setting: on the block (transformers 5), its router
+        (4.x), or the config; else the family's default."""
+        return _first(getattr(block, name, None), getattr(gate, name, None), getattr(cfg, name, None), default)
+
     if family == "mixtral":
         kw["norm_topk_prob"] = True
+    elif family == "minimax_m2":
+        kw.update(score="sigmoid", use_selection_bias=True, norm_topk_prob=True)
     elif family == "deepseek_v3":
+        dots = type(block).__name__ == "Dots1MoE"  # Dots1Config's defaults: no renormalization, scaling 1.0
         kw.update(score="sigmoid", use_selection_bias=True,
-                  norm_topk_prob=bool(_first(getattr(gate, "norm_topk_prob", None), getattr(cfg, "norm_topk_prob", None), True)),
-                  routed_scaling_factor=float(_first(getattr(gate, "routed_scaling_factor", None), getattr(cfg, "routed_scaling_factor", None), 2.5)),
-                  n_group=int(_first(getattr(gate, "n_group", None), getattr(cfg, "n_group", None), 1)),
-                  topk_group=int(_first(getattr(gate, "topk_group", None), getattr(cfg, "topk_group", None), 1)))
+                  norm_topk_prob=bool(attr("norm_topk_prob", not dots)),
+                  routed_scaling_factor=float(attr("routed_scaling_factor", 1.0 if dots else 2.5)),
+                  n_group=int(attr("n_group", 1)), topk_group=int(attr("topk_group", 1)))
     elif family == "deepseek_v2":
         method = _first(getattr(block, "topk_method", None), getattr(cfg, "topk_method", None), "greedy")
         if method not in ("greedy", "group_limited_greedy"):
@@ -270,6 +278,8 @@ def from_hf(block, config=None, rules=None):
                 out.shared_gate_w.copy_(block.shared_expert_gate.weight.detach().float().reshape(-1))
         if family == "deepseek_v3":
             out.layer.weight("bias")[:] = gate.e_score_correction_bias.detach().float().numpy()
+        if family == "minimax_m2":  # the block holds MiniMax-M2's bias
+            out.layer.weight("bias")[:] = block.e_score_correction_bias.detach().float().numpy()
     out._hf_family = family
     return out
 

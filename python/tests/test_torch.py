@@ -353,6 +353,93 @@ class Llama4TextMoe(torch.nn.Module):
         return out.reshape(b, s, D), logits
 
 
+class _FusedExperts(torch.nn.Module):
+    """transformers 5's experts: gate_up_proj [E, 2F, D] (gate rows first), down_proj [E, D, F]."""
+
+    def __init__(self, D, F, E):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(E, 2 * F, D) * D ** -0.5)
+        self.down_proj = torch.nn.Parameter(torch.randn(E, D, F) * F ** -0.5)
+
+    def expert(self, e, x):
+        F = self.down_proj.shape[2]
+        h = x @ self.gate_up_proj[e].t()
+        return (torch.nn.functional.silu(h[:, :F]) * h[:, F:]) @ self.down_proj[e].t()
+
+
+class _BiasRouter(torch.nn.Module):
+    def __init__(self, D, E, k, bias=True):
+        super().__init__()
+        self.top_k = k
+        self.weight = torch.nn.Parameter(torch.randn(E, D) * D ** -0.5)
+        if bias:
+            self.register_buffer("e_score_correction_bias", torch.randn(E) * 0.5 - 1.5)
+
+
+def _sigmoid_bias_route(x, weight, bias, k, n_group=1, topk_group=1):
+    """sigmoid scores; the top-k of score + bias (in the topk_group best
+    groups by their top-2 sums); the chosen scores."""
+    s = torch.sigmoid(x @ weight.t())
+    sel = s + bias
+    if n_group > 1:
+        T, E = sel.shape
+        gs = sel.view(T, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        keep = torch.zeros_like(gs).scatter_(1, torch.topk(gs, topk_group, dim=-1)[1], 1)
+        mask = keep.unsqueeze(-1).expand(-1, n_group, E // n_group).reshape(T, E)
+        sel = sel.masked_fill(~mask.bool(), float("-inf"))
+    ids = torch.topk(sel, k, dim=-1)[1]
+    return ids, s.gather(1, ids)
+
+
+class Dots1MoE(torch.nn.Module):
+    """dots.llm1's block (DeepseekV3MoE, transformers 5: the routing settings
+    on the block, fused experts): here without renormalization, scaling 1.0
+    (Dots1Config's defaults), 4 groups of which 2 are kept."""
+
+    def __init__(self, D=32, F=16, E=8, k=2):
+        super().__init__()
+        self.top_k, self.n_group, self.topk_group, self.norm_topk_prob, self.routed_scaling_factor = k, 4, 2, False, 1.0
+        self.gate = _BiasRouter(D, E, k)
+        self.experts = _FusedExperts(D, F, E)
+        self.shared_experts = _MLP(D, 2 * F)
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        ids, w = _sigmoid_bias_route(x, self.gate.weight, self.gate.e_score_correction_bias, self.top_k, self.n_group, self.topk_group)
+        out = self.shared_experts(x)
+        for e in range(self.gate.weight.shape[0]):
+            for j in range(self.top_k):
+                m = ids[:, j] == e
+                if m.any():
+                    out[m] = out[m] + w[m, j:j + 1] * self.routed_scaling_factor * self.experts.expert(e, x[m])
+        return out.reshape(b, s, D)
+
+
+class MiniMaxM2SparseMoeBlock(torch.nn.Module):
+    """MiniMax-M2's block: sigmoid scores, the choice by score + the block's
+    e_score_correction_bias, the chosen scores renormalized."""
+
+    def __init__(self, D=32, F=16, E=8, k=3):
+        super().__init__()
+        self.gate = _BiasRouter(D, E, k, bias=False)
+        self.experts = _FusedExperts(D, F, E)
+        self.register_buffer("e_score_correction_bias", torch.randn(E) * 0.5 - 1.0)
+
+    def forward(self, hidden_states):
+        b, s, D = hidden_states.shape
+        x = hidden_states.reshape(-1, D)
+        ids, w = _sigmoid_bias_route(x, self.gate.weight, self.e_score_correction_bias, self.gate.top_k)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(self.gate.weight.shape[0]):
+            for j in range(self.gate.top_k):
+                m = ids[:, j] == e
+                if m.any():
+                    out[m] = out[m] + w[m, j:j + 1] * self.experts.expert(e, x[m])
+        return out.reshape(b, s, D)
+
+
 class _Model(torch.nn.Module):
     def __init__(self, blocks):
         super().__init__()
@@ -369,11 +456,12 @@ def test_patch_transformers_shaped_model():
     from moe8.torch import patch
     torch.manual_seed(0)
     model = _Model([Qwen2MoeSparseMoeBlock(norm=False), Qwen2MoeSparseMoeBlock(norm=True), MixtralSparseMoeBlock(),
-                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe(), GptOssMLP(), Llama4TextMoe(), Llama4TextMoe(k=2)])
+                    Qwen3NextSparseMoeBlock(), DeepseekV2Moe(), GptOssMLP(), Llama4TextMoe(), Llama4TextMoe(k=2), Dots1MoE(),
+                    MiniMaxM2SparseMoeBlock()])
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         want = model(x)
-        assert patch(model) == 8
+        assert patch(model) == 10
         got = model(x)
     assert rel(got, want) <= 1e-5, rel(got, want)
     assert type(model.layers[0]["mlp"]).__name__ == "_HFBlock"
@@ -427,6 +515,26 @@ def test_gpt_oss_block_gradients_match_plain_pytorch():
     assert rel(blk.down.grad, ref.experts.down_proj.grad) <= 1e-4
     assert rel(blk.gate.grad, ref.experts.gate_up_proj.grad[:, :, 0::2]) <= 1e-4
     assert rel(blk.up.grad, ref.experts.gate_up_proj.grad[:, :, 1::2]) <= 1e-4
+
+
+def test_sigmoid_bias_blocks_one_by_one():
+    """dots.llm1 (group-limited, no renormalization) and MiniMax-M2 (the
+    block's bias, renormalized) each against its own forward, and
+    MiniMax-M2's input gradients against plain PyTorch's."""
+    from moe8.torch import from_hf
+    torch.manual_seed(11)
+    for ref in (Dots1MoE(), MiniMaxM2SparseMoeBlock()):
+        x = torch.randn(1, 9, 32)
+        with torch.no_grad():
+            assert rel(from_hf(ref)(x.reshape(-1, 32)).reshape(1, 9, 32), ref(x)) <= 1e-5
+    ref = MiniMaxM2SparseMoeBlock()
+    blk = from_hf(ref)
+    x = torch.randn(1, 6, 32)
+    xr = x.clone().requires_grad_(True)
+    ref(xr).sum().backward()
+    xm = x.clone().reshape(6, 32).requires_grad_(True)
+    blk(xm).sum().backward()
+    assert rel(xm.grad.reshape(1, 6, 32), xr.grad) <= 1e-4
 
 
 def test_llama4_block_gradients_match_plain_pytorch():

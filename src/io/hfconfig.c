@@ -2,8 +2,9 @@
 ** hfconfig.c — the MoE keys of a Hugging Face config.json, per family
 ** (docs/models.md).
 **
-** Families: qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3 (and
-** kimi_k2), olmoe, glm4_moe, chosen by
+** Families: qwen2_moe, qwen3_moe, qwen3_next, mixtral, minimax, minimax_m2,
+** deepseek_v2, deepseek_v3 (and kimi_k2), dots1, olmoe, glm4_moe, gpt_oss,
+** llama4_text, chosen by
 ** model_type (or, when it is absent, by which expert-count key is
 ** present).  Every key moe8 uses takes, when missing or null, the default
 ** of the family's reference configuration class; a key with the wrong
@@ -40,10 +41,11 @@ typedef struct family {
   const char *name;               /* the model_type                          */
   moe8_arch   arch;               /* the block it computes                   */
   const char *experts_key, *ffn_key, *alias; /* alias: of experts_key, or NULL */
-  int64_t     hidden, layers, experts, top_k, ffn, shared;
+  int64_t     hidden, layers, experts, top_k, ffn, shared; /* experts, top_k 0 and shared -1: no default (required) */
   bool        norm;
   double      scaling;
   int64_t     n_group, topk_group, first_dense; /* the DeepSeek-V3 block's */
+  bool        sigmoid_bias;   /* Mixtral's block routed by sigmoid + correction bias (MiniMax-M2) */
 } family;
 
 static const family k_families[] = {
@@ -71,6 +73,20 @@ static const family k_families[] = {
   {"llama4_text", MOE8_ARCH_LLAMA4, "num_local_experts", "intermediate_size", NULL, 5120, 48, 16, 1, 8192, 1, false, 1.0, 0, 0, 0},
   {"glm4_moe", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", "num_local_experts", 4096, 46, 128, 8, 1408, 1, true, 1.0,
    1, 1, 1},
+  /* Dots1Config (dots.llm1): DeepSeek-V3's block (Dots1MoE is
+  ** DeepseekV3MoE) with its own defaults: no renormalization, scaling 1.0,
+  ** one group; n_routed_experts, num_experts_per_tok and n_shared_experts
+  ** have none (None: the block cannot be built without them) */
+  {"dots1", MOE8_ARCH_DEEPSEEK_V3, "n_routed_experts", "moe_intermediate_size", "num_local_experts", 4608, 62, 0, 0, 1408, -1, false, 1.0,
+   1, 1, 0},
+  /* MiniMaxConfig (MiniMax-Text-01): Mixtral's block (MiniMaxSparseMoeBlock
+  ** is MixtralSparseMoeBlock); num_experts is an alias */
+  {"minimax", MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", "num_experts", 4096, 32, 8, 2, 14336, 0, true, 1.0, 0, 0, 0},
+  /* MiniMaxM2Config: Mixtral's block routed by sigmoid scores plus the
+  ** block's e_score_correction_bias for the choice, the chosen scores
+  ** renormalized (MiniMaxM2TopKRouter); num_experts is an alias */
+  {"minimax_m2", MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", "num_experts", 3072, 62, 256, 8, 1536, 0, true, 1.0, 0, 0, 0,
+   true},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -137,7 +153,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v2, deepseek_v3, kimi_k2, olmoe, glm4_moe, gpt_oss, llama4_text)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, minimax, minimax_m2, deepseek_v2, deepseek_v3, kimi_k2, dots1, olmoe, glm4_moe, gpt_oss, llama4_text)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
@@ -167,6 +183,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld and its alias \"%s\" = %lld disagree", file, fam->experts_key,
                         (long long)a, fam->alias, (long long)b);
   }
+  if (fam->experts == 0 && !item(root, ekey))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" is missing (%s's configuration has no default)", file, fam->experts_key, fam->name);
   TRY(get_int(root, file, ekey, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
   if (fam->top_k == 0 && !item(root, "num_experts_per_tok"))
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" is missing (%s's configuration has no default: without it the model is "
@@ -177,7 +195,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds \"%s\" = %lld", file, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
-  L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
+  L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
   if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
   else TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
   L->routed_scaling_factor = 1.0f;
@@ -204,6 +222,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     }
     c->has_bias = L->use_selection_bias = true;
     int64_t nsh;
+    if (fam->shared < 0 && !item(root, "n_shared_experts"))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_shared_experts\" is missing (%s's configuration has no default and its block needs it)",
+                        file, fam->name);
     TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
     L->shared_ffn = nsh * L->ffn;
     TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
@@ -254,6 +275,14 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
     c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
     TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
+  } else if (fam->sigmoid_bias) {
+    /* MiniMax-M2: sigmoid scores, the top-k of score + bias, the chosen
+    ** scores renormalized; no groups, no scaling, no shared expert */
+    TRY(want_str(root, file, "scoring_func", "sigmoid", "MiniMax-M2 routes by sigmoid scores"));
+    const cJSON *ub = item(root, "use_routing_bias");
+    if (ub && !cJSON_IsBool(ub)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"use_routing_bias\" must be true or false", file);
+    c->has_bias = L->use_selection_bias = true; /* the block's buffer; absent from the file it is zeros */
+    c->moe_layer_freq = 1;
   } else {
     const cJSON *v = item(root, "scoring_func");
     if (v) TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax"));

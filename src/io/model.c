@@ -7,6 +7,7 @@
 ** has):
 **   P gate.weight                       router, [E, D]
 **   P gate.e_score_correction_bias      DeepSeek-V3 selection bias, [E]
+**     (MiniMax-M2: P e_score_correction_bias)
 **   routed experts, one of:
 **     P experts.e.{gate,up,down}_proj.weight  [F, D], [F, D], [D, F] (out × in)
 **       (Mixtral: experts.e.{w1,w3,w2}.weight); float, or F8_E4M3 with
@@ -749,7 +750,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
   const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL;
   if (c->has_bias) {
+    /* DeepSeek-V3's router holds it; MiniMax-M2's block does */
     snprintf(n, sizeof n, "%sgate.e_score_correction_bias", p);
+    if (!moe8_model_find(m, n)) {
+      char n2[320];
+      snprintf(n2, sizeof n2, "%se_score_correction_bias", p);
+      if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
+    }
     bias = moe8_model_find(m, n);
     if (bias && (bias->ndim != 1 || bias->shape[0] != E || !is_float_file(bias->dtype)))
       return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld", n, (long long)E);

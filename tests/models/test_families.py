@@ -201,17 +201,19 @@ def test_mixtral(tmp, rng):
         check("mixtral f32, %s" % variant, got, R.moe_block(x, routing, experts), 1e-5)
 
 
-def ds_config(E, k, D, F, keys):
+def ds_config(E, k, D, F, keys, drop=()):
     cfg = {"model_type": "deepseek_v3", "n_routed_experts": E, "num_experts_per_tok": k, "hidden_size": D, "moe_intermediate_size": F,
            "num_hidden_layers": 2, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "n_shared_experts": 2}
     cfg.update(keys)
+    for key in drop:
+        del cfg[key]
     return cfg
 
 
-def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32, scale_default=2.5):
+def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32, scale_default=2.5, drop=(), norm_default=True, groups_default=(1, 1)):
     E, k, D, F = 32, 4, 256, 192
-    cfg = ds_config(E, k, D, F, keys)
-    L = 1  # layer 0 is dense (first_k_dense_replace = 1)
+    cfg = ds_config(E, k, D, F, keys, drop)
+    L = 1 if cfg.get("first_k_dense_replace", 0) >= 1 else 0  # layer 0 dense with first_k_dense_replace = 1
     p = "model.layers.%d.mlp." % L
     t = {"model.layers.0.mlp.gate_proj.weight": ("F32", np.zeros((8, D))), }
     wr = rnd(rng, E, D, scale=0.5)
@@ -249,7 +251,8 @@ def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32, scale_default
     x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
     scale = cfg.get("routed_scaling_factor", scale_default)
     routing = R.route_deepseek(x, wr.astype(np.float32).astype(np.float64), bias.astype(np.float32).astype(np.float64), k,
-                               cfg["n_group"], cfg["topk_group"], cfg.get("norm_topk_prob", True), scale)
+                               cfg.get("n_group", groups_default[0]), cfg.get("topk_group", groups_default[1]),
+                               cfg.get("norm_topk_prob", norm_default), scale)
     return d, x, routing, experts, shared
 
 
@@ -286,6 +289,95 @@ def test_deepseek(tmp, rng):
         if not np.array_equal(got, got2):
             FAILS.append("deepseek fp8 training load")
             print("deepseek_v3 FP8: --training-load differs from the inference load")
+
+
+def info(d):
+    p = subprocess.run([MOE8, "info", d], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_dots1(tmp, rng):
+    """dots.llm1 (model_type dots1): DeepSeek-V3's block under Dots1Config's
+    defaults (no renormalization, scaling 1.0, one group, no dense first
+    layer), and with the keys its released configs write."""
+    drop = ("n_group", "topk_group", "first_k_dense_replace")
+    d, x, routing, ex, sh = deepseek_case(tmp, rng, {"model_type": "dots1"}, scale_default=1.0, drop=drop, norm_default=False)
+    got, _ = run(d, x)
+    check("dots1 f32, optional keys absent (no renorm, scaling 1)", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    rc, out = info(d)
+    if rc != 0 or "dots1" not in out or "sigmoid" not in out:
+        FAILS.append("dots1 info")
+        print("dots1 info (%d): %s" % (rc, out))
+    # the correction bias decides: the sigmoid scores' own top-k differs
+    wr, bias = _router_of(d)
+    plain = R.route_deepseek(x, wr, 0.0 * bias, 4, 1, 1, False, 1.0)
+    differ = sum(set(a) != set(b) for a, b in zip(plain[0], routing[0]))
+    print("dots1 routing: %d of %d tokens pick other experts without the correction bias" % (differ, len(x)))
+    if differ < len(x) // 2:
+        FAILS.append("dots1: the correction bias does not matter in this case")
+    d, x, routing, ex, sh = deepseek_case(tmp, rng, {"model_type": "dots1", "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                                                     "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1})
+    got, _ = run(d, x)
+    check("dots1 f32, released keys (renorm, scaling 2.5)", got, R.moe_block(x, routing, ex, sh), 1e-5)
+    for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts"):
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        del cfg[key]
+        d2 = d + "_no_" + key
+        os.makedirs(d2, exist_ok=True)
+        json.dump(cfg, open(os.path.join(d2, "config.json"), "w"))
+        rc, out = info(d2)
+        if rc == 0 or key not in out:
+            FAILS.append("dots1 without " + key)
+            print("dots1 without %s (%d): %s" % (key, rc, out))
+
+
+def test_minimax(tmp, rng):
+    """MiniMax-Text-01 (minimax): Mixtral's block, num_experts the alias.
+    MiniMax-M2 (minimax_m2): Mixtral's block routed by sigmoid scores, the
+    choice by score + the block's e_score_correction_bias, the chosen
+    scores renormalized; both the original (block_sparse_moe, w1/w3/w2)
+    and transformers 5's (mlp, fused 3-D) names."""
+    E, D, F, T = 16, 256, 160, 24
+    for fam in ("minimax", "minimax_m2"):
+        for variant in ("block_sparse_moe", "fused 3-D"):
+            cfg = {"model_type": fam, "num_experts": E, "hidden_size": D, "intermediate_size": F, "num_hidden_layers": 1}
+            if fam == "minimax":
+                cfg["num_experts_per_tok"] = 3
+            k = 3 if fam == "minimax" else 8  # MiniMaxM2Config's default top-k: 8
+            t = {}
+            wr = rnd(rng, E, D, scale=0.5)
+            bias = rnd(rng, E, scale=1.0) - 1.0
+            ex = make_experts(rng, E, D, F)
+            p = "model.layers.0.block_sparse_moe." if variant == "block_sparse_moe" else "model.layers.0.mlp."
+            t[p + "gate.weight"] = ("F32", wr)
+            if fam == "minimax_m2":
+                t[p + "e_score_correction_bias"] = ("F32", bias)
+                cfg["scoring_func"] = "sigmoid"
+            if variant == "block_sparse_moe":
+                experts = per_expert(t, p, ex, ("w1", "w3", "w2"), "F32")
+            else:
+                t[p + "experts.gate_up_proj"] = ("F32", np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex]))
+                t[p + "experts.down_proj"] = ("F32", np.stack([dn for _, _, dn in ex]))
+                experts = [tuple(store(w, "F32") for w in e) for e in ex]
+            d = os.path.join(tmp, "%s_%d" % (fam, len(os.listdir(tmp))))
+            write_model(d, cfg, t)
+            x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+            w32 = store(wr, "F32")
+            if fam == "minimax":
+                routing = R.route_softmax(x, w32, k, True)
+            else:
+                routing = R.route_deepseek(x, w32, store(bias, "F32"), k, 1, 1, True, 1.0)
+                plain = R.route_deepseek(x, w32, 0.0 * bias, k, 1, 1, True, 1.0)
+                differ = sum(set(a) != set(b) for a, b in zip(plain[0], routing[0]))
+                print("minimax_m2 routing: %d of %d tokens pick other experts without the correction bias" % (differ, len(x)))
+                if differ < len(x) // 2:
+                    FAILS.append("minimax_m2: the correction bias does not matter in this case")
+            got, _ = run(d, x)
+            check("%s f32, %s" % (fam, variant), got, R.moe_block(x, routing, experts), 1e-5)
+            rc, out = info(d)
+            if rc != 0 or fam not in out or (fam == "minimax_m2" and "sigmoid" not in out):
+                FAILS.append(fam + " info")
+                print("%s info (%d): %s" % (fam, rc, out))
 
 
 def deepseek_v2_case(tmp, rng, keys, T=48, router_scale=0.5):
@@ -584,7 +676,8 @@ def _router_of(d):
             m = h[name]
             f.seek(base + m["data_offsets"][0])
             return np.frombuffer(f.read(m["data_offsets"][1] - m["data_offsets"][0]), dtype=np.float32).reshape(m["shape"]).astype(np.float64)
-        return get("model.layers.1.mlp.gate.weight"), get("model.layers.1.mlp.gate.e_score_correction_bias")
+        w = [n for n in h if n.endswith("mlp.gate.e_score_correction_bias")][0]
+        return get(w.replace("e_score_correction_bias", "weight")), get(w)
 
 
 def main():
@@ -595,6 +688,8 @@ def main():
         test_olmoe(tmp, rng)
         test_deepseek(tmp, rng)
         test_deepseek_v2(tmp, rng)
+        test_dots1(tmp, rng)
+        test_minimax(tmp, rng)
         test_qwen3_next(tmp, rng)
         test_gpt_oss(tmp, rng)
         test_llama4(tmp, rng)

@@ -44,8 +44,9 @@ int cmd_info(int argc, char **argv) {
     printf("routing: logits + router bias, top-%lld of %lld, softmax over the %lld chosen logits\n", (long long)c->layer.top_k,
            (long long)c->layer.num_experts, (long long)c->layer.top_k);
   else
-    printf("routing: top-%lld of %lld (%s)\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
-           c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores" : "softmax over all experts");
+    printf("routing: top-%lld of %lld (%s)%s\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
+           c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores" : "softmax over all experts",
+           c->has_bias ? ", chosen by score + correction bias, weighted by the scores" : "");
   if (c->layer.act == MOE8_ACT_SWIGLU_CLAMP)
     printf("experts: clamped SwiGLU (gate <= %g, |up| <= %g, alpha %g, (up + 1) * gate * sigmoid(alpha gate))%s\n", (double)c->layer.act_limit,
            (double)c->layer.act_limit, (double)c->layer.act_alpha, c->layer.expert_bias ? ", gate/up and down biases" : "");
