@@ -4,7 +4,8 @@
 ** global tokens, runs the single-process layer on all of them as the
 ** reference, then the ring of experts on its own shard, and compares bytes:
 ** output, aux loss, dx (its rows), dWr, and its experts' dWg, dWu, dWd.
-** Cases: f32 and FP8 (per-token and 1×tile activations), quantize-before
+** Cases: f32, FP8 and i8 (per-token and 1×tile activations), the
+** families' routings, shared experts and Llama-4's input scaling, quantize-before
 ** on and off, uneven shards with a rank holding no tokens, an expert with
 ** no tokens, every token on one rank's experts; FP8 forward again on
 ** prepared (packed) weights; and the failures: ranks
@@ -82,7 +83,8 @@ typedef struct scenario {
   int         shard_variant;
   float       aux, capacity;
   int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated),
-                          ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best) */
+                          ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best),
+                          ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input) */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
@@ -91,6 +93,7 @@ static void run_scenario(const scenario *sc) {
   if (sc->shared) { cfg.shared_ffn = FS; cfg.shared_gate = sc->shared == 2; }
   if (sc->shared == 3) { cfg.norm_topk_prob = false; cfg.routed_scaling_factor = 16.0f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_score = MOE8_GROUP_MAX; }
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
+  if (sc->shared == 4) { cfg.score = MOE8_SCORE_SIGMOID; cfg.norm_topk_prob = false; cfg.weight_input = true; }
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(4242);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
@@ -184,7 +187,7 @@ static void run_scenario(const scenario *sc) {
                 (unsigned long long)s->dispatch_rows_sent, (unsigned long long)s->dispatch_rows_recv, (unsigned long long)want_sent,
                 (unsigned long long)want_recv);
       free(ids); free(lgt); free(wt);
-    } else if (sc->mode && before) {
+    } else if (sc->mode && before && sc->shared != 4) { /* Llama-4's rows are scaled, then quantized: f32 on the wire */
       const uint64_t per_tok = (uint64_t)D + 4u * (sc->mode == 2 ? (uint64_t)(D / 16) : sc->mode == 4 ? (uint64_t)((D + 127) / 128) : 1u);
       assert_int_equal(s->tokens_bytes, (uint64_t)T * per_tok);
     } else if (sc->mode != 3 || !before) {
@@ -238,6 +241,9 @@ static void test_ep_equals_single_process(void **state) {
     {"fp8 1x128 (D = 320: a partial last tile), DeepSeek-V3 shared expert", 4, 0, 1, 0.01f, 0, 1},
     {"i8 per-token, capacity 1.25, expert 5 unused", 3, 1, 0, 0, 1.25f},
     {"fp8 1x16, DeepSeek-V2 group_limited_greedy and shared experts", 2, 0, 1, 0.01f, 0, 3},
+    {"f32, Llama-4 input scaling and shared expert", 0, 0, 1, 0.01f, 0, 4},
+    {"fp8 1x16, Llama-4, expert 5 unused", 2, 1, 0, 0, 0, 4},
+    {"i8 per-token, Llama-4, capacity 1.25", 3, 0, 1, 0, 1.25f, 4},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;

@@ -92,7 +92,8 @@ static const char *const k_fp_names[NFP] = {
   "num_experts", "top_k", "hidden", "ffn", "score function", "norm_topk_prob", "routed_scaling_factor",
   "selection bias", "capacity_factor", "aux_loss_weight", "weight quantization", "weight qtype", "weight tile",
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
-  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases)", "activation alpha and limit", "expert-parallel mode",
+  "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases, input scaling)",
+  "activation alpha and limit", "expert-parallel mode",
   "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
@@ -122,7 +123,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
                     ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score,
-                    c->act + 2 * c->router_bias + 4 * c->expert_bias,
+                    c->act + 2 * c->router_bias + 4 * c->expert_bias + 8 * c->weight_input,
                     (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit)), ep->mode, order_code(L), 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
@@ -146,9 +147,6 @@ moe8_status moe8_ep_create(moe8_layer *layer, moe8_comm *comm, moe8_ep **out) {
 moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_options *opt, moe8_ep **out) {
   if (!layer || !comm || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: NULL argument");
   *out = NULL;
-  if (layer->cfg.weight_input)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s scales the expert input by the routing weight (Llama-4): its expert parallelism "
-                      "is not implemented yet", layer->module_path);
   moe8_ep_options o = {sizeof o, MOE8_EP_RING};
   if (opt) {
     if (opt->size < sizeof(size_t) + sizeof(moe8_ep_mode) || opt->size > ((size_t)1 << 16))
@@ -300,7 +298,8 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
   ALLOC(logits, Tl * E); ALLOC(route_l, Tl * (2 * K + E)); ALLOC(route_g, T * (2 * K + E));
   ALLOC(ep->scores_g, T * E); ALLOC(ep->w_g, A); ALLOC(ep->ids_g, A);
   ALLOC(ep->token_of, A); ALLOC(ep->slot_of, A); ALLOC(ep->pos_of, A); ALLOC(ep->gsz, E); ALLOC(ep->offs, E + 1);
-  const bool before = L->aq && L->before_sort;
+  /* Llama-4's rows are scaled before they are quantized: f32 on the wire */
+  const bool before = L->aq && L->before_sort && !L->cfg.weight_input, wi = L->cfg.weight_input;
   ALLOC(xg, before ? (T * (int64_t)qrow + 3) / 4 : T * D);
   if (before) ALLOC(xq_l, Tl * (int64_t)qrow);
   if (!ok) { free(logits); free(route_l); free(route_g); free(xg); free(xq_l); return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"); }
@@ -374,6 +373,7 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
     }
   } else {
     st = moe8_gather_rows(ep->xs, xg, sizeof(float) * (size_t)D, tok, rows, T);
+    if (st == MOE8_OK && wi) moe8__scale_rows(ep->xs, rows, D, tok, ep->slot_of + ep->P0, ep->w_g, K);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, ep->xs, 1, rows, D, ep->xsq, ep->sxs, NULL);
   }
   free(xg);
@@ -413,8 +413,12 @@ static moe8_status ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *
   t0 = moe8__ep_now();
   st = exchange(ep, ep->y, D, &recv, &ep->st.combine_bytes, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
   ep->st.combine_s = moe8__ep_now() - t0;
-  if (st == MOE8_OK) st = moe8_combine(recv, ep->nrecv, ep->recvrow, ep->w_g + T0 * K, Tl, K, D, out);
+  float *ones = wi ? malloc(sizeof(float) * (size_t)(Tl * K + 1)) : NULL; /* Llama-4: the outputs summed unweighted */
+  if (st == MOE8_OK && wi && !ones) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  for (int64_t a = 0; st == MOE8_OK && wi && a < Tl * K; a++) ones[a] = 1.0f;
+  if (st == MOE8_OK) st = moe8_combine(recv, ep->nrecv, ep->recvrow, wi ? ones : ep->w_g + T0 * K, Tl, K, D, out);
   free(recv);
+  free(ones);
   /* The shared expert: the owner's tokens, on the owner (rows are
   ** independent, so the bytes are the single-process layer's). */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = shared_local(ep, x, Tl, out);
@@ -435,10 +439,13 @@ static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const 
   if (st != MOE8_OK) return st;
   const int64_t T = ep->T, T0 = ep->Toff[ep->r], rows = ep->rows;
   if (T == 0) return MOE8_OK;
+  const bool wi = L->cfg.weight_input;
   bool ok = true;
-  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones;
+  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones, *ones_g = NULL;
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
   ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E); ALLOC(ones, Tl * K);
+  if (wi) ALLOC(ones_g, T * K); /* Llama-4: dy is dout (the combine's weights are 1) */
+  for (int64_t a = 0; ok && wi && a < T * K; a++) ones_g[a] = 1.0f;
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   double t0 = moe8__ep_now();
@@ -449,7 +456,7 @@ static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const 
   ep->st.bwd_recv_bytes = (uint64_t)((T - Tl) * D) * sizeof(float);
   if (st != MOE8_OK) goto done;
   /* this rank's experts */
-  moe8__dy_dw(rows, ep->token_of + ep->P0, ep->slot_of + ep->P0, ep->w_g, K, Dg, ep->y, D, dy, dwrow);
+  moe8__dy_dw(rows, ep->token_of + ep->P0, ep->slot_of + ep->P0, wi ? ones_g : ep->w_g, K, Dg, ep->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, ep->gsz + ep->g0, ep->g0, ep->Eloc, dy, ep->xs, ep->xsq, ep->sxs, ep->h, ep->hq, ep->sh,
                               ep->gu, dxs, gr->dwg, gr->dwu, gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
@@ -472,7 +479,10 @@ static moe8_status ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const 
     ones[a] = 1.0f;
   }
   free(recv);
-  if (gr->dx) st = moe8_combine(rx, ep->nrecv, ep->recvrow, ones, Tl, K, D, gr->dx);
+  if (wi) {
+    const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+    moe8__input_weight_backward(Tl, K, D, E, ep->recvrow, rx, x, ep->scores_g + T0 * E, ep->ids_g + T0 * K, c, gr->dx, dw_l);
+  } else if (gr->dx) st = moe8_combine(rx, ep->nrecv, ep->recvrow, ones, Tl, K, D, gr->dx);
   free(rx);
   /* router */
   if (st == MOE8_OK) moe8__router_backward(L, Tl, ep->scores_g + T0 * E, ep->ids_g + T0 * K, dw_l, ep->f, T, dl);
@@ -482,7 +492,7 @@ agreed:
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, Dg, gr);
   st = moe8__ep_agree(ep, st);
 done:
-  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones);
+  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones); free(ones_g);
   return st;
 }
 

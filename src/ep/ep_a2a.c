@@ -30,8 +30,10 @@
 ** ring's.
 **
 ** Wire format of a dispatched row (4-byte aligned): int32 expert ids[k],
-** then either f32 scales[nb] and the quantized codes[D] padded to 4 bytes
-** (quantized before the exchange) or f32 x[D].  A returned row: f32 y[D]
+** for Llama-4's input scaling f32 routing weights[k], then either f32
+** scales[nb] and the quantized codes[D] padded to 4 bytes (quantized
+** before the exchange; never for Llama-4, whose rows are scaled first) or
+** f32 x[D].  A returned row: f32 y[D]
 ** and f32 kept (1 or 0).  A backward row out: f32 weights[k], f32 dout[D];
 ** back: f32 dx[D], f32 dweight.
 */
@@ -79,10 +81,12 @@ void moe8__a2a_free(moe8_ep *ep) {
 
 static size_t r4(size_t n) { return (n + 3) & ~(size_t)3; }
 
-/* Bytes of a dispatched row. */
+/* Bytes of a dispatched row's ids (and weights), and of the whole row. */
+static size_t wire_head(const moe8_layer *L) { return 4 * (size_t)L->cfg.top_k * (L->cfg.weight_input ? 2 : 1); }
+
 static size_t wire_row(const moe8_layer *L, bool quant) {
-  const int64_t D = L->cfg.hidden, K = L->cfg.top_k, nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
-  return 4 * (size_t)K + (quant ? 4 * (size_t)nbD + r4((size_t)D) : 4 * (size_t)D);
+  const int64_t D = L->cfg.hidden, nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
+  return wire_head(L) + (quant ? 4 * (size_t)nbD + r4((size_t)D) : 4 * (size_t)D);
 }
 
 /* One Alltoallv of rows: cnt[q] rows of row_bytes to q, rcnt[q] from q;
@@ -190,8 +194,8 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
     }
   free(at);
   /* 4. counts, then rows */
-  const bool quant = L->aq && L->before_sort;
-  const size_t row = wire_row(L, quant);
+  const bool wi = L->cfg.weight_input, quant = L->aq && L->before_sort && !wi;
+  const size_t row = wire_row(L, quant), hd = wire_head(L);
   const int64_t nbD = L->aq ? moe8__cdiv(D, L->aspec.tile ? L->aspec.tile : D) : 0;
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   size_t *cb = malloc(sizeof(size_t) * 2 * (size_t)P);
@@ -211,12 +215,13 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
     const int64_t t = s->send_tok[n];
     uint8_t *o = sendb + (size_t)n * row;
     memcpy(o, s->ids + t * K, 4 * (size_t)K);
+    if (wi) memcpy(o + 4 * K, s->w + t * K, 4 * (size_t)K);
     if (quant) {
-      memcpy(o + 4 * K, sx + t * nbD, 4 * (size_t)nbD);
-      memset(o + 4 * K + 4 * nbD, 0, r4((size_t)D));
-      memcpy(o + 4 * K + 4 * nbD, xq + t * D, (size_t)D);
+      memcpy(o + hd, sx + t * nbD, 4 * (size_t)nbD);
+      memset(o + hd + 4 * nbD, 0, r4((size_t)D));
+      memcpy(o + hd + 4 * nbD, xq + t * D, (size_t)D);
     } else {
-      memcpy(o + 4 * K, x + t * D, 4 * (size_t)D);
+      memcpy(o + hd, x + t * D, 4 * (size_t)D);
     }
   }
   free(xq); free(sx);
@@ -264,9 +269,12 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   }
   if (!fill) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
   free(fill); free(off);
-  /* the expert input rows */
+  /* the expert input rows (Llama-4's scaled by their slots' weights) */
+  float *rw = wi ? malloc(sizeof(float) * (size_t)(NR * K) + 4) : NULL;
+  if (wi && !rw) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  for (int64_t i = 0; st == MOE8_OK && wi && i < NR; i++) memcpy(rw + i * K, recvb + (size_t)i * row + 4 * K, 4 * (size_t)K);
   for (int64_t p = 0; st == MOE8_OK && p < rows; p++) {
-    const uint8_t *src = recvb + (size_t)s->tok_of[p] * row + 4 * K;
+    const uint8_t *src = recvb + (size_t)s->tok_of[p] * row + hd;
     if (quant) {
       memcpy(s->sxs + p * nbD, src, 4 * (size_t)nbD);
       memcpy(s->xsq + p * D, src + 4 * nbD, (size_t)D);
@@ -275,6 +283,8 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
     }
   }
   free(recvb);
+  if (st == MOE8_OK && wi) moe8__scale_rows(s->xs, rows, D, s->tok_of, s->slot_of, rw, K);
+  free(rw);
   if (st == MOE8_OK && L->aq && !quant) st = moe8_quantize(&L->aspec, s->xs, 1, rows, D, s->xsq, s->sxs, NULL);
   /* 6. the experts, and their rows back to the owners */
   if (st == MOE8_OK)
@@ -327,8 +337,12 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
     }
   }
   free(brecv);
-  if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, s->w, Tl, K, D, out);
+  float *ones = wi ? malloc(sizeof(float) * (size_t)(Tl * K) + 4) : NULL; /* Llama-4: the outputs summed unweighted */
+  if (st == MOE8_OK && wi && !ones) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  for (int64_t a = 0; st == MOE8_OK && wi && a < Tl * K; a++) ones[a] = 1.0f;
+  if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, wi ? ones : s->w, Tl, K, D, out);
   free(rx);
+  free(ones);
   /* 7. the shared expert, the output check, the aux loss */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
   if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
@@ -372,6 +386,8 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
     memcpy(wr + i * K, orecv + i * (K + D), sizeof(float) * (size_t)K);
     memcpy(dr + i * D, orecv + i * (K + D) + K, sizeof(float) * (size_t)D);
   }
+  if (L->cfg.weight_input) /* Llama-4: dy is dout (the combine's weights are 1) */
+    for (int64_t a = 0; a < NR * K; a++) wr[a] = 1.0f;
   /* this rank's experts */
   moe8__dy_dw(rows, s->tok_of, s->slot_of, wr, K, dr, s->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, s->gsz, g0, Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh, s->gu, dxs, gr->dwg, gr->dwu,
@@ -394,7 +410,10 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
       dw_l[a] = s->recvrow[a] >= 0 ? brecv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
       ones[a] = 1.0f;
     }
-    if (gr->dx) st = moe8_combine(rx, s->nbrecv, s->recvrow, ones, Tl, K, D, gr->dx);
+    if (L->cfg.weight_input) {
+      const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+      moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, x, s->scores, s->ids, c, gr->dx, dw_l);
+    } else if (gr->dx) st = moe8_combine(rx, s->nbrecv, s->recvrow, ones, Tl, K, D, gr->dx);
     if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);
   }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;

@@ -813,10 +813,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     /* Llama-4: row p is its token scaled by its slot's weight, quantized
     ** after; the combine then adds the expert outputs unweighted. */
     st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
-    for (int64_t p = 0; p < rows && st == MOE8_OK; p++) {
-      const float s = w.w[(int64_t)w.token_of[p] * K + w.slot_of[p]];
-      for (int64_t c = 0; c < D; c++) w.xs[p * D + c] *= s;
-    }
+    if (st == MOE8_OK) moe8__scale_rows(w.xs, rows, D, w.token_of, w.slot_of, w.w, K);
     for (int64_t a = 0; a < T * K && st == MOE8_OK; a++) w.w[a] = 1.0f;
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   } else if (L->aq && L->before_sort) {
@@ -953,21 +950,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     ** weight (its sigmoid score times the scaling): dx_t += s·dxs_p and
     ** ds = dxs_p · x_t, each token's slots in slot order. */
     const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
-    for (int64_t a = 0; a < A; a++) dw[a] = 0.0f;
-    if (gr->dx)
-      for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < K; j++) {
-          const int32_t p = w.pos_of[t * K + j];
-          if (p < 0) continue;
-          const float sw = w.scores[t * E + w.ids[t * K + j]] * c;
-          for (int64_t d = 0; d < D; d++) gr->dx[t * D + d] += sw * dxs[(int64_t)p * D + d];
-        }
-    for (int64_t p = 0; p < rows; p++) {
-      const int64_t t = w.token_of[p];
-      float sdot = 0.0f;
-      for (int64_t d = 0; d < D; d++) sdot += dxs[p * D + d] * x[t * D + d];
-      dw[t * K + w.slot_of[p]] = sdot; /* dL/dw; the router backward takes it to the scores */
-    }
+    moe8__input_weight_backward(T, K, D, E, w.pos_of, dxs, x, w.scores, w.ids, c, gr->dx, dw);
   } else {
     /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
     for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;

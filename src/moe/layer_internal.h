@@ -145,6 +145,19 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes);
 
+/* Llama-4's expert input (weight_input), the same in the layer and both
+** expert-parallel modes: row p (token tok[p], slot slot[p]) times its
+** slot's routing weight w[tok·K + slot]. */
+void moe8__scale_rows(float *xs, int64_t rows, int64_t D, const int32_t *tok, const int32_t *slot, const float *w, int64_t K);
+
+/* Llama-4's backward on a token's owner: rows[pos[t·K + j]] is the
+** gradient of slot j's expert input (pos -1: dropped).  dx[t] (dx may be
+** NULL) = Σ_j s_j · row_j in slot order from zero, s_j = scores[t·E +
+** ids[t·K + j]] · c; dw[t·K + j] = row_j · x[t] in increasing d (0 when
+** dropped), the routing weight's gradient for the router backward. */
+void moe8__input_weight_backward(int64_t T, int64_t K, int64_t D, int64_t E, const int32_t *pos, const float *rows, const float *x,
+                                 const float *scores, const int32_t *ids, float c, float *dx, float *dw);
+
 /* dy[p] = w[t,j] · dout[t] and dwrow[p] = dout[t] · y[p] for rows p, with
 ** t = token_of[p] and j = slot_of[p] (w indexed t·K + j, dout by t). */
 void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, const float *w, int64_t K,

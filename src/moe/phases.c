@@ -282,6 +282,32 @@ static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64
   return st;
 }
 
+void moe8__scale_rows(float *xs, int64_t rows, int64_t D, const int32_t *tok, const int32_t *slot, const float *w, int64_t K) {
+  for (int64_t p = 0; p < rows; p++) {
+    const float s = w[(int64_t)tok[p] * K + slot[p]];
+    for (int64_t c = 0; c < D; c++) xs[p * D + c] *= s;
+  }
+}
+
+void moe8__input_weight_backward(int64_t T, int64_t K, int64_t D, int64_t E, const int32_t *pos, const float *rows, const float *x,
+                                 const float *scores, const int32_t *ids, float c, float *dx, float *dw) {
+  for (int64_t t = 0; t < T; t++) {
+    if (dx)
+      for (int64_t d = 0; d < D; d++) dx[t * D + d] = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+      const int32_t p = pos[t * K + j];
+      dw[t * K + j] = 0.0f;
+      if (p < 0) continue;
+      const float *row = rows + (int64_t)p * D, sw = scores[t * E + ids[t * K + j]] * c;
+      if (dx)
+        for (int64_t d = 0; d < D; d++) dx[t * D + d] += sw * row[d];
+      float sdot = 0.0f;
+      for (int64_t d = 0; d < D; d++) sdot += row[d] * x[t * D + d];
+      dw[t * K + j] = sdot;
+    }
+  }
+}
+
 void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, const float *w, int64_t K,
                  const float *dout, const float *y, int64_t D, float *dy, float *dwrow) {
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)D)) schedule(static)
