@@ -807,7 +807,7 @@ typedef struct moe8_hf_config {
   bool              first_k_dense_from_default; /* config.json did not set it */
   int64_t           n_mlp_only;
   int64_t           mlp_only_layers[MOE8_MAX_MLP_ONLY];
-  bool              mxfp4;          /* quantization_config quant_method mxfp4 (GPT-OSS) */
+  bool              mxfp4;          /* MXFP4 experts: quantization_config quant_method mxfp4 (GPT-OSS), or moe8_quantization weight_qtype mxfp4 (moe8 quantize) */
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

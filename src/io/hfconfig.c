@@ -381,6 +381,14 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(get_int(mq, file, "tile_size", 0, 0, BIG, &c->moe8_tile));
     TRY(get_int(mq, file, "packed_layout", 0, 0, 1, &pk));
     c->moe8_packed = (int)pk;
+    const cJSON *wq = item(mq, "weight_qtype");
+    if (wq && !cJSON_IsString(wq)) return moe8__fail(MOE8_ERR_PARSE, "%s: moe8_quantization.weight_qtype must be a string", file);
+    if (wq && !strcmp(wq->valuestring, "mxfp4")) {
+      if (fam->arch == MOE8_ARCH_GPT_OSS)
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: moe8_quantization mxfp4 is moe8's file for the other families (GPT-OSS's own files "
+                          "hold MXFP4 already)", file);
+      c->mxfp4 = true; /* moe8's MXFP4 experts: P experts.{gate_up,down}_proj_{blocks,scales} */
+    }
   }
 #undef TRY
   return MOE8_OK;

@@ -206,7 +206,7 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if (moe8_model_find(m, n)) {
-    snprintf(mm->fmt, sizeof mm->fmt, "mxfp4 (E2M1 values, E8M0 scales per 32 along K)");
+    snprintf(mm->fmt, sizeof mm->fmt, "%smxfp4 (E2M1 values, E8M0 scales per 32 along K)", m->cfg.arch == MOE8_ARCH_GPT_OSS ? "" : "moe8 ");
     return mm->fmt;
   }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
@@ -457,6 +457,15 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
 moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                                      moe8_layer **out) {
   if (!m || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
+  if (!rules && strstr(moe8_model_format(m, layer), "moe8 mxfp4") && opt && opt->mode == MOE8_LOAD_INFERENCE) {
+    /* moe8's MXFP4 file for inference: kept as MXFP4 (the rule it was written under) */
+    const char *j = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\"}]}";
+    moe8_rules *mx = NULL;
+    moe8_status st = moe8_rules_parse(j, strlen(j), "the checkpoint's mxfp4 rule", &mx);
+    if (st == MOE8_OK) st = load_layer(m, layer, mx, opt, out);
+    moe8_rules_destroy(mx);
+    return st;
+  }
   if (rules || !strstr(moe8_model_format(m, layer), "f8e4m3")) return load_layer(m, layer, rules, opt, out);
   const moe8_hf_config *hc = &m->cfg;
   const bool own = strstr(moe8_model_format(m, layer), "moe8") != NULL;
@@ -508,12 +517,11 @@ typedef struct gptoss_w {
   const moe8_tensor_view *f, *blocks, *scales;
 } gptoss_w;
 
-/* A copy of an MXFP4 tensor's bytes into weight memory, its file pages
-** dropped slice by slice as they are copied (the layer then holds the
-** file's bytes once); scales checked: 255 (the E8M0 NaN) refused, and
-** blocks whose largest code overflows f32 under their scale. */
-/* A GPT-OSS *_blocks / *_scales pair, checked, into the kernels' layout
-** (moe8__mx4_repack) a few MB at a time, each part's pages dropped. */
+/* An MXFP4 *_blocks / *_scales pair into weight memory: the scales
+** checked (255, the E8M0 NaN, refused, and blocks whose largest code
+** overflows f32 under their scale), the blocks moved into the kernels'
+** layout (moe8__mx4_repack) a few MB at a time, each part's file pages
+** dropped once copied (the layer then holds the file's bytes once). */
 static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_view *scales, uint8_t **bo, uint8_t **so) {
   const int64_t K = blocks->shape[blocks->ndim - 2] * 32, rows = (int64_t)(blocks->nbytes / (size_t)(K / 2)), rb = moe8__mx4_row_bytes(K);
   *bo = moe8__alloc_weights((size_t)(rows * rb));
@@ -798,8 +806,38 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       goto fail;
     }
   }
-  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if (moe8_model_find(m, n)) {
+    /* moe8's MXFP4 file (moe8 quantize, weight_qtype mxfp4): the OCP
+    ** blocks and scales, gate rows then up rows.  Kept as they are under
+    ** the mxfp4 rule (inference); decoded exactly otherwise. */
+    gptoss_w wgu, wdn;
+    if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK || (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK)
+      goto fail;
+    if (!wdn.blocks) {
+      st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has MXFP4 gate_up_proj blocks but a float down_proj: both or neither", (long long)layer);
+      goto fail;
+    }
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK) goto fail;
+    if (L->inference && L->wmx) {
+      uint8_t *b1 = NULL, *s1 = NULL, *b2 = NULL, *s2 = NULL;
+      st = mx4_take(wgu.blocks, wgu.scales, &b1, &s1);
+      if (st == MOE8_OK && (st = mx4_take(wdn.blocks, wdn.scales, &b2, &s2)) != MOE8_OK) { free(b1); free(s1); }
+      if (st == MOE8_OK) st = moe8__layer_put_mx4(L, b1, s1, b2, s2);
+    } else if ((st = xbuf_alloc(&b, D, F, false, 1)) == MOE8_OK) {
+      for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+        st = gptoss_read(&wgu, e, D, 2 * F, b.gu, ld.tmp);
+        if (st == MOE8_OK) st = gptoss_read(&wdn, e, F, D, b.dn, ld.tmp);
+        if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
+      }
+      xbuf_free(&b);
+      b = (xbuf){0};
+    }
+    if (st != MOE8_OK) goto fail;
+    routed_done = true;
+  }
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  if (!routed_done && moe8_model_find(m, n)) {
     if ((st = load_moe8(&ld, L, (moe8_model *)m, &borrowed)) != MOE8_OK) goto fail;
     routed_done = true;
     ld.fp8 = L->wq;

@@ -208,6 +208,50 @@ static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char
   return add(o, n, MOE8_FDT_F32, 4, s4, c4, b4, c4);
 }
 
+/* moe8's MXFP4 experts (weight_qtype mxfp4): per expert the OCP MXFP4 of
+** gate|up [D, 2F] and down [F, D] from the f32 masters, the quantizer the
+** layer runs at load (so a run of the file gives the bytes of a run of the
+** input under the rule): P experts.gate_up_proj_blocks [E, 2F, D/32, 16]
+** (gate rows, then up rows) and _scales [E, 2F, D/32]; down_proj the same
+** with [E, D, F/32, ...].  The shared expert stays as the input holds it
+** (the layer quantizes it at load, as under the rule). */
+static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char *p, int64_t E, int64_t D, int64_t F) {
+  if (D % 32 || F % 32)
+    return moe8__fail(MOE8_ERR_SHAPE, "quantize: %s: weight_qtype mxfp4 needs hidden (%lld) and ffn (%lld) to be multiples of 32", p,
+                      (long long)D, (long long)F);
+  const float *wg = moe8_layer_weight_read(L, MOE8_W_GATE, NULL), *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL),
+              *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+  const size_t bg = (size_t)(E * 2 * F * D / 2), sg = (size_t)(E * 2 * F * (D / 32)), bd = (size_t)(E * D * F / 2), sd = (size_t)(E * D * (F / 32));
+  uint8_t *b1 = malloc(bg), *s1 = malloc(sg), *b2 = malloc(bd), *s2 = malloc(sd);
+  float *gu = malloc(sizeof(float) * (size_t)(D * 2 * F));
+  if (!b1 || !s1 || !b2 || !s2 || !gu) {
+    free(b1); free(s1); free(b2); free(s2); free(gu);
+    return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory");
+  }
+  for (int64_t e = 0; e < E; e++) {
+    for (int64_t d = 0; d < D; d++) {
+      memcpy(gu + d * 2 * F, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
+      memcpy(gu + d * 2 * F + F, wu + (e * D + d) * F, sizeof(float) * (size_t)F);
+    }
+    moe8__mx4_quantize(gu, D, 2 * F, b1 + (size_t)e * (bg / (size_t)E), s1 + (size_t)e * (sg / (size_t)E));
+    moe8__mx4_quantize(wd + e * F * D, F, D, b2 + (size_t)e * (bd / (size_t)E), s2 + (size_t)e * (sd / (size_t)E));
+  }
+  free(gu);
+  const int64_t g1[4] = {E, 2 * F, D / 32, 16}, g2[3] = {E, 2 * F, D / 32}, d1[4] = {E, D, F / 32, 16}, d2[3] = {E, D, F / 32};
+  char n[256];
+  moe8_status st;
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
+  if ((st = add(o, n, MOE8_FDT_U8, 4, g1, b1, bg, b1)) != MOE8_OK) { free(s1); free(b2); free(s2); return st; }
+  say(j, "quantize %sexperts.gate_up_proj [%lld, %lld, %lld] -> MXFP4 blocks and E8M0 scales", p, (long long)E, (long long)D, (long long)(2 * F));
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj_scales", p);
+  if ((st = add(o, n, MOE8_FDT_U8, 3, g2, s1, sg, s1)) != MOE8_OK) { free(b2); free(s2); return st; }
+  snprintf(n, sizeof n, "%sexperts.down_proj_blocks", p);
+  if ((st = add(o, n, MOE8_FDT_U8, 4, d1, b2, bd, b2)) != MOE8_OK) { free(s2); return st; }
+  say(j, "quantize %sexperts.down_proj [%lld, %lld, %lld] -> MXFP4 blocks and E8M0 scales", p, (long long)E, (long long)F, (long long)D);
+  snprintf(n, sizeof n, "%sexperts.down_proj_scales", p);
+  return add(o, n, MOE8_FDT_U8, 3, d2, s2, sd, s2);
+}
+
 /* DeepSeek's format: every expert weight (the shared expert's too) [N, K]
 ** with 128×128 block scales. */
 static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const moe8_hf_config *hc, const char *p) {
@@ -252,7 +296,7 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
 
 /* The input's config.json with the new quantization recorded, into tmp. */
 static moe8_status write_config(const char *in, const char *tmp, bool deepseek, int quantized_layers, moe8_dtype qtype, int64_t qtile,
-                                int packed_layout) {
+                                int packed_layout, bool mx4) {
   char path[4400];
   snprintf(path, sizeof path, "%s/config.json", in);
   char *txt = NULL;
@@ -273,6 +317,12 @@ static moe8_status write_config(const char *in, const char *tmp, bool deepseek, 
       cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
       cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
       cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+    } else if (mx4) {
+      cJSON *q = cJSON_AddObjectToObject(root, "moe8_quantization");
+      cJSON_AddStringToObject(q, "weight_qtype", "mxfp4");
+      cJSON_AddNumberToObject(q, "tile_size", 32);
+      cJSON_AddStringToObject(q, "scale_layout", "E8M0 [E, N, K/32]");
+      cJSON_AddNumberToObject(q, "packed_layout", 0);
     } else {
       cJSON *q = cJSON_AddObjectToObject(root, "moe8_quantization");
       cJSON_AddStringToObject(q, "weight_qtype", moe8_dtype_info(qtype)->name);
@@ -316,7 +366,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   }
   const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};
-  int quantized_layers = 0, packed_layout = 0;
+  int quantized_layers = 0, packed_layout = 0, mx4_layers = 0;
   int64_t qtile = 0;
   moe8_dtype qtype = MOE8_DTYPE_NONE;
   /* Which layers get quantized, and their new tensors. */
@@ -334,6 +384,30 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     }
     if (strstr(moe8_model_format(m, l), "unquantized") == NULL) {
       st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s: layer %lld is already quantized (%s)", in, (long long)l, moe8_model_format(m, l));
+      break;
+    }
+    if (r && r->weight_mxfp4) {
+      if (deepseek) {
+        st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the deepseek format stores F8_E4M3 only; the rule for %s asks for mxfp4", mp);
+        break;
+      }
+      if (quantized_layers > mx4_layers) {
+        st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for mxfp4 on %s and another weight_qtype on an earlier layer: a "
+                        "moe8 file holds one format", mp);
+        break;
+      }
+      moe8_layer *L = NULL;
+      if ((st = moe8_model_load_layer(m, l, NULL, &L)) != MOE8_OK) break; /* the f32 masters */
+      replace[l] = 1;
+      quantized_layers++;
+      mx4_layers++;
+      st = layer_mx4(j, &o, L, p, E, D, F);
+      moe8_layer_destroy(L);
+      continue;
+    }
+    if (mx4_layers && r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8)) {
+      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for %s on %s and mxfp4 on an earlier layer: a moe8 file holds one "
+                      "format", moe8_dtype_info(r->weight_qtype)->name, mp);
       break;
     }
     if (!r || (r->weight_qtype != MOE8_DTYPE_F8E4M3 && r->weight_qtype != MOE8_DTYPE_I8)) {
@@ -380,7 +454,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     st = moe8_st_write(path, o.t, o.n);
   }
-  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout);
+  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0);
   /* Test hook (docs/testing.md): fail after the whole new model is written. */
   if (st == MOE8_OK && getenv("MOE8_TEST_QUANTIZE_FAIL"))
     st = moe8__fail(MOE8_ERR_IO, "quantize: failing on purpose (MOE8_TEST_QUANTIZE_FAIL); %s is unchanged", outdir);

@@ -715,9 +715,23 @@ moe8_status moe8__layer_end_load(moe8_layer *L) {
   if ((st = check_weights(L)) != MOE8_OK) return st;
   set_describe(L, L->xs[0].wgu_pk ? " (loaded for inference, packed)" : " (loaded for inference)");
   if (L->wmx)
-    snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (quantized at load, OCP MX: E2M1 codes, E8M0 scale per 32 along K), "
-             "activations f32");
+    snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (%s, OCP MX: E2M1 codes, E8M0 scale per 32 along K), activations f32",
+             !L->wmx_file ? "quantized at load" : L->nsets > 1 ? "as the file holds them; the shared expert quantized at load"
+                                                              : "as the file holds them");
   L->prepared = true;
+  return MOE8_OK;
+}
+
+moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s) {
+  moe8__xset *X = &L->xs[0];
+  if (!L->inference || !L->wmx || !X->mx_gu_b) {
+    free(gu_b); free(gu_s); free(dn_b); free(dn_s);
+    return moe8__fail(MOE8_ERR_INTERNAL, "layer: MXFP4 experts need an inference layer under weight_qtype mxfp4, inside its load");
+  }
+  free(X->mx_gu_b); free(X->mx_gu_s); free(X->mx_dn_b); free(X->mx_dn_s);
+  X->mx_gu_b = gu_b; X->mx_gu_s = gu_s; X->mx_dn_b = dn_b; X->mx_dn_s = dn_s;
+  X->mx_split = 0;
+  L->wmx_file = true;
   return MOE8_OK;
 }
 

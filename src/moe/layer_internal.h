@@ -41,6 +41,7 @@ struct moe8_layer {
   moe8_quant_spec   wspec, aspec;   /* weight / activation specs               */
   bool              wq, aq;         /* weights / activations quantized         */
   bool              wmx;            /* weights quantized to MXFP4 at an inference load (rule "mxfp4") */
+  bool              wmx_file;       /* ... the routed ones taken as a moe8 MXFP4 file holds them */
   bool              before_sort;
   bool              prepared;
   /* Loaded for inference: no f32 masters of the expert weights; the
@@ -130,6 +131,11 @@ moe8_status moe8__layer_end_load(moe8_layer *L);
 ** experts as MXFP4 bytes (ownership of the four buffers passes, also on
 ** failure), then ends the load (prepared). */
 moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s);
+/* An inference layer under weight_qtype mxfp4, between begin_load and
+** end_load, takes its routed experts' MXFP4 bytes as they are (the
+** kernels' layout, gate rows then up rows: moe8's own files); ownership of
+** the four buffers passes, also on failure. */
+moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s);
 /* A layer without f32 expert masters (inference). */
 moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
                                moe8_layer **out);

@@ -633,6 +633,52 @@ def test_mxfp4_rule(tmp, rng):
     print("mxfp4 rule with --training-load: refused (%s)" % p.stderr.strip().split(": ")[-1][:80])
 
 
+def test_mxfp4_file(tmp, rng):
+    """moe8 quantize with weight_qtype mxfp4: moe8's own MXFP4 file (OCP
+    blocks and E8M0 scales, 4.25 bits a weight). Run without rules it gives
+    the bytes of the input run under the rule; a training load decodes it
+    exactly; moe8 info names it; mixed formats are refused."""
+    rules = _weight_rule(tmp, "mxfp4")
+    d, x, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256}, dt="BF16")
+    want, _ = run(d, x, ("--rules", rules))
+    out = d + "_mx4"
+    p = subprocess.run([MOE8, "quantize", d, out, "--rules", rules], capture_output=True, text=True)
+    if p.returncode != 0:
+        FAILS.append("quantize mxfp4: " + p.stderr.strip())
+        print("quantize mxfp4 failed: " + p.stderr.strip())
+        return
+    got, runout = run(out, x)
+    same = np.array_equal(got, want)
+    print("mxfp4 file: a run without rules %s the input's run under the rule, byte for byte" % ("equals" if same else "DIFFERS FROM"))
+    if "as the file holds them" not in runout:
+        FAILS.append("mxfp4 file not kept as the file holds it: " + runout.strip())
+    if not same:
+        FAILS.append("mxfp4 file run")
+    q = R.mxfp4_quant
+    ref = R.moe_block(x, routing, [tuple(q(w) for w in e) for e in ex], tuple(q(w) for w in sh), sg)
+    check("qwen2_moe mxfp4 file, no rules (OCP quantizer emulated)", got, ref, 1e-5)
+    # a training load decodes the codes: the routed experts exactly, the shared one stays as the file has it
+    got_t, _ = run(out, x, ("--training-load",))
+    check("qwen2_moe mxfp4 file, training load (decoded)", got_t, R.moe_block(x, routing, [tuple(q(w) for w in e) for e in ex], sh, sg), 1e-5)
+    rc, txt = info(out)
+    if rc != 0 or "moe8 mxfp4" not in txt:
+        FAILS.append("mxfp4 file info")
+        print("mxfp4 file info (%d): %s" % (rc, txt))
+    import struct as S
+    with open(os.path.join(out, "model.safetensors"), "rb") as f:
+        h = json.loads(f.read(S.unpack("<Q", f.read(8))[0]))
+    nbytes = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in h.items() if ".experts." in k)
+    E, D, F = len(ex), ex[0][0].shape[1], ex[0][0].shape[0]
+    bits = nbytes * 8.0 / (E * 3 * D * F)
+    print("mxfp4 file: routed experts %d bytes, %.3f bits a weight" % (nbytes, bits))
+    if abs(bits - 4.25) > 1e-9:
+        FAILS.append("mxfp4 file size")
+    # quantizing it again, or mixing mxfp4 with another format, is refused
+    p = subprocess.run([MOE8, "quantize", out, out + "_again", "--rules", rules], capture_output=True, text=True)
+    if p.returncode == 0 or "already quantized" not in p.stderr:
+        FAILS.append("mxfp4 file quantized twice: " + p.stderr)
+
+
 def _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, k, aq, alpha=1.702, limit=7.0):
     logits = x @ wr.T + br
     xq = aq(x)
@@ -694,6 +740,7 @@ def main():
         test_gpt_oss(tmp, rng)
         test_llama4(tmp, rng)
         test_mxfp4_rule(tmp, rng)
+        test_mxfp4_file(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
