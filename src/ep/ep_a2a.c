@@ -146,14 +146,12 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
   const int P = ep->P;
+  /* 1. the input checked on every rank, the token counts */
   moe8_status st = moe8__ep_begin_forward(ep, x, Tl, out);
   if (st != MOE8_OK) return st;
   moe8__a2a_free(ep);
-  memset(&ep->st, 0, sizeof ep->st);
   a2a_state *s = ep->a2a = calloc(1, sizeof *s);
-  if (!s) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
-  /* 1. token counts */
-  if ((st = moe8__ep_token_counts(ep, Tl)) != MOE8_OK) return st;
+  if ((st = moe8__ep_agree(ep, s ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"))) != MOE8_OK) return st;
   s->Tl = Tl;
   s->T = ep->T;
   s->T0 = ep->Toff[ep->r];

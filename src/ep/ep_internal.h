@@ -1,7 +1,7 @@
 /*
 ** ep_internal.h — the expert-parallel object and what its two modes share
-** (docs/parallelism.md): the ring of experts (ep.c) and the all-to-all
-** dispatch (ep_a2a.c).  Both call the layer's own phases
+** (docs/parallelism.md), in ep.c: the ring of experts (ep_ring.c) and the
+** all-to-all dispatch (ep_a2a.c) call it, never each other.  Both call the layer's own phases
 ** (moe/layer_internal.h) on the same rows in the same order as the single
 ** process, which is what makes their bytes equal to it.
 */
@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "../moe/layer_internal.h"
 
+typedef struct ring_state ring_state;
 typedef struct a2a_state a2a_state;
 
 /* p = malloc(n elements, with slack); clears the caller's `ok` on failure. */
@@ -20,22 +21,14 @@ struct moe8_ep {
   moe8_layer   *L;
   moe8_comm    *c;
   moe8_ep_mode  mode;
-  a2a_state    *a2a;           /* the all-to-all mode's saved forward */
+  ring_state   *ring;          /* the ring's saved forward (ep_ring.c) */
+  a2a_state    *a2a;           /* the all-to-all mode's (ep_a2a.c) */
   int           P, r;
   int64_t       Eloc, g0;
   moe8_ep_stats st;
-  /* saved by the forward */
-  int64_t  Tl, T, rows, P0, nrecv;
-  int64_t *Toff;
-  float   *scores_g, *w_g;
-  int32_t *ids_g, *token_of, *slot_of, *pos_of, *gsz;
-  int64_t *offs;
-  float   *xs, *sxs, *gu, *h, *sh, *y;
-  uint8_t *xsq, *hq;
-  int32_t *dest, *recvrow;
-  size_t  *sendcnt, *recvcnt;  /* rows per peer */
-  double   f[MOE8_MAX_EXPERTS];
-  bool     have_forward;
+  int64_t       Tl, T;         /* this rank's and all ranks' tokens of the last forward */
+  int64_t      *Toff;          /* [P + 1]: rank q holds global tokens [Toff[q], Toff[q + 1]) */
+  bool          have_forward;
 };
 
 
@@ -49,11 +42,11 @@ moe8_status moe8__ep_allgather_rows(moe8_ep *ep, const void *send, size_t row_by
 ** backward adding to dx[T, D] and the grads; else out += its output. */
 moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *out, const float *dout, float *dx,
                                 const moe8_layer_grads *gr);
-/* Forward pieces both modes run: every rank checks its input (and has the
-** layer's weights quantized) and agrees; then the token counts, all-gathered
-** into Toff (global token order is rank order), T and Tl. */
+/* The opening of both modes' forwards: every rank checks its input (and
+** has the layer's weights quantized) and agrees; the stats cleared; the
+** token counts all-gathered into Toff (global token order is rank order),
+** T and Tl.  The last forward is gone from here on, even on failure. */
 moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const float *out);
-moe8_status moe8__ep_token_counts(moe8_ep *ep, int64_t Tl);
 /* Backward pieces both modes run, in this order: check the input, agree
 ** and zero the grads; after
 ** the router backward (dl [Tl, E]), the dWr relay in rank order and the
@@ -64,6 +57,10 @@ moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, con
 moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr);
 moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
                                      const moe8_layer_grads *gr);
+/* The ring of experts (ep_ring.c). */
+moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux);
+moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
+void        moe8__ring_free(moe8_ep *ep);
 /* The all-to-all mode (ep_a2a.c). */
 moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux);
 moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);

@@ -910,7 +910,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer backward: the layer was loaded for inference (no f32 masters); load it for training");
   moe8_status fst = moe8__check_backward_form(L, "layer backward", false);
   if (fst != MOE8_OK) return fst;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K, Fs = L->cfg.shared_ffn;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, A = T * K, Fs = L->cfg.shared_ffn;
   if (T < 0 || T > max_tokens(L)) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);
   if (T > 0 && (!x || !dout || !ws)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: NULL x, dout or workspace");
   if (T > 0) {
@@ -928,18 +928,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
       return moe8__fail(MOE8_ERR_SHAPE, "layer %s backward: T = %lld, but the workspace holds the forward of T = %lld tokens",
                         L->module_path, (long long)T, (long long)h.T);
   }
-  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
-  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
-  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
-  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
-  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
-  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
-  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
-  if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)E);
-  if (gr->dwgub && L->cfg.expert_bias) memset(gr->dwgub, 0, sizeof(float) * (size_t)(E * 2 * F));
-  if (gr->dwdb && L->cfg.expert_bias) memset(gr->dwdb, 0, sizeof(float) * (size_t)(E * D));
+  moe8__zero_grads(L, T, gr);
   if (T == 0) return MOE8_OK;
   ws_layout w;
   layout(L, T, ws, &w);
@@ -950,10 +939,9 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
   float *dl = malloc(sizeof(float) * (size_t)(T * E + 1)), *ones = malloc(sizeof(float) * (size_t)(A + 1));
-  float *tmp = malloc(sizeof(float) * (size_t)(T * D + 1));
   double f[MOE8_MAX_EXPERTS];
   moe8_status st = MOE8_OK;
-  if (!dy || !dxs || !dwrow || !dw || !dl || !ones || !tmp) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
+  if (!dy || !dxs || !dwrow || !dw || !dl || !ones) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
   moe8__dy_dw(rows, w.token_of, w.slot_of, w.w, K, dout, w.y, D, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
   st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
@@ -976,20 +964,13 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   if (gr->dwrb && L->cfg.router_bias)
     for (int64_t t = 0; t < T; t++)
       for (int64_t e = 0; e < E; e++) gr->dwrb[e] += dl[t * E + e];
-  if (gr->dx) {
-    const int32_t one[1] = {(int32_t)T};
-    const moe8_gmm_args a = {.M = T, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
-                             .lhs = {MOE8_DTYPE_F32, dl, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
-                             .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
-    if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
-    for (int64_t i = 0; i < T * D; i++) gr->dx[i] += tmp[i];
-  }
+  if (gr->dx && (st = moe8__router_dx(L, dl, T, gr->dx)) != MOE8_OK) goto done;
   if (Fs > 0) {
     moe8__shared_buf sb;
     moe8__shared_buf_carve(L, T, w.shared, &sb);
     st = moe8__shared_backward(L, x, w.xq, w.sx, T, dout, &sb, gr->dx, gr);
   }
 done:
-  free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(ones); free(tmp);
+  free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(ones);
   return st;
 }

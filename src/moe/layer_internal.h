@@ -1,7 +1,7 @@
 /*
 ** layer_internal.h — the layer object and the phases of its forward and
 ** backward, shared by the single-process layer (layer.c) and the
-** expert-parallel layer (ep/ep.c).  Both run exactly these functions on the
+** expert-parallel modes (ep/ep_ring.c, ep/ep_a2a.c).  All run exactly these functions on the
 ** same rows in the same order, which is what makes expert parallelism give
 ** the single-process bytes.
 */
@@ -150,6 +150,12 @@ bool moe8__layer_packable(const moe8_layer *L, int set);
 moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
                                   const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
                                   void *scratch, size_t scratch_bytes);
+
+/* The backward's gradients zeroed (those gr asks for and the layer has):
+** dx [T, D], the experts', the router's, the shared expert's, the biases'. */
+void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr);
+/* dx [T, D] += dl [T, E] · Wr^T, the router's part of the input gradient. */
+moe8_status moe8__router_dx(const moe8_layer *L, const float *dl, int64_t T, float *dx);
 
 /* Llama-4's expert input (weight_input), the same in the layer and both
 ** expert-parallel modes: row p (token tok[p], slot slot[p]) times its

@@ -282,6 +282,37 @@ static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64
   return st;
 }
 
+void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr) {
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
+  if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
+  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
+  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
+  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
+  if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
+  if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
+  if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)E);
+  if (gr->dwgub && L->cfg.expert_bias) memset(gr->dwgub, 0, sizeof(float) * (size_t)(E * 2 * F));
+  if (gr->dwdb && L->cfg.expert_bias) memset(gr->dwdb, 0, sizeof(float) * (size_t)(E * D));
+}
+
+moe8_status moe8__router_dx(const moe8_layer *L, const float *dl, int64_t T, float *dx) {
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden;
+  if (T <= 0) return MOE8_OK;
+  float *tmp = malloc(sizeof(float) * (size_t)(T * D) + 4);
+  if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "backward: out of memory");
+  const int32_t one[1] = {(int32_t)T};
+  const moe8_gmm_args a = {.M = T, .K = E, .N = D, .num_groups = 1, .group_sizes = one, .num_local = 1,
+                           .lhs = {MOE8_DTYPE_F32, dl, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, L->w[MOE8_W_ROUTER], NULL, 0, 0},
+                           .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = tmp};
+  const moe8_status st = moe8_gmm(&a);
+  for (int64_t i = 0; st == MOE8_OK && i < T * D; i++) dx[i] += tmp[i];
+  free(tmp);
+  return st;
+}
+
 void moe8__scale_rows(float *xs, int64_t rows, int64_t D, const int32_t *tok, const int32_t *slot, const float *w, int64_t K) {
   for (int64_t p = 0; p < rows; p++) {
     const float s = w[(int64_t)tok[p] * K + slot[p]];
