@@ -16,7 +16,9 @@
 #include "layer_internal.h"
 
 #include <math.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +130,12 @@ static void mx4_grouped(const float *x, int64_t rows, const int32_t *gsz, int64_
   const int64_t ntask = G * nct, total = cost0[G];
   #pragma omp parallel num_threads(moe8__nt(2.0 * (double)rows * (double)N * (double)K))
   {
+#ifdef _OPENMP
     const int64_t nth = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+    const int64_t nth = 1, id = 0;
+    (void)rows;
+#endif
     const int64_t lo = total * id / nth, hi = total * (id + 1) / nth;
     for (int64_t t = 0; t < ntask; t++) {
       const int64_t g = t / nct, c = t % nct;

@@ -19,9 +19,9 @@
 #include <mpi.h>
 #endif
 
+#ifdef MOE8_HAVE_MPI
 static int g_inited;
 
-#ifdef MOE8_HAVE_MPI
 /* The deadline covers MPI's own start-up too: a rank stopped before
 ** MPI_Init completes would leave the others inside MPI_Init (or the
 ** communicator's duplication), where no moe8 deadline reaches.  A watchdog
