@@ -815,6 +815,67 @@ static void test_gpt_oss_form_grads(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* The trainer on GPT-OSS's form: its first step moves every bias by Adam's
+** first step on moe8_layer_backward's gradient of the trainer's loss, to
+** the byte; and 40 steps on a teacher's outputs lower the loss. */
+static void test_gpt_oss_form_trainer(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, T = 12 };
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_CLAMP,
+                         .act_alpha = 1.702f, .act_limit = 0.8f, .router_bias = true, .expert_bias = true};
+  const moe8_weight_id bids[3] = {MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS};
+  moe8_layer *L[3]; /* [0] trained, [1] its twin for the hand-made step, [2] the teacher */
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L[i]), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L[i], i == 2 ? 99 : 12), MOE8_OK);
+    for (int b = 0; b < 3; b++) {
+      size_t n;
+      float *w = moe8_layer_weight(L[i], bids[b], &n);
+      tu_rng_reset((i == 2 ? 90 : 80) + (uint64_t)b);
+      tu_fill_normal(w, n, 0.3f);
+    }
+  }
+  static float x[T * D], y[T * D], out[T * D], dout[T * D];
+  tu_rng_reset(81);
+  tu_fill_normal(x, T * D, 1.0f);
+  const size_t wsz = moe8_layer_workspace_size(L[0], T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L[2], x, T, y, &aux, ws, wsz), MOE8_OK);
+  /* the hand-made first step on the twin */
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, c1 = 1.0f - powf(b1, 1.0f), c2 = 1.0f - powf(b2, 1.0f);
+  assert_int_equal(moe8_layer_forward(L[1], x, T, out, &aux, ws, wsz), MOE8_OK);
+  for (int i = 0; i < T * D; i++) dout[i] = 2.0f / (float)(T * D) * (out[i] - y[i]);
+  static float drb[E], dgub[E * 2 * F], ddb[E * D];
+  const moe8_layer_grads g = {.dwrb = drb, .dwgub = dgub, .dwdb = ddb};
+  assert_int_equal(moe8_layer_backward(L[1], x, T, dout, ws, wsz, &g), MOE8_OK);
+  const float *gr[3] = {drb, dgub, ddb};
+  moe8_trainer *tr;
+  assert_int_equal(moe8_trainer_create(L[0], lr, &tr), MOE8_OK);
+  float first, last = 0.0f;
+  assert_int_equal(moe8_trainer_step(tr, x, y, T, &first, ws, wsz), MOE8_OK);
+  for (int b = 0; b < 3; b++) {
+    size_t n;
+    float *p = moe8_layer_weight(L[1], bids[b], &n);
+    const float *q = moe8_layer_weight_read(L[0], bids[b], NULL);
+    size_t moved = 0;
+    for (size_t i = 0; i < n; i++) {
+      const float m = (1.0f - b1) * gr[b][i], v = (1.0f - b2) * gr[b][i] * gr[b][i];
+      const float before = p[i];
+      p[i] -= lr * (m / c1) / (sqrtf(v / c2) + eps);
+      moved += p[i] != before;
+    }
+    assert_true(moved > 0);
+    if (memcmp(p, q, sizeof(float) * n) != 0) TU_FAIL("trainer: bias %d after one step differs from Adam's step on the gradient", b);
+  }
+  for (int s = 0; s < 40; s++) assert_int_equal(moe8_trainer_step(tr, x, y, T, &last, ws, wsz), MOE8_OK);
+  if (!(last < 0.7f * first)) TU_FAIL("trainer on GPT-OSS's form: loss %g -> %g", (double)first, (double)last);
+  moe8_trainer_destroy(tr);
+  for (int i = 0; i < 3; i++) moe8_layer_destroy(L[i]);
+  free(ws);
+}
+
 /* Llama-4's form (the sigmoid routing weight scales the expert input, the
 ** shared expert added): every gradient of the backward against central
 ** finite differences of the layer's own forward, top-1 and top-2. */
@@ -862,6 +923,7 @@ int main(void) {
     cmocka_unit_test(test_nonfinite_output),
     cmocka_unit_test(test_training_reduces_loss),
     cmocka_unit_test(test_gpt_oss_form_grads),
+    cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -76,17 +76,14 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
 
 moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool trainer) {
   const moe8_layer_config *c = &L->cfg;
-  /* The layer's backward (single process and expert parallel) has every
-  ** form; a Llama-4 layer's backward needs its weights unnormalized (the
-  ** routing weight is its expert's sigmoid score). moe8_trainer has no Adam
-  ** slots for the biases yet. */
+  /* The layer's backward (single process and expert parallel) and the
+  ** trainer have every form but one: a Llama-4 layer's backward needs its
+  ** weights unnormalized (the routing weight is its expert's sigmoid
+  ** score). */
+  (void)trainer;
   if (c->weight_input && c->norm_topk_prob)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s scales the expert input by renormalized weights: that backward is not "
                       "implemented (Llama-4's are its sigmoid scores, norm_topk_prob false)", what, L->module_path);
-  if (!trainer) return MOE8_OK;
-  if (c->router_bias || c->expert_bias)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s%s: the trainer has no Adam state for them yet (moe8_layer_backward "
-                      "gives their gradients)", what, L->module_path, c->router_bias ? "a router bias " : "", c->expert_bias ? "expert biases" : "");
   return MOE8_OK;
 }
 

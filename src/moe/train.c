@@ -3,8 +3,9 @@
 **
 ** One step: forward, the mean-squared-error loss against the target plus
 ** the auxiliary loss, backward, then Adam (β1 0.9, β2 0.999, ε 1e-8, bias
-** corrected) on Wr, Wg, Wu, Wd and the shared expert's weights and gate.  The selection bias is not trained: it
-** does not enter the weights, so it has no gradient.
+** corrected) on Wr, Wg, Wu, Wd, the shared expert's weights and gate, and
+** GPT-OSS's router and expert biases.  The selection bias is not trained:
+** it does not enter the weights, so it has no gradient.
 */
 #include "../core/internal.h"
 #include "layer_internal.h"
@@ -13,9 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NTRAIN = 8 };
+enum { NTRAIN = 11 };
 static const moe8_weight_id k_ids[NTRAIN] = {MOE8_W_ROUTER, MOE8_W_GATE, MOE8_W_UP, MOE8_W_DOWN,
-                                             MOE8_W_SHARED_GATE, MOE8_W_SHARED_UP, MOE8_W_SHARED_DOWN, MOE8_W_SHARED_GATE_W};
+                                             MOE8_W_SHARED_GATE, MOE8_W_SHARED_UP, MOE8_W_SHARED_DOWN, MOE8_W_SHARED_GATE_W,
+                                             MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS};
 
 struct moe8_trainer {
   moe8_layer *layer;
@@ -88,7 +90,8 @@ moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *tar
     tr->dout[i] = k * d;
   }
   if (loss) *loss = (float)(sse / (double)TD) + aux;
-  const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3], tr->g[4], tr->g[5], tr->g[6], tr->g[7]};
+  const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3], tr->g[4], tr->g[5], tr->g[6], tr->g[7], tr->g[8], tr->g[9],
+                              tr->g[10]};
   st = moe8_layer_backward(tr->layer, x, T, tr->dout, ws, ws_size, &g);
   if (st != MOE8_OK) return st;
   tr->step++;
