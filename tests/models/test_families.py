@@ -673,6 +673,25 @@ def test_mxfp4_file(tmp, rng):
     print("mxfp4 file: routed experts %d bytes, %.3f bits a weight" % (nbytes, bits))
     if abs(bits - 4.25) > 1e-9:
         FAILS.append("mxfp4 file size")
+    # a scale byte of 255 (the E8M0 NaN) in the file: refused by name, for both loads, no output
+    bad = out + "_nan"
+    shutil.copytree(out, bad)
+    with open(os.path.join(bad, "model.safetensors"), "r+b") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        hb = json.loads(f.read(n))
+        m = hb["model.layers.0.mlp.experts.down_proj_scales"]
+        f.seek(8 + n + m["data_offsets"][0] + 7)
+        f.write(b"\xff")
+    for extra in ((), ("--training-load",)):
+        yp = os.path.join(bad, "y.npy")
+        if os.path.exists(yp):
+            os.remove(yp)  # copied with the model: a refused run must write none
+        R.write_npy(os.path.join(bad, "x.npy"), x)
+        p = subprocess.run([MOE8, "run", "--model", bad, "--input", os.path.join(bad, "x.npy"), "--output", yp, *extra], capture_output=True,
+                           text=True)
+        if p.returncode != 1 or "down_proj_scales" not in p.stderr or "255" not in p.stderr or os.path.exists(yp):
+            FAILS.append("mxfp4 file with a NaN scale %s: rc %d, %s" % (extra, p.returncode, p.stderr.strip()))
+    print("mxfp4 file with a 255 scale: refused (%s)" % p.stderr.strip().split("\n")[-1][:100])
     # quantizing it again, or mixing mxfp4 with another format, is refused
     p = subprocess.run([MOE8, "quantize", out, out + "_again", "--rules", rules], capture_output=True, text=True)
     if p.returncode == 0 or "already quantized" not in p.stderr:
