@@ -554,6 +554,28 @@ static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_vi
   return MOE8_OK;
 }
 
+/* A float [K, N] weight (x · W) replaced by its MXFP4 values: what a
+** layer under the mxfp4 rule keeps of it (moe8__mx4_quantize).  A training
+** load of moe8's MXFP4 file gives the float shared expert these values, so
+** it sees the weights an inference load of the same file sees. */
+static moe8_status mx4_round_trip(float *w, int64_t K, int64_t N) {
+  if (K % 32) return moe8__fail(MOE8_ERR_SHAPE, "model: an MXFP4 file's shared expert needs K = %lld to be a multiple of 32", (long long)K);
+  const int64_t nb = K / 32;
+  uint8_t *blk = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb));
+  if (!blk || !sc) { free(blk); free(sc); return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); }
+  moe8__mx4_quantize(w, K, N, blk, sc);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < nb; b++)
+      for (int64_t j = 0; j < 16; j++) {
+        const uint8_t v = blk[(n * nb + b) * 16 + j];
+        const int e = (int)sc[n * nb + b] - 127;
+        w[(b * 32 + 2 * j) * N + n] = ldexpf(k_e2m1[v & 15], e);
+        w[(b * 32 + 2 * j + 1) * N + n] = ldexpf(k_e2m1[v >> 4], e);
+      }
+  free(blk); free(sc);
+  return MOE8_OK;
+}
+
 static moe8_status gptoss_find(const moe8_model *m, const char *p, const char *what, int64_t E, int64_t K, int64_t N, gptoss_w *w) {
   char n[320];
   moe8_status st;
@@ -698,19 +720,39 @@ static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_ru
     if (!is_float_file(sw[i]->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sw[i]->dtype));
   }
   if (!is_float_file(rw->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", rw->name, moe8_file_dtype_name(rw->dtype));
-  gptoss_w wgu, wdn;
-  if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
-  if ((st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
-  if (!wgu.f || !wdn.f) return moe8__fail(MOE8_ERR_FORMAT, "model: Llama-4's experts are read as floats only ('%sexperts.gate_up_proj')", p);
+  /* The experts: Llama-4's floats [E, D, 2F] / [E, F, D], or moe8's own
+  ** file of them (moe8 quantize: FP8 / int8 codes, or MXFP4). */
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  const bool own = moe8_model_find(m, n) != NULL;
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
+  const bool own_mx = moe8_model_find(m, n) != NULL;
+  gptoss_w wgu = {0}, wdn = {0};
+  if (!own && (st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
+  if (!own && (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
+  if (!own && !own_mx && (!wgu.f || !wdn.f))
+    return moe8__fail(MOE8_ERR_FORMAT, "model: Llama-4's experts are floats ('%sexperts.gate_up_proj') or moe8's own file of them", p);
+  if (own_mx && (!wgu.blocks || !wdn.blocks))
+    return moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has MXFP4 gate_up_proj blocks but a float down_proj: both or neither", (long long)layer);
   const int64_t FF = F > Fs ? F : Fs, big = (E > 2 * FF ? E : 2 * FF) * D;
   float *tmp = malloc(sizeof(float) * (size_t)big), *gu = malloc(sizeof(float) * (size_t)(2 * FF * D)), *dn = malloc(sizeof(float) * (size_t)(FF * D));
   moe8_layer *L = NULL;
+  bool borrowed = false;
   if (!tmp || !gu || !dn) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   if (st == MOE8_OK) st = moe8__layer_create(&c->layer, rules, mp, o->mode == MOE8_LOAD_INFERENCE, &L);
   if (st == MOE8_OK) st = put_float(rw, rw->data, E, D, L->w[MOE8_W_ROUTER], E, 0, tmp);
-  if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
+  if (st == MOE8_OK && own) {
+    loader ld = {m, p, D, 128, 128, tmp, false};
+    st = load_moe8(&ld, L, (moe8_model *)m, &borrowed);
+    if (borrowed) { L->keep = (void *)m; L->release = model_release; }
+  } else if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
+  if (st == MOE8_OK && own_mx && L->inference && L->wmx) {
+    uint8_t *b1 = NULL, *s1 = NULL, *b2 = NULL, *s2 = NULL;
+    st = mx4_take(wgu.blocks, wgu.scales, &b1, &s1);
+    if (st == MOE8_OK && (st = mx4_take(wdn.blocks, wdn.scales, &b2, &s2)) != MOE8_OK) { free(b1); free(s1); }
+    if (st == MOE8_OK) st = moe8__layer_put_mx4(L, b1, s1, b2, s2);
+  }
   double last = now_s();
-  for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+  for (int64_t e = 0; e < E && st == MOE8_OK && !own && !(own_mx && L->inference && L->wmx); e++) {
     st = gptoss_read(&wgu, e, D, 2 * F, gu, tmp); /* [D, 2F]: gate columns, then up, as moe8 keeps them */
     if (st == MOE8_OK) st = gptoss_read(&wdn, e, F, D, dn, tmp);
     if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
@@ -720,6 +762,7 @@ static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_ru
     st = put_float(sw[0], sw[0]->data, Fs, D, gu, 2 * Fs, 0, tmp);
     if (st == MOE8_OK) st = put_float(sw[1], sw[1]->data, Fs, D, gu, 2 * Fs, Fs, tmp);
     if (st == MOE8_OK) st = put_float(sw[2], sw[2]->data, D, Fs, dn, D, 0, tmp);
+    if (st == MOE8_OK && own_mx && !L->wmx && (st = mx4_round_trip(gu, D, 2 * Fs)) == MOE8_OK) st = mx4_round_trip(dn, Fs, D);
     if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, gu, dn, NULL, NULL, NULL, NULL);
   }
   if (st == MOE8_OK) st = moe8__layer_end_load(L);
@@ -784,7 +827,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   ld.tmp = malloc(sizeof(float) * (size_t)(rows_max * big + 16));
   if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   moe8_layer *L = NULL;
-  bool borrowed = false, routed_done = false;
+  bool borrowed = false, routed_done = false, mx_file = false;
   xbuf b = {0};
   if ((st = moe8__layer_create(&lc, rules, mp, o.mode == MOE8_LOAD_INFERENCE, &L)) != MOE8_OK) { free(ld.tmp); return st; }
   if ((st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp)) != MOE8_OK) goto fail;
@@ -834,7 +877,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       b = (xbuf){0};
     }
     if (st != MOE8_OK) goto fail;
-    routed_done = true;
+    routed_done = mx_file = true;
   }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   if (!routed_done && moe8_model_find(m, n)) {
@@ -903,8 +946,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
                       (long long)L->wspec.tile);
       goto fail;
     }
-    if ((st = xbuf_alloc(&b, D, Fs, sfp8, ld.bk)) == MOE8_OK && (st = read_expert(&ld, n, Fs, sfp8, &b, L->inference)) == MOE8_OK)
-      st = moe8__layer_put_expert(L, 1, 0, b.gu, b.dn, b.gq, b.gs, b.dq, b.ds);
+    if ((st = xbuf_alloc(&b, D, Fs, sfp8, ld.bk)) == MOE8_OK && (st = read_expert(&ld, n, Fs, sfp8, &b, L->inference)) == MOE8_OK &&
+        mx_file && !L->wmx && !sfp8 && (st = mx4_round_trip(b.gu, D, 2 * Fs)) == MOE8_OK)
+      st = mx4_round_trip(b.dn, Fs, D);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, b.gu, b.dn, b.gq, b.gs, b.dq, b.ds);
     xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
   }

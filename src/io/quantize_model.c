@@ -216,9 +216,10 @@ static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char
 ** with [E, D, F/32, ...].  The shared expert stays as the input holds it
 ** (the layer quantizes it at load, as under the rule). */
 static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char *p, int64_t E, int64_t D, int64_t F) {
-  if (D % 32 || F % 32)
-    return moe8__fail(MOE8_ERR_SHAPE, "quantize: %s: weight_qtype mxfp4 needs hidden (%lld) and ffn (%lld) to be multiples of 32", p,
-                      (long long)D, (long long)F);
+  const int64_t Fs = moe8_layer_get_config(L)->shared_ffn;
+  if (D % 32 || F % 32 || Fs % 32)
+    return moe8__fail(MOE8_ERR_SHAPE, "quantize: %s: weight_qtype mxfp4 needs hidden (%lld), ffn (%lld) and the shared expert's (%lld) to be "
+                      "multiples of 32", p, (long long)D, (long long)F, (long long)Fs);
   const float *wg = moe8_layer_weight_read(L, MOE8_W_GATE, NULL), *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL),
               *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
   const size_t bg = (size_t)(E * 2 * F * D / 2), sg = (size_t)(E * 2 * F * (D / 32)), bd = (size_t)(E * D * F / 2), sd = (size_t)(E * D * (F / 32));
@@ -358,10 +359,10 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   moe8_model *m = NULL;
   if ((st = moe8_model_open(in, &m)) != MOE8_OK) return st;
   const moe8_hf_config *hc = moe8_model_config(m);
-  if (hc->arch == MOE8_ARCH_GPT_OSS || hc->arch == MOE8_ARCH_LLAMA4) {
+  if (hc->arch == MOE8_ARCH_GPT_OSS) {
     moe8_model_close(m);
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet; run it with the rules "
-                      "instead (moe8 run --rules R: the experts are quantized once at load)", in,
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet (its own files hold "
+                      "MXFP4 already); run it with the rules instead (moe8 run --rules R: the experts are quantized once at load)", in,
                       moe8_arch_name(hc->arch));
   }
   const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;

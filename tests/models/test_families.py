@@ -579,6 +579,21 @@ def test_llama4(tmp, rng):
                     hh = aq(h[:, :F] / (1.0 + np.exp(-h[:, :F])) * h[:, F:])
                     refq[tt] += (hh @ qc(f(dn[e])))[0]
             check("llama4_text FP8 by rules (quantized after the input scaling, emulated)", got, refq, 1e-4)
+            # moe8's own files of it (FP8 packed, and MXFP4): a run without rules = the input's run under the rule
+            for rules, name in ((_rules_file(tmp), "FP8"), (_weight_rule(tmp, "mxfp4"), "MXFP4")):
+                want, _ = run(d, x, ("--rules", rules))
+                q = d + "_q%s" % name
+                p = subprocess.run([MOE8, "quantize", d, q, "--rules", rules], capture_output=True, text=True)
+                if p.returncode != 0:
+                    FAILS.append("llama4 quantize %s: %s" % (name, p.stderr.strip()))
+                    continue
+                got2, _ = run(q, x)
+                same = np.array_equal(got2, want)
+                print("llama4_text moe8 %s file: a run without rules %s the input's run under the rules" % (name, "equals" if same else "DIFFERS FROM"))
+                if not same:
+                    FAILS.append("llama4 %s file run" % name)
+                got3, _ = run(q, x, ("--training-load",))
+                check("llama4_text moe8 %s file, training load" % name, got3, want, 1e-3 if name == "FP8" else 1e-5)
         if k == 1:
             # the point of the form: weighting the output instead differs
             logits = x @ f(wr).T
@@ -657,9 +672,9 @@ def test_mxfp4_file(tmp, rng):
     q = R.mxfp4_quant
     ref = R.moe_block(x, routing, [tuple(q(w) for w in e) for e in ex], tuple(q(w) for w in sh), sg)
     check("qwen2_moe mxfp4 file, no rules (OCP quantizer emulated)", got, ref, 1e-5)
-    # a training load decodes the codes: the routed experts exactly, the shared one stays as the file has it
+    # a training load decodes the codes exactly, and gives the (float) shared expert its MXFP4 values, as an inference load
     got_t, _ = run(out, x, ("--training-load",))
-    check("qwen2_moe mxfp4 file, training load (decoded)", got_t, R.moe_block(x, routing, [tuple(q(w) for w in e) for e in ex], sh, sg), 1e-5)
+    check("qwen2_moe mxfp4 file, training load (decoded)", got_t, ref, 1e-5)
     rc, txt = info(out)
     if rc != 0 or "moe8 mxfp4" not in txt:
         FAILS.append("mxfp4 file info")
