@@ -430,7 +430,8 @@ static void test_hf_configs(void **state) {
   }
   /* dots.llm1: DeepSeek-V3's block with Dots1Config's defaults; the keys
   ** without a default are required, by name. */
-  const char *dots = "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"num_experts_per_tok\":6,\"n_shared_experts\":2}";
+  const char *dots = "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"num_experts_per_tok\":6,\"n_shared_experts\":2,"
+                     "\"scoring_func\":\"noaux_tc\"}"; /* as the released configs write it */
   assert_int_equal(moe8_hf_config_parse(dots, strlen(dots), "dots", &c), MOE8_OK);
   assert_int_equal(c.arch, MOE8_ARCH_DEEPSEEK_V3);
   assert_string_equal(c.model_type, "dots1");

@@ -204,7 +204,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
     L->routed_scaling_factor = (float)(v ? v->valuedouble : fam->scaling);
-    TRY(want_str(root, file, "scoring_func", "sigmoid", "DeepSeek-V3 routes by sigmoid scores"));
+    /* dots.llm1's released configs write scoring_func "noaux_tc" (its
+    ** block, DeepSeek-V3's, is sigmoid scores with noaux_tc selection) */
+    TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
+                 "DeepSeek-V3's block routes by sigmoid scores"));
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
     TRY(get_int(root, file, "n_group", fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
     TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));

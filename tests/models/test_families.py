@@ -316,7 +316,7 @@ def test_dots1(tmp, rng):
     if differ < len(x) // 2:
         FAILS.append("dots1: the correction bias does not matter in this case")
     d, x, routing, ex, sh = deepseek_case(tmp, rng, {"model_type": "dots1", "norm_topk_prob": True, "routed_scaling_factor": 2.5,
-                                                     "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1})
+                                                     "scoring_func": "noaux_tc", "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1})
     got, _ = run(d, x)
     check("dots1 f32, released keys (renorm, scaling 2.5)", got, R.moe_block(x, routing, ex, sh), 1e-5)
     for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts"):
