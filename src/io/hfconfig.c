@@ -359,8 +359,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       c->mxfp4 = true;
     } else if (!strcmp(m->valuestring, "fp8")) {
       const cJSON *fmt = item(q, "fmt"), *bs = item(q, "weight_block_size");
-      if (fmt && !(cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "e4m3")))
-        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.fmt must be \"e4m3\"", file);
+      /* DeepSeek's files write "e4m3", MiniMax-M2's "float8_e4m3fn": the same format */
+      if (fmt && !(cJSON_IsString(fmt) && (!strcmp(fmt->valuestring, "e4m3") || !strcmp(fmt->valuestring, "float8_e4m3fn"))))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.fmt must be \"e4m3\" (or \"float8_e4m3fn\")", file);
       TRY(want_str(q, file, "activation_scheme", "dynamic", "quantization_config.activation_scheme: moe8 quantizes activations dynamically"));
       c->fp8 = true;
       c->block_n = c->block_k = 128;

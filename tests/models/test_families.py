@@ -201,6 +201,23 @@ def test_mixtral(tmp, rng):
         check("mixtral f32, %s" % variant, got, R.moe_block(x, routing, experts), 1e-5)
 
 
+def fp8_blocks(t, name, w, scale_dt="F32"):
+    """w [N, K] as DeepSeek's FP8 file holds it (name.weight F8_E4M3 with
+    128x128 name.weight_scale_inv); the values a reader gets back."""
+    N, K = w.shape
+    q = np.zeros((N, K))
+    s = np.zeros(((N + 127) // 128, (K + 127) // 128), dtype=np.float32)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            blk = np.asarray(w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128], dtype=np.float32)
+            s[i, j] = R.scale_from_absmax(np.max(np.abs(blk)))
+            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = R.e4m3_round((blk / s[i, j]).astype(np.float32))
+    t[name + ".weight"] = ("F8_E4M3", R.e4m3_encode(q))
+    sv = store(s, scale_dt)
+    t[name + ".weight_scale_inv"] = (scale_dt, s)
+    return q * np.repeat(np.repeat(sv, 128, axis=0), 128, axis=1)[:N, :K]
+
+
 def ds_config(E, k, D, F, keys, drop=()):
     cfg = {"model_type": "deepseek_v3", "n_routed_experts": E, "num_experts_per_tok": k, "hidden_size": D, "moe_intermediate_size": F,
            "num_hidden_layers": 2, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "n_shared_experts": 2}
@@ -228,18 +245,7 @@ def deepseek_case(tmp, rng, keys, fp8=False, scale_dt="F32", T=32, scale_default
         if not fp8:
             t[name + ".weight"] = ("F32", w)
             return store(w, "F32")
-        N, K = w.shape
-        q = np.zeros((N, K))
-        s = np.zeros(((N + 127) // 128, (K + 127) // 128), dtype=np.float32)
-        for i in range(s.shape[0]):
-            for j in range(s.shape[1]):
-                blk = np.asarray(w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128], dtype=np.float32)
-                s[i, j] = R.scale_from_absmax(np.max(np.abs(blk)))
-                q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = R.e4m3_round((blk / s[i, j]).astype(np.float32))
-        t[name + ".weight"] = ("F8_E4M3", R.e4m3_encode(q))
-        sv = store(s, scale_dt)
-        t[name + ".weight_scale_inv"] = (scale_dt, s)
-        return q * np.repeat(np.repeat(sv, 128, axis=0), 128, axis=1)[:N, :K]
+        return fp8_blocks(t, name, w, scale_dt)
 
     experts = [tuple(put("%sexperts.%d.%s" % (p, e, nm), w) for nm, w in zip(("gate_proj", "up_proj", "down_proj"), ex))
                for e, ex in enumerate(raw)]
@@ -374,6 +380,20 @@ def test_minimax(tmp, rng):
                     FAILS.append("minimax_m2: the correction bias does not matter in this case")
             got, _ = run(d, x)
             check("%s f32, %s" % (fam, variant), got, R.moe_block(x, routing, experts), 1e-5)
+            if fam == "minimax_m2" and variant == "block_sparse_moe":
+                # the released FP8 checkpoint's form: w1/w3/w2 F8_E4M3 with 128x128 weight_scale_inv,
+                # quantization_config fmt "float8_e4m3fn", the router and the bias F32
+                t8 = {k: v for k, v in t.items() if ".experts." not in k}
+                ex8 = [tuple(fp8_blocks(t8, "%sexperts.%d.%s" % (p, e, nm), w) for nm, w in zip(("w1", "w3", "w2"), xe))
+                       for e, xe in enumerate(ex)]
+                cfg8 = dict(cfg, quantization_config={"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+                                                      "weight_block_size": [128, 128],
+                                                      "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]})
+                d8 = d + "_fp8"
+                write_model(d8, cfg8, t8)
+                got8, _ = run(d8, x)
+                check("minimax_m2 FP8 as released (fmt float8_e4m3fn, emulated)", got8,
+                      R.moe_block(x, routing, ex8, act_q=lambda v: R.quant_rows(v, 128)), 1e-4)
             rc, out = info(d)
             if rc != 0 or fam not in out or (fam == "minimax_m2" and "sigmoid" not in out):
                 FAILS.append(fam + " info")
