@@ -458,6 +458,22 @@ static void test_hf_configs(void **state) {
   assert_true(c.arch == MOE8_ARCH_MIXTRAL && c.layer.num_experts == 256 && c.layer.top_k == 8 && c.layer.hidden == 3072 && c.layer.ffn == 1536);
   assert_true(c.layer.score == MOE8_SCORE_SIGMOID && c.has_bias && c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 1.0f);
   assert_true(c.layer.n_group <= 1 && c.layer.shared_ffn == 0 && c.num_layers == 62);
+  /* Llama-4 as released: the multimodal config, its text model in text_config. */
+  const char *l4 = "{\"model_type\":\"llama4\",\"text_config\":{\"model_type\":\"llama4_text\",\"num_local_experts\":128,"
+                   "\"hidden_size\":5120,\"intermediate_size\":8192,\"num_hidden_layers\":48,\"interleave_moe_layer_step\":2},"
+                   "\"vision_config\":{\"hidden_size\":1408}}";
+  assert_int_equal(moe8_hf_config_parse(l4, strlen(l4), "l4", &c), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_LLAMA4 && c.layer.num_experts == 128 && c.layer.top_k == 1 && c.layer.weight_input && c.num_layers == 48);
+  assert_true(c.decoder_sparse_step == 2 && c.layer.shared_ffn == 8192 && strstr(c.model_type, "llama4") != NULL);
+  const char *l4bad[] = {"{\"model_type\":\"llama4\"}",
+                         "{\"model_type\":\"llama4\",\"text_config\":{\"num_local_experts\":16},\"quantization_config\":{\"quant_method\":\"fbgemm_fp8\"}}"};
+  const char *l4why[] = {"text_config", "fbgemm_fp8"};
+  for (int i = 0; i < 2; i++) {
+    assert_int_not_equal(moe8_hf_config_parse(l4bad[i], strlen(l4bad[i]), "l4bad", &c), MOE8_OK);
+    if (!strstr(moe8_last_error(), l4why[i])) TU_FAIL("llama4 config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), l4why[i]);
+  }
+  assert_int_not_equal(moe8_hf_config_parse_as(l4, strlen(l4), "l4", "llama4_text", &c), MOE8_OK); /* the override reads the top keys */
+  assert_non_null(strstr(moe8_last_error(), "text_config"));
   const char *glm2 = "{\"model_type\":\"glm4_moe\",\"num_local_experts\":16,\"num_experts_per_tok\":2}";
   assert_int_equal(moe8_hf_config_parse(glm2, strlen(glm2), "glm2", &c), MOE8_OK);
   assert_int_equal(c.layer.num_experts, 16);

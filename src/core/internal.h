@@ -169,6 +169,9 @@ moe8_status moe8__open_regular(const char *path, int *fd, size_t *size);
 moe8_status moe8__read_small(const char *path, size_t cap, char **buf, size_t *len);
 /* config.json with an optional family override (hfconfig.c). */
 moe8_status moe8__config_load_as(const char *path, const char *model_type, moe8_hf_config *out);
+/* The model's layers' tensor-name root ("model.layers.", or a multimodal
+** model's language-model root). */
+const char *moe8__model_root(const moe8_model *m);
 
 /* Memory for weights that are streamed (the packed experts): 2 MiB
 ** aligned, transparent huge pages asked for (fewer TLB misses on a stream

@@ -125,6 +125,27 @@ static moe8_status want_str(const cJSON *o, const char *file, const char *key, c
   return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is \"%.60s\": %s", file, key, v->valuestring, what);
 }
 
+/* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
+static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, moe8_hf_config *c) {
+  const cJSON *mq = item(root, "moe8_quantization");
+  if (!mq) return MOE8_OK;
+  if (!cJSON_IsObject(mq)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe8_quantization\" must be an object", file);
+  int64_t pk = 0;
+  moe8_status st = get_int(mq, file, "tile_size", 0, 0, (int64_t)1 << 30, &c->moe8_tile);
+  if (st == MOE8_OK) st = get_int(mq, file, "packed_layout", 0, 0, 1, &pk);
+  if (st != MOE8_OK) return st;
+  c->moe8_packed = (int)pk;
+  const cJSON *wq = item(mq, "weight_qtype");
+  if (wq && !cJSON_IsString(wq)) return moe8__fail(MOE8_ERR_PARSE, "%s: moe8_quantization.weight_qtype must be a string", file);
+  if (wq && !strcmp(wq->valuestring, "mxfp4")) {
+    if (c->arch == MOE8_ARCH_GPT_OSS)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: moe8_quantization mxfp4 is moe8's file for the other families (GPT-OSS's own files "
+                        "hold MXFP4 already)", file);
+    c->mxfp4 = true; /* moe8's MXFP4 experts: P experts.{gate_up,down}_proj_{blocks,scales} */
+  }
+  return MOE8_OK;
+}
+
 static moe8_status parse_root(const cJSON *root, const char *file, const char *override, moe8_hf_config *c) {
   moe8_status st;
 #define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
@@ -137,13 +158,30 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** run silently wrong (docs/models.md). */
   static const struct { const char *type, *why; } k_differs[] = {
     {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
-    {"llama4", "it is the multimodal model: run its text model's config (model_type llama4_text, the text_config keys)"},
+    {"llama4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
   };
   if (override && mt)
     for (size_t i = 0; i < sizeof k_differs / sizeof k_differs[0]; i++)
       if (!strcmp(mt->valuestring, k_differs[i].type))
         return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run even as %s: %s", file,
                           k_differs[i].type, override, k_differs[i].why);
+  /* Llama-4 (Scout, Maverick) as released: the multimodal model, whose
+  ** text model's keys are its text_config (model_type llama4_text); its
+  ** tensors are found under language_model.model.layers. (moe8_model_open). */
+  if (!override && type && !strcmp(type, "llama4")) {
+    const cJSON *tc = item(root, "text_config");
+    if (!cJSON_IsObject(tc)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" is \"llama4\" but \"text_config\" is missing or not an object", file);
+    const cJSON *q = item(root, "quantization_config");
+    if (q) {
+      const cJSON *m = cJSON_IsObject(q) ? item(q, "quant_method") : NULL;
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"%.40s\": moe8 reads Llama-4's float checkpoints "
+                        "(bf16, f16, f32) only", file, cJSON_IsString(m) ? m->valuestring : "?");
+    }
+    moe8_status st2 = parse_root(tc, file, "llama4_text", c);
+    if (st2 == MOE8_OK) st2 = parse_moe8_quantization(root, file, c); /* moe8 quantize records it at the top */
+    if (st2 == MOE8_OK) snprintf(c->model_type, sizeof c->model_type, "llama4 (text_config)");
+    return st2;
+  }
   const family *fam = NULL;
   /* Model types that are one of the families under another name: Kimi-K2
   ** is the DeepSeek-V3 architecture (its config class is DeepSeek-V3's,
@@ -378,22 +416,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       }
     }
   }
-  const cJSON *mq = item(root, "moe8_quantization");
-  if (mq) {
-    if (!cJSON_IsObject(mq)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe8_quantization\" must be an object", file);
-    int64_t pk;
-    TRY(get_int(mq, file, "tile_size", 0, 0, BIG, &c->moe8_tile));
-    TRY(get_int(mq, file, "packed_layout", 0, 0, 1, &pk));
-    c->moe8_packed = (int)pk;
-    const cJSON *wq = item(mq, "weight_qtype");
-    if (wq && !cJSON_IsString(wq)) return moe8__fail(MOE8_ERR_PARSE, "%s: moe8_quantization.weight_qtype must be a string", file);
-    if (wq && !strcmp(wq->valuestring, "mxfp4")) {
-      if (fam->arch == MOE8_ARCH_GPT_OSS)
-        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: moe8_quantization mxfp4 is moe8's file for the other families (GPT-OSS's own files "
-                          "hold MXFP4 already)", file);
-      c->mxfp4 = true; /* moe8's MXFP4 experts: P experts.{gate_up,down}_proj_{blocks,scales} */
-    }
-  }
+  TRY(parse_moe8_quantization(root, file, c));
 #undef TRY
   return MOE8_OK;
 }

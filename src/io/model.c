@@ -51,6 +51,7 @@ struct moe8_model {
   const moe8_tensor_view **all;  /* every tensor of every shard, by name */
   size_t         count;
   char           fmt[128];
+  char           root[48];       /* the layers' tensor-name root: "model.layers." (or a multimodal model's) */
   atomic_int     refs;           /* the caller's handle + layers borrowing its mappings */
 };
 
@@ -128,6 +129,14 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
       model_free(m);
       return st;
     }
+  /* The layers' root: a text model's, or a multimodal model's language
+  ** model (Llama-4 as released; transformers 5 names it the other way). */
+  static const char *const roots[3] = {"language_model.model.layers.", "model.language_model.layers.", "model.layers."};
+  int ri = 2;
+  for (size_t i = 0; i < m->count && ri == 2; i++)
+    for (int r = 0; r < 2; r++)
+      if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
+  snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   *out = m;
   return MOE8_OK;
 }
@@ -146,11 +155,14 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 }
 
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
-  snprintf(buf, cap, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)layer);
+  const char *root = m ? m->root : "model.layers.";
+  snprintf(buf, cap, "%s%lld.block_sparse_moe.gate.weight", root, (long long)layer);
   const bool bsm = m && m->cfg.arch == MOE8_ARCH_MIXTRAL && moe8_model_find(m, buf);
-  snprintf(buf, cap, "model.layers.%lld.%s", (long long)layer,
+  snprintf(buf, cap, "%s%lld.%s", root, (long long)layer,
            bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
 }
+
+const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.layers."; }
 
 static const char *proj_name(const moe8_model *m, int which) {
   static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const mx[3] = {"w1", "w3", "w2"};

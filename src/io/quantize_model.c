@@ -435,7 +435,9 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   for (size_t i = 0; i < moe8_model_tensor_count(m) && st == MOE8_OK; i++) {
     const moe8_tensor_view *t = moe8_model_tensor_at(m, i);
     long long l = -1;
-    if (is_expert_tensor(t->name, deepseek) && sscanf(t->name, "model.layers.%lld.", &l) == 1 && l >= 0 && l < hc->num_layers && replace[l])
+    const char *root = moe8__model_root(m);
+    if (is_expert_tensor(t->name, deepseek) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
+        l >= 0 && l < hc->num_layers && replace[l])
       continue;
     st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
   }

@@ -615,6 +615,26 @@ def test_llama4(tmp, rng):
                 got3, _ = run(q, x, ("--training-load",))
                 check("llama4_text moe8 %s file, training load" % name, got3, want, 1e-3 if name == "FP8" else 1e-5)
         if k == 1:
+            # Llama-4 as released: the multimodal config (text_config) and its language model's tensor names,
+            # as the hub's files (language_model.model.layers.) and transformers 5 (model.language_model.layers.) write them
+            for root in ("language_model.model.layers.", "model.language_model.layers."):
+                cfgm = {"model_type": "llama4", "text_config": dict(cfg, model_type="llama4_text", num_hidden_layers=1),
+                        "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 16}}
+                tm = {k2.replace("model.layers.", root, 1): v for k2, v in t.items()}
+                tm["vision_model.patch_embedding.linear.weight"] = ("F32", rnd(rng, 4, 4))
+                dm = d + "_mm%d" % len(root)
+                write_model(dm, cfgm, tm)
+                gotm, outm = run(dm, x)
+                check("llama4 multimodal config, %s tensors" % root, gotm, ref, 1e-5)
+                if root.startswith("language_model"):
+                    q = dm + "_q"
+                    pq = subprocess.run([MOE8, "quantize", dm, q, "--rules", _rules_file(tmp)], capture_output=True, text=True)
+                    wantq, _ = run(dm, x, ("--rules", _rules_file(tmp)))
+                    gotq, _ = run(q, x) if pq.returncode == 0 else (None, "")
+                    if pq.returncode != 0 or not np.array_equal(gotq, wantq):
+                        FAILS.append("llama4 multimodal quantize: " + pq.stderr.strip())
+                    print("llama4 multimodal: moe8 FP8 file run %s the input's run under the rules" %
+                          ("equals" if pq.returncode == 0 and np.array_equal(gotq, wantq) else "DIFFERS FROM"))
             # the point of the form: weighting the output instead differs
             logits = x @ f(wr).T
             outw = R.mlp(x, *(f(w) for w in sh))
