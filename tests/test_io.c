@@ -468,6 +468,9 @@ static void test_hf_configs(void **state) {
   const char *l4bad[] = {"{\"model_type\":\"llama4\"}",
                          "{\"model_type\":\"llama4\",\"text_config\":{\"num_local_experts\":16},\"quantization_config\":{\"quant_method\":\"fbgemm_fp8\"}}"};
   const char *l4why[] = {"text_config", "fbgemm_fp8"};
+  const char *ct = "{\"model_type\":\"glm4_moe\",\"quantization_config\":{\"quant_method\":\"compressed-tensors\"}}";
+  assert_int_equal(moe8_hf_config_parse(ct, strlen(ct), "ct", &c), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "compressed-tensors"));
   for (int i = 0; i < 2; i++) {
     assert_int_not_equal(moe8_hf_config_parse(l4bad[i], strlen(l4bad[i]), "l4bad", &c), MOE8_OK);
     if (!strstr(moe8_last_error(), l4why[i])) TU_FAIL("llama4 config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), l4why[i]);

@@ -414,6 +414,12 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
         c->block_n = (int64_t)b0->valuedouble;
         c->block_k = (int64_t)b1->valuedouble;
       }
+    } else {
+      /* compressed-tensors, fbgemm_fp8, gptq, awq, bitsandbytes, ...: other
+      ** tensors and other arithmetic, never read as if they were floats */
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"%.40s\" is not a format moe8 reads (fp8: "
+                        "block-scaled e4m3 as DeepSeek's files; mxfp4: GPT-OSS's); run a float checkpoint of the model", file,
+                        m->valuestring);
     }
   }
   TRY(parse_moe8_quantization(root, file, c));
