@@ -147,6 +147,20 @@ def test_num_threads():
     assert moe8.get_num_threads() >= 1
 
 
+def test_mxfp4_file_from_python(model, tmp_path):
+    """moe8.quantize_model under weight_qtype mxfp4: the file, loaded without
+    rules, gives the bytes of the input loaded under the rule."""
+    d, x = model
+    rules = tmp_path / "mx.json"
+    rules.write_text(json.dumps({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4"}]}))
+    out = tmp_path / "mx4"
+    moe8.quantize_model(str(d / "m"), str(out), str(rules))
+    assert json.loads((out / "config.json").read_text())["moe8_quantization"]["weight_qtype"] == "mxfp4"
+    want = moe8.Layer.from_model(str(d / "m"), rules=str(rules)).forward(x, fused=True)
+    got = moe8.Layer.from_model(str(out)).forward(x, fused=True)
+    assert got.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("fmt", ["moe8", "deepseek"])
 def test_quantize_model_is_the_commands(model, tmp_path, fmt):
     """moe8.quantize_model writes the files `moe8 quantize` writes, byte for
