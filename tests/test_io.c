@@ -477,6 +477,12 @@ static void test_hf_configs(void **state) {
   }
   assert_int_not_equal(moe8_hf_config_parse_as(l4, strlen(l4), "l4", "llama4_text", &c), MOE8_OK); /* the override reads the top keys */
   assert_non_null(strstr(moe8_last_error(), "text_config"));
+  /* DeepSeek-V3.2: V3's MoE block and its defaults */
+  const char *v32 = "{\"model_type\":\"deepseek_v32\",\"index_topk\":2048}";
+  assert_int_equal(moe8_hf_config_parse(v32, strlen(v32), "v32", &c), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.num_experts == 256 && c.layer.n_group == 8 && c.layer.topk_group == 4 &&
+              c.layer.routed_scaling_factor == 2.5f && c.has_bias);
+  assert_string_equal(c.model_type, "deepseek_v32");
   const char *glm2 = "{\"model_type\":\"glm4_moe\",\"num_local_experts\":16,\"num_experts_per_tok\":2}";
   assert_int_equal(moe8_hf_config_parse(glm2, strlen(glm2), "glm2", &c), MOE8_OK);
   assert_int_equal(c.layer.num_experts, 16);

@@ -187,11 +187,13 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** is the DeepSeek-V3 architecture (its config class is DeepSeek-V3's,
   ** the same keys and defaults). */
   if (type && !strcmp(type, "kimi_k2")) type = "deepseek_v3";
+  /* DeepSeek-V3.2: V3's MoE block and keys (what changed is the attention) */
+  if (type && !strcmp(type, "deepseek_v32")) type = "deepseek_v3";
   if (type) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, minimax, minimax_m2, deepseek_v2, deepseek_v3, kimi_k2, dots1, olmoe, glm4_moe, gpt_oss, llama4_text)%s",
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, minimax, minimax_m2, deepseek_v2, deepseek_v3, deepseek_v32, kimi_k2, dots1, olmoe, glm4_moe, gpt_oss, llama4_text)%s",
                         file, override ? "the family override" : "\"model_type\"", type,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
