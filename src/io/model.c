@@ -570,22 +570,23 @@ static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_vi
 ** layer under the mxfp4 rule keeps of it (moe8__mx4_quantize).  A training
 ** load of moe8's MXFP4 file gives the float shared expert these values, so
 ** it sees the weights an inference load of the same file sees. */
+static moe8_status gptoss_read(const gptoss_w *w, int64_t e, int64_t K, int64_t N, float *out, float *tmp);
+
 static moe8_status mx4_round_trip(float *w, int64_t K, int64_t N) {
   if (K % 32) return moe8__fail(MOE8_ERR_SHAPE, "model: an MXFP4 file's shared expert needs K = %lld to be a multiple of 32", (long long)K);
   const int64_t nb = K / 32;
   uint8_t *blk = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb));
-  if (!blk || !sc) { free(blk); free(sc); return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory"); }
-  moe8__mx4_quantize(w, K, N, blk, sc);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t b = 0; b < nb; b++)
-      for (int64_t j = 0; j < 16; j++) {
-        const uint8_t v = blk[(n * nb + b) * 16 + j];
-        const int e = (int)sc[n * nb + b] - 127;
-        w[(b * 32 + 2 * j) * N + n] = ldexpf(k_e2m1[v & 15], e);
-        w[(b * 32 + 2 * j + 1) * N + n] = ldexpf(k_e2m1[v >> 4], e);
-      }
-  free(blk); free(sc);
-  return MOE8_OK;
+  float *tmp = malloc(sizeof(float) * (size_t)(N * K));
+  moe8_status st = blk && sc && tmp ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  if (st == MOE8_OK) {
+    moe8__mx4_quantize(w, K, N, blk, sc);
+    const moe8_tensor_view bt = {"the shared expert's MXFP4 blocks", MOE8_FDT_U8, 0, {0}, blk, (size_t)(N * nb * 16), 0},
+                           stv = {"the shared expert's MXFP4 scales", MOE8_FDT_U8, 0, {0}, sc, (size_t)(N * nb), 0};
+    const gptoss_w v = {NULL, &bt, &stv};
+    st = gptoss_read(&v, 0, K, N, w, tmp);
+  }
+  free(blk); free(sc); free(tmp);
+  return st;
 }
 
 static moe8_status gptoss_find(const moe8_model *m, const char *p, const char *what, int64_t E, int64_t K, int64_t N, gptoss_w *w) {
@@ -617,6 +618,39 @@ static moe8_status gptoss_read(const gptoss_w *w, int64_t e, int64_t K, int64_t 
                                     (size_t)(K * N));
   moe8_status st = mxfp4_decode(w->blocks, w->scales, e, N, K, tmp);
   if (st == MOE8_OK) transpose_f32(out, tmp, N, K, N);
+  return st;
+}
+
+/* Both MXFP4 pairs of the routed experts into weight memory (mx4_take);
+** b[4]: gate|up blocks and scales, down blocks and scales; nothing kept on
+** failure. */
+static moe8_status mx4_take_pair(const gptoss_w *wgu, const gptoss_w *wdn, uint8_t *b[4]) {
+  b[0] = b[1] = b[2] = b[3] = NULL;
+  moe8_status st = mx4_take(wgu->blocks, wgu->scales, &b[0], &b[1]);
+  if (st == MOE8_OK && (st = mx4_take(wdn->blocks, wdn->scales, &b[2], &b[3])) != MOE8_OK) { free(b[0]); free(b[1]); }
+  return st;
+}
+
+/* The routed experts of a layer in its load whose gate|up [E, D, 2F]
+** (gate columns, then up) and down [E, F, D] are floats or moe8's MXFP4:
+** the MXFP4 bytes kept as they are by an inference layer under the mxfp4
+** rule, else each expert read (decoded exactly) into the layer.  gu, dn:
+** an expert's buffers; tmp: 2F·D floats; progress counted of `total`. */
+static moe8_status put_routed(moe8_layer *L, const gptoss_w *wgu, const gptoss_w *wdn, int64_t E, int64_t D, int64_t F, float *gu, float *dn,
+                              float *tmp, const moe8_load_options *o, int64_t total) {
+  if (wgu->blocks && L->inference && L->wmx) {
+    uint8_t *b[4];
+    moe8_status st = mx4_take_pair(wgu, wdn, b);
+    return st == MOE8_OK ? moe8__layer_put_mx4(L, b[0], b[1], b[2], b[3]) : st;
+  }
+  moe8_status st = MOE8_OK;
+  double last = now_s();
+  for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+    st = gptoss_read(wgu, e, D, 2 * F, gu, tmp);
+    if (st == MOE8_OK) st = gptoss_read(wdn, e, F, D, dn, tmp);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
+    if (o && o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, total); }
+  }
   return st;
 }
 
@@ -670,10 +704,9 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
   if (st == MOE8_OK && L->inference && !L->wq && !L->aq && wgu.blocks && wdn.blocks) {
     /* MXFP4 kept as the file holds it: 4.25 bits a weight, decoded by the
     ** kernels (moe8__ktable.mx4_rows). */
-    uint8_t *b1 = NULL, *s1 = NULL, *b2 = NULL, *s2 = NULL;
-    st = mx4_take(wgu.blocks, wgu.scales, &b1, &s1);
-    if (st == MOE8_OK && (st = mx4_take(wdn.blocks, wdn.scales, &b2, &s2)) != MOE8_OK) { free(b1); free(s1); }
-    if (st == MOE8_OK) st = moe8__layer_load_mx4(L, b1, s1, b2, s2);
+    uint8_t *b[4];
+    st = mx4_take_pair(&wgu, &wdn, b);
+    if (st == MOE8_OK) st = moe8__layer_load_mx4(L, b[0], b[1], b[2], b[3]);
     if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E, E);
     free(tmp); free(raw); free(gu); free(dn); free(bgu);
     if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
@@ -756,19 +789,8 @@ static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_ru
     loader ld = {m, p, D, 128, 128, tmp, false};
     st = load_moe8(&ld, L, (moe8_model *)m, &borrowed);
     if (borrowed) { L->keep = (void *)m; L->release = model_release; }
-  } else if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
-  if (st == MOE8_OK && own_mx && L->inference && L->wmx) {
-    uint8_t *b1 = NULL, *s1 = NULL, *b2 = NULL, *s2 = NULL;
-    st = mx4_take(wgu.blocks, wgu.scales, &b1, &s1);
-    if (st == MOE8_OK && (st = mx4_take(wdn.blocks, wdn.scales, &b2, &s2)) != MOE8_OK) { free(b1); free(s1); }
-    if (st == MOE8_OK) st = moe8__layer_put_mx4(L, b1, s1, b2, s2);
-  }
-  double last = now_s();
-  for (int64_t e = 0; e < E && st == MOE8_OK && !own && !(own_mx && L->inference && L->wmx); e++) {
-    st = gptoss_read(&wgu, e, D, 2 * F, gu, tmp); /* [D, 2F]: gate columns, then up, as moe8 keeps them */
-    if (st == MOE8_OK) st = gptoss_read(&wdn, e, F, D, dn, tmp);
-    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
-    if (o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, E + 1); }
+  } else if (st == MOE8_OK && (st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) == MOE8_OK) {
+    st = put_routed(L, &wgu, &wdn, E, D, F, gu, dn, tmp, o, E + 1);
   }
   if (st == MOE8_OK && Fs > 0) {
     st = put_float(sw[0], sw[0]->data, Fs, D, gu, 2 * Fs, 0, tmp);
@@ -873,21 +895,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has MXFP4 gate_up_proj blocks but a float down_proj: both or neither", (long long)layer);
       goto fail;
     }
-    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK) goto fail;
-    if (L->inference && L->wmx) {
-      uint8_t *b1 = NULL, *s1 = NULL, *b2 = NULL, *s2 = NULL;
-      st = mx4_take(wgu.blocks, wgu.scales, &b1, &s1);
-      if (st == MOE8_OK && (st = mx4_take(wdn.blocks, wdn.scales, &b2, &s2)) != MOE8_OK) { free(b1); free(s1); }
-      if (st == MOE8_OK) st = moe8__layer_put_mx4(L, b1, s1, b2, s2);
-    } else if ((st = xbuf_alloc(&b, D, F, false, 1)) == MOE8_OK) {
-      for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-        st = gptoss_read(&wgu, e, D, 2 * F, b.gu, ld.tmp);
-        if (st == MOE8_OK) st = gptoss_read(&wdn, e, F, D, b.dn, ld.tmp);
-        if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
-      }
-      xbuf_free(&b);
-      b = (xbuf){0};
-    }
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
+    st = put_routed(L, &wgu, &wdn, E, D, F, b.gu, b.dn, ld.tmp, &o, total);
+    xbuf_free(&b);
+    b = (xbuf){0};
     if (st != MOE8_OK) goto fail;
     routed_done = mx_file = true;
   }
