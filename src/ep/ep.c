@@ -329,7 +329,7 @@ moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out,
 
 moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   if (!ep || !gr) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep backward: NULL argument");
-  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward", false);
+  const moe8_status fst = moe8__check_backward_form(ep->L, "ep backward");
   if (fst != MOE8_OK) return fst;
   return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_backward(ep, x, Tl, dout, gr) : moe8__ring_backward(ep, x, Tl, dout, gr);
 }

@@ -384,10 +384,8 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
     memcpy(wr + i * K, orecv + i * (K + D), sizeof(float) * (size_t)K);
     memcpy(dr + i * D, orecv + i * (K + D) + K, sizeof(float) * (size_t)D);
   }
-  if (L->cfg.weight_input) /* Llama-4: dy is dout (the combine's weights are 1) */
-    for (int64_t a = 0; a < NR * K; a++) wr[a] = 1.0f;
-  /* this rank's experts */
-  moe8__dy_dw(rows, s->tok_of, s->slot_of, wr, K, dr, s->y, D, dy, dwrow);
+  /* this rank's experts (Llama-4: dy is dout, the combine's weights are 1) */
+  moe8__dy_dw(rows, s->tok_of, s->slot_of, L->cfg.weight_input ? NULL : wr, K, dr, s->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, s->gsz, g0, Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh, s->gu, dxs, gr->dwg, gr->dwu,
                               gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);

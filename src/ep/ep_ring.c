@@ -262,11 +262,9 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   if (T == 0) return MOE8_OK;
   const bool wi = L->cfg.weight_input;
   bool ok = true;
-  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones, *ones_g = NULL;
+  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones;
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
   ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E); ALLOC(ones, Tl * K);
-  if (wi) ALLOC(ones_g, T * K); /* Llama-4: dy is dout (the combine's weights are 1) */
-  for (int64_t a = 0; ok && wi && a < T * K; a++) ones_g[a] = 1.0f;
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   double t0 = moe8__ep_now();
@@ -277,7 +275,8 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   ep->st.bwd_recv_bytes = (uint64_t)((T - Tl) * D) * sizeof(float);
   if (st != MOE8_OK) goto done;
   /* this rank's experts */
-  moe8__dy_dw(rows, s->token_of + s->P0, s->slot_of + s->P0, wi ? ones_g : s->w_g, K, Dg, s->y, D, dy, dwrow);
+  /* Llama-4: dy is dout (the combine's weights are 1) */
+  moe8__dy_dw(rows, s->token_of + s->P0, s->slot_of + s->P0, wi ? NULL : s->w_g, K, Dg, s->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, s->gsz + ep->g0, ep->g0, ep->Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh,
                               s->gu, dxs, gr->dwg, gr->dwu, gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
@@ -313,6 +312,6 @@ agreed:
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, Dg, gr);
   st = moe8__ep_agree(ep, st);
 done:
-  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones); free(ones_g);
+  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones);
   return st;
 }

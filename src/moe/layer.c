@@ -908,7 +908,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
                             const moe8_layer_grads *gr) {
   if (L->inference)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer backward: the layer was loaded for inference (no f32 masters); load it for training");
-  moe8_status fst = moe8__check_backward_form(L, "layer backward", false);
+  moe8_status fst = moe8__check_backward_form(L, "layer backward");
   if (fst != MOE8_OK) return fst;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, A = T * K, Fs = L->cfg.shared_ffn;
   if (T < 0 || T > max_tokens(L)) return moe8__fail(MOE8_ERR_SHAPE, "layer backward: T = %lld", (long long)T);

@@ -103,8 +103,9 @@ moe8_router_config moe8__router_config(const moe8_layer *L);
 /* logits[T, E] = x · Wr (+ the router bias when the layer has one). */
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits);
 /* MOE8_ERR_UNSUPPORTED naming the form when the layer's experts have a
-** form with no backward yet (biases, the clamped SwiGLU); `what` leads. */
-moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool trainer);
+** form with no backward (the input scaling by renormalized weights);
+** `what` leads. */
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what);
 
 moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
                                  moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
@@ -171,7 +172,8 @@ void moe8__input_weight_backward(int64_t T, int64_t K, int64_t D, int64_t E, con
                                  const float *scores, const int32_t *ids, float c, float *dx, float *dw);
 
 /* dy[p] = w[t,j] · dout[t] and dwrow[p] = dout[t] · y[p] for rows p, with
-** t = token_of[p] and j = slot_of[p] (w indexed t·K + j, dout by t). */
+** t = token_of[p] and j = slot_of[p] (w indexed t·K + j, dout by t; w
+** NULL: every weight 1, Llama-4's unweighted sum). */
 void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, const float *w, int64_t K,
                  const float *dout, const float *y, int64_t D, float *dy, float *dwrow);
 

@@ -74,13 +74,12 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
   return st;
 }
 
-moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what, bool trainer) {
+moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   const moe8_layer_config *c = &L->cfg;
   /* The layer's backward (single process and expert parallel) and the
   ** trainer have every form but one: a Llama-4 layer's backward needs its
   ** weights unnormalized (the routing weight is its expert's sigmoid
   ** score). */
-  (void)trainer;
   if (c->weight_input && c->norm_topk_prob)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s scales the expert input by renormalized weights: that backward is not "
                       "implemented (Llama-4's are its sigmoid scores, norm_topk_prob false)", what, L->module_path);
@@ -348,7 +347,7 @@ void moe8__dy_dw(int64_t rows, const int32_t *token_of, const int32_t *slot_of, 
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)D)) schedule(static)
   for (int64_t p = 0; p < rows; p++) {
     const int64_t t = token_of[p], j = slot_of[p];
-    const float wt = w[t * K + j];
+    const float wt = w ? w[t * K + j] : 1.0f;
     float s = 0.0f;
     for (int64_t c = 0; c < D; c++) {
       dy[p * D + c] = wt * dout[t * D + c];

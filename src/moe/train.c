@@ -40,7 +40,7 @@ void moe8_trainer_destroy(moe8_trainer *tr) {
 moe8_status moe8_trainer_create(moe8_layer *layer, float lr, moe8_trainer **out) {
   if (!layer || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "trainer: NULL argument");
   if (!(lr > 0.0f && lr < 1.0f)) return moe8__fail(MOE8_ERR_INVALID_ARG, "trainer: learning rate %g is not in (0, 1)", (double)lr);
-  const moe8_status fst = moe8__check_backward_form(layer, "trainer", true);
+  const moe8_status fst = moe8__check_backward_form(layer, "trainer");
   if (fst != MOE8_OK) return fst;
   moe8_trainer *tr = calloc(1, sizeof *tr);
   if (!tr) return moe8__fail(MOE8_ERR_NOMEM, "trainer: out of memory");
