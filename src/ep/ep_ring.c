@@ -274,8 +274,7 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   ep->st.bwd_sent_bytes = (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(ep->P - 1);
   ep->st.bwd_recv_bytes = (uint64_t)((T - Tl) * D) * sizeof(float);
   if (st != MOE8_OK) goto done;
-  /* this rank's experts */
-  /* Llama-4: dy is dout (the combine's weights are 1) */
+  /* this rank's experts (Llama-4: dy is dout, the combine's weights are 1) */
   moe8__dy_dw(rows, s->token_of + s->P0, s->slot_of + s->P0, wi ? NULL : s->w_g, K, Dg, s->y, D, dy, dwrow);
   st = moe8__experts_backward(L, 0, rows, s->gsz + ep->g0, ep->g0, ep->Eloc, dy, s->xs, s->xsq, s->sxs, s->h, s->hq, s->sh,
                               s->gu, dxs, gr->dwg, gr->dwu, gr->dwd,
