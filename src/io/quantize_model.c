@@ -7,6 +7,8 @@
 **             F8_E4M3 or I8 "qweight" (the kernels' packed layout where the
 **             K blocks allow: "qweight_packed") with F32 "scale"
 **             [E, nb, 1, N]; the run path installs them as they are.
+**             Under weight_qtype mxfp4: OCP MXFP4 "_blocks" and E8M0
+**             "_scales" of both (docs/files.md).
 **   deepseek  every expert weight [N, K] as F8_E4M3 ".weight" plus F32
 **             ".weight_scale_inv" [ceil(N/128), ceil(K/128)], w ≈ q · s per
 **             128×128 block, and quantization_config in config.json.
@@ -387,48 +389,36 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s: layer %lld is already quantized (%s)", in, (long long)l, moe8_model_format(m, l));
       break;
     }
-    if (r && r->weight_mxfp4) {
-      if (deepseek) {
-        st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the deepseek format stores F8_E4M3 only; the rule for %s asks for mxfp4", mp);
-        break;
-      }
-      if (quantized_layers > mx4_layers) {
-        st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for mxfp4 on %s and another weight_qtype on an earlier layer: a "
-                        "moe8 file holds one format", mp);
-        break;
-      }
-      moe8_layer *L = NULL;
-      if ((st = moe8_model_load_layer(m, l, NULL, &L)) != MOE8_OK) break; /* the f32 masters */
-      replace[l] = 1;
-      quantized_layers++;
-      mx4_layers++;
-      st = layer_mx4(j, &o, L, p, E, D, F);
-      moe8_layer_destroy(L);
-      continue;
-    }
-    if (mx4_layers && r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8)) {
-      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for %s on %s and mxfp4 on an earlier layer: a moe8 file holds one "
-                      "format", moe8_dtype_info(r->weight_qtype)->name, mp);
-      break;
-    }
-    if (!r || (r->weight_qtype != MOE8_DTYPE_F8E4M3 && r->weight_qtype != MOE8_DTYPE_I8)) {
+    const bool mx4 = r && r->weight_mxfp4, codes = r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8);
+    if (!mx4 && !codes) {
       say(j, "layer %lld: %s: weights left as they are", (long long)l,
           !r ? "no rule matches" : r->weight_qtype == MOE8_DTYPE_NONE ? "the rule has no weight_qtype"
-                                                                      : "notice: weight_qtype is not pre-quantized (f8e4m3 and int8 are)");
+                                                                      : "notice: weight_qtype is not pre-quantized (f8e4m3, int8 and mxfp4 are)");
       continue;
     }
-    if (deepseek && r->weight_qtype != MOE8_DTYPE_F8E4M3) {
-      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the deepseek format stores F8_E4M3 only; the rule for %s asks for %s", mp,
-                      moe8_dtype_info(r->weight_qtype)->name);
+    const char *want = mx4 ? "mxfp4" : moe8_dtype_info(r->weight_qtype)->name;
+    if (deepseek && (mx4 || r->weight_qtype != MOE8_DTYPE_F8E4M3)) {
+      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the deepseek format stores F8_E4M3 only; the rule for %s asks for %s", mp, want);
+      break;
+    }
+    if (quantized_layers && (mx4_layers > 0) != mx4) {
+      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for %s on %s and %s on an earlier layer: a moe8 file holds one format",
+                      want, mp, mx4 ? "another weight_qtype" : "mxfp4");
       break;
     }
     moe8_layer *L = NULL;
-    if ((st = moe8_model_load_layer(m, l, rules, &L)) != MOE8_OK) break;
+    /* MXFP4 from the f32 masters (the rule quantizes at inference loads only) */
+    if ((st = moe8_model_load_layer(m, l, mx4 ? NULL : rules, &L)) != MOE8_OK) break;
     replace[l] = 1;
     quantized_layers++;
-    qtype = r->weight_qtype;
-    qtile = r->tile_size;
-    st = deepseek ? layer_deepseek(j, &o, L, hc, p) : layer_moe8(j, &o, L, p, E, D, F, &packed_layout);
+    if (mx4) {
+      mx4_layers++;
+      st = layer_mx4(j, &o, L, p, E, D, F);
+    } else {
+      qtype = r->weight_qtype;
+      qtile = r->tile_size;
+      st = deepseek ? layer_deepseek(j, &o, L, hc, p) : layer_moe8(j, &o, L, p, E, D, F, &packed_layout);
+    }
     moe8_layer_destroy(L);
   }
   /* Everything else is copied as it is. */
