@@ -736,6 +736,19 @@ static double form_loss(moe8_layer *L, const float *x, const float *dout, int64_
   return l;
 }
 
+/* Random x and dout [T, D] from seed, a workspace (*ws, *wsz; the caller
+** frees it), the layer's training forward and its backward into g. */
+static void form_backward(moe8_layer *L, float *x, float *dout, int64_t T, int64_t D, uint64_t seed, const moe8_layer_grads *g, void **ws,
+                          size_t *wsz) {
+  tu_rng_reset(seed);
+  tu_fill_normal(x, (size_t)(T * D), 1.0f);
+  tu_fill_normal(dout, (size_t)(T * D), 1.0f);
+  *wsz = moe8_layer_workspace_size(L, T);
+  assert_int_equal(posix_memalign(ws, 64, *wsz), 0);
+  (void)form_loss(L, x, dout, T, D, *ws, *wsz);
+  assert_int_equal(moe8_layer_backward(L, x, T, dout, *ws, *wsz, g), MOE8_OK);
+}
+
 /* The gradients in t[] against central finite differences of the
 ** layer's own f32 forward, 16 sampled elements each (a sample whose step
 ** crosses a kink, a clamp bound or a change of the chosen experts, has
@@ -787,16 +800,11 @@ static void test_gpt_oss_form_grads(void **state) {
     tu_fill_normal(w, n, 0.3f);
   }
   static float x[T * D], dout[T * D];
-  tu_rng_reset(61);
-  tu_fill_normal(x, T * D, 1.0f);
-  tu_fill_normal(dout, T * D, 1.0f);
-  const size_t wsz = moe8_layer_workspace_size(L, T);
-  void *ws;
-  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
   static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], drb[E], dgub[E * 2 * F], ddb[E * D];
   const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwrb = drb, .dwgub = dgub, .dwdb = ddb};
-  (void)form_loss(L, x, dout, T, D, ws, wsz);
-  assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &g), MOE8_OK);
+  void *ws;
+  size_t wsz;
+  form_backward(L, x, dout, T, D, 61, &g, &ws, &wsz);
   const form_grad t[] = {
     {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
     {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
@@ -889,16 +897,11 @@ static void test_llama4_form_grads(void **state) {
     assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
     assert_int_equal(moe8_layer_init_random(L, 9 + (uint64_t)K), MOE8_OK);
     static float x[T * D], dout[T * D];
-    tu_rng_reset(70 + (uint64_t)K);
-    tu_fill_normal(x, T * D, 1.0f);
-    tu_fill_normal(dout, T * D, 1.0f);
-    const size_t wsz = moe8_layer_workspace_size(L, T);
-    void *ws;
-    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
     static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], sg[D * 16], su[D * 16], sd[16 * D];
     const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = sg, .dwsu = su, .dwsd = sd};
-    (void)form_loss(L, x, dout, T, D, ws, wsz);
-    assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &g), MOE8_OK);
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 70 + (uint64_t)K, &g, &ws, &wsz);
     const form_grad t[] = {
       {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
       {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
