@@ -125,6 +125,40 @@ static moe8_status want_str(const cJSON *o, const char *file, const char *key, c
   return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is \"%.60s\": %s", file, key, v->valuestring, what);
 }
 
+/* routed_scaling_factor in (0, 1e6), or the family's default. */
+static moe8_status get_scaling(const cJSON *root, const char *file, double def, float *out) {
+  const cJSON *v = item(root, "routed_scaling_factor");
+  if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
+  *out = (float)(v ? v->valuedouble : def);
+  return MOE8_OK;
+}
+
+/* Group-limited routing that can be computed: n_group > 1 divides the
+** experts into groups of at least 2, topk_group <= n_group, and the kept
+** groups hold at least top_k experts. */
+static moe8_status check_groups(const moe8_layer_config *L, const char *file) {
+  const int64_t E = L->num_experts, G = L->n_group;
+  if (G <= 1) return MOE8_OK;
+  if (E % G || E / G < 2)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_group\" = %lld must divide \"n_routed_experts\" = %lld into groups of at least 2", file,
+                      (long long)G, (long long)E);
+  if (L->topk_group > G)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_group\" = %lld exceeds \"n_group\" = %lld", file, (long long)L->topk_group, (long long)G);
+  if (L->top_k > L->topk_group * (E / G))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld experts of \"topk_group\" = %lld groups", file,
+                      (long long)L->top_k, (long long)(L->topk_group * (E / G)), (long long)L->topk_group);
+  return MOE8_OK;
+}
+
+/* DeepSeek's dense layers: first_k_dense_replace (the family's default)
+** and moe_layer_freq (1). */
+static moe8_status get_dense_layers(const cJSON *root, const char *file, int64_t def, moe8_hf_config *c) {
+  moe8_status st = get_int(root, file, "first_k_dense_replace", def, 0, 1 << 20, &c->first_k_dense_replace);
+  c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
+  return st == MOE8_OK ? get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq) : st;
+}
+
 /* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
 static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, moe8_hf_config *c) {
   const cJSON *mq = item(root, "moe8_quantization");
@@ -240,10 +274,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   else TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
   L->routed_scaling_factor = 1.0f;
   if (ds) {
-    const cJSON *v = item(root, "routed_scaling_factor");
-    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
-    L->routed_scaling_factor = (float)(v ? v->valuedouble : fam->scaling);
+    TRY(get_scaling(root, file, fam->scaling, &L->routed_scaling_factor));
     /* dots.llm1's released configs write scoring_func "noaux_tc" (its
     ** block, DeepSeek-V3's, is sigmoid scores with noaux_tc selection) */
     TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
@@ -251,18 +282,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
     TRY(get_int(root, file, "n_group", fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
     TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
-    if (L->n_group > 1) {
-      const int64_t E = L->num_experts, G = L->n_group;
-      if (E % G || E / G < 2)
-        return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_group\" = %lld must divide \"n_routed_experts\" = %lld into groups of at least 2",
-                          file, (long long)G, (long long)E);
-      if (L->topk_group > G)
-        return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_group\" = %lld exceeds \"n_group\" = %lld", file, (long long)L->topk_group,
-                          (long long)G);
-      if (L->top_k > L->topk_group * (E / G))
-        return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld experts of \"topk_group\" = %lld groups",
-                          file, (long long)L->top_k, (long long)(L->topk_group * (E / G)), (long long)L->topk_group);
-    }
+    TRY(check_groups(L, file));
     c->has_bias = L->use_selection_bias = true;
     int64_t nsh;
     if (fam->shared < 0 && !item(root, "n_shared_experts"))
@@ -270,9 +290,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
                         file, fam->name);
     TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
     L->shared_ffn = nsh * L->ffn;
-    TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
-    c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
-    TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
+    TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
     ** (a group's score is its best expert's, the topk_group best groups
@@ -290,34 +308,23 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"norm_topk_prob\" is true: DeepSeek-V2's own code then renormalizes without "
                         "routed_scaling_factor while transformers' scales without renormalizing; moe8 does not pick one (no released "
                         "DeepSeek-V2 checkpoint sets it)", file);
-    const cJSON *v = item(root, "routed_scaling_factor");
-    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
-    L->routed_scaling_factor = (float)(v ? v->valuedouble : fam->scaling);
+    TRY(get_scaling(root, file, fam->scaling, &L->routed_scaling_factor));
     if (grouped) {
       if (!item(root, "n_group") || !item(root, "topk_group"))
         return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_method\" group_limited_greedy needs \"n_group\" and \"topk_group\"", file);
       TRY(get_int(root, file, "n_group", 1, 1, MOE8_MAX_EXPERTS, &L->n_group));
       TRY(get_int(root, file, "topk_group", 1, 1, MOE8_MAX_EXPERTS, &L->topk_group));
-      const int64_t E = L->num_experts, G = L->n_group;
-      if (G > 1 && (E % G || E / G < 2))
-        return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_group\" = %lld must divide \"n_routed_experts\" = %lld into groups of at least 2",
-                          file, (long long)G, (long long)E);
-      if (L->topk_group > G)
+      if (L->topk_group > L->n_group) /* also with one group: the config asks for more groups than it has */
         return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_group\" = %lld exceeds \"n_group\" = %lld", file, (long long)L->topk_group,
-                          (long long)G);
-      if (G > 1 && L->top_k > L->topk_group * (E / G))
-        return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld experts of \"topk_group\" = %lld groups",
-                          file, (long long)L->top_k, (long long)(L->topk_group * (E / G)), (long long)L->topk_group);
+                          (long long)L->n_group);
+      TRY(check_groups(L, file));
       L->group_score = MOE8_GROUP_MAX;
     }
     const cJSON *ns = cJSON_GetObjectItemCaseSensitive(root, "n_shared_experts");
     int64_t nsh = 0;
     if (!(ns && cJSON_IsNull(ns))) TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
     L->shared_ffn = nsh * L->ffn;
-    TRY(get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace));
-    c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
-    TRY(get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq));
+    TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (fam->sigmoid_bias) {
     /* MiniMax-M2: sigmoid scores, the top-k of score + bias, the chosen
     ** scores renormalized; no groups, no scaling, no shared expert */
