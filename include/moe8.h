@@ -489,7 +489,8 @@ MOE8_API moe8_status moe8_tgmm(const moe8_operand *lhs, const moe8_operand *dy, 
 
 /* Combine (docs/layer.md): out[t] = Σ_j weights[t, j] · y[pos_of[t·K_top + j]]
 ** in f32, slots in order j = 0, 1, ...; a dropped slot (pos_of < 0) adds
-** nothing.  y is [rows, D] f32; out is [T, D]. */
+** nothing; weights NULL: every weight 1 (the rows summed).  y is [rows, D]
+** f32; out is [T, D]. */
 MOE8_API moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, const float *weights,
                          int64_t T, int64_t top_k, int64_t D, float *out);
 

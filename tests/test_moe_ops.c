@@ -464,6 +464,12 @@ static void test_combine(void **state) {
   omp_set_num_threads(2);
   assert_int_equal(moe8_combine(y, R, pos + 3 * K, w + 3 * K, 1, K, D, out2), MOE8_OK);
   assert_memory_equal(out2, out + 3 * D, D * 4);
+  /* NULL weights: every weight 1, the bytes of an array of ones */
+  float ones[T * K];
+  for (int a = 0; a < T * K; a++) ones[a] = 1.0f;
+  assert_int_equal(moe8_combine(y, R, pos, ones, T, K, D, out), MOE8_OK);
+  assert_int_equal(moe8_combine(y, R, pos, NULL, T, K, D, out1), MOE8_OK);
+  assert_memory_equal(out, out1, sizeof out);
   assert_int_equal(moe8_combine(y, R, pos, w, 0, K, D, out), MOE8_OK);
   pos[0] = R;
   assert_int_equal(moe8_combine(y, R, pos, w, T, K, D, out), MOE8_ERR_SHAPE);

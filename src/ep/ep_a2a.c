@@ -335,12 +335,9 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
     }
   }
   free(brecv);
-  float *ones = wi ? malloc(sizeof(float) * (size_t)(Tl * K) + 4) : NULL; /* Llama-4: the outputs summed unweighted */
-  if (st == MOE8_OK && wi && !ones) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-  for (int64_t a = 0; st == MOE8_OK && wi && a < Tl * K; a++) ones[a] = 1.0f;
-  if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, wi ? ones : s->w, Tl, K, D, out);
+  /* Llama-4: the outputs summed unweighted */
+  if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, wi ? NULL : s->w, Tl, K, D, out);
   free(rx);
-  free(ones);
   /* 7. the shared expert, the output check, the aux loss */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
   if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
@@ -363,10 +360,10 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   /* dout rows and the tokens' weights out, by the dispatch plan */
   const size_t orow = sizeof(float) * (size_t)(K + D), brow = sizeof(float) * (size_t)(D + 1);
   bool ok = true;
-  float *osend, *orecv, *wr, *dr, *dy, *dwrow, *dxs, *bsend, *brecv, *rx, *dw_l, *ones, *dl;
+  float *osend, *orecv, *wr, *dr, *dy, *dwrow, *dxs, *bsend, *brecv, *rx, *dw_l, *dl;
   ALLOC(osend, s->nsend * (K + D)); ALLOC(orecv, NR * (K + D)); ALLOC(wr, NR * K); ALLOC(dr, NR * D);
   ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(bsend, s->nback * (D + 1)); ALLOC(brecv, s->nbrecv * (D + 1));
-  ALLOC(rx, s->nbrecv * D); ALLOC(dw_l, Tl * K); ALLOC(ones, Tl * K); ALLOC(dl, Tl * E);
+  ALLOC(rx, s->nbrecv * D); ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E);
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   for (int64_t n = 0; st == MOE8_OK && n < s->nsend; n++) { /* the forward's dispatch plan */
     const int64_t t = s->send_tok[n];
@@ -402,14 +399,11 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   ep->st.dx_bytes = (uint64_t)s->nbrecv * brow;
   if (st == MOE8_OK) {
     for (int64_t i = 0; i < s->nbrecv; i++) memcpy(rx + i * D, brecv + i * (D + 1), sizeof(float) * (size_t)D);
-    for (int64_t a = 0; a < Tl * K; a++) {
-      dw_l[a] = s->recvrow[a] >= 0 ? brecv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
-      ones[a] = 1.0f;
-    }
+    for (int64_t a = 0; a < Tl * K; a++) dw_l[a] = s->recvrow[a] >= 0 ? brecv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
     if (L->cfg.weight_input) {
       const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
       moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, x, s->scores, s->ids, c, gr->dx, dw_l);
-    } else if (gr->dx) st = moe8_combine(rx, s->nbrecv, s->recvrow, ones, Tl, K, D, gr->dx);
+    } else if (gr->dx) st = moe8_combine(rx, s->nbrecv, s->recvrow, NULL, Tl, K, D, gr->dx);
     if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);
   }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
@@ -418,6 +412,6 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   st = moe8__ep_agree(ep, st);
 done:
   free(osend); free(orecv); free(wr); free(dr); free(dy); free(dwrow); free(dxs); free(bsend); free(brecv); free(rx);
-  free(dw_l); free(ones); free(dl);
+  free(dw_l); free(dl);
   return st;
 }

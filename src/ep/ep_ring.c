@@ -233,12 +233,9 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *o
   t0 = moe8__ep_now();
   st = exchange(ep, s->y, D, &recv, &ep->st.combine_bytes, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
   ep->st.combine_s = moe8__ep_now() - t0;
-  float *ones = wi ? malloc(sizeof(float) * (size_t)(Tl * K + 1)) : NULL; /* Llama-4: the outputs summed unweighted */
-  if (st == MOE8_OK && wi && !ones) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-  for (int64_t a = 0; st == MOE8_OK && wi && a < Tl * K; a++) ones[a] = 1.0f;
-  if (st == MOE8_OK) st = moe8_combine(recv, s->nrecv, s->recvrow, wi ? ones : s->w_g + T0 * K, Tl, K, D, out);
+  /* Llama-4: the outputs summed unweighted */
+  if (st == MOE8_OK) st = moe8_combine(recv, s->nrecv, s->recvrow, wi ? NULL : s->w_g + T0 * K, Tl, K, D, out);
   free(recv);
-  free(ones);
   /* The shared expert: the owner's tokens, on the owner (rows are
   ** independent, so the bytes are the single-process layer's). */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = shared_local(ep, x, Tl, out);
@@ -262,9 +259,9 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   if (T == 0) return MOE8_OK;
   const bool wi = L->cfg.weight_input;
   bool ok = true;
-  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl, *ones;
+  float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl;
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
-  ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E); ALLOC(ones, Tl * K);
+  ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E);
   if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   double t0 = moe8__ep_now();
@@ -293,15 +290,12 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   float *rx = malloc(sizeof(float) * (size_t)(s->nrecv * D) + 4);
   if (!rx) { free(recv); st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory"); goto agreed; }
   for (int64_t i = 0; i < s->nrecv; i++) memcpy(rx + i * D, recv + i * (D + 1), sizeof(float) * (size_t)D);
-  for (int64_t a = 0; a < Tl * K; a++) {
-    dw_l[a] = s->recvrow[a] >= 0 ? recv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
-    ones[a] = 1.0f;
-  }
+  for (int64_t a = 0; a < Tl * K; a++) dw_l[a] = s->recvrow[a] >= 0 ? recv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
   free(recv);
   if (wi) {
     const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
     moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, x, s->scores_g + T0 * E, s->ids_g + T0 * K, c, gr->dx, dw_l);
-  } else if (gr->dx) st = moe8_combine(rx, s->nrecv, s->recvrow, ones, Tl, K, D, gr->dx);
+  } else if (gr->dx) st = moe8_combine(rx, s->nrecv, s->recvrow, NULL, Tl, K, D, gr->dx);
   free(rx);
   /* router */
   if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores_g + T0 * E, s->ids_g + T0 * K, dw_l, s->f, T, dl);
@@ -311,6 +305,6 @@ agreed:
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, Dg, gr);
   st = moe8__ep_agree(ep, st);
 done:
-  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl); free(ones);
+  free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl);
   return st;
 }

@@ -103,7 +103,7 @@ moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, co
     return moe8__fail(MOE8_ERR_SHAPE, "combine: bad sizes T=%lld top_k=%lld D=%lld rows=%lld", (long long)T,
                       (long long)K, (long long)D, (long long)rows);
   if (T == 0 || D == 0) return MOE8_OK;
-  if (!pos_of || !w || !out || (rows > 0 && !y)) return moe8__fail(MOE8_ERR_INVALID_ARG, "combine: NULL buffer");
+  if (!pos_of || !out || (rows > 0 && !y)) return moe8__fail(MOE8_ERR_INVALID_ARG, "combine: NULL buffer");
   for (int64_t a = 0; a < T * K; a++)
     if (pos_of[a] >= rows)
       return moe8__fail(MOE8_ERR_SHAPE, "combine: pos_of[%lld] = %d is outside [0, %lld)", (long long)a, pos_of[a],
@@ -115,7 +115,7 @@ moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, co
     for (int64_t j = 0; j < K; j++) {
       const int32_t p = pos_of[t * K + j];
       if (p < 0) continue;
-      const float wj = w[t * K + j];
+      const float wj = w ? w[t * K + j] : 1.0f;
       const float *yr = y + (int64_t)p * D;
       for (int64_t d = 0; d < D; d++) o[d] += wj * yr[d];
     }

@@ -828,7 +828,6 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     ** after; the combine then adds the expert outputs unweighted. */
     st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK) moe8__scale_rows(w.xs, rows, D, w.token_of, w.slot_of, w.w, K);
-    for (int64_t a = 0; a < T * K && st == MOE8_OK; a++) w.w[a] = 1.0f;
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   } else if (L->aq && L->before_sort) {
     st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
@@ -842,7 +841,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
-  if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, w.w, T, K, D, out);
+  if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, L->cfg.weight_input ? NULL : w.w, T, K, D, out);
   /* 6. the shared expert on every token, added after the combine */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
     moe8__shared_buf sb;
@@ -938,11 +937,11 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const int64_t rows = w.offs[E];
   float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
-  float *dl = malloc(sizeof(float) * (size_t)(T * E + 1)), *ones = malloc(sizeof(float) * (size_t)(A + 1));
+  float *dl = malloc(sizeof(float) * (size_t)(T * E + 1));
   double f[MOE8_MAX_EXPERTS];
   moe8_status st = MOE8_OK;
-  if (!dy || !dxs || !dwrow || !dw || !dl || !ones) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
-  moe8__dy_dw(rows, w.token_of, w.slot_of, w.w, K, dout, w.y, D, dy, dwrow);
+  if (!dy || !dxs || !dwrow || !dw || !dl) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
+  moe8__dy_dw(rows, w.token_of, w.slot_of, L->cfg.weight_input ? NULL : w.w, K, dout, w.y, D, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
   st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
@@ -955,8 +954,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     moe8__input_weight_backward(T, K, D, E, w.pos_of, dxs, x, w.scores, w.ids, c, gr->dx, dw);
   } else {
     /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
-    for (int64_t a = 0; a < A; a++) ones[a] = 1.0f;
-    if (gr->dx && (st = moe8_combine(dxs, rows, w.pos_of, ones, T, K, D, gr->dx)) != MOE8_OK) goto done;
+    if (gr->dx && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, gr->dx)) != MOE8_OK) goto done;
   }
   moe8__aux_loss(L, T, w.ids, w.scores, f);
   moe8__router_backward(L, T, w.scores, w.ids, dw, f, T, dl);
@@ -971,6 +969,6 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     st = moe8__shared_backward(L, x, w.xq, w.sx, T, dout, &sb, gr->dx, gr);
   }
 done:
-  free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(ones);
+  free(dy); free(dxs); free(dwrow); free(dw); free(dl);
   return st;
 }
