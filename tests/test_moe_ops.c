@@ -438,6 +438,76 @@ static void test_mx4_rows(void **state) {
       }
 }
 
+/* MXFP4 rows against int8 activations (moe8__ktable.mx4_rows_i8, x packed
+** by moe8__mx4_xpack): every ISA's bytes equal the reference's on the
+** shapes of test_mx4_rows (rows 0..8, K of 1 to 257 blocks, column tails,
+** split on and off, column ranges, one row alone), with x's codes over the
+** whole int8 range (-128 included), scales per block, per 4 blocks and
+** per row, and the subnormal weight scale; the reference equals the
+** definition Σ_k E2M1(k) · 2^(e - 127) · q(k) · s(k) (double) to 1e-5 of
+** the absolute sum. */
+static void test_mx4_rows_i8(void **state) {
+  (void)state;
+  static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  const int64_t Ks[7] = {32, 64, 96, 256, 320, 2880, 8224}, Ns[7] = {1, 4, 5, 9, 18, 64, 66}, Rs[8] = {0, 1, 2, 3, 4, 5, 7, 8};
+  for (int ki = 0; ki < 7; ki++)
+    for (int ni = 0; ni < 7; ni++)
+      for (int ri = 0; ri < 8; ri++) {
+        const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32, pb = moe8__mx4_xpack_bytes(K);
+        if (K >= 2880 && (N > 18 || R % 2 == 0)) continue;
+        const int64_t sbl = ri % 3 == 0 ? 1 : ri % 3 == 1 ? 4 : nb, ns = (nb + sbl - 1) / sbl;
+        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb)), *blk = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
+        int8_t *q = malloc((size_t)(R * K + 1));
+        float *sx = malloc(sizeof(float) * (size_t)(R * ns + 1));
+        uint8_t *xp = malloc((size_t)(R * pb + 1));
+        float *want = malloc(sizeof(float) * (size_t)(R * N + 1)), *got = malloc(sizeof(float) * (size_t)(R * N + 1));
+        tu_rng_reset((uint64_t)(ki * 100 + ni * 10 + ri + 7));
+        for (int64_t i = 0; i < N * nb * 16; i++) ocp[i] = (uint8_t)(tu_u64() >> 56);
+        for (int64_t i = 0; i < N * nb; i++) sc[i] = (uint8_t)(120 + tu_u64() % 12);
+        if (N > 0 && nb > 0) sc[0] = 0; /* the subnormal scale 2^-127 */
+        for (int64_t i = 0; i < R * K; i++) q[i] = (int8_t)(tu_u64() >> 56);
+        if (R > 0) { q[0] = -128; q[K - 1] = 127; }
+        for (int64_t i = 0; i < R * ns; i++) sx[i] = (float)ldexp(1.0 + (double)(tu_u64() % 1000) / 1000.0, -7 - (int)(tu_u64() % 4));
+        moe8__mx4_repack(blk, ocp, N, K);
+        for (int64_t p = 0; p < R; p++) moe8__mx4_xpack(xp + p * pb, q + p * K, sx + p * ns, sbl, K);
+        for (int split = 0; split < 2; split++) {
+          if (split && N % 2) continue;
+          const int64_t sp = split ? N / 2 : 0;
+          moe8__kernels_for(MOE8_ISA_REF)->mx4_rows_i8(xp, R, pb, K, blk, sc, 0, N, want, N, sp);
+          for (int64_t p = 0; p < R; p++)
+            for (int64_t n = 0; n < N; n++) {
+              double d = 0, a = 0;
+              for (int64_t k = 0; k < K; k++) {
+                const uint8_t byte = ocp[(n * nb + k / 32) * 16 + (k % 32) / 2];
+                const double w = (double)e2m1[(k & 1) ? byte >> 4 : byte & 15] * ldexp(1.0, (int)sc[n * nb + k / 32] - 127);
+                const double xv = (double)q[p * K + k] * (double)sx[p * ns + k / 32 / sbl];
+                d += w * xv;
+                a += fabs(w * xv);
+              }
+              const float g = want[p * N + (sp ? n / 2 + ((n & 1) ? sp : 0) : n)];
+              if (fabs((double)g - d) > 1e-5 * a + 1e-30)
+                TU_FAIL("mx4 i8 ref K=%lld N=%lld row %lld col %lld: %g vs %g", (long long)K, (long long)N, (long long)p, (long long)n, g, d);
+            }
+          for (int t = 0; t < nisa; t++) {
+            memset(got, 0xA5, sizeof(float) * (size_t)(R * N + 1));
+            const moe8__ktable *k = moe8__kernels_for(isas[t]);
+            k->mx4_rows_i8(xp, R, pb, K, blk, sc, 0, N / 2, got, N, sp);
+            k->mx4_rows_i8(xp, R, pb, K, blk, sc, N / 2, N, got, N, sp);
+            if (R && memcmp(got, want, sizeof(float) * (size_t)(R * N)) != 0)
+              TU_FAIL("mx4 i8 %s K=%lld N=%lld rows %lld split %d: bytes differ from the reference", moe8_isa_name(isas[t]), (long long)K,
+                      (long long)N, (long long)R, split);
+            if (R > 1) {
+              k->mx4_rows_i8(xp + pb, 1, pb, K, blk, sc, 0, N, got, N, sp);
+              if (memcmp(got, want + N, sizeof(float) * (size_t)N) != 0) TU_FAIL("mx4 i8 %s: row 1 alone differs", moe8_isa_name(isas[t]));
+            }
+          }
+        }
+        free(blk); free(sc); free(ocp); free(q); free(sx); free(xp); free(want); free(got);
+      }
+}
+
 static void test_combine(void **state) {
   (void)state;
   enum { T = 7, K = 3, D = 33, R = 21 };
@@ -488,6 +558,7 @@ int main(void) {
     cmocka_unit_test(test_combine),
     cmocka_unit_test(test_threads_setting),
     cmocka_unit_test(test_mx4_rows),
+    cmocka_unit_test(test_mx4_rows_i8),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

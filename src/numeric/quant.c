@@ -367,3 +367,40 @@ void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K) {
       }
   }
 }
+
+void moe8__mx4_xpack(uint8_t *dst, const int8_t *q, const float *s, int64_t sbl, int64_t K) {
+  const int64_t nb = K / 32, ng = nb / 8;
+  for (int64_t g = 0; g < ng; g++) {
+    uint8_t *o = dst + g * 512;
+    int32_t nc[2][16];
+    float sh[2][16];
+    for (int par = 0; par < 2; par++)
+      for (int i = 0; i < 16; i++) {
+        const int64_t b = 8 * g + 2 * (i % 4) + par;
+        int32_t sum = 0;
+        for (int h = 0; h < 2; h++)
+          for (int t = 0; t < 4; t++) {
+            const int8_t v = q[32 * b + 16 * h + 4 * (i / 4) + t];
+            o[128 * par + 64 * h + 4 * i + t] = (uint8_t)v;
+            sum += v;
+          }
+        nc[par][i] = -12 * sum;
+        sh[par][i] = 0.5f * s[b / sbl];
+      }
+    memcpy(o + 256, nc, sizeof nc);
+    memcpy(o + 384, sh, sizeof sh);
+  }
+  for (int64_t b = ng * 8; b < nb; b++) {
+    uint8_t *o = dst + ng * 512 + (b - ng * 8) * 64;
+    int32_t nc[4];
+    const float sh[4] = {0.5f * s[b / sbl], 0.0f, 0.0f, 0.0f};
+    memcpy(o, q + 32 * b, 32);
+    for (int i = 0; i < 4; i++) {
+      int32_t sum = 0;
+      for (int t = 0; t < 4; t++) sum += q[32 * b + 4 * i + t] + q[32 * b + 16 + 4 * i + t];
+      nc[i] = -12 * sum;
+    }
+    memcpy(o + 32, nc, sizeof nc);
+    memcpy(o + 48, sh, sizeof sh);
+  }
+}

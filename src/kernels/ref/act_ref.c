@@ -65,3 +65,46 @@ void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, co
       out[p * ldo + (split > 0 ? n / 2 + ((n & 1) ? split : 0) : n)] = lane[0];
     }
 }
+
+/* The reference of the int8-activation product (moe8__ktable.mx4_rows_i8):
+** the integer sums I are taken from the codes as signed 2 · E2M1 values
+** (the kernels' unsigned codes and the pack's corrections give the same
+** I), then scaled and added in the kernels' order. */
+void moe8__ref_mx4_rows_i8(const uint8_t *xp, int64_t rows, int64_t ldxp, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
+                           int64_t n1, float *out, int64_t ldo, int64_t split) {
+  static const int32_t w2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const int64_t nb = K / 32, ng = nb / 8;
+  for (int64_t p = 0; p < rows; p++)
+    for (int64_t n = n0; n < n1; n++) {
+      const uint8_t *row = blk + n * moe8__mx4_row_bytes(K), *x = xp + p * ldxp;
+      float chain[2][16] = {{0}}, tail[4] = {0};
+      for (int64_t g = 0; g < ng; g++)
+        for (int par = 0; par < 2; par++)
+          for (int i = 0; i < 16; i++) {
+            const int64_t b = 8 * g + 2 * (i % 4) + par;
+            int32_t I = 0;
+            for (int h = 0; h < 2; h++)
+              for (int t = 0; t < 4; t++)
+                I += w2[mx4_code(row, nb, b, 16 * h + 4 * (i / 4) + t)] * (int8_t)x[g * 512 + 128 * par + 64 * h + 4 * i + t];
+            float sh;
+            memcpy(&sh, x + g * 512 + 384 + 64 * par + 4 * i, 4);
+            chain[par][i] = fmaf((float)I, moe8__e8m0(sc[n * nb + b]) * sh, chain[par][i]);
+          }
+      for (int64_t b = ng * 8; b < nb; b++) {
+        const uint8_t *xt = x + ng * 512 + (b - ng * 8) * 64;
+        float sh;
+        memcpy(&sh, xt + 48, 4);
+        for (int i = 0; i < 4; i++) {
+          int32_t I = 0;
+          for (int t = 0; t < 4; t++)
+            I += w2[mx4_code(row, nb, b, 4 * i + t)] * (int8_t)xt[4 * i + t] + w2[mx4_code(row, nb, b, 16 + 4 * i + t)] * (int8_t)xt[16 + 4 * i + t];
+          tail[i] = fmaf((float)I, moe8__e8m0(sc[n * nb + b]) * sh, tail[i]);
+        }
+      }
+      float lane[16];
+      for (int j = 0; j < 16; j++) lane[j] = chain[0][j] + chain[1][j];
+      for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
+      out[p * ldo + (split > 0 ? n / 2 + ((n & 1) ? split : 0) : n)] = lane[0] + ((tail[0] + tail[2]) + (tail[1] + tail[3]));
+    }
+}

@@ -21,6 +21,7 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->quant_div    = moe8__ref_quant_div;
   k->swiglu       = moe8__ref_swiglu;
   k->mx4_rows     = moe8__ref_mx4_rows;
+  k->mx4_rows_i8  = moe8__ref_mx4_rows_i8;
   k->router_logits = moe8__ref_router_logits;
   k->gmm_block    = moe8__gmm_block_ref;
   k->gmm_pack_size = no_pack;
