@@ -438,8 +438,9 @@ static void test_mx4_rows(void **state) {
       }
 }
 
-/* MXFP4 rows against int8 activations (moe8__ktable.mx4_rows_i8, x packed
-** by moe8__mx4_xpack): every ISA's bytes equal the reference's on the
+/* MXFP4 rows against int8 activations (moe8__ktable.mx4_rows_i8: weights
+** moved by moe8__mx4_repack then moe8__mx4_to_cols, x packed by
+** moe8__mx4_xpack): every ISA's bytes equal the reference's on the
 ** shapes of test_mx4_rows (rows 0..8, K of 1 to 257 blocks, column tails,
 ** split on and off, column ranges, one row alone), with x's codes over the
 ** whole int8 range (-128 included), scales per block, per 4 blocks and
@@ -458,7 +459,8 @@ static void test_mx4_rows_i8(void **state) {
         const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32, pb = moe8__mx4_xpack_bytes(K);
         if (K >= 2880 && (N > 18 || R % 2 == 0)) continue;
         const int64_t sbl = ri % 3 == 0 ? 1 : ri % 3 == 1 ? 4 : nb, ns = (nb + sbl - 1) / sbl;
-        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb)), *blk = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
+        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb)), *b1 = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
+        uint8_t *blk = malloc((size_t)moe8__mx4_cols_bytes(N, K)), *scc = malloc((size_t)moe8__mx4_cols_scale_bytes(N, K));
         int8_t *q = malloc((size_t)(R * K + 1));
         float *sx = malloc(sizeof(float) * (size_t)(R * ns + 1));
         uint8_t *xp = malloc((size_t)(R * pb + 1));
@@ -470,12 +472,13 @@ static void test_mx4_rows_i8(void **state) {
         for (int64_t i = 0; i < R * K; i++) q[i] = (int8_t)(tu_u64() >> 56);
         if (R > 0) { q[0] = -128; q[K - 1] = 127; }
         for (int64_t i = 0; i < R * ns; i++) sx[i] = (float)ldexp(1.0 + (double)(tu_u64() % 1000) / 1000.0, -7 - (int)(tu_u64() % 4));
-        moe8__mx4_repack(blk, ocp, N, K);
+        moe8__mx4_repack(b1, ocp, N, K);
+        moe8__mx4_to_cols(blk, scc, b1, sc, N, K);
         for (int64_t p = 0; p < R; p++) moe8__mx4_xpack(xp + p * pb, q + p * K, sx + p * ns, sbl, K);
         for (int split = 0; split < 2; split++) {
           if (split && N % 2) continue;
           const int64_t sp = split ? N / 2 : 0;
-          moe8__kernels_for(MOE8_ISA_REF)->mx4_rows_i8(xp, R, pb, K, blk, sc, 0, N, want, N, sp);
+          moe8__kernels_for(MOE8_ISA_REF)->mx4_rows_i8(xp, R, pb, K, blk, scc, 0, N, want, N, sp);
           for (int64_t p = 0; p < R; p++)
             for (int64_t n = 0; n < N; n++) {
               double d = 0, a = 0;
@@ -493,18 +496,18 @@ static void test_mx4_rows_i8(void **state) {
           for (int t = 0; t < nisa; t++) {
             memset(got, 0xA5, sizeof(float) * (size_t)(R * N + 1));
             const moe8__ktable *k = moe8__kernels_for(isas[t]);
-            k->mx4_rows_i8(xp, R, pb, K, blk, sc, 0, N / 2, got, N, sp);
-            k->mx4_rows_i8(xp, R, pb, K, blk, sc, N / 2, N, got, N, sp);
+            k->mx4_rows_i8(xp, R, pb, K, blk, scc, 0, N / 2, got, N, sp);
+            k->mx4_rows_i8(xp, R, pb, K, blk, scc, N / 2, N, got, N, sp);
             if (R && memcmp(got, want, sizeof(float) * (size_t)(R * N)) != 0)
               TU_FAIL("mx4 i8 %s K=%lld N=%lld rows %lld split %d: bytes differ from the reference", moe8_isa_name(isas[t]), (long long)K,
                       (long long)N, (long long)R, split);
             if (R > 1) {
-              k->mx4_rows_i8(xp + pb, 1, pb, K, blk, sc, 0, N, got, N, sp);
+              k->mx4_rows_i8(xp + pb, 1, pb, K, blk, scc, 0, N, got, N, sp);
               if (memcmp(got, want + N, sizeof(float) * (size_t)N) != 0) TU_FAIL("mx4 i8 %s: row 1 alone differs", moe8_isa_name(isas[t]));
             }
           }
         }
-        free(blk); free(sc); free(ocp); free(q); free(sx); free(xp); free(want); free(got);
+        free(blk); free(scc); free(b1); free(sc); free(ocp); free(q); free(sx); free(xp); free(want); free(got);
       }
 }
 

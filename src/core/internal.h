@@ -49,20 +49,26 @@ void moe8__mx4_quantize(const float *w, int64_t K, int64_t N, uint8_t *blk, uint
 ** above ([N, K/32, 16]); the codes are the same, moved. */
 static inline int64_t moe8__mx4_row_bytes(int64_t K) { return (K / 32 * 16 + 63) / 64 * 64; }
 void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K);
+/* The column-group layout of MXFP4 weights for int8 activations
+** (moe8__ktable.mx4_rows_i8): columns n = 16c + i (i < 16; the last group
+** padded with zero codes and scale bytes).  Group c, block b of 32 along
+** K: 256 codes at (c·nb + b)·256, where 32-bit word i of the 64 bytes at
+** 64u holds, in byte t, the code of k = 32b + 8u + t in its low nibble
+** and of k = 32b + 8u + 4 + t in its high; 16 scale bytes at (c·nb + b)·16,
+** byte i column n's.  So one nibble mask and vpshufb give each lane 4
+** codes of one block against 4 consecutive activation bytes. */
+static inline int64_t moe8__mx4_cols_bytes(int64_t N, int64_t K) { return (N + 15) / 16 * 16 * (K / 2); }
+static inline int64_t moe8__mx4_cols_scale_bytes(int64_t N, int64_t K) { return (N + 15) / 16 * 16 * (K / 32); }
+/* From moe8__mx4_repack's layout (blk, rows of moe8__mx4_row_bytes(K)) and
+** scales [N, K/32] to the column-group layout (dst_b, dst_s). */
+void moe8__mx4_to_cols(uint8_t *dst_b, uint8_t *dst_s, const uint8_t *blk, const uint8_t *sc, int64_t N, int64_t K);
 /* One row of int8 activations packed for moe8__ktable.mx4_rows_i8: codes
-** q[K] (K a multiple of 32) with scale s[b / sbl] for block b of 32 (sbl
-** blocks share a scale: a per-row quantizer gives sbl = K / 32, a 1 x tile
-** one tile / 32).  Each group g of 8 blocks takes 512 bytes at 512 g:
-**   bytes 128 par + 64 h + 4 i + t: q[k], k = 32 (8g + 2d + par) + 16 h
-**     + 4 qq + t, lane i = 4 qq + d (qq, d, t < 4; par, h < 2): the order
-**     of the weights' codes after one in-lane byte transpose;
-**   int32 at 256 + 64 par + 4 i: -12 · the sum of lane i's 8 codes (the
-**     weights are read as 2 · E2M1 + 12, unsigned, by vpdpbusd);
-**   f32 at 384 + 64 par + 4 i: 0.5 · s(8g + 2d + par).
-** Each of the nb % 8 blocks b after the last group takes 64 bytes: its 32
-** codes as they are, the int32 -12 · (Σ q[32b + 4i + t] + q[32b + 16 +
-** 4i + t]) for i < 4, then 0.5 · s(b) and zeros. */
-static inline int64_t moe8__mx4_xpack_bytes(int64_t K) { return K / 256 * 512 + K / 32 % 8 * 64; }
+** q[K] (K a multiple of 32) as they are, then for each block b of 32 the
+** int32 -12 · Σ q over the block (the weights are read as 2 · E2M1 + 12,
+** unsigned, by vpdpbusd), then for each block the f32 0.5 · s[b / sbl]
+** (sbl blocks share a scale: a per-row quantizer gives sbl = K / 32, a
+** 1 x tile one tile / 32). */
+static inline int64_t moe8__mx4_xpack_bytes(int64_t K) { return (K + K / 32 * 8 + 63) / 64 * 64; }
 void moe8__mx4_xpack(uint8_t *dst, const int8_t *q, const float *s, int64_t sbl, int64_t K);
 /* One value's E2M1 code (sign in bit 3) for v already divided by X. */
 uint8_t moe8__e2m1_code(float v);
@@ -106,15 +112,13 @@ typedef struct moe8__ktable {
   ** same for any rows and any [n0, n1) split. */
   void (*mx4_rows)(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                    int64_t n1, float *out, int64_t ldo, int64_t split);
-  /* The same product against int8 activations: rows of xp packed by
-  ** moe8__mx4_xpack (ldxp bytes apart).  With w2 = 2 · E2M1 (an integer
-  ** in [-12, 12]) the order is moe8__ref_mx4_rows_i8's: per group of 8
-  ** blocks, 32 exact int32 sums I of 8 products w2 · q each (the pack's
-  ** lanes), each taken into its f32 chain as fma(I, 2^(e - 127) · sh,
-  ** chain), sh the pack's 0.5 · s; the blocks after the last group into 4
-  ** chains the same way; then the 16 lanes chain0 + chain1 folded 8, 4, 2,
-  ** 1, plus the tail's (c0 + c2) + (c1 + c3).  Results are the same for
-  ** any rows and any [n0, n1) split. */
+  /* The same product against int8 activations, weights in the
+  ** column-group layout (blk, sc: moe8__mx4_to_cols), rows of xp packed by
+  ** moe8__mx4_xpack (ldxp bytes apart).  With w2 = 2 · E2M1 (an integer in
+  ** [-12, 12]) each output is one f32 chain over the blocks b in increasing
+  ** order: chain = fma(I, 2^(e - 127) · sh, chain), I = Σ_k w2 · q over the
+  ** block (exact int32), sh the pack's 0.5 · s (moe8__ref_mx4_rows_i8).
+  ** Results are the same for any rows and any [n0, n1) split. */
   void (*mx4_rows_i8)(const uint8_t *xp, int64_t rows, int64_t ldxp, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                       int64_t n1, float *out, int64_t ldo, int64_t split);
   /* logits[t, e] = Σ_d x[t, d] · wr[d, e] for T tokens: one chain per

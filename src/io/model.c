@@ -701,7 +701,7 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
       L->w[MOE8_W_GU_BIAS][e * 2 * F + f] = bgu[e * 2 * F + 2 * f];
       L->w[MOE8_W_GU_BIAS][e * 2 * F + F + f] = bgu[e * 2 * F + 2 * f + 1];
     }
-  if (st == MOE8_OK && L->inference && !L->wq && !L->aq && wgu.blocks && wdn.blocks) {
+  if (st == MOE8_OK && L->inference && !L->wq && moe8__mx4_acts_ok(L) && wgu.blocks && wdn.blocks) {
     /* MXFP4 kept as the file holds it: 4.25 bits a weight, decoded by the
     ** kernels (moe8__ktable.mx4_rows). */
     uint8_t *b[4];

@@ -68,6 +68,16 @@ static void set_describe(moe8_layer *L, const char *how) {
              (long long)L->cfg.shared_ffn, L->cfg.shared_gate ? " (sigmoid gate)" : "");
 }
 
+/* The describe text of a layer with MXFP4 experts: the weights (how they
+** came), then the activations. */
+static void mx4_describe(moe8_layer *L, const char *how) {
+  char acts[48] = "f32";
+  if (L->aq && L->aspec.tile) snprintf(acts, sizeof acts, "int8 1x%lld", (long long)L->aspec.tile);
+  else if (L->aq) snprintf(acts, sizeof acts, "int8 per-token");
+  snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (%s, OCP MX: E2M1 codes, E8M0 scale per 32 along K), activations %s", how,
+           acts);
+}
+
 moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
                                moe8_layer **out) {
   if (!cfg || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
@@ -122,7 +132,8 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->aq = r && moe8_rule_act_spec(r, &L->aspec);
   if (r && r->weight_mxfp4) {
     const char *why = !inference ? "layers loaded for inference only (training layers keep f32 weights: load with MOE8_LOAD_INFERENCE)"
-                      : L->aq ? "f32 activations only (act_qtype null)"
+                      : !moe8__mx4_acts_ok(L) ? "f32 or int8 activations (act_qtype null, or int8 per token or per 1 x tile, "
+                                                "the tile a multiple of 32)"
                       : D % 32 || F % 32 || Fs % 32 ? "hidden and FFN widths that are multiples of 32" : NULL;
     if (why) {
       pthread_rwlock_destroy(&L->lock);
@@ -179,6 +190,7 @@ static void free_set(moe8__xset *X) {
   free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
   free(X->mx_gu_b); free(X->mx_gu_s); free(X->mx_dn_b); free(X->mx_dn_s);
   X->mx_gu_b = X->mx_gu_s = X->mx_dn_b = X->mx_dn_s = NULL;
+  X->mx_cols = false;
   if (!X->pk_borrowed) { free(X->wgu_pk); free(X->wd_pk); }
   X->pk_borrowed = false;
   X->wgu_f32 = X->wd_f32 = X->wgu_s = X->wd_s = NULL;
@@ -708,16 +720,40 @@ static moe8_status finish_training(moe8_layer *L) {
   return MOE8_OK;
 }
 
+/* Under an int8-activation rule the routed experts' MXFP4 move, expert by
+** expert, to the column-group layout of mx4_rows_i8, in place: an
+** expert's column-group bytes fit in its rows' (N is a multiple of 32),
+** so the load's memory grows by one expert's bytes at most. */
+static moe8_status mx4_to_cols(moe8_layer *L) {
+  moe8__xset *X = &L->xs[0];
+  if (!L->aq || !X->mx_gu_b || X->mx_cols) return MOE8_OK;
+  const int64_t D = L->cfg.hidden, F = X->F, Ns[2] = {2 * F, D}, Ks[2] = {D, F};
+  uint8_t *const bs[2] = {X->mx_gu_b, X->mx_dn_b}, *const ss[2] = {X->mx_gu_s, X->mx_dn_s};
+  const size_t tb0 = (size_t)(Ns[0] * (moe8__mx4_row_bytes(Ks[0]) + Ks[0] / 32)), tb1 = (size_t)(Ns[1] * (moe8__mx4_row_bytes(Ks[1]) + Ks[1] / 32));
+  uint8_t *tmp = malloc(tb0 > tb1 ? tb0 : tb1);
+  if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "layer %s: out of memory", L->module_path);
+  for (int64_t e = 0; e < X->E; e++)
+    for (int m = 0; m < 2; m++) {
+      const int64_t N = Ns[m], K = Ks[m], rb = moe8__mx4_row_bytes(K), nb = K / 32;
+      uint8_t *b = bs[m] + (size_t)(e * N * rb), *sc = ss[m] + (size_t)(e * N * nb);
+      memcpy(tmp, b, (size_t)(N * rb));
+      memcpy(tmp + N * rb, sc, (size_t)(N * nb));
+      moe8__mx4_to_cols(b, sc, tmp, tmp + N * rb, N, K);
+    }
+  free(tmp);
+  X->mx_cols = true;
+  return MOE8_OK;
+}
+
 moe8_status moe8__layer_end_load(moe8_layer *L) {
   moe8_status st = MOE8_OK;
   if (L->wq && (L->inference || L->from_codes) && (st = check_scales(L)) != MOE8_OK) return st;
   if (!L->inference) return L->from_codes ? finish_training(L) : MOE8_OK;
-  if ((st = check_weights(L)) != MOE8_OK) return st;
+  if ((st = check_weights(L)) != MOE8_OK || (L->wmx && (st = mx4_to_cols(L)) != MOE8_OK)) return st;
   set_describe(L, L->xs[0].wgu_pk ? " (loaded for inference, packed)" : " (loaded for inference)");
   if (L->wmx)
-    snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (%s, OCP MX: E2M1 codes, E8M0 scale per 32 along K), activations f32",
-             !L->wmx_file ? "quantized at load" : L->nsets > 1 ? "as the file holds them; the shared expert quantized at load"
-                                                              : "as the file holds them");
+    mx4_describe(L, !L->wmx_file ? "quantized at load" : L->nsets > 1 ? "as the file holds them; the shared expert quantized at load"
+                                                                     : "as the file holds them");
   L->prepared = true;
   return MOE8_OK;
 }
@@ -731,14 +767,16 @@ moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uin
   free(X->mx_gu_b); free(X->mx_gu_s); free(X->mx_dn_b); free(X->mx_dn_s);
   X->mx_gu_b = gu_b; X->mx_gu_s = gu_s; X->mx_dn_b = dn_b; X->mx_dn_s = dn_s;
   X->mx_split = 0;
+  X->mx_cols = false;
   L->wmx_file = true;
   return MOE8_OK;
 }
 
 moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s) {
-  if (!L->inference || L->wq || L->aq || L->nsets != 1 || L->cfg.hidden % 32 || L->cfg.ffn % 32) {
+  if (!L->inference || L->wq || !moe8__mx4_acts_ok(L) || L->nsets != 1 || L->cfg.hidden % 32 || L->cfg.ffn % 32) {
     free(gu_b); free(gu_s); free(dn_b); free(dn_s);
-    return moe8__fail(MOE8_ERR_INTERNAL, "layer: MXFP4 weights need an inference layer without rules or a shared expert, D and F multiples of 32");
+    return moe8__fail(MOE8_ERR_INTERNAL, "layer: MXFP4 weights need an inference layer without weight rules or a shared expert, f32 or "
+                      "int8 activations, D and F multiples of 32");
   }
   moe8__xset *X = &L->xs[0];
   free_set(X);
@@ -747,8 +785,9 @@ moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, ui
   moe8_layer_weights_changed(L);
   L->from_codes = false;
   moe8_status st = check_weights(L);
+  if (st == MOE8_OK) st = mx4_to_cols(L);
   if (st != MOE8_OK) return st;
-  snprintf(L->describe, sizeof L->describe, "weights mxfp4 [E,N,K/32] (loaded for inference, as the file holds them), activations f32");
+  mx4_describe(L, "loaded for inference, as the file holds them");
   L->prepared = true;
   return MOE8_OK;
 }

@@ -24,11 +24,15 @@ typedef struct moe8__xset {
   uint8_t *wgu_q, *wd_q;            /* quantized values [E, K, N], or NULL when only packed */
   float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
   uint8_t *wgu_pk, *wd_pk;          /* codes packed (moe8_gmm_pack_rhs), or NULL */
-  /* MXFP4 weights as a file holds them (GPT-OSS, inference layers without
-  ** a weight rule): blocks [E, N, K/32, 16] and E8M0 scales [E, N, K/32]
-  ** of gate|up (rows alternate gate, up) and down; NULL otherwise. */
+  /* MXFP4 weights (GPT-OSS's files, moe8's, or quantized at an inference
+  ** load): blocks in moe8__mx4_repack's layout, rows of
+  ** moe8__mx4_row_bytes(K), and E8M0 scales [E, N, K/32] of gate|up and
+  ** down, an expert at e · N rows; under an int8-activation rule each
+  ** expert then in moe8__mx4_to_cols's layout at the same place.  NULL
+  ** otherwise. */
   uint8_t *mx_gu_b, *mx_gu_s, *mx_dn_b, *mx_dn_s;
   int64_t  mx_split;                /* F: gate/up rows alternate (GPT-OSS's files); 0: gate rows, then up */
+  bool     mx_cols;                 /* ... moved to moe8__mx4_to_cols's layout (int8 activations) */
   bool     coded;                   /* codes put by a load since begin_load    */
   bool     pk_borrowed;             /* wgu_pk/wd_pk lie in a file mapping (not freed) */
 } moe8__xset;
@@ -72,6 +76,11 @@ struct moe8_layer {
 /* ---- small helpers of layer.c and phases.c ---------------------------------- */
 static inline size_t moe8__al64(size_t n) { return (n + 63) & ~(size_t)63; }
 static inline int64_t moe8__nblocks(int64_t K, int64_t tile) { return tile > 0 ? moe8__cdiv(K, tile) : 1; }
+/* MXFP4 experts take f32 activations, or int8 ones per row or per 1 x tile
+** with the tile a multiple of 32 (moe8__ktable.mx4_rows_i8). */
+static inline bool moe8__mx4_acts_ok(const moe8_layer *L) {
+  return !L->aq || (L->aspec.qtype == MOE8_DTYPE_I8 && L->aspec.tile % 32 == 0);
+}
 size_t moe8__count_nonfinite(const float *x, size_t n);
 /* Activation and weight types that a quantized gmm kernel takes together. */
 static inline bool moe8__kernel_pair(moe8_dtype a, moe8_dtype w) {

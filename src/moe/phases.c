@@ -107,16 +107,31 @@ static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, flo
 }
 
 /* out[rows, ldo] = x[rows, K] · W per group, W MXFP4 (blk, sc for all
-** groups from g0).  Tasks of 64 output columns; each thread takes one
-** contiguous run of them, of about equal cost (a task of a group with r
-** rows costs r + 1: its codes, then its rows).  Contiguous runs let the
-** kernel's prefetch of the next columns serve the same thread, which is
-** what decode, reading each weight once from memory, is bound by. */
-static void mx4_grouped(const float *x, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, int64_t K,
-                        int64_t N, const uint8_t *blk, const uint8_t *sc, float *out, int64_t ldo, int64_t split) {
+** groups from g0).  x is f32, or (xq non-NULL: an int8 rule, the weights
+** in moe8__mx4_to_cols's layout) int8 codes with their scales (sq), packed
+** first (moe8__mx4_xpack) in the scratch when it is large enough.  Tasks of 64 output columns; each
+** thread takes one contiguous run of them, of about equal cost (a task of
+** a group with r rows costs r + 1: its codes, then its rows).  Contiguous
+** runs let the kernel's prefetch of the next columns serve the same
+** thread, which is what decode, reading each weight once from memory, is
+** bound by. */
+static moe8_status mx4_grouped(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sq, int64_t rows, const int32_t *gsz,
+                               int64_t g0, int64_t G, int64_t K, int64_t N, const uint8_t *blk, const uint8_t *sc, float *out, int64_t ldo,
+                               int64_t split, void *scratch, size_t scratch_bytes) {
   const moe8__ktable *kt = moe8__kernels();
   enum { NT = 64 };
-  const int64_t nct = moe8__cdiv(N, NT);
+  const int64_t nct = moe8__cdiv(N, NT), pb = moe8__mx4_xpack_bytes(K);
+  uint8_t *xp = NULL;
+  void *owned = NULL;
+  if (xq) {
+    const size_t need = (size_t)rows * (size_t)pb;
+    if (scratch && scratch_bytes >= need) xp = scratch;
+    else if (posix_memalign(&owned, 64, need ? need : 64) != 0) return moe8__fail(MOE8_ERR_NOMEM, "layer %s: out of memory", L->module_path);
+    else xp = owned;
+    const int64_t nbs = moe8__nblocks(K, L->aspec.tile), sbl = L->aspec.tile ? L->aspec.tile / 32 : K / 32;
+    #pragma omp parallel for num_threads(moe8__nt(8.0 * (double)rows * (double)K)) schedule(static)
+    for (int64_t p = 0; p < rows; p++) moe8__mx4_xpack(xp + p * pb, (const int8_t *)xq + p * K, sq + p * nbs, sbl, K);
+  }
   int64_t row0[MOE8_MAX_EXPERTS + 1], cost0[MOE8_MAX_EXPERTS + 1];
   row0[0] = cost0[0] = 0;
   for (int64_t g = 0; g < G; g++) {
@@ -130,7 +145,6 @@ static void mx4_grouped(const float *x, int64_t rows, const int32_t *gsz, int64_
     const int64_t nth = omp_get_num_threads(), id = omp_get_thread_num();
 #else
     const int64_t nth = 1, id = 0;
-    (void)rows;
 #endif
     const int64_t lo = total * id / nth, hi = total * (id + 1) / nth;
     for (int64_t t = 0; t < ntask; t++) {
@@ -140,10 +154,13 @@ static void mx4_grouped(const float *x, int64_t rows, const int32_t *gsz, int64_
       if (at < lo) continue;
       if (at >= hi) break;
       const int64_t n0 = c * NT, n1 = n0 + NT < N ? n0 + NT : N, e = g0 + g;
-      kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, blk + (size_t)(e * N * moe8__mx4_row_bytes(K)), sc + (size_t)(e * N * (K / 32)),
-                   n0, n1, out + row0[g] * ldo, ldo, split);
+      const uint8_t *be = blk + (size_t)(e * N * moe8__mx4_row_bytes(K)), *se = sc + (size_t)(e * N * (K / 32));
+      if (xp) kt->mx4_rows_i8(xp + row0[g] * pb, gsz[g], pb, K, be, se, n0, n1, out + row0[g] * ldo, ldo, split);
+      else kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, be, se, n0, n1, out + row0[g] * ldo, ldo, split);
     }
   }
+  free(owned);
+  return MOE8_OK;
 }
 
 moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
@@ -157,10 +174,12 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
                      .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32,
                      .out = gu, .order = L->order,
                      .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
-  /* MXFP4 weights (f32 activations: aq is false) run their own kernels;
-  ** everything between the two matmuls is shared. */
+  /* MXFP4 weights (f32 activations, or int8 ones under a rule) run their
+  ** own kernels; everything between the two matmuls is shared. */
   moe8_status st = MOE8_OK;
-  if (X->mx_gu_b) mx4_grouped(xs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, X->mx_split);
+  if (X->mx_gu_b)
+    st = mx4_grouped(L, xs, X->mx_cols ? xsq : NULL, sxs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, X->mx_split, scratch,
+                     scratch_bytes);
   else if ((st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs)) == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
   const bool xb = set == 0 && L->cfg.expert_bias, clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
@@ -192,7 +211,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
                       .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32,
                       .out = y, .order = L->order,
                       .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
-  if (X->mx_gu_b) mx4_grouped(h, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0);
+  if (X->mx_gu_b) st = mx4_grouped(L, h, X->mx_cols ? hq : NULL, sh, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0, scratch, scratch_bytes);
   else if ((st = act_operand(L, h, hq, sh, rows, F, &g2.lhs)) == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
   if (st == MOE8_OK && xb) add_group_bias(y, D, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
   return st;

@@ -368,39 +368,33 @@ void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K) {
   }
 }
 
-void moe8__mx4_xpack(uint8_t *dst, const int8_t *q, const float *s, int64_t sbl, int64_t K) {
-  const int64_t nb = K / 32, ng = nb / 8;
-  for (int64_t g = 0; g < ng; g++) {
-    uint8_t *o = dst + g * 512;
-    int32_t nc[2][16];
-    float sh[2][16];
-    for (int par = 0; par < 2; par++)
-      for (int i = 0; i < 16; i++) {
-        const int64_t b = 8 * g + 2 * (i % 4) + par;
-        int32_t sum = 0;
-        for (int h = 0; h < 2; h++)
-          for (int t = 0; t < 4; t++) {
-            const int8_t v = q[32 * b + 16 * h + 4 * (i / 4) + t];
-            o[128 * par + 64 * h + 4 * i + t] = (uint8_t)v;
-            sum += v;
-          }
-        nc[par][i] = -12 * sum;
-        sh[par][i] = 0.5f * s[b / sbl];
+void moe8__mx4_to_cols(uint8_t *dst_b, uint8_t *dst_s, const uint8_t *blk, const uint8_t *sc, int64_t N, int64_t K) {
+  const int64_t nb = K / 32, ncg = (N + 15) / 16, rb = moe8__mx4_row_bytes(K);
+  memset(dst_b, 0, (size_t)moe8__mx4_cols_bytes(N, K));
+  memset(dst_s, 0, (size_t)moe8__mx4_cols_scale_bytes(N, K));
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)K * (double)N)) schedule(static)
+  for (int64_t c = 0; c < ncg; c++)
+    for (int64_t i = 0; i < 16 && 16 * c + i < N; i++) {
+      const int64_t n = 16 * c + i;
+      for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = dst_b + (c * nb + b) * 256 + 4 * i;
+        for (int kk = 0; kk < 32; kk++)
+          o[64 * (kk / 8) + kk % 4] |= (uint8_t)(moe8__mx4_code(blk + n * rb, nb, b, kk) << (kk % 8 >= 4 ? 4 : 0));
+        dst_s[(c * nb + b) * 16 + i] = sc[n * nb + b];
       }
-    memcpy(o + 256, nc, sizeof nc);
-    memcpy(o + 384, sh, sizeof sh);
-  }
-  for (int64_t b = ng * 8; b < nb; b++) {
-    uint8_t *o = dst + ng * 512 + (b - ng * 8) * 64;
-    int32_t nc[4];
-    const float sh[4] = {0.5f * s[b / sbl], 0.0f, 0.0f, 0.0f};
-    memcpy(o, q + 32 * b, 32);
-    for (int i = 0; i < 4; i++) {
-      int32_t sum = 0;
-      for (int t = 0; t < 4; t++) sum += q[32 * b + 4 * i + t] + q[32 * b + 16 + 4 * i + t];
-      nc[i] = -12 * sum;
     }
-    memcpy(o + 32, nc, sizeof nc);
-    memcpy(o + 48, sh, sizeof sh);
+}
+
+void moe8__mx4_xpack(uint8_t *dst, const int8_t *q, const float *s, int64_t sbl, int64_t K) {
+  const int64_t nb = K / 32;
+  memset(dst, 0, (size_t)moe8__mx4_xpack_bytes(K));
+  memcpy(dst, q, (size_t)K);
+  for (int64_t b = 0; b < nb; b++) {
+    int32_t sum = 0;
+    for (int k = 0; k < 32; k++) sum += q[32 * b + k];
+    const int32_t nc = -12 * sum;
+    const float sh = 0.5f * s[b / sbl];
+    memcpy(dst + K + 4 * b, &nc, 4);
+    memcpy(dst + K + 4 * nb + 4 * b, &sh, 4);
   }
 }

@@ -713,6 +713,17 @@ static int bench_mxfp4(const peaks *pk) {
     if (g_json)
       fprintf(g_json, "{\"bench\":\"mxfp4_load\",\"file_mb\":%.1f,\"rss_mb\":%.1f,\"peak_mb\":%.1f,\"load_s\":%.2f}\n", file_mb,
               (rss1 - rss0) / 1e6, (hwm - rss0) / 1e6, tl);
+    /* The same file under an int8-activation rule (1 x 32: one scale per
+    ** MXFP4 block), the mx4_rows_i8 kernels. */
+    const char *ri = "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"int8\", \"tile_size\": 32}]}";
+    moe8_rules *rules_i8 = NULL;
+    moe8_layer *Li = NULL;
+    st = moe8_rules_parse(ri, strlen(ri), "inline", &rules_i8);
+    if (st == MOE8_OK) st = moe8_model_open(dir, &m);
+    if (st == MOE8_OK) st = moe8_model_load_layer_ex(m, 0, rules_i8, &o, &Li);
+    moe8_model_close(m);
+    if (st != MOE8_OK) { rc = cli_report(st, "bench mxfp4 (int8 activations)"); moe8_rules_destroy(rules_i8); moe8_layer_destroy(L); goto done; }
+    printf("%s\n", moe8_layer_describe(Li));
     const double per_expert = (double)(2 * F * D + D * F) * (16.0 + 1.0) / 32.0; /* blocks + scales */
     int64_t Ts[4] = {1, 2, 4, 8};
     /* An FP8 layer of the same D, F (8 experts, packed at prepare) for the ratio in the same run. */
@@ -725,26 +736,31 @@ static int bench_mxfp4(const peaks *pk) {
     if (st == MOE8_OK) st = moe8_layer_init_random(L8, 3);
     if (st == MOE8_OK) st = moe8_layer_prepare(L8);
     const double per8 = (double)(2 * F * D + D * F) * (1.0 + 4.0 / 128.0);
-    printf("decode   thr   mxfp4 ms  GB/s  %% bw   |  f8e4m3 ms  GB/s  %% bw  (8 experts, packed) | mxfp4 / f8 GB/s\n");
+    printf("decode   thr | mxfp4, x int8 1x32    | mxfp4, x f32          | f8e4m3, x f8e4m3 1x128 (8 experts)\n"
+           "             |   ms    GB/s  %% bw    |   ms    GB/s  %% bw    |   ms    GB/s  %% bw  | int8 / f8 GB/s\n");
     for (int th = 1; th <= max_threads() && th <= 2; th++) {
       set_threads(th);
-      double ms[4] = {0}, gbs[4] = {0}, ms8[4] = {0}, gbs8[4] = {0};
+      double msi[4] = {0}, gbsi[4] = {0}, ms[4] = {0}, gbs[4] = {0}, ms8[4] = {0}, gbs8[4] = {0};
+      decode_times(Li, D, E, K, per_expert, 12, msi, gbsi, Ts, 4);
       decode_times(L, D, E, K, per_expert, 12, ms, gbs, Ts, 4);
       if (st == MOE8_OK) decode_times(L8, D, 8, K, per8, 12, ms8, gbs8, Ts, 4);
       const double bw = th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2;
       for (int i = 0; i < 4; i++) {
-        printf("T=%-5lld %3d %10.3f %5.1f %5.0f%%  | %10.3f %5.1f %5.0f%%                       | %.2fx\n", (long long)Ts[i], th, ms[i], gbs[i],
-               bw > 0 ? 100 * gbs[i] / bw : 0, ms8[i], gbs8[i], bw > 0 ? 100 * gbs8[i] / bw : 0, gbs8[i] > 0 ? gbs[i] / gbs8[i] : 0);
+        const double pi = bw > 0 ? 100 * gbsi[i] / bw : 0, pf = bw > 0 ? 100 * gbs[i] / bw : 0, p8 = bw > 0 ? 100 * gbs8[i] / bw : 0;
+        printf("T=%-5lld %3d | %6.3f %6.1f %5.0f%%   | %6.3f %6.1f %5.0f%%   | %6.3f %6.1f %5.0f%% | %.2fx\n", (long long)Ts[i], th, msi[i], gbsi[i],
+               pi, ms[i], gbs[i], pf, ms8[i], gbs8[i], p8, gbs8[i] > 0 ? gbsi[i] / gbs8[i] : 0);
         if (g_json)
-          fprintf(g_json, "{\"bench\":\"mxfp4_decode\",\"T\":%lld,\"threads\":%d,\"mxfp4_ms\":%.4f,\"mxfp4_gbs\":%.2f,\"pct_bw\":%.1f,"
-                          "\"f8_ms\":%.4f,\"f8_gbs\":%.2f,\"f8_pct_bw\":%.1f}\n", (long long)Ts[i], th, ms[i], gbs[i], bw > 0 ? 100 * gbs[i] / bw : 0,
-                  ms8[i], gbs8[i], bw > 0 ? 100 * gbs8[i] / bw : 0);
+          fprintf(g_json, "{\"bench\":\"mxfp4_decode\",\"T\":%lld,\"threads\":%d,\"mxfp4_i8_ms\":%.4f,\"mxfp4_i8_gbs\":%.2f,\"pct_bw_i8\":%.1f,"
+                          "\"mxfp4_ms\":%.4f,\"mxfp4_gbs\":%.2f,\"pct_bw\":%.1f,\"f8_ms\":%.4f,\"f8_gbs\":%.2f,\"f8_pct_bw\":%.1f}\n",
+                  (long long)Ts[i], th, msi[i], gbsi[i], pi, ms[i], gbs[i], pf, ms8[i], gbs8[i], p8);
       }
     }
     set_threads(max_threads());
     printf("(GB/s: the bytes of the experts each forward touched / its time; %% bw: of the read bandwidth measured above with the same threads)\n");
     moe8_layer_destroy(L8);
     moe8_rules_destroy(rules);
+    moe8_layer_destroy(Li);
+    moe8_rules_destroy(rules_i8);
     moe8_layer_destroy(L);
   }
 done:

@@ -30,16 +30,6 @@ void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int
 static const float k_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 
-/* The code of weight k = 32b + pos of one row in moe8__mx4_repack's
-** layout. */
-static inline uint8_t mx4_code(const uint8_t *row, int64_t nb, int64_t b, int pos) {
-  const int h = pos / 16, L = pos % 16;
-  if (b < nb / 8 * 8) {
-    const int j = (int)(b % 8);
-    return (uint8_t)(row[b / 8 * 128 + h * 64 + 4 * L + j / 2] >> (4 * (j & 1)) & 15);
-  }
-  return (uint8_t)(row[b * 16 + L] >> (4 * h) & 15);
-}
 
 /* The reference, in the AVX-512 kernel's order: chain pos (k mod 32) takes
 ** weight 32b + pos of every block b in increasing b, each a fused
@@ -56,7 +46,7 @@ void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, co
       for (int64_t b = 0; b < nb; b++) {
         const float s = moe8__e8m0(sc[n * nb + b]);
         const float *xb = x + p * ldx + b * 32;
-        for (int pos = 0; pos < 32; pos++) chain[pos] = fmaf(k_e2m1[mx4_code(row, nb, b, pos)] * s, xb[pos], chain[pos]);
+        for (int pos = 0; pos < 32; pos++) chain[pos] = fmaf(k_e2m1[moe8__mx4_code(row, nb, b, pos)] * s, xb[pos], chain[pos]);
       }
       float lane[16];
       for (int j = 0; j < 16; j++) lane[j] = chain[j] + chain[16 + j];
@@ -69,42 +59,25 @@ void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, co
 /* The reference of the int8-activation product (moe8__ktable.mx4_rows_i8):
 ** the integer sums I are taken from the codes as signed 2 · E2M1 values
 ** (the kernels' unsigned codes and the pack's corrections give the same
-** I), then scaled and added in the kernels' order. */
+** I), then scaled and added in increasing block order. */
 void moe8__ref_mx4_rows_i8(const uint8_t *xp, int64_t rows, int64_t ldxp, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                            int64_t n1, float *out, int64_t ldo, int64_t split) {
   static const int32_t w2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  const int64_t nb = K / 32, ng = nb / 8;
+  const int64_t nb = K / 32;
   for (int64_t p = 0; p < rows; p++)
     for (int64_t n = n0; n < n1; n++) {
-      const uint8_t *row = blk + n * moe8__mx4_row_bytes(K), *x = xp + p * ldxp;
-      float chain[2][16] = {{0}}, tail[4] = {0};
-      for (int64_t g = 0; g < ng; g++)
-        for (int par = 0; par < 2; par++)
-          for (int i = 0; i < 16; i++) {
-            const int64_t b = 8 * g + 2 * (i % 4) + par;
-            int32_t I = 0;
-            for (int h = 0; h < 2; h++)
-              for (int t = 0; t < 4; t++)
-                I += w2[mx4_code(row, nb, b, 16 * h + 4 * (i / 4) + t)] * (int8_t)x[g * 512 + 128 * par + 64 * h + 4 * i + t];
-            float sh;
-            memcpy(&sh, x + g * 512 + 384 + 64 * par + 4 * i, 4);
-            chain[par][i] = fmaf((float)I, moe8__e8m0(sc[n * nb + b]) * sh, chain[par][i]);
-          }
-      for (int64_t b = ng * 8; b < nb; b++) {
-        const uint8_t *xt = x + ng * 512 + (b - ng * 8) * 64;
+      const int64_t c = n / 16, i = n % 16;
+      const uint8_t *x = xp + p * ldxp;
+      float chain = 0.0f;
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = blk + (c * nb + b) * 256 + 4 * i;
+        int32_t I = 0;
+        for (int kk = 0; kk < 32; kk++)
+          I += w2[q[64 * (kk / 8) + kk % 4] >> (kk % 8 >= 4 ? 4 : 0) & 15] * (int8_t)x[32 * b + kk];
         float sh;
-        memcpy(&sh, xt + 48, 4);
-        for (int i = 0; i < 4; i++) {
-          int32_t I = 0;
-          for (int t = 0; t < 4; t++)
-            I += w2[mx4_code(row, nb, b, 4 * i + t)] * (int8_t)xt[4 * i + t] + w2[mx4_code(row, nb, b, 16 + 4 * i + t)] * (int8_t)xt[16 + 4 * i + t];
-          tail[i] = fmaf((float)I, moe8__e8m0(sc[n * nb + b]) * sh, tail[i]);
-        }
+        memcpy(&sh, x + K + 4 * nb + 4 * b, 4);
+        chain = fmaf((float)I, moe8__e8m0(sc[(c * nb + b) * 16 + i]) * sh, chain);
       }
-      float lane[16];
-      for (int j = 0; j < 16; j++) lane[j] = chain[0][j] + chain[1][j];
-      for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
-      out[p * ldo + (split > 0 ? n / 2 + ((n & 1) ? split : 0) : n)] = lane[0] + ((tail[0] + tail[2]) + (tail[1] + tail[3]));
+      out[p * ldo + (split > 0 ? n / 2 + ((n & 1) ? split : 0) : n)] = chain;
     }
 }

@@ -203,113 +203,94 @@ static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const
 ** moe8__ref_mx4_rows_i8's) ------------------------------------------------ */
 #define MX_VNNI __attribute__((target("avx512vnni,fma")))
 
-/* The f32 scales (moe8__e8m0) of the byte each lane's dword selects from
-** a broadcast of a group's 8 scale bytes. */
-static inline __m512 e8m0_lanes(__m512i bytes, __m512i sel) {
-  const __m512i e = _mm512_shuffle_epi8(bytes, sel);
-  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
-                                                   _mm512_set1_epi32(0x00400000)));
-}
+enum { MXI_NC = 1, MXI_NR = 4 }; /* a tile: up to 2 column groups (32 columns) x 4 rows */
 
-/* One tile, as mx4_tile but on x packed by moe8__mx4_xpack.  A group's two
-** 64-byte loads a column are transposed 4 x 4 bytes in each 128-bit lane,
-** so lane i = 4qq + d holds, of block 8g + 2d (low nibbles) and 8g + 2d + 1
-** (high), the codes of k = 16h + 4qq + t; vpshufb turns them into
-** 2 · E2M1 + 12 and vpdpbusd takes 4 of them with 4 of x into lane i,
-** starting from the pack's correction -12 · Σ x, so each lane's int32 is
-** exact.  Chains f0/f1 (low/high nibbles) take it times 2^(e - 127) · sh. */
+/* One tile: column groups 0 .. nc - 1 of q, sc (moe8__mx4_to_cols's
+** layout, nb blocks a group) against rows 0 .. rr - 1 of xp.  Per block and
+** group: 16 scale bytes widened to their f32 values (moe8__e8m0), four
+** 64-byte loads split into low and high nibbles and turned by vpshufb
+** into 2 · E2M1 + 12 (unsigned); per row the block's int32 starts from
+** the pack's correction -12 · Σ q, takes 8 vpdpbusd against broadcast
+** dwords of q (so each lane's sum is the exact Σ w2 · q of its column),
+** and goes into the column's chain as fma(I, 2^(e - 127) · sh, chain). */
 MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint8_t *xp, int64_t ldxp, int rr, int nc, const uint8_t *q,
-                                                                     int64_t rs, const uint8_t *sc, int64_t nb, float *res) {
+                                                                     const uint8_t *sc, int64_t K, __m512 res[MXI_NC][MXI_NR]) {
+  const int64_t nb = K / 32;
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i tr = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-  const __m512i s0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, -1, -1, 2, -1, -1, -1, 4, -1, -1, -1, 6, -1, -1, -1));
-  const __m512i s1 = _mm512_broadcast_i32x4(_mm_setr_epi8(1, -1, -1, -1, 3, -1, -1, -1, 5, -1, -1, -1, 7, -1, -1, -1));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  __m512 f0[MX_NC][MX_NR], f1[MX_NC][MX_NR];
-  __m128 ft[MX_NC][MX_NR];
-#pragma GCC unroll 8
-  for (int c = 0; c < nc; c++)
+  __m512 f[MXI_NC][MXI_NR];
+#pragma GCC unroll 2
+  for (int c = 0; c < MXI_NC; c++)
 #pragma GCC unroll 4
-    for (int r = 0; r < rr; r++) {
-      f0[c][r] = f1[c][r] = _mm512_setzero_ps();
-      ft[c][r] = _mm_setzero_ps();
-    }
-  const int64_t ng = nb / 8;
-  for (int64_t g = 0; g < ng; g++) {
-#pragma GCC unroll 8
+    for (int r = 0; r < MXI_NR; r++) f[c][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 2
     for (int c = 0; c < nc; c++) {
-      _mm_prefetch((const char *)(q + (c + 4 * nc) * rs + g * 128), _MM_HINT_T0);
-      _mm_prefetch((const char *)(q + (c + 4 * nc) * rs + g * 128 + 64), _MM_HINT_T0);
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < nc; c++) {
-      const uint8_t *qc = q + c * rs + g * 128;
-      const __m512i v0 = _mm512_shuffle_epi8(_mm512_loadu_si512(qc), tr), v1 = _mm512_shuffle_epi8(_mm512_loadu_si512(qc + 64), tr);
-      const __m512i w00 = _mm512_shuffle_epi8(lut, _mm512_and_si512(v0, m4)), w01 = _mm512_shuffle_epi8(lut, _mm512_and_si512(v1, m4));
-      const __m512i w10 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4));
-      const __m512i w11 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4));
-      uint64_t s8;
-      memcpy(&s8, sc + c * nb + g * 8, 8);
-      const __m512i sb = _mm512_set1_epi64((long long)s8);
-      const __m512 sw0 = e8m0_lanes(sb, s0), sw1 = e8m0_lanes(sb, s1);
+      const uint8_t *qb = q + (c * nb + b) * 256;
+      _mm_prefetch((const char *)(qb + 4096), _MM_HINT_T0);
+      _mm_prefetch((const char *)(qb + 4096 + 64), _MM_HINT_T0);
+      _mm_prefetch((const char *)(qb + 4096 + 128), _MM_HINT_T0);
+      _mm_prefetch((const char *)(qb + 4096 + 192), _MM_HINT_T0);
+      const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + (c * nb + b) * 16)));
+      const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                                                  _mm512_set1_epi32(0x00400000)));
+      __m512i lo[4], hi[4];
 #pragma GCC unroll 4
-      for (int r = 0; r < rr; r++) {
-        const uint8_t *xg = xp + r * ldxp + g * 512;
-        __m512i i0 = _mm512_loadu_si512(xg + 256), i1 = _mm512_loadu_si512(xg + 320);
-        i0 = _mm512_dpbusd_epi32(i0, w00, _mm512_loadu_si512(xg));
-        i0 = _mm512_dpbusd_epi32(i0, w01, _mm512_loadu_si512(xg + 64));
-        i1 = _mm512_dpbusd_epi32(i1, w10, _mm512_loadu_si512(xg + 128));
-        i1 = _mm512_dpbusd_epi32(i1, w11, _mm512_loadu_si512(xg + 192));
-        f0[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sw0, _mm512_loadu_ps((const float *)(xg + 384))), f0[c][r]);
-        f1[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(sw1, _mm512_loadu_ps((const float *)(xg + 448))), f1[c][r]);
+      for (int u = 0; u < 4; u++) {
+        const __m512i v = _mm512_loadu_si512(qb + 64 * u);
+        lo[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+        hi[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
       }
-    }
-  }
-  for (int64_t b = ng * 8; b < nb; b++) { /* the blocks after the last group: byte L holds k = 32b + L and 32b + 16 + L */
-#pragma GCC unroll 8
-    for (int c = 0; c < nc; c++) {
-      const __m128i v = _mm_loadu_si128((const __m128i *)(q + c * rs + b * 16));
-      const __m128i wl = _mm_shuffle_epi8(_mm512_castsi512_si128(lut), _mm_and_si128(v, _mm512_castsi512_si128(m4)));
-      const __m128i wh = _mm_shuffle_epi8(_mm512_castsi512_si128(lut), _mm_and_si128(_mm_srli_epi16(v, 4), _mm512_castsi512_si128(m4)));
-      const float sw = moe8__e8m0(sc[c * nb + b]);
 #pragma GCC unroll 4
       for (int r = 0; r < rr; r++) {
-        const uint8_t *xt = xp + r * ldxp + ng * 512 + (b - ng * 8) * 64;
-        __m128i i = _mm_loadu_si128((const __m128i *)(xt + 32));
-        i = _mm_dpbusd_epi32(i, wl, _mm_loadu_si128((const __m128i *)xt));
-        i = _mm_dpbusd_epi32(i, wh, _mm_loadu_si128((const __m128i *)(xt + 16)));
+        const uint8_t *x = xp + r * ldxp;
+        int32_t nc0, xw[8];
         float sh;
-        memcpy(&sh, xt + 48, 4);
-        ft[c][r] = _mm_fmadd_ps(_mm_cvtepi32_ps(i), _mm_set1_ps(sw * sh), ft[c][r]);
+        memcpy(&nc0, x + K + 4 * b, 4);
+        memcpy(&sh, x + K + 4 * nb + 4 * b, 4);
+        memcpy(xw, x + 32 * b, 32);
+        __m512i acc = _mm512_set1_epi32(nc0);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+          acc = _mm512_dpbusd_epi32(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
+          acc = _mm512_dpbusd_epi32(acc, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
+        }
+        f[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[c][r]);
       }
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 2
   for (int c = 0; c < nc; c++)
 #pragma GCC unroll 4
-    for (int r = 0; r < rr; r++) {
-      const __m128 t = _mm_add_ps(ft[c][r], _mm_movehl_ps(ft[c][r], ft[c][r]));
-      res[c * MX_NR + r] = fold16(_mm512_add_ps(f0[c][r], f1[c][r])) + _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-    }
+    for (int r = 0; r < rr; r++) res[c][r] = f[c][r];
 }
 
+/* Tiles of 2 column groups (32 columns, two streams of codes) by up to 4
+** rows, the shapes known at compile time; more rows go in fours over the
+** same columns (their codes then come from L2). */
 MX_VNNI static void mx4_rows_i8(const uint8_t *xp, int64_t rows, int64_t ldxp, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                                 int64_t n1, float *out, int64_t ldo, int64_t split) {
-  const int64_t nb = K / 32, rs = moe8__mx4_row_bytes(K);
-  float res[MX_NC * MX_NR];
-  for (int64_t p0 = 0; p0 < rows; p0 += MX_NR) {
-    const int rr = rows - p0 < MX_NR ? (int)(rows - p0) : MX_NR;
+  const int64_t nb = K / 32;
+  __m512 res[MXI_NC][MXI_NR];
+  float lane[16];
+  for (int64_t p0 = 0; p0 < rows; p0 += MXI_NR) {
+    const int rr = rows - p0 < MXI_NR ? (int)(rows - p0) : MXI_NR;
     const uint8_t *xr = xp + p0 * ldxp;
-    for (int64_t n = n0; n < n1; n += MX_NC) {
-      const int nc = n1 - n < MX_NC ? (int)(n1 - n) : MX_NC;
-      const uint8_t *q = blk + n * rs, *s = sc + n * nb;
-      if (nc == 4 && rr == 1) mx4_tile_i8(xr, ldxp, 1, 4, q, rs, s, nb, res);
-      else if (nc == 4 && rr == 2) mx4_tile_i8(xr, ldxp, 2, 4, q, rs, s, nb, res);
-      else mx4_tile_i8(xr, ldxp, rr, nc, q, rs, s, nb, res);
-      for (int c = 0; c < nc; c++) {
-        const int64_t nn = n + c, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
-        for (int r = 0; r < rr; r++) out[(p0 + r) * ldo + col] = res[c * MX_NR + r];
-      }
+    for (int64_t c0 = n0 / 16; c0 * 16 < n1; c0 += MXI_NC) {
+      const int nc = (c0 + 1) * 16 < n1 && MXI_NC > 1 ? 2 : 1;
+      const uint8_t *q = blk + c0 * nb * 256, *s = sc + c0 * nb * 16;
+      if (nc == MXI_NC && rr == 1) mx4_tile_i8(xr, ldxp, 1, MXI_NC, q, s, K, res);
+      else if (nc == MXI_NC && rr == 2) mx4_tile_i8(xr, ldxp, 2, MXI_NC, q, s, K, res);
+      else if (nc == MXI_NC && rr == 4) mx4_tile_i8(xr, ldxp, 4, MXI_NC, q, s, K, res);
+      else mx4_tile_i8(xr, ldxp, rr, nc, q, s, K, res);
+      for (int c = 0; c < nc; c++)
+        for (int r = 0; r < rr; r++) {
+          _mm512_storeu_ps(lane, res[c][r]);
+          for (int i = 0; i < 16; i++) {
+            const int64_t nn = (c0 + c) * 16 + i, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
+            if (nn >= n0 && nn < n1) out[(p0 + r) * ldo + col] = lane[i];
+          }
+        }
     }
   }
 }
