@@ -254,8 +254,10 @@ typedef struct moe8_rule {
   moe8_calibration act_calib;
   /* weight_qtype "mxfp4": the experts quantized to OCP MXFP4 (E2M1 codes,
   ** one E8M0 scale per 32 along K) at an inference load and kept so
-  ** (4.25 bits a weight); weight_qtype is then NONE.  Activations stay
-  ** f32 (act_qtype null); D and the FFN widths multiples of 32. */
+  ** (4.25 bits a weight); weight_qtype is then NONE.  Activations f32
+  ** (act_qtype null), or int8 per token or 1 x tile_size with the tile a
+  ** multiple of 32 (the int8 MXFP4 kernels, faster for decode); D and the
+  ** FFN widths multiples of 32. */
   bool             weight_mxfp4;
   /* weight_qtype "mxfp8": weight_qtype f8e4m3, weight_calib MOE8_CALIB_MX,
   ** and tile_size 32 (set when the rule gives none; another is refused). */

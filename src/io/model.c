@@ -886,8 +886,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if (moe8_model_find(m, n)) {
     /* moe8's MXFP4 file (moe8 quantize, weight_qtype mxfp4): the OCP
-    ** blocks and scales, gate rows then up rows.  Kept as they are under
-    ** the mxfp4 rule (inference); decoded exactly otherwise. */
+    ** blocks and scales, gate rows then up rows.  Kept as they are by an
+    ** inference layer under the mxfp4 rule or a rule naming no weight
+    ** format; decoded exactly otherwise. */
     gptoss_w wgu, wdn;
     if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK || (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK)
       goto fail;
@@ -895,6 +896,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has MXFP4 gate_up_proj blocks but a float down_proj: both or neither", (long long)layer);
       goto fail;
     }
+    (void)moe8__layer_keep_mx4(L);
     if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
     st = put_routed(L, &wgu, &wdn, E, D, F, b.gu, b.dn, ld.tmp, &o, total);
     xbuf_free(&b);

@@ -720,28 +720,32 @@ static moe8_status finish_training(moe8_layer *L) {
   return MOE8_OK;
 }
 
-/* Under an int8-activation rule the routed experts' MXFP4 move, expert by
-** expert, to the column-group layout of mx4_rows_i8, in place: an
-** expert's column-group bytes fit in its rows' (N is a multiple of 32),
-** so the load's memory grows by one expert's bytes at most. */
+/* Under an int8-activation rule the MXFP4 experts (routed, and a shared
+** one quantized at load) move, expert by expert, to the column-group
+** layout of mx4_rows_i8, in place: an expert's column-group bytes fit in
+** its rows' (N is a multiple of 32), so the load's memory grows by one
+** expert's bytes at most. */
 static moe8_status mx4_to_cols(moe8_layer *L) {
-  moe8__xset *X = &L->xs[0];
-  if (!L->aq || !X->mx_gu_b || X->mx_cols) return MOE8_OK;
-  const int64_t D = L->cfg.hidden, F = X->F, Ns[2] = {2 * F, D}, Ks[2] = {D, F};
-  uint8_t *const bs[2] = {X->mx_gu_b, X->mx_dn_b}, *const ss[2] = {X->mx_gu_s, X->mx_dn_s};
-  const size_t tb0 = (size_t)(Ns[0] * (moe8__mx4_row_bytes(Ks[0]) + Ks[0] / 32)), tb1 = (size_t)(Ns[1] * (moe8__mx4_row_bytes(Ks[1]) + Ks[1] / 32));
-  uint8_t *tmp = malloc(tb0 > tb1 ? tb0 : tb1);
-  if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "layer %s: out of memory", L->module_path);
-  for (int64_t e = 0; e < X->E; e++)
-    for (int m = 0; m < 2; m++) {
-      const int64_t N = Ns[m], K = Ks[m], rb = moe8__mx4_row_bytes(K), nb = K / 32;
-      uint8_t *b = bs[m] + (size_t)(e * N * rb), *sc = ss[m] + (size_t)(e * N * nb);
-      memcpy(tmp, b, (size_t)(N * rb));
-      memcpy(tmp + N * rb, sc, (size_t)(N * nb));
-      moe8__mx4_to_cols(b, sc, tmp, tmp + N * rb, N, K);
-    }
-  free(tmp);
-  X->mx_cols = true;
+  const int64_t D = L->cfg.hidden;
+  for (int set = 0; set < L->nsets && L->aq; set++) {
+    moe8__xset *X = &L->xs[set];
+    if (!X->mx_gu_b || X->mx_cols) continue;
+    const int64_t F = X->F, Ns[2] = {2 * F, D}, Ks[2] = {D, F};
+    uint8_t *const bs[2] = {X->mx_gu_b, X->mx_dn_b}, *const ss[2] = {X->mx_gu_s, X->mx_dn_s};
+    const size_t tb0 = (size_t)(Ns[0] * (moe8__mx4_row_bytes(Ks[0]) + Ks[0] / 32)), tb1 = (size_t)(Ns[1] * (moe8__mx4_row_bytes(Ks[1]) + Ks[1] / 32));
+    uint8_t *tmp = malloc(tb0 > tb1 ? tb0 : tb1);
+    if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "layer %s: out of memory", L->module_path);
+    for (int64_t e = 0; e < X->E; e++)
+      for (int m = 0; m < 2; m++) {
+        const int64_t N = Ns[m], K = Ks[m], rb = moe8__mx4_row_bytes(K), nb = K / 32;
+        uint8_t *b = bs[m] + (size_t)(e * N * rb), *sc = ss[m] + (size_t)(e * N * nb);
+        memcpy(tmp, b, (size_t)(N * rb));
+        memcpy(tmp + N * rb, sc, (size_t)(N * nb));
+        moe8__mx4_to_cols(b, sc, tmp, tmp + N * rb, N, K);
+      }
+    free(tmp);
+    X->mx_cols = true;
+  }
   return MOE8_OK;
 }
 
@@ -756,6 +760,16 @@ moe8_status moe8__layer_end_load(moe8_layer *L) {
                                                                      : "as the file holds them");
   L->prepared = true;
   return MOE8_OK;
+}
+
+bool moe8__layer_keep_mx4(moe8_layer *L) {
+  const int64_t D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
+  if (!L->wmx && L->inference && !L->wq && moe8__mx4_acts_ok(L) && !(L->has_rule && L->rule.weight_qtype != MOE8_DTYPE_NONE) &&
+      D % 32 == 0 && F % 32 == 0 && Fs % 32 == 0) {
+    L->wmx = true;
+    set_describe(L, "");
+  }
+  return L->wmx;
 }
 
 moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s) {

@@ -146,6 +146,10 @@ moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, ui
 ** kernels' layout, gate rows then up rows: moe8's own files); ownership of
 ** the four buffers passes, also on failure. */
 moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s);
+/* Before begin_load, for moe8's MXFP4 file: an inference layer whose rule
+** names no weight format (f32 or int8 activations) keeps the file's MXFP4,
+** as the rule the file was written under would; returns whether it does. */
+bool moe8__layer_keep_mx4(moe8_layer *L);
 /* A layer without f32 expert masters (inference). */
 moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
                                moe8_layer **out);

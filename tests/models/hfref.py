@@ -102,6 +102,22 @@ def quant_rows(x, tile):
     return out
 
 
+def quant_rows_i8(x, tile):
+    """Per-row, per K tile of `tile`, moe8's default int8: s = absmax / 127
+    in f32 (1 for a zero or tiny block), q = x / s in f32 rounded half to
+    even and clamped to [-127, 127]; returns q * s in f64."""
+    x32 = np.asarray(x, dtype=np.float32)
+    out = np.empty(x32.shape, dtype=np.float64)
+    K = x32.shape[-1]
+    for k0 in range(0, K, tile):
+        blk = x32[..., k0:k0 + tile]
+        s = (np.max(np.abs(blk), axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+        s = np.where((s >= np.float32(2.0 ** -126)) & np.isfinite(s), s, np.float32(1))
+        q = np.clip(np.rint((blk / s).astype(np.float32)), -127, 127)
+        out[..., k0:k0 + tile] = q.astype(np.float64) * s.astype(np.float64)
+    return out
+
+
 def quant_cols(w, tile):
     """A weight [K, N] quantized per column per K tile (moe8's
     [E, K/tile, 1, N] layout for one expert), dequantized, f64."""

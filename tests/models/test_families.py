@@ -76,6 +76,7 @@ def per_expert(tensors, prefix, experts, names, dt):
 
 
 RULES_FP8 = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 128}]}
+RULES_I8_ACT = {"rules": [{"module_path": ".*", "act_qtype": "int8", "tile_size": 32}]}
 
 
 def fp8_emulated(experts, shared):
@@ -558,6 +559,24 @@ def test_gpt_oss(tmp, rng):
     got, _ = run(d, x, ("--rules", _rules_file(tmp)))
     refq = _gpt_oss_quant_ref(x, wr, br, q(gu), gub, q(dn), dnb, 4, aq)
     check("gpt_oss MXFP4 experts run with FP8 rules (quantizers emulated)", got, refq, 1e-4)
+    # int8 activations 1 x 32: the MXFP4 experts stay packed (mx4_rows_i8)
+    ri = os.path.join(tmp, "rules_i8_act.json")
+    with open(ri, "w") as f:
+        json.dump(RULES_I8_ACT, f)
+    got, out = run(d, x, ("--rules", ri))
+    refq = _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, 4, lambda v: R.quant_rows_i8(v, 32))
+    check("gpt_oss MXFP4 experts, int8 activations 1x32 (emulated)", got, refq, 1e-4)
+    if "weights mxfp4" not in out or "activations int8 1x32" not in out:
+        FAILS.append("gpt_oss MXFP4 with int8 activations is not the MXFP4 int8 path: " + out.strip())
+    if mpirun:
+        for mode in ("ring", "alltoall"):
+            yp = os.path.join(d, "y_ep_i8.npy")
+            p = subprocess.run([mpirun, "-n", "2", "--oversubscribe", MOE8, "run", "--model", d, "--input", os.path.join(d, "x.npy"),
+                                "--output", yp, "--ep-mode", mode, "--rules", ri], capture_output=True, text=True, env=env)
+            same = p.returncode == 0 and np.load(yp).astype(np.float64).tobytes() == got.tobytes()
+            print("gpt_oss MXFP4, int8 activations, mpirun -n 2 (%s): %s" % (mode, "the single-process bytes" if same else "FAIL " + p.stderr[-300:]))
+            if not same:
+                FAILS.append("gpt_oss MXFP4 int8 expert parallel " + mode)
 
 
 def test_llama4(tmp, rng):
@@ -679,6 +698,16 @@ def test_mxfp4_rule(tmp, rng):
     dnq = np.stack([q(dn[e].T).T for e in range(dn.shape[0])])
     got, _ = run(d, x, ("--rules", rules))
     check("gpt_oss f32 with mxfp4 weights by rule (emulated)", got, R.gpt_oss_block(x, wr, br, guq, gub, dnq, dnb, 4), 1e-5)
+    # with int8 activations 1 x 32 the routed experts run mx4_rows_i8, the (MXFP4-valued) shared expert the dequantized path
+    ri = os.path.join(tmp, "rules_mx4_i8.json")
+    with open(ri, "w") as f:
+        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4", "act_qtype": "int8", "tile_size": 32}]}, f)
+    dq, xq, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
+    got, out = run(dq, xq, ("--rules", ri))
+    ref = R.moe_block(xq, routing, [tuple(q(w) for w in e) for e in ex], tuple(q(w) for w in sh), sg, act_q=lambda v: R.quant_rows_i8(v, 32))
+    check("qwen2_moe mxfp4 weights, int8 activations 1x32 (emulated)", got, ref, 1e-4)
+    if "activations int8 1x32" not in out:
+        FAILS.append("mxfp4 rule with int8 activations: " + out.strip())
     # MXFP8: e4m3 codes with OCP MX scales per 32 along K (weights only here)
     _qwen2_with_weight_rule(tmp, rng, _weight_rule(tmp, "mxfp8"), R.mxfp8_quant, "qwen2_moe f32 with mxfp8 weights (OCP MX emulated)")
     p = subprocess.run([MOE8, "run", "--model", d, "--input", os.path.join(d, "x.npy"), "--output", os.path.join(d, "y.npy"), "--rules", rules,
@@ -715,6 +744,19 @@ def test_mxfp4_file(tmp, rng):
     # a training load decodes the codes exactly, and gives the (float) shared expert its MXFP4 values, as an inference load
     got_t, _ = run(out, x, ("--training-load",))
     check("qwen2_moe mxfp4 file, training load (decoded)", got_t, ref, 1e-5)
+    # the file under an int8-activation rule: the codes move to mx4_rows_i8's layout, the same bytes as the input under both rules
+    ri = os.path.join(tmp, "rules_i8_only.json")
+    with open(ri, "w") as f:
+        json.dump(RULES_I8_ACT, f)
+    rb = os.path.join(tmp, "rules_mx4_i8b.json")
+    with open(rb, "w") as f:
+        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4", "act_qtype": "int8", "tile_size": 32}]}, f)
+    got_i, out_i = run(out, x, ("--rules", ri))
+    want_i, _ = run(d, x, ("--rules", rb))
+    same = np.array_equal(got_i, want_i)
+    print("mxfp4 file, int8 activations: %s the input's run under mxfp4 + int8 rules, byte for byte" % ("equals" if same else "DIFFERS FROM"))
+    if not same or "activations int8 1x32" not in out_i:
+        FAILS.append("mxfp4 file with int8 activations: " + out_i.strip())
     rc, txt = info(out)
     if rc != 0 or "moe8 mxfp4" not in txt:
         FAILS.append("mxfp4 file info")
