@@ -203,94 +203,86 @@ static void mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const
 ** moe8__ref_mx4_rows_i8's) ------------------------------------------------ */
 #define MX_VNNI __attribute__((target("avx512vnni,fma")))
 
-enum { MXI_NC = 1, MXI_NR = 4 }; /* a tile: up to 2 column groups (32 columns) x 4 rows */
+enum { MXI_NR = 4 }; /* a tile: one column group (16 columns) x up to 4 rows */
 
-/* One tile: column groups 0 .. nc - 1 of q, sc (moe8__mx4_to_cols's
-** layout, nb blocks a group) against rows 0 .. rr - 1 of xp.  Per block and
-** group: 16 scale bytes widened to their f32 values (moe8__e8m0), four
-** 64-byte loads split into low and high nibbles and turned by vpshufb
-** into 2 · E2M1 + 12 (unsigned); per row the block's int32 starts from
-** the pack's correction -12 · Σ q, takes 8 vpdpbusd against broadcast
-** dwords of q (so each lane's sum is the exact Σ w2 · q of its column),
-** and goes into the column's chain as fma(I, 2^(e - 127) · sh, chain). */
-MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint8_t *xp, int64_t ldxp, int rr, int nc, const uint8_t *q,
-                                                                     const uint8_t *sc, int64_t K, __m512 res[MXI_NC][MXI_NR]) {
+/* One tile: the column group at q, sc (moe8__mx4_to_cols's layout, nb
+** blocks) against rows 0 .. rr - 1 of xp.  Per block: the 16 scale bytes
+** widened to their f32 values (moe8__e8m0), four 64-byte loads split into
+** low and high nibbles and turned by vpshufb into 2 · E2M1 + 12
+** (unsigned); per row the block's int32 starts from the pack's correction
+** -12 · Σ q, takes 8 vpdpbusd against broadcast dwords of q (so each
+** lane's sum is the exact Σ w2 · q of its column), and goes into the
+** column's chain as fma(I, 2^(e - 127) · sh, chain).  The codes are one
+** sequential stream (a task's groups follow each other), prefetched 4 KiB
+** ahead: two column groups at a time (two streams) were slower from
+** memory though faster in cache. */
+MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint8_t *xp, int64_t ldxp, int rr, const uint8_t *q,
+                                                                     const uint8_t *sc, int64_t K, __m512 res[MXI_NR]) {
   const int64_t nb = K / 32;
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  __m512 f[MXI_NC][MXI_NR];
-#pragma GCC unroll 2
-  for (int c = 0; c < MXI_NC; c++)
+  __m512 f[MXI_NR];
 #pragma GCC unroll 4
-    for (int r = 0; r < MXI_NR; r++) f[c][r] = _mm512_setzero_ps();
+  for (int r = 0; r < MXI_NR; r++) f[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-#pragma GCC unroll 2
-    for (int c = 0; c < nc; c++) {
-      const uint8_t *qb = q + (c * nb + b) * 256;
-      _mm_prefetch((const char *)(qb + 4096), _MM_HINT_T0);
-      _mm_prefetch((const char *)(qb + 4096 + 64), _MM_HINT_T0);
-      _mm_prefetch((const char *)(qb + 4096 + 128), _MM_HINT_T0);
-      _mm_prefetch((const char *)(qb + 4096 + 192), _MM_HINT_T0);
-      const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + (c * nb + b) * 16)));
-      const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
-                                                                  _mm512_set1_epi32(0x00400000)));
-      __m512i lo[4], hi[4];
+    const uint8_t *qb = q + b * 256;
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) _mm_prefetch((const char *)(qb + 4096 + 64 * u), _MM_HINT_T0);
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + b * 16)));
+    const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                                                _mm512_set1_epi32(0x00400000)));
+    __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) {
+      const __m512i v = _mm512_loadu_si512(qb + 64 * u);
+      lo[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+      hi[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < rr; r++) {
+      const uint8_t *x = xp + r * ldxp;
+      int32_t nc0, xw[8];
+      float sh;
+      memcpy(&nc0, x + K + 4 * b, 4);
+      memcpy(&sh, x + K + 4 * nb + 4 * b, 4);
+      memcpy(xw, x + 32 * b, 32);
+      __m512i acc = _mm512_set1_epi32(nc0);
 #pragma GCC unroll 4
       for (int u = 0; u < 4; u++) {
-        const __m512i v = _mm512_loadu_si512(qb + 64 * u);
-        lo[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
-        hi[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+        acc = _mm512_dpbusd_epi32(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
+        acc = _mm512_dpbusd_epi32(acc, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
       }
-#pragma GCC unroll 4
-      for (int r = 0; r < rr; r++) {
-        const uint8_t *x = xp + r * ldxp;
-        int32_t nc0, xw[8];
-        float sh;
-        memcpy(&nc0, x + K + 4 * b, 4);
-        memcpy(&sh, x + K + 4 * nb + 4 * b, 4);
-        memcpy(xw, x + 32 * b, 32);
-        __m512i acc = _mm512_set1_epi32(nc0);
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
-          acc = _mm512_dpbusd_epi32(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
-          acc = _mm512_dpbusd_epi32(acc, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
-        }
-        f[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[c][r]);
-      }
+      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[r]);
     }
   }
-#pragma GCC unroll 2
-  for (int c = 0; c < nc; c++)
 #pragma GCC unroll 4
-    for (int r = 0; r < rr; r++) res[c][r] = f[c][r];
+  for (int r = 0; r < rr; r++) res[r] = f[r];
 }
 
-/* Tiles of 2 column groups (32 columns, two streams of codes) by up to 4
-** rows, the shapes known at compile time; more rows go in fours over the
-** same columns (their codes then come from L2). */
+/* Tiles of one column group by up to 4 rows, the shapes known at compile
+** time; more rows go in fours over the same columns (their codes then
+** come from L2).  Columns outside [n0, n1) of a group are not stored. */
 MX_VNNI static void mx4_rows_i8(const uint8_t *xp, int64_t rows, int64_t ldxp, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                                 int64_t n1, float *out, int64_t ldo, int64_t split) {
   const int64_t nb = K / 32;
-  __m512 res[MXI_NC][MXI_NR];
+  __m512 res[MXI_NR];
   float lane[16];
   for (int64_t p0 = 0; p0 < rows; p0 += MXI_NR) {
     const int rr = rows - p0 < MXI_NR ? (int)(rows - p0) : MXI_NR;
     const uint8_t *xr = xp + p0 * ldxp;
-    for (int64_t c0 = n0 / 16; c0 * 16 < n1; c0 += MXI_NC) {
-      const int nc = (c0 + 1) * 16 < n1 && MXI_NC > 1 ? 2 : 1;
-      const uint8_t *q = blk + c0 * nb * 256, *s = sc + c0 * nb * 16;
-      if (nc == MXI_NC && rr == 1) mx4_tile_i8(xr, ldxp, 1, MXI_NC, q, s, K, res);
-      else if (nc == MXI_NC && rr == 2) mx4_tile_i8(xr, ldxp, 2, MXI_NC, q, s, K, res);
-      else if (nc == MXI_NC && rr == 4) mx4_tile_i8(xr, ldxp, 4, MXI_NC, q, s, K, res);
-      else mx4_tile_i8(xr, ldxp, rr, nc, q, s, K, res);
-      for (int c = 0; c < nc; c++)
-        for (int r = 0; r < rr; r++) {
-          _mm512_storeu_ps(lane, res[c][r]);
-          for (int i = 0; i < 16; i++) {
-            const int64_t nn = (c0 + c) * 16 + i, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
-            if (nn >= n0 && nn < n1) out[(p0 + r) * ldo + col] = lane[i];
-          }
+    for (int64_t c = n0 / 16; c * 16 < n1; c++) {
+      const uint8_t *q = blk + c * nb * 256, *s = sc + c * nb * 16;
+      if (rr == 1) mx4_tile_i8(xr, ldxp, 1, q, s, K, res);
+      else if (rr == 2) mx4_tile_i8(xr, ldxp, 2, q, s, K, res);
+      else if (rr == 4) mx4_tile_i8(xr, ldxp, 4, q, s, K, res);
+      else mx4_tile_i8(xr, ldxp, rr, q, s, K, res);
+      for (int r = 0; r < rr; r++) {
+        _mm512_storeu_ps(lane, res[r]);
+        for (int i = 0; i < 16; i++) {
+          const int64_t nn = c * 16 + i, col = split > 0 ? nn / 2 + ((nn & 1) ? split : 0) : nn;
+          if (nn >= n0 && nn < n1) out[(p0 + r) * ldo + col] = lane[i];
         }
+      }
     }
   }
 }
