@@ -190,7 +190,8 @@ static void test_router_logits_isas(void **state) {
 
 /* SwiGLU on every ISA: the reference's bytes for g over a stride through
 ** all 2^32 bit patterns (every exponent, ±0, subnormals, ±inf, the
-** clamp region of exp) and u = 1, then random g and u with tails. */
+** clamp region of exp) and u = 1, then random g and u with tails; the
+** clamped form (GPT-OSS) on the same g with u over the bit patterns. */
 static void test_swiglu_isas(void **state) {
   (void)state;
   moe8_isa isas[MOE8_ISA_COUNT];
@@ -219,6 +220,21 @@ static void test_swiglu_isas(void **state) {
         if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]))
           TU_FAIL("swiglu on %s: g = %a (0x%08x), u = %a: %a, want %a", moe8_isa_name(isas[i]), (double)g[j],
                   moe8__f32_bits(g[j]), (double)u[j], (double)got[j], (double)want[j]);
+    }
+    /* GPT-OSS's clamped form, u over the bit patterns too (NaN and inf
+    ** included: the clamps keep a NaN u and turn a NaN g into the limit) */
+    for (size_t j = 0; j < n; j++) u[j] = moe8__bits_f32((uint32_t)(j * 2654435761u + (uint32_t)round * 40503u));
+    if (round % 5 == 1) g[0] = NAN;
+    const float limit = round % 2 ? 7.0f : 1.5f;
+    ref->swiglu_clamp(want, g, u, n, 1.702f, limit);
+    for (int i = 1; i < nisa; i++) {
+      const size_t len = round % 3 == 0 ? n - (size_t)(round % 16) : n;
+      memset(got, 0, sizeof(float) * N);
+      moe8__kernels_for(isas[i])->swiglu_clamp(got, g, u, len, 1.702f, limit);
+      for (size_t j = 0; j < len; j++)
+        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
+          TU_FAIL("swiglu_clamp on %s: g = %a, u = %a: %a, want %a", moe8_isa_name(isas[i]), (double)g[j], (double)u[j], (double)got[j],
+                  (double)want[j]);
     }
   }
   free(g); free(u); free(want); free(got);
@@ -439,7 +455,7 @@ static void test_mx4_rows(void **state) {
 }
 
 /* MXFP4 rows against int8 activations (moe8__ktable.mx4_rows_i8: weights
-** moved by moe8__mx4_repack then moe8__mx4_to_cols, x packed by
+** moved from the OCP layout by moe8__mx4_to_cols, x packed by
 ** moe8__mx4_xpack): every ISA's bytes equal the reference's on the
 ** shapes of test_mx4_rows (rows 0..8, K of 1 to 257 blocks, column tails,
 ** split on and off, column ranges, one row alone), with x's codes over the
@@ -459,7 +475,7 @@ static void test_mx4_rows_i8(void **state) {
         const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32, pb = moe8__mx4_xpack_bytes(K);
         if (K >= 2880 && (N > 18 || R % 2 == 0)) continue;
         const int64_t sbl = ri % 3 == 0 ? 1 : ri % 3 == 1 ? 4 : nb, ns = (nb + sbl - 1) / sbl;
-        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb)), *b1 = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
+        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb));
         uint8_t *blk = malloc((size_t)moe8__mx4_cols_bytes(N, K)), *scc = malloc((size_t)moe8__mx4_cols_scale_bytes(N, K));
         int8_t *q = malloc((size_t)(R * K + 1));
         float *sx = malloc(sizeof(float) * (size_t)(R * ns + 1));
@@ -472,8 +488,7 @@ static void test_mx4_rows_i8(void **state) {
         for (int64_t i = 0; i < R * K; i++) q[i] = (int8_t)(tu_u64() >> 56);
         if (R > 0) { q[0] = -128; q[K - 1] = 127; }
         for (int64_t i = 0; i < R * ns; i++) sx[i] = (float)ldexp(1.0 + (double)(tu_u64() % 1000) / 1000.0, -7 - (int)(tu_u64() % 4));
-        moe8__mx4_repack(b1, ocp, N, K);
-        moe8__mx4_to_cols(blk, scc, b1, sc, N, K);
+        moe8__mx4_to_cols(blk, scc, ocp, sc, N, K);
         for (int64_t p = 0; p < R; p++) moe8__mx4_xpack(xp + p * pb, q + p * K, sx + p * ns, sbl, K);
         for (int split = 0; split < 2; split++) {
           if (split && N % 2) continue;
@@ -507,7 +522,7 @@ static void test_mx4_rows_i8(void **state) {
             }
           }
         }
-        free(blk); free(scc); free(b1); free(sc); free(ocp); free(q); free(sx); free(xp); free(want); free(got);
+        free(blk); free(scc); free(sc); free(ocp); free(q); free(sx); free(xp); free(want); free(got);
       }
 }
 

@@ -59,9 +59,16 @@ void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K);
 ** codes of one block against 4 consecutive activation bytes. */
 static inline int64_t moe8__mx4_cols_bytes(int64_t N, int64_t K) { return (N + 15) / 16 * 16 * (K / 2); }
 static inline int64_t moe8__mx4_cols_scale_bytes(int64_t N, int64_t K) { return (N + 15) / 16 * 16 * (K / 32); }
-/* From moe8__mx4_repack's layout (blk, rows of moe8__mx4_row_bytes(K)) and
-** scales [N, K/32] to the column-group layout (dst_b, dst_s). */
-void moe8__mx4_to_cols(uint8_t *dst_b, uint8_t *dst_s, const uint8_t *blk, const uint8_t *sc, int64_t N, int64_t K);
+/* One expert's MXFP4 code bytes in the kernels' layout: moe8__mx4_repack's
+** (f32 activations) or the column-group one (int8). */
+static inline int64_t moe8__mx4_bytes(int64_t N, int64_t K, bool cols) {
+  return cols ? moe8__mx4_cols_bytes(N, K) : N * moe8__mx4_row_bytes(K);
+}
+/* From the OCP layout (src [N, K/32, 16], sc [N, K/32]) to the
+** column-group layout (dst_b, dst_s); N rows, or several experts' rows
+** when each expert's N is a multiple of 16 (the groups then follow each
+** other, an expert at e · moe8__mx4_cols_bytes(N, K)). */
+void moe8__mx4_to_cols(uint8_t *dst_b, uint8_t *dst_s, const uint8_t *src, const uint8_t *sc, int64_t N, int64_t K);
 /* One row of int8 activations packed for moe8__ktable.mx4_rows_i8: codes
 ** q[K] (K a multiple of 32) as they are, then for each block b of 32 the
 ** int32 -12 · Σ q over the block (the weights are read as 2 · E2M1 + 12,
@@ -102,6 +109,10 @@ typedef struct moe8__ktable {
                     size_t n, moe8_dtype qtype);
   /* h[i] = silu(g[i]) · u[i], silu(g) = g / (1 + moe8__expf(-g)). */
   void (*swiglu)(float *h, const float *g, const float *u, size_t n);
+  /* GPT-OSS's clamped SwiGLU: gc = g < limit ? g : limit, uc = u clamped
+  ** to [-limit, limit] (NaN kept), h = gc · (1 / (1 + moe8__expf(-alpha ·
+  ** gc))) · (uc + 1), in that order. */
+  void (*swiglu_clamp)(float *h, const float *g, const float *u, size_t n, float alpha, float limit);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of

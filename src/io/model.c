@@ -532,10 +532,13 @@ typedef struct gptoss_w {
 /* An MXFP4 *_blocks / *_scales pair into weight memory: the scales
 ** checked (255, the E8M0 NaN, refused, and blocks whose largest code
 ** overflows f32 under their scale), the blocks moved into the kernels'
-** layout (moe8__mx4_repack) a few MB at a time, each part's file pages
-** dropped once copied (the layer then holds the file's bytes once). */
-static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_view *scales, uint8_t **bo, uint8_t **so) {
-  const int64_t K = blocks->shape[blocks->ndim - 2] * 32, rows = (int64_t)(blocks->nbytes / (size_t)(K / 2)), rb = moe8__mx4_row_bytes(K);
+** layout (moe8__mx4_repack, or with cols moe8__mx4_to_cols with the
+** scales) a few MB at a time, each part's file pages dropped once copied
+** (the layer then holds the file's bytes once).  With cols each expert's
+** N is a multiple of 16 (the layer's widths are multiples of 32). */
+static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_view *scales, bool cols, uint8_t **bo, uint8_t **so) {
+  const int64_t K = blocks->shape[blocks->ndim - 2] * 32, rows = (int64_t)(blocks->nbytes / (size_t)(K / 2)), nb = K / 32;
+  const int64_t rb = cols ? K / 2 : moe8__mx4_row_bytes(K);
   *bo = moe8__alloc_weights((size_t)(rows * rb));
   *so = moe8__alloc_weights(scales->nbytes);
   if (!*bo || !*so) { free(*bo); free(*so); *bo = *so = NULL; return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory for '%s'", blocks->name); }
@@ -554,14 +557,15 @@ static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_vi
         }
       }
   }
-  const int64_t chunk = ((int64_t)8 << 20) / (K / 2) + 1;
+  const int64_t chunk = (((int64_t)8 << 20) / (K / 2) + 16) / 16 * 16;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-    moe8__mx4_repack(*bo + r0 * rb, bl + r0 * (K / 2), n, K);
+    if (cols) moe8__mx4_to_cols(*bo + r0 * rb, *so + r0 * nb, bl + r0 * (K / 2), sc + r0 * nb, n, K);
+    else moe8__mx4_repack(*bo + r0 * rb, bl + r0 * (K / 2), n, K);
     const moe8_tensor_view part = {blocks->name, blocks->dtype, 1, {n * (K / 2)}, bl + r0 * (K / 2), (size_t)(n * (K / 2)), 0};
     drop_pages(&part);
   }
-  memcpy(*so, sc, scales->nbytes);
+  if (!cols) memcpy(*so, sc, scales->nbytes);
   drop_pages(scales);
   return MOE8_OK;
 }
@@ -624,10 +628,10 @@ static moe8_status gptoss_read(const gptoss_w *w, int64_t e, int64_t K, int64_t 
 /* Both MXFP4 pairs of the routed experts into weight memory (mx4_take);
 ** b[4]: gate|up blocks and scales, down blocks and scales; nothing kept on
 ** failure. */
-static moe8_status mx4_take_pair(const gptoss_w *wgu, const gptoss_w *wdn, uint8_t *b[4]) {
+static moe8_status mx4_take_pair(const gptoss_w *wgu, const gptoss_w *wdn, bool cols, uint8_t *b[4]) {
   b[0] = b[1] = b[2] = b[3] = NULL;
-  moe8_status st = mx4_take(wgu->blocks, wgu->scales, &b[0], &b[1]);
-  if (st == MOE8_OK && (st = mx4_take(wdn->blocks, wdn->scales, &b[2], &b[3])) != MOE8_OK) { free(b[0]); free(b[1]); }
+  moe8_status st = mx4_take(wgu->blocks, wgu->scales, cols, &b[0], &b[1]);
+  if (st == MOE8_OK && (st = mx4_take(wdn->blocks, wdn->scales, cols, &b[2], &b[3])) != MOE8_OK) { free(b[0]); free(b[1]); }
   return st;
 }
 
@@ -640,7 +644,7 @@ static moe8_status put_routed(moe8_layer *L, const gptoss_w *wgu, const gptoss_w
                               float *tmp, const moe8_load_options *o, int64_t total) {
   if (wgu->blocks && L->inference && L->wmx) {
     uint8_t *b[4];
-    moe8_status st = mx4_take_pair(wgu, wdn, b);
+    moe8_status st = mx4_take_pair(wgu, wdn, L->aq, b);
     return st == MOE8_OK ? moe8__layer_put_mx4(L, b[0], b[1], b[2], b[3]) : st;
   }
   moe8_status st = MOE8_OK;
@@ -705,7 +709,7 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
     /* MXFP4 kept as the file holds it: 4.25 bits a weight, decoded by the
     ** kernels (moe8__ktable.mx4_rows). */
     uint8_t *b[4];
-    st = mx4_take_pair(&wgu, &wdn, b);
+    st = mx4_take_pair(&wgu, &wdn, L->aq, b);
     if (st == MOE8_OK) st = moe8__layer_load_mx4(L, b[0], b[1], b[2], b[3]);
     if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E, E);
     free(tmp); free(raw); free(gu); free(dn); free(bgu);

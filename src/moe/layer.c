@@ -572,9 +572,10 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
     } else {
       free_set(X);
       if (L->wmx) { /* MXFP4 blocks and scales, filled expert by expert (moe8__layer_put_expert) */
-        X->mx_gu_b = moe8__alloc_weights((size_t)(E * 2 * F * moe8__mx4_row_bytes(D)));
+        X->mx_cols = L->aq;
+        X->mx_gu_b = moe8__alloc_weights((size_t)(E * moe8__mx4_bytes(2 * F, D, X->mx_cols)));
         X->mx_gu_s = moe8__alloc_weights((size_t)(E * 2 * F * (D / 32)));
-        X->mx_dn_b = moe8__alloc_weights((size_t)(E * D * moe8__mx4_row_bytes(F)));
+        X->mx_dn_b = moe8__alloc_weights((size_t)(E * moe8__mx4_bytes(D, F, X->mx_cols)));
         X->mx_dn_s = moe8__alloc_weights((size_t)(E * D * (F / 32)));
         X->mx_split = 0;
         if (!X->mx_gu_b || !X->mx_gu_s || !X->mx_dn_b || !X->mx_dn_s) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
@@ -633,12 +634,20 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
                              s ? "shared" : "routed", (long long)e, bad);
   if (L->wmx) {
     /* the OCP layout, then the kernels' */
-    uint8_t *ocp = malloc((size_t)((2 * F * D + F * D) / 2));
+    const size_t ngs = (size_t)(2 * F * (D / 32)), nds = (size_t)(D * (F / 32));
+    uint8_t *ocp = malloc((size_t)((2 * F * D + F * D) / 2) + ngs + nds), *os = ocp + (2 * F * D + F * D) / 2;
     if (!ocp) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
-    moe8__mx4_quantize(gu, D, 2 * F, ocp, X->mx_gu_s + (size_t)(e * 2 * F * (D / 32)));
-    moe8__mx4_quantize(dn, F, D, ocp + F * D, X->mx_dn_s + (size_t)(e * D * (F / 32)));
-    moe8__mx4_repack(X->mx_gu_b + (size_t)(e * 2 * F * moe8__mx4_row_bytes(D)), ocp, 2 * F, D);
-    moe8__mx4_repack(X->mx_dn_b + (size_t)(e * D * moe8__mx4_row_bytes(F)), ocp + F * D, D, F);
+    uint8_t *gsc = X->mx_gu_s + (size_t)e * ngs, *dsc = X->mx_dn_s + (size_t)e * nds;
+    moe8__mx4_quantize(gu, D, 2 * F, ocp, X->mx_cols ? os : gsc);
+    moe8__mx4_quantize(dn, F, D, ocp + F * D, X->mx_cols ? os + ngs : dsc);
+    uint8_t *gb = X->mx_gu_b + (size_t)(e * moe8__mx4_bytes(2 * F, D, X->mx_cols)), *db = X->mx_dn_b + (size_t)(e * moe8__mx4_bytes(D, F, X->mx_cols));
+    if (X->mx_cols) {
+      moe8__mx4_to_cols(gb, gsc, ocp, os, 2 * F, D);
+      moe8__mx4_to_cols(db, dsc, ocp + F * D, os + ngs, D, F);
+    } else {
+      moe8__mx4_repack(gb, ocp, 2 * F, D);
+      moe8__mx4_repack(db, ocp + F * D, D, F);
+    }
     free(ocp);
     return MOE8_OK;
   }
@@ -720,40 +729,11 @@ static moe8_status finish_training(moe8_layer *L) {
   return MOE8_OK;
 }
 
-/* Under an int8-activation rule the MXFP4 experts (routed, and a shared
-** one quantized at load) move, expert by expert, to the column-group
-** layout of mx4_rows_i8, in place: an expert's column-group bytes fit in
-** its rows' (N is a multiple of 32), so the load's memory grows by one
-** expert's bytes at most. */
-static moe8_status mx4_to_cols(moe8_layer *L) {
-  const int64_t D = L->cfg.hidden;
-  for (int set = 0; set < L->nsets && L->aq; set++) {
-    moe8__xset *X = &L->xs[set];
-    if (!X->mx_gu_b || X->mx_cols) continue;
-    const int64_t F = X->F, Ns[2] = {2 * F, D}, Ks[2] = {D, F};
-    uint8_t *const bs[2] = {X->mx_gu_b, X->mx_dn_b}, *const ss[2] = {X->mx_gu_s, X->mx_dn_s};
-    const size_t tb0 = (size_t)(Ns[0] * (moe8__mx4_row_bytes(Ks[0]) + Ks[0] / 32)), tb1 = (size_t)(Ns[1] * (moe8__mx4_row_bytes(Ks[1]) + Ks[1] / 32));
-    uint8_t *tmp = malloc(tb0 > tb1 ? tb0 : tb1);
-    if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "layer %s: out of memory", L->module_path);
-    for (int64_t e = 0; e < X->E; e++)
-      for (int m = 0; m < 2; m++) {
-        const int64_t N = Ns[m], K = Ks[m], rb = moe8__mx4_row_bytes(K), nb = K / 32;
-        uint8_t *b = bs[m] + (size_t)(e * N * rb), *sc = ss[m] + (size_t)(e * N * nb);
-        memcpy(tmp, b, (size_t)(N * rb));
-        memcpy(tmp + N * rb, sc, (size_t)(N * nb));
-        moe8__mx4_to_cols(b, sc, tmp, tmp + N * rb, N, K);
-      }
-    free(tmp);
-    X->mx_cols = true;
-  }
-  return MOE8_OK;
-}
-
 moe8_status moe8__layer_end_load(moe8_layer *L) {
   moe8_status st = MOE8_OK;
   if (L->wq && (L->inference || L->from_codes) && (st = check_scales(L)) != MOE8_OK) return st;
   if (!L->inference) return L->from_codes ? finish_training(L) : MOE8_OK;
-  if ((st = check_weights(L)) != MOE8_OK || (L->wmx && (st = mx4_to_cols(L)) != MOE8_OK)) return st;
+  if ((st = check_weights(L)) != MOE8_OK) return st;
   set_describe(L, L->xs[0].wgu_pk ? " (loaded for inference, packed)" : " (loaded for inference)");
   if (L->wmx)
     mx4_describe(L, !L->wmx_file ? "quantized at load" : L->nsets > 1 ? "as the file holds them; the shared expert quantized at load"
@@ -781,7 +761,7 @@ moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uin
   free(X->mx_gu_b); free(X->mx_gu_s); free(X->mx_dn_b); free(X->mx_dn_s);
   X->mx_gu_b = gu_b; X->mx_gu_s = gu_s; X->mx_dn_b = dn_b; X->mx_dn_s = dn_s;
   X->mx_split = 0;
-  X->mx_cols = false;
+  X->mx_cols = L->aq;
   L->wmx_file = true;
   return MOE8_OK;
 }
@@ -796,10 +776,10 @@ moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, ui
   free_set(X);
   X->mx_gu_b = gu_b; X->mx_gu_s = gu_s; X->mx_dn_b = dn_b; X->mx_dn_s = dn_s;
   X->mx_split = X->F;
+  X->mx_cols = L->aq;
   moe8_layer_weights_changed(L);
   L->from_codes = false;
   moe8_status st = check_weights(L);
-  if (st == MOE8_OK) st = mx4_to_cols(L);
   if (st != MOE8_OK) return st;
   mx4_describe(L, "loaded for inference, as the file holds them");
   L->prepared = true;

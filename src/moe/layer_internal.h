@@ -25,14 +25,13 @@ typedef struct moe8__xset {
   float   *wgu_s, *wd_s;            /* [E, nb, 1, N] scales                    */
   uint8_t *wgu_pk, *wd_pk;          /* codes packed (moe8_gmm_pack_rhs), or NULL */
   /* MXFP4 weights (GPT-OSS's files, moe8's, or quantized at an inference
-  ** load): blocks in moe8__mx4_repack's layout, rows of
-  ** moe8__mx4_row_bytes(K), and E8M0 scales [E, N, K/32] of gate|up and
-  ** down, an expert at e · N rows; under an int8-activation rule each
-  ** expert then in moe8__mx4_to_cols's layout at the same place.  NULL
-  ** otherwise. */
+  ** load) of gate|up and down, an expert every moe8__mx4_bytes(N, K,
+  ** mx_cols) code bytes and N · K/32 scale bytes: moe8__mx4_repack's layout
+  ** and scales [E, N, K/32] for f32 activations, moe8__mx4_to_cols's under
+  ** an int8-activation rule.  NULL otherwise. */
   uint8_t *mx_gu_b, *mx_gu_s, *mx_dn_b, *mx_dn_s;
   int64_t  mx_split;                /* F: gate/up rows alternate (GPT-OSS's files); 0: gate rows, then up */
-  bool     mx_cols;                 /* ... moved to moe8__mx4_to_cols's layout (int8 activations) */
+  bool     mx_cols;                 /* ... in moe8__mx4_to_cols's layout (int8 activations) */
   bool     coded;                   /* codes put by a load since begin_load    */
   bool     pk_borrowed;             /* wgu_pk/wd_pk lie in a file mapping (not freed) */
 } moe8__xset;

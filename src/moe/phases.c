@@ -97,15 +97,6 @@ static void add_group_bias(float *v, int64_t n, const int32_t *gsz, int64_t g0, 
   }
 }
 
-/* GPT-OSS's activation: gate columns g, up columns u of one row. */
-static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
-  for (size_t i = 0; i < n; i++) {
-    const float gc = g[i] < limit ? g[i] : limit;
-    const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
-    h[i] = gc * (1.0f / (1.0f + moe8__expf(-alpha * gc))) * (uc + 1.0f);
-  }
-}
-
 /* out[rows, ldo] = x[rows, K] · W per group, W MXFP4 (blk, sc for all
 ** groups from g0).  x is f32, or (xq non-NULL: an int8 rule, the weights
 ** in moe8__mx4_to_cols's layout) int8 codes with their scales (sq), packed
@@ -154,7 +145,7 @@ static moe8_status mx4_grouped(const moe8_layer *L, const float *x, const uint8_
       if (at < lo) continue;
       if (at >= hi) break;
       const int64_t n0 = c * NT, n1 = n0 + NT < N ? n0 + NT : N, e = g0 + g;
-      const uint8_t *be = blk + (size_t)(e * N * moe8__mx4_row_bytes(K)), *se = sc + (size_t)(e * N * (K / 32));
+      const uint8_t *be = blk + (size_t)(e * moe8__mx4_bytes(N, K, xp != NULL)), *se = sc + (size_t)(e * N * (K / 32));
       if (xp) kt->mx4_rows_i8(xp + row0[g] * pb, gsz[g], pb, K, be, se, n0, n1, out + row0[g] * ldo, ldo, split);
       else kt->mx4_rows(x + row0[g] * K, gsz[g], K, K, be, se, n0, n1, out + row0[g] * ldo, ldo, split);
     }
@@ -195,7 +186,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   for (int64_t p0 = 0; p0 < rows; p0 += 8) {
     const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
     for (int64_t p = p0; p < p1; p++)
-      if (clampd) swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      if (clampd) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }

@@ -368,19 +368,32 @@ void moe8__mx4_repack(uint8_t *dst, const uint8_t *src, int64_t N, int64_t K) {
   }
 }
 
-void moe8__mx4_to_cols(uint8_t *dst_b, uint8_t *dst_s, const uint8_t *blk, const uint8_t *sc, int64_t N, int64_t K) {
-  const int64_t nb = K / 32, ncg = (N + 15) / 16, rb = moe8__mx4_row_bytes(K);
-  memset(dst_b, 0, (size_t)moe8__mx4_cols_bytes(N, K));
-  memset(dst_s, 0, (size_t)moe8__mx4_cols_scale_bytes(N, K));
-  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)K * (double)N)) schedule(static)
+/* Word u of an OCP block (codes k = 8u .. 8u + 7, nibble m = k - 8u) to
+** the column-group word: byte t takes nibbles t (low) and 4 + t (high),
+** i.e. nibble order 0 4 1 5 2 6 3 7: bytes 1 and 2 swapped, then nibbles
+** 1 and 2 of each half. */
+static inline uint32_t mx4_cols_word(uint32_t x) {
+  uint32_t t = (x ^ (x >> 8)) & 0x0000FF00u;
+  x ^= t ^ (t << 8);
+  t = (x ^ (x >> 4)) & 0x00F000F0u;
+  return x ^ t ^ (t << 4);
+}
+
+void moe8__mx4_to_cols(uint8_t *dst_b, uint8_t *dst_s, const uint8_t *src, const uint8_t *sc, int64_t N, int64_t K) {
+  const int64_t nb = K / 32, ncg = (N + 15) / 16;
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)K * (double)N)) schedule(static)
   for (int64_t c = 0; c < ncg; c++)
-    for (int64_t i = 0; i < 16 && 16 * c + i < N; i++) {
-      const int64_t n = 16 * c + i;
-      for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = dst_b + (c * nb + b) * 256 + 4 * i;
-        for (int kk = 0; kk < 32; kk++)
-          o[64 * (kk / 8) + kk % 4] |= (uint8_t)(moe8__mx4_code(blk + n * rb, nb, b, kk) << (kk % 8 >= 4 ? 4 : 0));
-        dst_s[(c * nb + b) * 16 + i] = sc[n * nb + b];
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t *o = dst_b + (c * nb + b) * 256, *os = dst_s + (c * nb + b) * 16;
+      for (int i = 0; i < 16; i++) {
+        const int64_t n = 16 * c + i;
+        for (int u = 0; u < 4; u++) {
+          uint32_t w = 0;
+          if (n < N) memcpy(&w, src + (n * nb + b) * 16 + 4 * u, 4);
+          w = mx4_cols_word(w);
+          memcpy(o + 64 * u + 4 * i, &w, 4);
+        }
+        os[i] = n < N ? sc[n * nb + b] : 0;
       }
     }
 }

@@ -14,6 +14,14 @@ void moe8__ref_swiglu(float *h, const float *g, const float *u, size_t n) {
   for (size_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
 }
 
+void moe8__ref_swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
+  for (size_t i = 0; i < n; i++) {
+    const float gc = g[i] < limit ? g[i] : limit;
+    const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+    h[i] = gc * (1.0f / (1.0f + moe8__expf(-alpha * gc))) * (uc + 1.0f);
+  }
+}
+
 void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
   for (int64_t t = 0; t < T; t++) {
     float *l = logits + t * E;

@@ -43,6 +43,27 @@ static void swiglu(float *h, const float *g, const float *u, size_t n) {
   }
 }
 
+/* The reference's clamps by compare and blend (a NaN u kept, a NaN g
+** becomes limit, as the scalar comparisons do), then its operations. */
+static inline __m512 swiglu_clamp16(__m512 g, __m512 u, __m512 alpha, __m512 limit) {
+  const __m512 one = _mm512_set1_ps(1.0f), nl = _mm512_xor_ps(limit, _mm512_set1_ps(-0.0f));
+  const __m512 gc = _mm512_mask_mov_ps(limit, _mm512_cmp_ps_mask(g, limit, _CMP_LT_OQ), g);
+  __m512 uc = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(u, limit, _CMP_GT_OQ), limit);
+  uc = _mm512_mask_mov_ps(uc, _mm512_cmp_ps_mask(u, nl, _CMP_LT_OQ), nl);
+  const __m512 e = expf16(_mm512_mul_ps(_mm512_xor_ps(alpha, _mm512_set1_ps(-0.0f)), gc));
+  return _mm512_mul_ps(_mm512_mul_ps(gc, _mm512_div_ps(one, _mm512_add_ps(one, e))), _mm512_add_ps(uc, one));
+}
+
+static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
+  const __m512 a = _mm512_set1_ps(alpha), l = _mm512_set1_ps(limit);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, swiglu_clamp16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i), a, l));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, swiglu_clamp16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), a, l));
+  }
+}
+
 /* Eight tokens at a time (eight independent chains per weight load), 16
 ** experts per vector; each (t, e) is one chain in increasing d. */
 static void router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
@@ -291,5 +312,6 @@ void moe8__act_init_avx512(moe8__ktable *k) {
   if (k->has_vnni) k->mx4_rows_i8 = mx4_rows_i8;
   k->mx4_rows      = mx4_rows;
   k->swiglu        = swiglu;
+  k->swiglu_clamp  = swiglu_clamp;
   k->router_logits = router_logits;
 }
