@@ -604,10 +604,25 @@ static double status_kb(const char *key) {
 }
 
 
+/* One pass of the read-bandwidth probe (read_bandwidth's loop) over a
+** buffer far larger than the caches, on the threads the layer uses. */
+static double probe_bw(const unsigned char *buf, size_t n, int nth) {
+  int found = 0;
+  const double t0 = cli_now();
+  #pragma omp parallel for num_threads(nth) schedule(static) reduction(+ : found)
+  for (int t = 0; t < nth; t++) found += memchr(buf + n / (size_t)nth * (size_t)t, 1, n / (size_t)nth) != NULL;
+  const double t = cli_now() - t0;
+  return found ? 0 : (double)n / t / 1e9;
+}
+
 /* Decode T = 1, 2, 4, 8 of a layer, each forward on other tokens (so other
-** experts): the fastest of reps, and the expert bytes it read. */
+** experts): the fastest of reps, and the expert bytes it read.  A probe
+** pass runs before every third forward (probe, nth threads): bwm[i] is the
+** best read bandwidth of the probes beside T's forwards, so the ratio
+** compares the two in the same minutes (this machine's bandwidth changes
+** from one second to the next). */
 static void decode_times(moe8_layer *L, int64_t D, int64_t E, int64_t K, double bytes_per_expert, int reps, double *ms, double *gbs, int64_t *Ts,
-                         int nT) {
+                         int nT, const unsigned char *probe, size_t probe_n, int nth, double *bwm) {
   float *x = malloc(sizeof(float) * (size_t)(8 * D * reps)), *y = malloc(sizeof(float) * (size_t)(8 * D));
   const size_t wsz = moe8_layer_workspace_size(L, 8);
   void *ws = NULL;
@@ -617,7 +632,12 @@ static void decode_times(moe8_layer *L, int64_t D, int64_t E, int64_t K, double 
   for (int ti = 0; ti < nT; ti++) {
     const int64_t T = Ts[ti];
     double best = 1e30, best_bytes = 0;
+    bwm[ti] = 0;
     for (int r = 0; r < reps; r++) {
+      if (probe && r % 3 == 0) {
+        const double b = probe_bw(probe, probe_n, nth);
+        if (b > bwm[ti]) bwm[ti] = b;
+      }
       const float *xr = x + (size_t)r * 8 * D;
       const double t0 = cli_now();
       if (moe8_layer_forward_fused(L, xr, T, y, ws, wsz) != MOE8_OK) break;
@@ -742,27 +762,34 @@ static int bench_mxfp4(const peaks *pk) {
     if (st == MOE8_OK) st = moe8_layer_init_random(L8, 3);
     if (st == MOE8_OK) st = moe8_layer_prepare(L8);
     const double per8 = (double)(2 * F * D + D * F) * (1.0 + 4.0 / 128.0);
-    printf("decode   thr | mxfp4, x int8 1x32    | mxfp4, x f32          | f8e4m3, x f8e4m3 1x128 (8 experts)\n"
-           "             |   ms    GB/s  %% bw    |   ms    GB/s  %% bw    |   ms    GB/s  %% bw  | int8 / f8 GB/s\n");
+    printf("decode   thr | mxfp4, x int8 1x32          | mxfp4, x f32                | f8e4m3, x f8e4m3 1x128 (8 exp.) |\n"
+           "             |   ms    GB/s  %% bw  (bw)   |   ms    GB/s  %% bw  (bw)   |   ms    GB/s  %% bw  (bw)   | int8 / f8 GB/s\n");
+    /* the probe: 256 MiB, 8x this machine's last-level cache and more */
+    const size_t probe_n = (size_t)256 << 20;
+    unsigned char *probe = moe8__alloc_weights(probe_n);
+    if (probe) memset(probe, 2, probe_n);
     for (int th = 1; th <= max_threads() && th <= 2; th++) {
       set_threads(th);
-      double msi[4] = {0}, gbsi[4] = {0}, ms[4] = {0}, gbs[4] = {0}, ms8[4] = {0}, gbs8[4] = {0};
-      decode_times(Li, D, E, K, per_expert, 12, msi, gbsi, Ts, 4);
-      decode_times(L, D, E, K, per_expert, 12, ms, gbs, Ts, 4);
-      if (st == MOE8_OK) decode_times(L8, D, 8, K, per8, 12, ms8, gbs8, Ts, 4);
-      const double bw = th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2;
+      double msi[4] = {0}, gbsi[4] = {0}, ms[4] = {0}, gbs[4] = {0}, ms8[4] = {0}, gbs8[4] = {0}, bwi[4] = {0}, bwf[4] = {0}, bw8[4] = {0};
+      decode_times(Li, D, E, K, per_expert, 12, msi, gbsi, Ts, 4, probe, probe_n, th, bwi);
+      decode_times(L, D, E, K, per_expert, 12, ms, gbs, Ts, 4, probe, probe_n, th, bwf);
+      if (st == MOE8_OK) decode_times(L8, D, 8, K, per8, 12, ms8, gbs8, Ts, 4, probe, probe_n, th, bw8);
       for (int i = 0; i < 4; i++) {
-        const double pi = bw > 0 ? 100 * gbsi[i] / bw : 0, pf = bw > 0 ? 100 * gbs[i] / bw : 0, p8 = bw > 0 ? 100 * gbs8[i] / bw : 0;
-        printf("T=%-5lld %3d | %6.3f %6.1f %5.0f%%   | %6.3f %6.1f %5.0f%%   | %6.3f %6.1f %5.0f%% | %.2fx\n", (long long)Ts[i], th, msi[i], gbsi[i],
-               pi, ms[i], gbs[i], pf, ms8[i], gbs8[i], p8, gbs8[i] > 0 ? gbsi[i] / gbs8[i] : 0);
+        const double pi = bwi[i] > 0 ? 100 * gbsi[i] / bwi[i] : 0, pf = bwf[i] > 0 ? 100 * gbs[i] / bwf[i] : 0,
+                     p8 = bw8[i] > 0 ? 100 * gbs8[i] / bw8[i] : 0;
+        printf("T=%-5lld %3d | %6.3f %6.1f %5.0f%% %5.1f | %6.3f %6.1f %5.0f%% %5.1f | %6.3f %6.1f %5.0f%% %5.1f | %.2fx\n", (long long)Ts[i], th,
+               msi[i], gbsi[i], pi, bwi[i], ms[i], gbs[i], pf, bwf[i], ms8[i], gbs8[i], p8, bw8[i], gbs8[i] > 0 ? gbsi[i] / gbs8[i] : 0);
         if (g_json)
           fprintf(g_json, "{\"bench\":\"mxfp4_decode\",\"T\":%lld,\"threads\":%d,\"mxfp4_i8_ms\":%.4f,\"mxfp4_i8_gbs\":%.2f,\"pct_bw_i8\":%.1f,"
-                          "\"mxfp4_ms\":%.4f,\"mxfp4_gbs\":%.2f,\"pct_bw\":%.1f,\"f8_ms\":%.4f,\"f8_gbs\":%.2f,\"f8_pct_bw\":%.1f}\n",
-                  (long long)Ts[i], th, msi[i], gbsi[i], pi, ms[i], gbs[i], pf, ms8[i], gbs8[i], p8);
+                          "\"bw_i8\":%.2f,\"mxfp4_ms\":%.4f,\"mxfp4_gbs\":%.2f,\"pct_bw\":%.1f,\"bw\":%.2f,\"f8_ms\":%.4f,\"f8_gbs\":%.2f,"
+                          "\"f8_pct_bw\":%.1f,\"bw_f8\":%.2f}\n",
+                  (long long)Ts[i], th, msi[i], gbsi[i], pi, bwi[i], ms[i], gbs[i], pf, bwf[i], ms8[i], gbs8[i], p8, bw8[i]);
       }
     }
+    free(probe);
     set_threads(max_threads());
-    printf("(GB/s: the bytes of the experts each forward touched / its time; %% bw: of the read bandwidth measured above with the same threads)\n");
+    printf("(GB/s: the bytes of the experts each forward touched / its time; %% bw: of the read bandwidth (bw, GB/s) the probe measured\n"
+           " between the same forwards, with the same threads: this machine's bandwidth can change from one second to the next)\n");
     /* Prefill: T = 256 tokens (1024 rows, 32 an expert), all threads: the
     ** experts' multiply-adds a second against the measured vpdpbusd and
     ** FMA peaks (one core's, times the threads). */
