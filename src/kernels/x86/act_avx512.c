@@ -267,13 +267,14 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
       memcpy(&nc0, x + K + 4 * b, 4);
       memcpy(&sh, x + K + 4 * nb + 4 * b, 4);
       memcpy(xw, x + 32 * b, 32);
-      __m512i acc = _mm512_set1_epi32(nc0);
+      /* two chains of 4 (the low and the high nibbles), then their sum */
+      __m512i acc = _mm512_set1_epi32(nc0), acc2 = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int u = 0; u < 4; u++) {
         acc = _mm512_dpbusd_epi32(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
-        acc = _mm512_dpbusd_epi32(acc, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
+        acc2 = _mm512_dpbusd_epi32(acc2, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
       }
-      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[r]);
+      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, acc2)), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[r]);
     }
   }
 #pragma GCC unroll 4
