@@ -539,6 +539,10 @@ typedef struct gptoss_w {
 static moe8_status mx4_take(const moe8_tensor_view *blocks, const moe8_tensor_view *scales, bool cols, uint8_t **bo, uint8_t **so) {
   const int64_t K = blocks->shape[blocks->ndim - 2] * 32, rows = (int64_t)(blocks->nbytes / (size_t)(K / 2)), nb = K / 32;
   const int64_t rb = cols ? K / 2 : moe8__mx4_row_bytes(K);
+  *bo = *so = NULL;
+  if (cols && (rows % 16 || blocks->shape[1] % 16))
+    return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' has %lld rows an expert; the int8 MXFP4 layout needs a multiple of 16", blocks->name,
+                      (long long)blocks->shape[1]);
   *bo = moe8__alloc_weights((size_t)(rows * rb));
   *so = moe8__alloc_weights(scales->nbytes);
   if (!*bo || !*so) { free(*bo); free(*so); *bo = *so = NULL; return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory for '%s'", blocks->name); }
