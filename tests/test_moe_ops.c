@@ -392,139 +392,132 @@ static void test_threads_setting(void **state) {
   moe8_rules_destroy(rs);
 }
 
-/* MXFP4 rows (moe8__ktable.mx4_rows, weights in moe8__mx4_repack's
-** layout): every ISA's bytes equal the reference's, on rows 0..8 (every
-** row tile and its tails), K of 1 to 257 blocks (whole groups of 8 and the
-** blocks after them, K above the old 8192 limit), N with tails of every
-** column tile, split (gate/up de-interleave) on and off, column ranges and
-** row subsets giving the same bytes; and the reference equals the
-** definition (double sums of code x 2^(s-127) x x, from the OCP layout) to
-** 1e-5 of the absolute sum. */
-static void test_mx4_rows(void **state) {
-  (void)state;
+/* One MXFP4 product case: weights in the OCP layout (ocp, sc) and in the
+** kernels' (blk, scc), rows of x as f32 (i8 false) or as int8 codes q
+** with scales sx (one per sbl blocks) packed into xp. */
+typedef struct mx4_case {
+  bool i8;
+  int64_t K, N, R, nb, sbl, ns, pb;
+  uint8_t *ocp, *sc, *blk, *scc, *xp;
+  float *x, *sx;
+  int8_t *q;
+} mx4_case;
+
+static void mx4_case_make(mx4_case *c, bool i8, int64_t K, int64_t N, int64_t R, int64_t sbl, uint64_t seed) {
+  *c = (mx4_case){.i8 = i8, .K = K, .N = N, .R = R, .nb = K / 32, .sbl = sbl, .pb = moe8__mx4_xpack_bytes(K)};
+  const int64_t nb = c->nb;
+  c->ns = (nb + sbl - 1) / sbl;
+  c->ocp = malloc((size_t)(N * nb * 16));
+  c->sc = malloc((size_t)(N * nb));
+  tu_rng_reset(seed);
+  for (int64_t i = 0; i < N * nb * 16; i++) c->ocp[i] = (uint8_t)(tu_u64() >> 56);
+  for (int64_t i = 0; i < N * nb; i++) c->sc[i] = (uint8_t)(120 + tu_u64() % 12);
+  if (N > 0 && nb > 0) c->sc[0] = 0; /* the subnormal scale 2^-127 */
+  if (!i8) {
+    c->blk = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
+    moe8__mx4_repack(c->blk, c->ocp, N, K);
+    c->x = malloc(sizeof(float) * (size_t)(R * K + 1));
+    tu_fill_normal(c->x, (size_t)(R * K), 1.0f);
+    return;
+  }
+  c->blk = malloc((size_t)moe8__mx4_cols_bytes(N, K));
+  c->scc = malloc((size_t)moe8__mx4_cols_scale_bytes(N, K));
+  moe8__mx4_to_cols(c->blk, c->scc, c->ocp, c->sc, N, K);
+  c->q = malloc((size_t)(R * K + 1));
+  c->sx = malloc(sizeof(float) * (size_t)(R * c->ns + 1));
+  c->xp = malloc((size_t)(R * c->pb + 1));
+  for (int64_t i = 0; i < R * K; i++) c->q[i] = (int8_t)(tu_u64() >> 56);
+  if (R > 0) { c->q[0] = -128; c->q[K - 1] = 127; }
+  for (int64_t i = 0; i < R * c->ns; i++) c->sx[i] = (float)ldexp(1.0 + (double)(tu_u64() % 1000) / 1000.0, -7 - (int)(tu_u64() % 4));
+  for (int64_t p = 0; p < R; p++) moe8__mx4_xpack(c->xp + p * c->pb, c->q + p * K, c->sx + p * c->ns, sbl, K);
+}
+
+static void mx4_case_free(mx4_case *c) {
+  free(c->ocp); free(c->sc); free(c->blk); free(c->scc); free(c->xp); free(c->x); free(c->sx); free(c->q);
+}
+
+/* Rows [p0, p0 + rows) of the case, columns [n0, n1), through table k. */
+static void mx4_case_run(const moe8__ktable *k, const mx4_case *c, int64_t p0, int64_t rows, int64_t n0, int64_t n1, float *out, int64_t sp) {
+  if (c->i8) k->mx4_rows_i8(c->xp + p0 * c->pb, rows, c->pb, c->K, c->blk, c->scc, n0, n1, out, c->N, sp);
+  else k->mx4_rows(c->x + p0 * c->K, rows, c->K, c->K, c->blk, c->sc, n0, n1, out, c->N, sp);
+}
+
+/* Σ_k w(n, k) · x(p, k) by the definition (the OCP codes, 2^(s-127), the
+** activations' values), in double, and Σ |w · x| in *abs. */
+static double mx4_case_dot(const mx4_case *c, int64_t p, int64_t n, double *abs) {
   static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  const int64_t nb = c->nb;
+  double d = 0, a = 0;
+  for (int64_t k = 0; k < c->K; k++) {
+    const uint8_t byte = c->ocp[(n * nb + k / 32) * 16 + (k % 32) / 2];
+    const double w = (double)e2m1[(k & 1) ? byte >> 4 : byte & 15] * ldexp(1.0, (int)c->sc[n * nb + k / 32] - 127);
+    const double xv = c->i8 ? (double)c->q[p * c->K + k] * (double)c->sx[p * c->ns + k / 32 / c->sbl] : (double)c->x[p * c->K + k];
+    d += w * xv;
+    a += fabs(w * xv);
+  }
+  *abs = a;
+  return d;
+}
+
+/* MXFP4 rows, against f32 activations (moe8__ktable.mx4_rows, weights in
+** moe8__mx4_repack's layout) and against int8 ones (mx4_rows_i8, weights
+** moved from the OCP layout by moe8__mx4_to_cols, x packed by
+** moe8__mx4_xpack, with scales per block, per 4 blocks and per row and
+** codes over the whole int8 range, -128 included): every ISA's bytes equal
+** the reference's on rows 0..8 (every row tile and its tails), K of 1 to
+** 257 blocks (whole groups of 8 and the blocks after them, K above the old
+** 8192 limit), N with tails of every column tile, split (gate/up
+** de-interleave) on and off, column ranges and row subsets giving the same
+** bytes, the subnormal weight scale included; and the reference equals
+** the definition (double sums from the OCP layout) to 1e-5 of the
+** absolute sum. */
+static void mx4_sweep(bool i8) {
   moe8_isa isas[MOE8_ISA_COUNT];
   const int nisa = tu_isas(isas);
   const int64_t Ks[7] = {32, 64, 96, 256, 320, 2880, 8224}, Ns[7] = {1, 4, 5, 9, 18, 64, 66}, Rs[8] = {0, 1, 2, 3, 4, 5, 7, 8};
+  const char *what = i8 ? "mx4 i8" : "mx4";
   for (int ki = 0; ki < 7; ki++)
     for (int ni = 0; ni < 7; ni++)
       for (int ri = 0; ri < 8; ri++) {
-        const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32;
+        const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri];
         if (K >= 2880 && (N > 18 || R % 2 == 0)) continue;
-        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb)), *blk = malloc((size_t)(N * moe8__mx4_row_bytes(K)));
-        float *x = malloc(sizeof(float) * (size_t)(R * K + 1)), *want = malloc(sizeof(float) * (size_t)(R * N + 1));
-        float *got = malloc(sizeof(float) * (size_t)(R * N + 1));
-        tu_rng_reset((uint64_t)(ki * 100 + ni * 10 + ri));
-        for (int64_t i = 0; i < N * nb * 16; i++) ocp[i] = (uint8_t)(tu_u64() >> 56);
-        for (int64_t i = 0; i < N * nb; i++) sc[i] = (uint8_t)(120 + tu_u64() % 12);
-        if (N > 0 && nb > 0) sc[0] = 0; /* the subnormal scale 2^-127 */
-        moe8__mx4_repack(blk, ocp, N, K);
-        tu_fill_normal(x, (size_t)(R * K), 1.0f);
+        mx4_case c;
+        mx4_case_make(&c, i8, K, N, R, ri % 3 == 0 ? 1 : ri % 3 == 1 ? 4 : K / 32, (uint64_t)(ki * 100 + ni * 10 + ri + (i8 ? 7 : 0)));
+        float *want = malloc(sizeof(float) * (size_t)(R * N + 1)), *got = malloc(sizeof(float) * (size_t)(R * N + 1));
         for (int split = 0; split < 2; split++) {
           if (split && N % 2) continue;
           const int64_t sp = split ? N / 2 : 0;
-          moe8__kernels_for(MOE8_ISA_REF)->mx4_rows(x, R, K, K, blk, sc, 0, N, want, N, sp);
+          mx4_case_run(moe8__kernels_for(MOE8_ISA_REF), &c, 0, R, 0, N, want, sp);
           for (int64_t p = 0; p < R; p++)
             for (int64_t n = 0; n < N; n++) {
-              double d = 0, a = 0;
-              for (int64_t k = 0; k < K; k++) {
-                const uint8_t byte = ocp[(n * nb + k / 32) * 16 + (k % 32) / 2];
-                const double w = (double)e2m1[(k & 1) ? byte >> 4 : byte & 15] * ldexp(1.0, (int)sc[n * nb + k / 32] - 127);
-                d += w * x[p * K + k];
-                a += fabs(w * x[p * K + k]);
-              }
+              double a;
+              const double d = mx4_case_dot(&c, p, n, &a);
               const float g = want[p * N + (sp ? n / 2 + ((n & 1) ? sp : 0) : n)];
-              if (fabs((double)g - d) > 1e-5 * a + 1e-30) TU_FAIL("mx4 ref K=%lld N=%lld row %lld col %lld: %g vs %g", (long long)K, (long long)N, (long long)p, (long long)n, g, d);
+              if (fabs((double)g - d) > 1e-5 * a + 1e-30)
+                TU_FAIL("%s ref K=%lld N=%lld row %lld col %lld: %g vs %g", what, (long long)K, (long long)N, (long long)p, (long long)n, g, d);
             }
           for (int t = 0; t < nisa; t++) {
             memset(got, 0xA5, sizeof(float) * (size_t)(R * N + 1));
             const moe8__ktable *k = moe8__kernels_for(isas[t]);
-            /* two column ranges, rows one by one for the first row */
-            k->mx4_rows(x, R, K, K, blk, sc, 0, N / 2, got, N, sp);
-            k->mx4_rows(x, R, K, K, blk, sc, N / 2, N, got, N, sp);
+            /* two column ranges, then the second row alone */
+            mx4_case_run(k, &c, 0, R, 0, N / 2, got, sp);
+            mx4_case_run(k, &c, 0, R, N / 2, N, got, sp);
             if (R && memcmp(got, want, sizeof(float) * (size_t)(R * N)) != 0)
-              TU_FAIL("mx4 %s K=%lld N=%lld rows %lld split %d: bytes differ from the reference", moe8_isa_name(isas[t]), (long long)K, (long long)N, (long long)R, split);
+              TU_FAIL("%s %s K=%lld N=%lld rows %lld split %d: bytes differ from the reference", what, moe8_isa_name(isas[t]), (long long)K,
+                      (long long)N, (long long)R, split);
             if (R > 1) {
-              k->mx4_rows(x + K, 1, K, K, blk, sc, 0, N, got, N, sp);
-              if (memcmp(got, want + N, sizeof(float) * (size_t)N) != 0) TU_FAIL("mx4 %s: row 1 alone differs", moe8_isa_name(isas[t]));
+              mx4_case_run(k, &c, 1, 1, 0, N, got, sp);
+              if (memcmp(got, want + N, sizeof(float) * (size_t)N) != 0) TU_FAIL("%s %s: row 1 alone differs", what, moe8_isa_name(isas[t]));
             }
           }
         }
-        free(blk); free(sc); free(ocp); free(x); free(want); free(got);
+        free(want); free(got);
+        mx4_case_free(&c);
       }
 }
 
-/* MXFP4 rows against int8 activations (moe8__ktable.mx4_rows_i8: weights
-** moved from the OCP layout by moe8__mx4_to_cols, x packed by
-** moe8__mx4_xpack): every ISA's bytes equal the reference's on the
-** shapes of test_mx4_rows (rows 0..8, K of 1 to 257 blocks, column tails,
-** split on and off, column ranges, one row alone), with x's codes over the
-** whole int8 range (-128 included), scales per block, per 4 blocks and
-** per row, and the subnormal weight scale; the reference equals the
-** definition Σ_k E2M1(k) · 2^(e - 127) · q(k) · s(k) (double) to 1e-5 of
-** the absolute sum. */
-static void test_mx4_rows_i8(void **state) {
-  (void)state;
-  static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
-  moe8_isa isas[MOE8_ISA_COUNT];
-  const int nisa = tu_isas(isas);
-  const int64_t Ks[7] = {32, 64, 96, 256, 320, 2880, 8224}, Ns[7] = {1, 4, 5, 9, 18, 64, 66}, Rs[8] = {0, 1, 2, 3, 4, 5, 7, 8};
-  for (int ki = 0; ki < 7; ki++)
-    for (int ni = 0; ni < 7; ni++)
-      for (int ri = 0; ri < 8; ri++) {
-        const int64_t K = Ks[ki], N = Ns[ni], R = Rs[ri], nb = K / 32, pb = moe8__mx4_xpack_bytes(K);
-        if (K >= 2880 && (N > 18 || R % 2 == 0)) continue;
-        const int64_t sbl = ri % 3 == 0 ? 1 : ri % 3 == 1 ? 4 : nb, ns = (nb + sbl - 1) / sbl;
-        uint8_t *ocp = malloc((size_t)(N * nb * 16)), *sc = malloc((size_t)(N * nb));
-        uint8_t *blk = malloc((size_t)moe8__mx4_cols_bytes(N, K)), *scc = malloc((size_t)moe8__mx4_cols_scale_bytes(N, K));
-        int8_t *q = malloc((size_t)(R * K + 1));
-        float *sx = malloc(sizeof(float) * (size_t)(R * ns + 1));
-        uint8_t *xp = malloc((size_t)(R * pb + 1));
-        float *want = malloc(sizeof(float) * (size_t)(R * N + 1)), *got = malloc(sizeof(float) * (size_t)(R * N + 1));
-        tu_rng_reset((uint64_t)(ki * 100 + ni * 10 + ri + 7));
-        for (int64_t i = 0; i < N * nb * 16; i++) ocp[i] = (uint8_t)(tu_u64() >> 56);
-        for (int64_t i = 0; i < N * nb; i++) sc[i] = (uint8_t)(120 + tu_u64() % 12);
-        if (N > 0 && nb > 0) sc[0] = 0; /* the subnormal scale 2^-127 */
-        for (int64_t i = 0; i < R * K; i++) q[i] = (int8_t)(tu_u64() >> 56);
-        if (R > 0) { q[0] = -128; q[K - 1] = 127; }
-        for (int64_t i = 0; i < R * ns; i++) sx[i] = (float)ldexp(1.0 + (double)(tu_u64() % 1000) / 1000.0, -7 - (int)(tu_u64() % 4));
-        moe8__mx4_to_cols(blk, scc, ocp, sc, N, K);
-        for (int64_t p = 0; p < R; p++) moe8__mx4_xpack(xp + p * pb, q + p * K, sx + p * ns, sbl, K);
-        for (int split = 0; split < 2; split++) {
-          if (split && N % 2) continue;
-          const int64_t sp = split ? N / 2 : 0;
-          moe8__kernels_for(MOE8_ISA_REF)->mx4_rows_i8(xp, R, pb, K, blk, scc, 0, N, want, N, sp);
-          for (int64_t p = 0; p < R; p++)
-            for (int64_t n = 0; n < N; n++) {
-              double d = 0, a = 0;
-              for (int64_t k = 0; k < K; k++) {
-                const uint8_t byte = ocp[(n * nb + k / 32) * 16 + (k % 32) / 2];
-                const double w = (double)e2m1[(k & 1) ? byte >> 4 : byte & 15] * ldexp(1.0, (int)sc[n * nb + k / 32] - 127);
-                const double xv = (double)q[p * K + k] * (double)sx[p * ns + k / 32 / sbl];
-                d += w * xv;
-                a += fabs(w * xv);
-              }
-              const float g = want[p * N + (sp ? n / 2 + ((n & 1) ? sp : 0) : n)];
-              if (fabs((double)g - d) > 1e-5 * a + 1e-30)
-                TU_FAIL("mx4 i8 ref K=%lld N=%lld row %lld col %lld: %g vs %g", (long long)K, (long long)N, (long long)p, (long long)n, g, d);
-            }
-          for (int t = 0; t < nisa; t++) {
-            memset(got, 0xA5, sizeof(float) * (size_t)(R * N + 1));
-            const moe8__ktable *k = moe8__kernels_for(isas[t]);
-            k->mx4_rows_i8(xp, R, pb, K, blk, scc, 0, N / 2, got, N, sp);
-            k->mx4_rows_i8(xp, R, pb, K, blk, scc, N / 2, N, got, N, sp);
-            if (R && memcmp(got, want, sizeof(float) * (size_t)(R * N)) != 0)
-              TU_FAIL("mx4 i8 %s K=%lld N=%lld rows %lld split %d: bytes differ from the reference", moe8_isa_name(isas[t]), (long long)K,
-                      (long long)N, (long long)R, split);
-            if (R > 1) {
-              k->mx4_rows_i8(xp + pb, 1, pb, K, blk, scc, 0, N, got, N, sp);
-              if (memcmp(got, want + N, sizeof(float) * (size_t)N) != 0) TU_FAIL("mx4 i8 %s: row 1 alone differs", moe8_isa_name(isas[t]));
-            }
-          }
-        }
-        free(blk); free(scc); free(sc); free(ocp); free(q); free(sx); free(xp); free(want); free(got);
-      }
-}
+static void test_mx4_rows(void **state) { (void)state; mx4_sweep(false); }
+static void test_mx4_rows_i8(void **state) { (void)state; mx4_sweep(true); }
 
 static void test_combine(void **state) {
   (void)state;
