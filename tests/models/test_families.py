@@ -568,6 +568,14 @@ def test_gpt_oss(tmp, rng):
     check("gpt_oss MXFP4 experts, int8 activations 1x32 (emulated)", got, refq, 1e-4)
     if "weights mxfp4" not in out or "activations int8 1x32" not in out:
         FAILS.append("gpt_oss MXFP4 with int8 activations is not the MXFP4 int8 path: " + out.strip())
+    rt = os.path.join(tmp, "rules_i8_token.json")
+    with open(rt, "w") as f:
+        json.dump({"rules": [{"module_path": ".*", "act_qtype": "int8"}]}, f)
+    got_t, out_t = run(d, x, ("--rules", rt))
+    check("gpt_oss MXFP4 experts, int8 activations per token (emulated)", got_t,
+          _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, 4, lambda v: R.quant_rows_i8(v, v.shape[-1])), 1e-4)
+    if "activations int8 per-token" not in out_t:
+        FAILS.append("gpt_oss MXFP4 with per-token int8 activations: " + out_t.strip())
     if mpirun:
         for mode in ("ring", "alltoall"):
             yp = os.path.join(d, "y_ep_i8.npy")
