@@ -75,6 +75,9 @@ int cmd_info(int argc, char **argv) {
   const int64_t l0 = moe8_hf_config_first_moe_layer(c);
   printf("quantization: layer %lld experts %s%s\n", (long long)(l0 < 0 ? 0 : l0), moe8_model_format(m, l0 < 0 ? 0 : l0),
          c->fp8 ? " (config: quant_method fp8)" : "");
+  if (strstr(moe8_model_format(m, l0 < 0 ? 0 : l0), "mxfp4"))
+    printf("mxfp4 runs: kept as 4.25-bit codes for inference; activations f32 without rules (the exact product), or int8 under a rule\n"
+           "  such as {\"act_qtype\": \"int8\", \"tile_size\": 32} (the int8 MXFP4 kernels: the fast decode, docs/numerics.md)\n");
   printf("tensors: %zu, total %zu bytes (%.2f MiB)%s\n", moe8_model_tensor_count(m), total, (double)total / 1048576.0,
          tensors ? "" : " (--tensors lists them)");
   for (size_t i = 0; tensors && i < moe8_model_tensor_count(m); i++) {
