@@ -99,13 +99,13 @@ static void add_group_bias(float *v, int64_t n, const int32_t *gsz, int64_t g0, 
 
 /* out[rows, ldo] = x[rows, K] · W per group, W MXFP4 (blk, sc for all
 ** groups from g0).  x is f32, or (xq non-NULL: an int8 rule, the weights
-** in moe8__mx4_to_cols's layout) int8 codes with their scales (sq), packed
-** first (moe8__mx4_xpack) in the scratch when it is large enough.  Tasks of 64 output columns; each
-** thread takes one contiguous run of them, of about equal cost (a task of
-** a group with r rows costs r + 1: its codes, then its rows).  Contiguous
-** runs let the kernel's prefetch of the next columns serve the same
-** thread, which is what decode, reading each weight once from memory, is
-** bound by. */
+** in moe8__mx4_to_cols's layout) int8 codes with their scales (sq),
+** packed first (moe8__mx4_xpack) in the scratch when it is large enough.
+** Tasks of 64 output columns; each thread takes one contiguous run of
+** them, of about equal cost (a task of a group with r rows costs r + 1:
+** its codes, then its rows).  Contiguous runs let the kernel's prefetch of
+** the next columns serve the same thread, which is what decode, reading
+** each weight once from memory, is bound by. */
 static moe8_status mx4_grouped(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sq, int64_t rows, const int32_t *gsz,
                                int64_t g0, int64_t G, int64_t K, int64_t N, const uint8_t *blk, const uint8_t *sc, float *out, int64_t ldo,
                                int64_t split, void *scratch, size_t scratch_bytes) {

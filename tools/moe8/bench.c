@@ -668,6 +668,32 @@ static void decode_times(moe8_layer *L, int64_t D, int64_t E, int64_t K, double 
   free(x); free(y); free(ws);
 }
 
+/* One inference load of the model in dir under rules_json (NULL: none),
+** its time, resident and peak-resident bytes (VmHWM reset first by
+** clear_refs 5) printed against the file's size. */
+static moe8_status load_measured(const char *dir, const char *rules_json, const char *what, double file_mb, moe8_layer **out) {
+  FILE *cr = fopen("/proc/self/clear_refs", "w");
+  if (cr) { fputs("5", cr); fclose(cr); }
+  const double rss0 = status_kb("VmRSS:") * 1e3, t0 = cli_now();
+  moe8_rules *rules = NULL;
+  moe8_model *m = NULL;
+  const moe8_load_options o = {sizeof o, MOE8_LOAD_INFERENCE, NULL, NULL};
+  moe8_status st = rules_json ? moe8_rules_parse(rules_json, strlen(rules_json), "inline", &rules) : MOE8_OK;
+  if (st == MOE8_OK) st = moe8_model_open(dir, &m);
+  if (st == MOE8_OK) st = moe8_model_load_layer_ex(m, 0, rules, &o, out);
+  moe8_model_close(m);
+  moe8_rules_destroy(rules);
+  const double tl = cli_now() - t0;
+  if (st != MOE8_OK) return st;
+  const double rss = status_kb("VmRSS:") * 1e3 - rss0, hwm = status_kb("VmHWM:") * 1e3 - rss0;
+  printf("load, %s: %.2f s; resident after it +%.1f MB (%.3fx the file), peak during it +%.1f MB (%.3fx)\n%s\n", what, tl, rss / 1e6,
+         rss / 1e6 / file_mb, hwm / 1e6, hwm / 1e6 / file_mb, moe8_layer_describe(*out));
+  if (g_json)
+    fprintf(g_json, "{\"bench\":\"mxfp4_load\",\"layout\":\"%s\",\"file_mb\":%.1f,\"rss_mb\":%.1f,\"peak_mb\":%.1f,\"load_s\":%.2f}\n",
+            rules_json ? "int8" : "f32", file_mb, rss / 1e6, hwm / 1e6, tl);
+  return MOE8_OK;
+}
+
 static int bench_mxfp4(const peaks *pk) {
   const int64_t E = 32, K = 4, D = 2880, F = 2880;
   char dir[64] = "/tmp/moe8-bench-mxfp4-XXXXXX";
@@ -713,43 +739,15 @@ static int bench_mxfp4(const peaks *pk) {
     struct stat sb;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const double file_mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
-    /* peak resident bytes of the load: VmHWM reset first (clear_refs 5) */
-    FILE *cr = fopen("/proc/self/clear_refs", "w");
-    if (cr) { fputs("5", cr); fclose(cr); }
-    const double rss0 = status_kb("VmRSS:") * 1e3;
-    moe8_model *m = NULL;
-    moe8_layer *L = NULL;
-    const moe8_load_options o = {sizeof o, MOE8_LOAD_INFERENCE, NULL, NULL};
-    const double t0 = cli_now();
-    moe8_status st = moe8_model_open(dir, &m);
-    if (st == MOE8_OK) st = moe8_model_load_layer_ex(m, 0, NULL, &o, &L);
-    moe8_model_close(m);
-    const double tl = cli_now() - t0;
-    if (st != MOE8_OK) { rc = cli_report(st, "bench mxfp4"); goto done; }
-    const double rss1 = status_kb("VmRSS:") * 1e3, hwm = status_kb("VmHWM:") * 1e3;
-    printf("file %.1f MB; load %.2f s; resident after the load +%.1f MB (%.3fx the file), peak during it +%.1f MB (%.3fx)\n", file_mb, tl,
-           (rss1 - rss0) / 1e6, (rss1 - rss0) / 1e6 / file_mb, (hwm - rss0) / 1e6, (hwm - rss0) / 1e6 / file_mb);
-    printf("%s\n", moe8_layer_describe(L));
-    if (g_json)
-      fprintf(g_json, "{\"bench\":\"mxfp4_load\",\"file_mb\":%.1f,\"rss_mb\":%.1f,\"peak_mb\":%.1f,\"load_s\":%.2f}\n", file_mb,
-              (rss1 - rss0) / 1e6, (hwm - rss0) / 1e6, tl);
-    /* The same file under an int8-activation rule (1 x 32: one scale per
-    ** MXFP4 block), the mx4_rows_i8 kernels. */
-    const char *ri = "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"int8\", \"tile_size\": 32}]}";
-    moe8_rules *rules_i8 = NULL;
-    moe8_layer *Li = NULL;
-    cr = fopen("/proc/self/clear_refs", "w");
-    if (cr) { fputs("5", cr); fclose(cr); }
-    const double rssi0 = status_kb("VmRSS:") * 1e3, ti0 = cli_now();
-    st = moe8_rules_parse(ri, strlen(ri), "inline", &rules_i8);
-    if (st == MOE8_OK) st = moe8_model_open(dir, &m);
-    if (st == MOE8_OK) st = moe8_model_load_layer_ex(m, 0, rules_i8, &o, &Li);
-    moe8_model_close(m);
-    if (st != MOE8_OK) { rc = cli_report(st, "bench mxfp4 (int8 activations)"); moe8_rules_destroy(rules_i8); moe8_layer_destroy(L); goto done; }
-    const double rssi1 = status_kb("VmRSS:") * 1e3, hwmi = status_kb("VmHWM:") * 1e3;
-    printf("int8-activation load (column-group layout): %.2f s; resident +%.1f MB (%.3fx the file), peak during it +%.1f MB (%.3fx)\n",
-           cli_now() - ti0, (rssi1 - rssi0) / 1e6, (rssi1 - rssi0) / 1e6 / file_mb, (hwmi - rssi0) / 1e6, (hwmi - rssi0) / 1e6 / file_mb);
-    printf("%s\n", moe8_layer_describe(Li));
+    printf("file %.1f MB\n", file_mb);
+    moe8_layer *L = NULL, *Li = NULL;
+    /* the file as it is (f32 activations), then under an int8-activation
+    ** rule (1 x 32: one scale per MXFP4 block), the mx4_rows_i8 kernels */
+    moe8_status st = load_measured(dir, NULL, "f32 activations (row layout)", file_mb, &L);
+    if (st == MOE8_OK)
+      st = load_measured(dir, "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"int8\", \"tile_size\": 32}]}",
+                         "int8 activations (column-group layout)", file_mb, &Li);
+    if (st != MOE8_OK) { rc = cli_report(st, "bench mxfp4"); moe8_layer_destroy(L); goto done; }
     const double per_expert = (double)(2 * F * D + D * F) * (16.0 + 1.0) / 32.0; /* blocks + scales */
     int64_t Ts[4] = {1, 2, 4, 8};
     /* An FP8 layer of the same D, F (8 experts, packed at prepare) for the ratio in the same run. */
@@ -825,7 +823,6 @@ static int bench_mxfp4(const peaks *pk) {
     moe8_layer_destroy(L8);
     moe8_rules_destroy(rules);
     moe8_layer_destroy(Li);
-    moe8_rules_destroy(rules_i8);
     moe8_layer_destroy(L);
   }
 done:

@@ -37,7 +37,16 @@ void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int
 /* The E2M1 values of the 16 MXFP4 codes. */
 static const float k_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-
+/* The code of weight k = 32b + pos of one row in moe8__mx4_repack's
+** layout. */
+static inline uint8_t mx4_code(const uint8_t *row, int64_t nb, int64_t b, int pos) {
+  const int h = pos / 16, L = pos % 16;
+  if (b < nb / 8 * 8) {
+    const int j = (int)(b % 8);
+    return (uint8_t)(row[b / 8 * 128 + h * 64 + 4 * L + j / 2] >> (4 * (j & 1)) & 15);
+  }
+  return (uint8_t)(row[b * 16 + L] >> (4 * h) & 15);
+}
 
 /* The reference, in the AVX-512 kernel's order: chain pos (k mod 32) takes
 ** weight 32b + pos of every block b in increasing b, each a fused
@@ -54,7 +63,7 @@ void moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, co
       for (int64_t b = 0; b < nb; b++) {
         const float s = moe8__e8m0(sc[n * nb + b]);
         const float *xb = x + p * ldx + b * 32;
-        for (int pos = 0; pos < 32; pos++) chain[pos] = fmaf(k_e2m1[moe8__mx4_code(row, nb, b, pos)] * s, xb[pos], chain[pos]);
+        for (int pos = 0; pos < 32; pos++) chain[pos] = fmaf(k_e2m1[mx4_code(row, nb, b, pos)] * s, xb[pos], chain[pos]);
       }
       float lane[16];
       for (int j = 0; j < 16; j++) lane[j] = chain[j] + chain[16 + j];

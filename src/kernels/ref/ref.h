@@ -27,16 +27,6 @@ void   moe8__ref_mx4_rows_i8(const uint8_t *xp, int64_t rows, int64_t ldxp, int6
                              int64_t n1, float *out, int64_t ldo, int64_t split);
 /* 2^(s - 127) as f32 (the E8M0 scale byte s < 255; s = 0 is the
 ** subnormal 2^-127). */
-/* The code of weight k = 32b + pos of one row in moe8__mx4_repack's
-** layout. */
-static inline uint8_t moe8__mx4_code(const uint8_t *row, int64_t nb, int64_t b, int pos) {
-  const int h = pos / 16, L = pos % 16;
-  if (b < nb / 8 * 8) {
-    const int j = (int)(b % 8);
-    return (uint8_t)(row[b / 8 * 128 + h * 64 + 4 * L + j / 2] >> (4 * (j & 1)) & 15);
-  }
-  return (uint8_t)(row[b * 16 + L] >> (4 * h) & 15);
-}
 static inline float moe8__e8m0(uint8_t s) {
   const uint32_t b = s ? (uint32_t)s << 23 : 0x00400000u;
   float f;
