@@ -76,7 +76,6 @@ def per_expert(tensors, prefix, experts, names, dt):
 
 
 RULES_FP8 = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 128}]}
-RULES_I8_ACT = {"rules": [{"module_path": ".*", "act_qtype": "int8", "tile_size": 32}]}
 
 
 def fp8_emulated(experts, shared):
@@ -560,17 +559,13 @@ def test_gpt_oss(tmp, rng):
     refq = _gpt_oss_quant_ref(x, wr, br, q(gu), gub, q(dn), dnb, 4, aq)
     check("gpt_oss MXFP4 experts run with FP8 rules (quantizers emulated)", got, refq, 1e-4)
     # int8 activations 1 x 32: the MXFP4 experts stay packed (mx4_rows_i8)
-    ri = os.path.join(tmp, "rules_i8_act.json")
-    with open(ri, "w") as f:
-        json.dump(RULES_I8_ACT, f)
+    ri = _rule_file(tmp, "i8_act", act_qtype="int8", tile_size=32)
     got, out = run(d, x, ("--rules", ri))
     refq = _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, 4, lambda v: R.quant_rows_i8(v, 32))
     check("gpt_oss MXFP4 experts, int8 activations 1x32 (emulated)", got, refq, 1e-4)
     if "weights mxfp4" not in out or "activations int8 1x32" not in out:
         FAILS.append("gpt_oss MXFP4 with int8 activations is not the MXFP4 int8 path: " + out.strip())
-    rt = os.path.join(tmp, "rules_i8_token.json")
-    with open(rt, "w") as f:
-        json.dump({"rules": [{"module_path": ".*", "act_qtype": "int8"}]}, f)
+    rt = _rule_file(tmp, "i8_token", act_qtype="int8")
     got_t, out_t = run(d, x, ("--rules", rt))
     check("gpt_oss MXFP4 experts, int8 activations per token (emulated)", got_t,
           _gpt_oss_quant_ref(x, wr, br, gu, gub, dn, dnb, 4, lambda v: R.quant_rows_i8(v, v.shape[-1])), 1e-4)
@@ -673,12 +668,17 @@ def test_llama4(tmp, rng):
                 FAILS.append("llama4 input scaling does not matter in this case")
 
 
+def _rule_file(tmp, name, **rule):
+    """A rules file of one rule for every layer (module_path ".*")."""
+    path = os.path.join(tmp, "rules_%s.json" % name)
+    with open(path, "w") as f:
+        json.dump({"rules": [dict({"module_path": ".*"}, **rule)]}, f)
+    return path
+
+
 def _weight_rule(tmp, qtype):
     """A rule file quantizing every layer's expert weights to qtype."""
-    path = os.path.join(tmp, "rules_%s.json" % qtype)
-    with open(path, "w") as f:
-        json.dump({"rules": [{"module_path": ".*", "weight_qtype": qtype}]}, f)
-    return path
+    return _rule_file(tmp, qtype, weight_qtype=qtype)
 
 
 def _qwen2_with_weight_rule(tmp, rng, rules, quant, label):
@@ -706,10 +706,8 @@ def test_mxfp4_rule(tmp, rng):
     dnq = np.stack([q(dn[e].T).T for e in range(dn.shape[0])])
     got, _ = run(d, x, ("--rules", rules))
     check("gpt_oss f32 with mxfp4 weights by rule (emulated)", got, R.gpt_oss_block(x, wr, br, guq, gub, dnq, dnb, 4), 1e-5)
-    # with int8 activations 1 x 32 the routed experts run mx4_rows_i8, the (MXFP4-valued) shared expert the dequantized path
-    ri = os.path.join(tmp, "rules_mx4_i8.json")
-    with open(ri, "w") as f:
-        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4", "act_qtype": "int8", "tile_size": 32}]}, f)
+    # with int8 activations 1 x 32 the routed experts and the shared one (both MXFP4 at load) run mx4_rows_i8
+    ri = _rule_file(tmp, "mx4_i8", weight_qtype="mxfp4", act_qtype="int8", tile_size=32)
     dq, xq, routing, ex, sh, sg = fam_qwen(tmp, rng, "qwen2_moe", {"shared_expert_intermediate_size": 256})
     got, out = run(dq, xq, ("--rules", ri))
     ref = R.moe_block(xq, routing, [tuple(q(w) for w in e) for e in ex], tuple(q(w) for w in sh), sg, act_q=lambda v: R.quant_rows_i8(v, 32))
@@ -753,12 +751,8 @@ def test_mxfp4_file(tmp, rng):
     got_t, _ = run(out, x, ("--training-load",))
     check("qwen2_moe mxfp4 file, training load (decoded)", got_t, ref, 1e-5)
     # the file under an int8-activation rule: the codes move to mx4_rows_i8's layout, the same bytes as the input under both rules
-    ri = os.path.join(tmp, "rules_i8_only.json")
-    with open(ri, "w") as f:
-        json.dump(RULES_I8_ACT, f)
-    rb = os.path.join(tmp, "rules_mx4_i8b.json")
-    with open(rb, "w") as f:
-        json.dump({"rules": [{"module_path": ".*", "weight_qtype": "mxfp4", "act_qtype": "int8", "tile_size": 32}]}, f)
+    ri = _rule_file(tmp, "i8_act", act_qtype="int8", tile_size=32)
+    rb = _rule_file(tmp, "mx4_i8", weight_qtype="mxfp4", act_qtype="int8", tile_size=32)
     got_i, out_i = run(out, x, ("--rules", ri))
     want_i, _ = run(d, x, ("--rules", rb))
     same = np.array_equal(got_i, want_i)
