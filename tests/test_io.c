@@ -331,6 +331,15 @@ static void test_gpt_oss_mxfp4(void **state) {
   moe8_model_close(m);
 }
 
+/* Each config in bad[0..n) is refused, its message naming why[i]. */
+static void configs_refused(const char *what, const char *const *bad, const char *const *why, int n) {
+  moe8_hf_config c;
+  for (int i = 0; i < n; i++) {
+    assert_int_not_equal(moe8_hf_config_parse(bad[i], strlen(bad[i]), what, &c), MOE8_OK);
+    if (!strstr(moe8_last_error(), why[i])) TU_FAIL("%s config %d: \"%s\" lacks \"%s\"", what, i, moe8_last_error(), why[i]);
+  }
+}
+
 static void test_hf_configs(void **state) {
   (void)state;
   moe8_hf_config c;
@@ -424,10 +433,7 @@ static void test_hf_configs(void **state) {
                          "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"topk_method\":\"group_limited_greedy\"}",
                          "{\"model_type\":\"deepseek_v2\",\"num_experts_per_tok\":6,\"scoring_func\":\"sigmoid\"}"};
   const char *v2why[] = {"norm_topk_prob", "deepseek_v3", "n_group", "scoring_func"};
-  for (int i = 0; i < 4; i++) {
-    assert_int_not_equal(moe8_hf_config_parse(v2bad[i], strlen(v2bad[i]), "v2bad", &c), MOE8_OK);
-    if (!strstr(moe8_last_error(), v2why[i])) TU_FAIL("deepseek_v2 config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), v2why[i]);
-  }
+  configs_refused("deepseek_v2", v2bad, v2why, 4);
   /* dots.llm1: DeepSeek-V3's block with Dots1Config's defaults; the keys
   ** without a default are required, by name. */
   const char *dots = "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"num_experts_per_tok\":6,\"n_shared_experts\":2,"
@@ -443,10 +449,7 @@ static void test_hf_configs(void **state) {
                            "{\"model_type\":\"dots1\",\"n_routed_experts\":128,\"num_experts_per_tok\":6}",
                            "{\"model_type\":\"minimax_m2\",\"scoring_func\":\"softmax\"}"};
   const char *dotswhy[] = {"n_routed_experts", "num_experts_per_tok", "n_shared_experts", "scoring_func"};
-  for (int i = 0; i < 4; i++) {
-    assert_int_not_equal(moe8_hf_config_parse(dotsbad[i], strlen(dotsbad[i]), "dotsbad", &c), MOE8_OK);
-    if (!strstr(moe8_last_error(), dotswhy[i])) TU_FAIL("config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), dotswhy[i]);
-  }
+  configs_refused("dots1", dotsbad, dotswhy, 4);
   /* MiniMax (Text-01): Mixtral's block; MiniMax-M2: Mixtral's block routed
   ** by sigmoid + the block's correction bias, renormalized.  Both take
   ** num_experts as an alias. */
@@ -471,10 +474,7 @@ static void test_hf_configs(void **state) {
   const char *ct = "{\"model_type\":\"glm4_moe\",\"quantization_config\":{\"quant_method\":\"compressed-tensors\"}}";
   assert_int_equal(moe8_hf_config_parse(ct, strlen(ct), "ct", &c), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "compressed-tensors"));
-  for (int i = 0; i < 2; i++) {
-    assert_int_not_equal(moe8_hf_config_parse(l4bad[i], strlen(l4bad[i]), "l4bad", &c), MOE8_OK);
-    if (!strstr(moe8_last_error(), l4why[i])) TU_FAIL("llama4 config %d: \"%s\" lacks \"%s\"", i, moe8_last_error(), l4why[i]);
-  }
+  configs_refused("llama4", l4bad, l4why, 2);
   assert_int_not_equal(moe8_hf_config_parse_as(l4, strlen(l4), "l4", "llama4_text", &c), MOE8_OK); /* the override reads the top keys */
   assert_non_null(strstr(moe8_last_error(), "text_config"));
   /* DeepSeek-V3.2: V3's MoE block and its defaults */
