@@ -49,6 +49,24 @@ def _rules_text(rules):
         return f.read()
 
 
+class _Parameter(torch.nn.Parameter):
+    """A MoE8Block parameter.  Writes through the tensor itself (an
+    optimizer step, copy_ under no_grad) advance its version counter, but
+    `p.data` hands out a tensor with a fresh counter of its own, so a write
+    through it (p.data.copy_(...)) would be invisible: every time `.data`
+    is taken is counted as a possible write, and the block re-prepares its
+    quantized, packed experts before its next inference forward."""
+
+    @property
+    def data(self):
+        self.__dict__["_moe8_data_taken"] = self.__dict__.get("_moe8_data_taken", 0) + 1
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        torch.Tensor.data.__set__(self, value)
+
+
 class MoE8Block(torch.nn.Module):
     """A Mixture-of-Experts block computed by moe8: x [..., D] -> [..., D].
 
@@ -86,7 +104,7 @@ class MoE8Block(torch.nn.Module):
             # (the tensor keeps the layer alive through the view's buffer)
             view = self.layer.weight(n)
             self._addr[n] = (view.ctypes.data, view.shape)
-            self.register_parameter(n, torch.nn.Parameter(torch.from_numpy(view)))
+            self.register_parameter(n, _Parameter(torch.from_numpy(view)))
         self.aux_loss = None
         self._prepared_at = None
 
@@ -150,7 +168,11 @@ class MoE8Block(torch.nn.Module):
                                    "float32 CPU tensors over the layer's weights. Write new values in place (p.data.copy_(...))" % n)
 
     def _versions(self):
-        return tuple(getattr(self, n)._version for n in self.param_names)
+        """What says a parameter may have been written since the last
+        preparation: each one's version counter (in-place writes through
+        the tensor) and how often its `.data` was taken (writes through
+        that, which no counter sees)."""
+        return tuple((getattr(self, n)._version, getattr(self, n).__dict__.get("_moe8_data_taken", 0)) for n in self.param_names)
 
     def forward(self, x):
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
@@ -164,7 +186,7 @@ class MoE8Block(torch.nn.Module):
         if not torch.is_grad_enabled() or not (x.requires_grad or any(getattr(self, n).requires_grad for n in self.param_names)):
             # inference: the prepared, fused path; re-prepared after any in-place change of a parameter
             v = self._versions()
-            if self._prepared_at != v:
+            if self._prepared_at != v or not self.layer._prepared:  # (or written through layer.weight() views)
                 self.layer.prepare()
                 self._prepared_at = v
             y = torch.from_numpy(self.layer.forward(x2.detach().contiguous().numpy(), fused=True))

@@ -550,3 +550,35 @@ def test_llama4_block_gradients_match_plain_pytorch():
     assert rel(blk.gate.grad, ref.experts.gate_up_proj.grad[:, :, :F]) <= 1e-4
     assert rel(blk.down.grad, ref.experts.down_proj.grad) <= 1e-4
     assert rel(blk.shared_down.grad, ref.shared_expert.down_proj.weight.grad.t()) <= 1e-4
+
+
+@pytest.mark.parametrize("rules", [None, {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn",
+                                                      "tile_size": 16}]}])
+def test_writes_through_data_reach_the_prepared_experts(rules):
+    """`p.data` carries a version counter of its own, so writes through it
+    (p.data.copy_, p.data.mul_) must still re-prepare the quantized, packed
+    experts: the inference path gives the bytes of the autograd path and of
+    a new block holding the new weights, never a mix of old and new."""
+    torch.manual_seed(3)
+    block = MoE8Block(hidden=32, ffn=16, num_experts=4, top_k=2, rules=rules, shared_ffn=8)
+    x = torch.randn(7, 32)
+    with torch.no_grad():
+        block(x)                                   # prepared here
+    block.down.data.copy_(torch.randn_like(block.down))
+    block.gate.data.mul_(-1.5)
+    block.router.data.copy_(torch.randn_like(block.router))
+    block.shared_up.data.add_(0.25)
+    with torch.no_grad():
+        z = block(x)
+    fresh = MoE8Block(hidden=32, ffn=16, num_experts=4, top_k=2, rules=rules, shared_ffn=8)
+    with torch.no_grad():
+        for n in block.param_names:
+            getattr(fresh, n).copy_(getattr(block, n))
+        want = fresh(x)
+    assert torch.equal(z, want), rel(z, want)
+    assert torch.equal(block(x).detach(), want)    # the autograd path agrees
+    # a write through a layer.weight() view reaches it too
+    block.layer.weight("up")[:] *= 0.5
+    with torch.no_grad():
+        fresh.up.mul_(0.5)
+        assert torch.equal(block(x), fresh(x))
