@@ -233,19 +233,21 @@ def _expert_weights(experts, family):
     return st[0], st[1], st[2]
 
 
-def from_hf(block, config=None, rules=None):
+def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.experts"):
     """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
     Qwen3-MoE, Qwen3-Next, Mixtral, MiniMax, MiniMax-M2, OLMoE, DeepSeek-V2,
     DeepSeek-V3, GLM-4.5, dots.llm1, GPT-OSS, Llama-4), its weights copied;
-    `config` is the model's config (for what the block does not hold)."""
+    `config` is the model's config (for what the block does not hold);
+    `module_path` is the experts' path the rules are matched against (patch
+    gives each block its own: "<the block's name in the model>.experts")."""
     family = _HF_BLOCKS.get(type(block).__name__)
     if family is None:
         raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
     cfg = config if config is not None else getattr(block, "config", None)
     if family == "gpt_oss":
-        return _from_gpt_oss(block, cfg, rules)
+        return _from_gpt_oss(block, cfg, rules, module_path)
     if family == "llama4_text":
-        return _from_llama4(block, cfg, rules)
+        return _from_llama4(block, cfg, rules, module_path)
     gate = block.gate
     wr = gate.weight.detach().float()  # [E, D]
     E, D = wr.shape
@@ -286,7 +288,7 @@ def from_hf(block, config=None, rules=None):
     if shared is not None:
         kw["shared_ffn"] = shared.gate_proj.weight.shape[0]
         kw["shared_gate"] = getattr(block, "shared_expert_gate", None) is not None
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, **kw)
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, module_path=module_path, **kw)
     with torch.no_grad():
         out.router.copy_(wr.t())
         out.gate.copy_(g)
@@ -306,7 +308,7 @@ def from_hf(block, config=None, rules=None):
     return out
 
 
-def _from_gpt_oss(block, cfg, rules):
+def _from_gpt_oss(block, cfg, rules, module_path):
     """transformers' GptOssMLP: router (weight [E, D], bias [E]) and experts
     (gate_up_proj [E, D, 2F] with gate and up in alternate columns, its bias
     [E, 2F], down_proj [E, F, D], its bias [E, D], alpha, limit)."""
@@ -316,7 +318,8 @@ def _from_gpt_oss(block, cfg, rules):
     gu = ex.gate_up_proj.detach().float()
     F = gu.shape[2] // 2
     top_k = int(_first(getattr(r, "top_k", None), getattr(cfg, "num_experts_per_tok", None)))
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, norm_topk_prob=True, act="swiglu_clamp",
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, norm_topk_prob=True,
+                    act="swiglu_clamp",
                     act_alpha=float(_first(getattr(ex, "alpha", None), 1.702)),
                     act_limit=float(_first(getattr(ex, "limit", None), getattr(cfg, "swiglu_limit", None), 7.0)),
                     router_bias=True, expert_bias=True)
@@ -333,7 +336,7 @@ def _from_gpt_oss(block, cfg, rules):
     return out
 
 
-def _from_llama4(block, cfg, rules):
+def _from_llama4(block, cfg, rules, module_path):
     """transformers' Llama4TextMoe: router (Linear [E, D]), experts
     (gate_up_proj [E, D, 2F], gate the first F columns, down_proj
     [E, F, D]), shared_expert (gate/up/down Linear); the sigmoid of each
@@ -344,7 +347,8 @@ def _from_llama4(block, cfg, rules):
     F = gu.shape[2] // 2
     sh = block.shared_expert
     top_k = int(_first(getattr(block, "top_k", None), getattr(cfg, "num_experts_per_tok", None), 1))
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, score="sigmoid", norm_topk_prob=False, weight_input=True,
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, score="sigmoid",
+                    norm_topk_prob=False, weight_input=True,
                     shared_ffn=sh.gate_proj.weight.shape[0])
     with torch.no_grad():
         out.router.copy_(wr.t())
@@ -377,7 +381,9 @@ class _HFBlock(torch.nn.Module):
 
 def patch(model, rules=None):
     """Replaces every MoE block of a transformers model moe8 computes by
-    moe8 (weights copied); returns how many were replaced."""
+    moe8 (weights copied); returns how many were replaced.  The rules are
+    matched against each block's own experts path, "<its name in
+    model.named_modules()>.experts" (e.g. model.layers.1.mlp.experts)."""
     config = getattr(model, "config", None)
     todo = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
     for name, m in todo:
@@ -385,7 +391,8 @@ def patch(model, rules=None):
         wr = (m.router if _HF_BLOCKS[type(m).__name__] in ("gpt_oss", "llama4_text") else m.gate).weight
         with torch.no_grad():
             r = m(torch.zeros(1, 1, wr.shape[1], dtype=wr.dtype))
-        setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(from_hf(m, config, rules), _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))
+        moe = from_hf(m, config, rules, module_path=name + ".experts" if name else "experts")
+        setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(moe, _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))
     return len(todo)
 
 

@@ -467,6 +467,30 @@ def test_patch_transformers_shaped_model():
     assert type(model.layers[0]["mlp"]).__name__ == "_HFBlock"
 
 
+def test_patch_matches_each_blocks_own_path():
+    """patch matches the rules against each block's own experts path
+    (layers.N.mlp.experts), not the first layer's for every block."""
+    from moe8.torch import patch
+
+    def rule(path):
+        return {"rules": [{"module_path": path, "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 16}]}
+
+    def described(model):
+        return [l["mlp"].moe.layer.describe().split()[1].rstrip(",") for l in model.layers]  # "weights f8e4m3 [...]"
+
+    def blocks():
+        torch.manual_seed(1)
+        return [Qwen2MoeSparseMoeBlock(), MixtralSparseMoeBlock(), GptOssMLP(), Llama4TextMoe()]
+
+    f8, f32 = "f8e4m3", "f32"
+    for path, want in ((r"layers\.1\.", [f32, f8, f32, f32]), (r"layers\.0\.", [f8, f32, f32, f32]),
+                       (r"layers\.[23]\.mlp\.experts$", [f32, f32, f8, f8])):
+        model = _Model(blocks())
+        assert patch(model, rule(path)) == 4
+        assert described(model) == want, (path, described(model))
+        assert [l["mlp"].moe._module_path for l in model.layers] == ["layers.%d.mlp.experts" % i for i in range(4)]
+
+
 def test_patch_real_transformers_classes():
     try:
         import transformers  # noqa: F401
