@@ -1,10 +1,14 @@
 """The implementation of moe8.torch (imported from there when PyTorch is present)."""
 import json
+import os
+import stat
 
 import numpy as np
 import torch
 
-from . import Layer, Rules
+from . import Error, Layer, Rules
+
+_RULES_MAX = 64 << 20  # the library's bound on a rules file
 
 _NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_gate_w", "router_bias", "gate_up_bias",
           "down_bias")
@@ -41,12 +45,22 @@ def _rules_text(rules):
         return json.dumps(rules)
     if isinstance(rules, Rules):
         raise TypeError("moe8: MoE8Block takes rules as a dict, JSON text or a path (a parsed Rules cannot be pickled)")
-    text = str(rules)
+    text = os.fspath(rules) if isinstance(rules, os.PathLike) else str(rules)
     if text.lstrip()[:1] in ("{", "["):
         return text
-    with open(text) as f:  # a path: its text, through the library's checks first
-        Rules(text)
-        return f.read()
+    # A path.  The library's loader checks it by name first (a regular file
+    # only, never blocking on a FIFO or a device, at most 64 MiB); then its
+    # text is read through a descriptor opened without blocking and checked
+    # again, so a FIFO put in its place meanwhile is refused, never waited on.
+    Rules(text)
+    fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _RULES_MAX:
+            raise Error(1, "rules %s: not a regular file of at most 64 MiB" % text)
+        raw = f.read(_RULES_MAX + 1)
+    Rules(raw)  # the text kept is the text checked
+    return raw.decode("utf-8")
 
 
 class _Parameter(torch.nn.Parameter):

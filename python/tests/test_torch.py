@@ -606,3 +606,39 @@ def test_writes_through_data_reach_the_prepared_experts(rules):
     with torch.no_grad():
         fresh.up.mul_(0.5)
         assert torch.equal(block(x), fresh(x))
+
+
+def test_rules_fifo_is_refused_not_waited_on(tmp_path):
+    """A rules path that is a FIFO: MoE8Block(rules=), from_pretrained and
+    patch refuse it by name (they used to open it first, and hang)."""
+    import os
+    import subprocess
+    import sys
+    fifo = tmp_path / "rules.fifo"
+    os.mkfifo(fifo)
+    child = """
+import sys
+sys.path[:0] = [%r, %r]
+import moe8
+from moe8.torch import MoE8Block, patch
+from test_torch import _Model, Qwen2MoeSparseMoeBlock
+fifo = %r
+calls = (lambda: MoE8Block(hidden=16, ffn=8, num_experts=4, top_k=2, rules=fifo),
+         lambda: MoE8Block.from_pretrained(%r, rules=fifo),
+         lambda: patch(_Model([Qwen2MoeSparseMoeBlock()]), rules=fifo))
+for call in calls:
+    try:
+        call()
+        print("accepted")
+    except moe8.Error as e:
+        print(e)
+""" % (os.path.dirname(os.path.dirname(os.path.abspath(moe8.__file__))), os.path.dirname(os.path.abspath(__file__)), str(fifo),
+       str(tmp_path / "no-model"))
+    try:
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a FIFO as the rules path blocked")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 3, (r.stdout, r.stderr)
+    for line in lines:
+        assert "rules.fifo" in line and "FIFO" in line, line
