@@ -138,6 +138,7 @@ _model_open_as = _fn("moe8_model_open_as", C.c_int, C.c_char_p, C.c_char_p, C.PO
 _model_close = _fn("moe8_model_close", None, _P)
 _model_load = _fn("moe8_model_load_layer_ex", C.c_int, _P, _i64, _P, C.POINTER(_LoadOptions), C.POINTER(_P))
 _first_moe = _fn("moe8_hf_config_first_moe_layer", _i64, _P)
+_check_moe_layer = _fn("moe8_hf_config_check_moe_layer", C.c_int, _P, _i64)
 _model_config = _fn("moe8_model_config", _P, _P)
 _quantize = _fn("moe8_quantize", C.c_int, C.POINTER(_QuantSpec), _P, _i64, _i64, _i64, _P, _P, C.POINTER(C.c_size_t))
 _dequantize = _fn("moe8_dequantize", C.c_int, C.POINTER(_QuantSpec), _P, _P, _i64, _i64, _i64, _P)
@@ -398,6 +399,10 @@ class Layer:
         try:
             if layer is None:
                 layer = _first_moe(_model_config(m))
+                if layer < 0:  # as `moe8 run` says it: why, by what layer 0 is
+                    st = _check_moe_layer(_model_config(m), 0)
+                    raise Error(st or 1, "%s: config.json has no MoE layer%s" % (
+                        os.fsdecode(model_dir), ": " + _last_error().decode("utf-8", "replace") if st else ""))
             r = _as_rules(rules)
             cb = None
             if progress is not None:
@@ -498,8 +503,14 @@ class Layer:
         ids = np.asarray(topk_ids)
         if ids.shape != (T, self.top_k) or ids.dtype.kind not in "iu":
             raise Error(2, "topk_ids must be an integer array of shape %s, got %s %s" % ((T, self.top_k), ids.dtype, list(ids.shape)))
-        if ids.size and (ids.max() >= self.num_experts or ids.min() < -(2 ** 31)):
-            raise Error(2, "topk_ids holds %d; ids must be < num_experts = %d (ids < 0 are skipped)" % (int(ids.max()), self.num_experts))
+        if ids.size:
+            bad = ids >= self.num_experts
+            if ids.dtype.kind == "i" and ids.dtype.itemsize > 4:
+                bad |= ids < -(2 ** 31)  # would not survive the conversion to int32
+            if bad.any():
+                t, j = (int(i) for i in np.argwhere(bad)[0])
+                raise Error(2, "topk_ids[%d, %d] = %d: ids must be in [-2^31, num_experts = %d) (ids < 0 are skipped)"
+                            % (t, j, int(ids[t, j]), self.num_experts))
         ids = np.require(ids.astype(np.int32, copy=False), requirements=["C", "A"])
         w = _f32(topk_weights, "topk_weights", 2, (T, self.top_k))
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))

@@ -200,3 +200,34 @@ def test_experts_entry_equals_forward(rules):
         layer.experts(x, ids[:, :1], w)
     with pytest.raises(moe8.Error, match="num_experts"):
         layer.experts(x, ids + 10, w)
+
+
+def test_experts_names_the_bad_id_and_where():
+    """An id out of range (>= num_experts, or below -2^31 in an int64
+    array, which int32 cannot hold) is named with its position, not
+    reported as the array's maximum."""
+    layer = small()
+    layer.prepare()
+    x, w = np.ones((3, 64), np.float32), np.full((3, 2), 0.5, np.float32)
+    for ids, where, value in (([[0, 1], [3, -(2 ** 40)], [2, 1]], "[1, 1]", -(2 ** 40)), ([[0, 1], [3, 2], [2, 4]], "[2, 1]", 4),
+                              ([[0, -(2 ** 31) - 1], [7, 2], [2, 1]], "[0, 1]", -(2 ** 31) - 1)):
+        with pytest.raises(moe8.Error, match=r"topk_ids\%s = %d" % (where, value)):
+            layer.experts(x, np.array(ids, np.int64), w)
+    with pytest.raises(moe8.Error, match=r"topk_ids\[0, 0\] = 9"):
+        layer.experts(x, np.array([[9, 0], [1, 2], [2, 1]], np.uint64), w)
+    ok = np.array([[0, -(2 ** 31)], [-1, 3], [2, 1]], np.int64)  # the lowest int32 is a skipped slot, not an error
+    assert layer.experts(x, ok, w).shape == (3, 64)
+
+
+def test_model_without_a_moe_layer_says_so(tmp_path):
+    """Layer.from_model on a model none of whose layers is MoE says "no MoE
+    layer" and why, as `moe8 run` does (not "layer -1 is outside ...")."""
+    import json
+    import struct
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "hidden_size": 16, "moe_intermediate_size": 8,
+        "shared_expert_intermediate_size": 8, "mlp_only_layers": [0], "intermediate_size": 32, "num_hidden_layers": 1}))
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 8) + b"{}      ")
+    for mode in ("inference", "training"):
+        with pytest.raises(moe8.Error, match=r"config.json has no MoE layer: layer 0 is a dense MLP layer \(listed in mlp_only_layers\)"):
+            moe8.Layer.from_model(str(tmp_path), mode=mode)
