@@ -912,6 +912,54 @@ static void test_llama4_form_grads(void **state) {
   }
 }
 
+/* out = x (the output written over the input) with a shared expert: the
+** forward, the fused forward and the experts op give the bytes of a call
+** with separate buffers (the shared expert reads x before the combine
+** writes out), for f32, FP8 (quantized before or after the sort) and int8,
+** and Llama-4's input-weighted form. */
+static void test_out_aliases_x(void **state) {
+  (void)state;
+  const char *rules_txt[] = {
+    NULL,
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
+    "{\"quantize_before_ep_all_gather\": true, \"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", "
+    "\"act_qtype\": \"float8_e4m3fn\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+  };
+  for (int form = 0; form < 2; form++)
+    for (size_t i = 0; i < sizeof rules_txt / sizeof rules_txt[0]; i++) {
+      moe8_layer_config c = {.num_experts = 8, .top_k = 2, .hidden = 48, .ffn = 32, .norm_topk_prob = true, .shared_ffn = 16,
+                             .shared_gate = true};
+      if (form) c = (moe8_layer_config){.num_experts = 4, .top_k = 1, .hidden = 48, .ffn = 32, .score = MOE8_SCORE_SIGMOID,
+                                         .weight_input = true, .shared_ffn = 16};
+      moe8_rules *rs = NULL;
+      if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
+      run u;
+      run_init(&u, &c, rs, 13, 90 + i);
+      const int64_t T = u.T, K = u.K, D = u.D;
+      const size_t TD = (size_t)(T * D);
+      float *y = malloc(TD * 4), *w = malloc(sizeof(float) * (size_t)(T * K));
+      int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++) { ids[t * K + k] = (int32_t)((t + 3 * k) % c.num_experts); w[t * K + k] = 0.25f + 0.125f * (float)k; }
+      for (int path = 0; path < 3; path++) {
+        if (path == 1) assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
+        memcpy(y, u.x, TD * 4);
+        moe8_status s1 = path == 0 ? moe8_layer_forward(u.L, u.x, T, u.out, NULL, u.ws, u.ws_size)
+                         : path == 1 ? moe8_layer_forward_fused(u.L, u.x, T, u.out, u.ws, u.ws_size)
+                                     : moe8_layer_experts(u.L, u.x, T, ids, w, u.out, u.ws, u.ws_size);
+        moe8_status s2 = path == 0 ? moe8_layer_forward(u.L, y, T, y, NULL, u.ws, u.ws_size)
+                         : path == 1 ? moe8_layer_forward_fused(u.L, y, T, y, u.ws, u.ws_size)
+                                     : moe8_layer_experts(u.L, y, T, ids, w, y, u.ws, u.ws_size);
+        if (s1 != MOE8_OK || s2 != MOE8_OK) TU_FAIL("form %d, rules %zu, path %d: %s", form, i, path, moe8_last_error());
+        if (memcmp(u.out, y, TD * 4) != 0) TU_FAIL("form %d, rules %zu, path %d: out = x differs from separate buffers", form, i, path);
+      }
+      free(y); free(w); free(ids);
+      run_free(&u);
+      moe8_rules_destroy(rs);
+    }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -919,6 +967,7 @@ int main(void) {
     cmocka_unit_test(test_seed_b_table),
     cmocka_unit_test(test_fused_equals_unfused_no_alloc),
     cmocka_unit_test(test_experts_entry),
+    cmocka_unit_test(test_out_aliases_x),
     cmocka_unit_test(test_seed_a_quantize_before_sort),
     cmocka_unit_test(test_f32_gradients_vs_finite_differences),
     cmocka_unit_test(test_shared_expert_gradients),

@@ -871,18 +871,20 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   }
+  /* 6. the shared expert on every token, computed while x is whole (out
+  ** may be x, or overlap it: nothing reads x after the combine writes
+  ** out) and added after the combine */
+  moe8__shared_buf sb = {0};
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
+    moe8__shared_buf_carve(L, T, w.shared, &sb);
+    if (L->aq && (!L->before_sort || L->cfg.weight_input)) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
+    if (st == MOE8_OK) st = moe8__shared_forward(L, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
+  }
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
   if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, L->cfg.weight_input ? NULL : w.w, T, K, D, out);
-  /* 6. the shared expert on every token, added after the combine */
-  if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
-    moe8__shared_buf sb;
-    moe8__shared_buf_carve(L, T, w.shared, &sb);
-    if (L->aq && (!L->before_sort || L->cfg.weight_input)) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
-    if (st == MOE8_OK) st = moe8__shared_forward(L, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
-    if (st == MOE8_OK) moe8__shared_add(L, T, &sb, out);
-  }
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0) moe8__shared_add(L, T, &sb, out);
   if (st == MOE8_OK) st = moe8__check_output(L, out, T);
   if (st == MOE8_OK) ws_mark(ws, L, T, kind);
   return st;
