@@ -792,6 +792,36 @@ static void test_cli_files(void **state) {
   assert_non_null(strstr(g_err, "deepseek f8e4m3 128x128 blocks"));
 }
 
+/* An mxfp4 weight rule refuses what its quantizer does not honour, naming
+** the rule file's line and the key (hardening class: mxfp4 rule options). */
+static void test_mxfp4_rule_options(void **state) {
+  (void)state;
+  static const struct { const char *fields; const char *want; } bad[] = {
+    {"\"weight_calibration_method\": \"absmax,0.5\"", "r.json:3:5: rules[0].weight_calibration_method: weight_qtype mxfp4"},
+    {"\"weight_calibration_method\": \"absmax_pow2\"", "r.json:3:5: rules[0].weight_calibration_method"},
+    {"\"weight_calibration_method\": \"qwix\"", "r.json:3:5: rules[0].weight_calibration_method"},
+    {"\"tile_size\": 64", "r.json:3:5: rules[0].tile_size: weight_qtype mxfp4"},
+    {"\"act_qtype\": \"int8\", \"tile_size\": 48", "rules[0].tile_size: weight_qtype mxfp4 with int8"},
+    {"\"act_qtype\": \"float8_e4m3fn\"", "r.json:3:5: rules[0].act_qtype: weight_qtype mxfp4"},
+  };
+  char txt[512];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(txt, sizeof txt, "{\"rules\": [\n  {\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\",\n    %s}]}", bad[i].fields);
+    moe8_rules *r = NULL;
+    assert_int_equal(moe8_rules_parse(txt, strlen(txt), "r.json", &r), MOE8_ERR_PARSE);
+    assert_null(r);
+    if (!strstr(moe8_last_error(), bad[i].want)) TU_FAIL("case %zu: \"%s\" lacks \"%s\"", i, moe8_last_error(), bad[i].want);
+  }
+  static const char *good[] = {"\"tile_size\": 32", "\"weight_calibration_method\": \"mx\"", "\"act_qtype\": \"int8\", \"tile_size\": 64",
+                               "\"act_qtype\": \"int8\"", "\"tile_size\": null"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    snprintf(txt, sizeof txt, "{\"rules\": [\n  {\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\",\n    %s}]}", good[i]);
+    moe8_rules *r = NULL;
+    if (moe8_rules_parse(txt, strlen(txt), "r.json", &r) != MOE8_OK) TU_FAIL("good case %zu refused: %s", i, moe8_last_error());
+    moe8_rules_destroy(r);
+  }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -803,6 +833,7 @@ int main(void) {
     cmocka_unit_test(test_gpt_oss_mxfp4),
     cmocka_unit_test(test_deepseek_blocks),
     cmocka_unit_test(test_cli_files),
+    cmocka_unit_test(test_mxfp4_rule_options),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -124,6 +124,9 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
   moe8_rule *r = &rs->rules[idx];
   r->weight_clip = r->act_clip = 1.0f;
   bool have_path = false;
+  /* Where tile_size and weight_calibration_method are (len: absent), for
+  ** the checks that need the whole rule. */
+  size_t at_tile = c->len, at_wcal = c->len;
   if (!cJSON_IsObject(obj)) {
     snprintf(path, sizeof path, "rules[%zu]", idx);
     return fail_at(c, from, path, "a rule must be a JSON object");
@@ -176,6 +179,7 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
         return fail_at(c, cJSON_IsString(f) ? find_token(c, f->valuestring, at) : at, path, msg);
       }
     } else if (strcmp(f->string, "tile_size") == 0) {
+      at_tile = at;
       if (cJSON_IsNull(f)) { r->tile_size = 0; continue; }
       if (!cJSON_IsNumber(f) || !(f->valuedouble >= 1 && f->valuedouble <= 1048576) || f->valuedouble != floor(f->valuedouble))
         return fail_at(c, at, path, "must be a positive integer (at most 1048576) or null");
@@ -183,6 +187,7 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
     } else if (strcmp(f->string, "weight_calibration_method") == 0 ||
                strcmp(f->string, "act_calibration_method") == 0) {
       const bool w = f->string[0] == 'w';
+      if (w) at_wcal = at;
       if (!cJSON_IsString(f) ||
           !parse_calibration(f->valuestring, w ? &r->weight_clip : &r->act_clip, w ? &r->weight_pow2 : &r->act_pow2,
                              w ? &r->weight_calib : &r->act_calib)) {
@@ -206,6 +211,24 @@ static moe8_status parse_rule(const parse_ctx *c, const cJSON *obj, size_t idx, 
     if (r->tile_size != 32) return fail_at(c, from, path, "weight_qtype mxfp8 has its blocks of 32 along K: tile_size must be 32 or absent");
     if (r->weight_calib != MOE8_CALIB_MX)
       return fail_at(c, from, path, "weight_qtype mxfp8 takes the mx calibration: weight_calibration_method must be \"mx\" or absent");
+  }
+  if (r->weight_mxfp4) {
+    /* MXFP4 has one quantizer (E8M0 scale per 32 along K from the block's
+    ** maximum): what it cannot honour is refused, never ignored. */
+    if (at_wcal < c->len && r->weight_calib != MOE8_CALIB_MX) {
+      snprintf(path, sizeof path, "rules[%zu].weight_calibration_method", idx);
+      return fail_at(c, at_wcal, path, "weight_qtype mxfp4 has its own scale (E8M0 per 32 along K): weight_calibration_method must be \"mx\" or absent");
+    }
+    snprintf(path, sizeof path, "rules[%zu].tile_size", idx);
+    if (r->act_qtype == MOE8_DTYPE_NONE && at_tile < c->len && r->tile_size != 0 && r->tile_size != 32)
+      return fail_at(c, at_tile, path, "weight_qtype mxfp4 has its blocks of 32 along K and act_qtype is null: tile_size must be 32, null or absent");
+    if (r->act_qtype == MOE8_DTYPE_I8 && r->tile_size % 32 != 0)
+      return fail_at(c, at_tile, path, "weight_qtype mxfp4 with int8 activations takes 1 x tile_size activation blocks a multiple of 32 "
+                                       "(or none: per token)");
+    if (r->act_qtype != MOE8_DTYPE_NONE && r->act_qtype != MOE8_DTYPE_I8) {
+      snprintf(path, sizeof path, "rules[%zu].act_qtype", idx);
+      return fail_at(c, find_token(c, "act_qtype", from), path, "weight_qtype mxfp4 runs f32 or int8 activations: act_qtype must be null or int8");
+    }
   }
   return MOE8_OK;
 }
