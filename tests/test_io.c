@@ -582,7 +582,7 @@ static int sh(const char *fmt, ...) {
   va_end(ap);
   snprintf(ef, sizeof ef, "%s/stderr.txt", g_dir);
   char full[3000];
-  snprintf(full, sizeof full, "%s >/dev/null 2>'%s'", cmd, ef);
+  snprintf(full, sizeof full, "{ %s\n} >/dev/null 2>'%s'", cmd, ef);
   const int rc = system(full);
   FILE *f = fopen(ef, "r");
   const size_t n = f ? fread(g_err, 1, sizeof g_err - 1, f) : 0;
@@ -792,6 +792,121 @@ static void test_cli_files(void **state) {
   assert_non_null(strstr(g_err, "deepseek f8e4m3 128x128 blocks"));
 }
 
+/* A directory on another file system than g_dir (for the symlink case);
+** NULL when there is none. */
+static const char *other_fs_dir(void) {
+  static char d[256];
+  struct stat a, b;
+  const char *cand[] = {"/dev/shm", "/run", "/var/tmp", "."};
+  if (stat(g_dir, &a) != 0) return NULL;
+  for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
+    snprintf(d, sizeof d, "%s/moe8-test-io-fs-XXXXXX", cand[i]);
+    if (stat(cand[i], &b) != 0 || b.st_dev == a.st_dev || !mkdtemp(d)) continue;
+    return d;
+  }
+  return NULL;
+}
+
+/* The mode bits of a path (-1 if it does not exist). */
+static int mode_of(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? (int)(sb.st_mode & 07777) : -1;
+}
+
+/* moe8 quantize's output directory (docs/files.md, "The output
+** directory"): other files are never touched (a *.safetensors that is not
+** the old model's is refused, before anything is written); the directory
+** gets a plain mkdir's mode, or keeps its own; --force through a symlink
+** to another file system swaps on the target's file system; a failed swap
+** puts the old model back and says so; an interrupted run's temporary
+** directory is removed (or named) by the next run. */
+static void test_quantize_output_dir(void **state) {
+  (void)state;
+  const char *M = moe8_bin();
+  char cfg[600], src[600], rules[600], q[600];
+  snprintf(cfg, sizeof cfg, "%s/qcfg.json", g_dir);
+  snprintf(src, sizeof src, "%s/qmodel", g_dir);
+  snprintf(rules, sizeof rules, "%s/qrules.json", g_dir);
+  snprintf(q, sizeof q, "%s/qout", g_dir);
+  write_text(cfg, "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"hidden_size\": 64,"
+                  " \"moe_intermediate_size\": 32, \"num_hidden_layers\": 1}");
+  write_text(rules, "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}");
+  if (sh("'%s' init --config '%s' --out '%s'", M, cfg, src) != 0) TU_FAIL("init: %s", g_err);
+
+  /* 1. an adapter beside: refused (with and without --force), untouched */
+  assert_int_equal(sh("mkdir '%s' && echo adapter > '%s/adapter_model.safetensors' && echo keep > '%s/README.md'", q, q, q), 0);
+  for (int force = 0; force < 2; force++) {
+    if (sh("'%s' quantize '%s' '%s' --rules '%s'%s", M, src, q, rules, force ? " --force" : "") != 1) TU_FAIL("adapter beside: %s", g_err);
+    if (!strstr(g_err, "adapter_model.safetensors is not a file of the model")) TU_FAIL("adapter beside: message \"%s\"", g_err);
+    assert_int_equal(sh("test \"$(cat '%s/adapter_model.safetensors')\" = adapter && test ! -e '%s/config.json'", q, q), 0);
+    assert_int_not_equal(sh("ls -a '%s' | grep -q 'moe8-new\\|moe8-old'", g_dir), 0);
+  }
+  /* ... moved away, the model is written and the README kept */
+  assert_int_equal(sh("rm '%s/adapter_model.safetensors'", q), 0);
+  if (sh("'%s' quantize '%s' '%s' --rules '%s'", M, src, q, rules) != 0) TU_FAIL("quantize beside a README: %s", g_err);
+  assert_int_equal(sh("test \"$(cat '%s/README.md')\" = keep && test -e '%s/model.safetensors'", q, q), 0);
+
+  /* 2. the directory's mode: a plain mkdir's under the umask, or its own */
+  static const struct { const char *umask; int mode; } um[] = {{"022", 0755}, {"077", 0700}, {"002", 0775}};
+  for (size_t i = 0; i < sizeof um / sizeof um[0]; i++) {
+    assert_int_equal(sh("rm -rf '%s'", q), 0);
+    if (sh("umask %s && '%s' quantize '%s' '%s' --rules '%s'", um[i].umask, M, src, q, rules) != 0) TU_FAIL("umask %s: %s", um[i].umask, g_err);
+    if (mode_of(q) != um[i].mode) TU_FAIL("umask %s: the new directory has mode %o, want %o", um[i].umask, mode_of(q), um[i].mode);
+    if (sh("umask %s && '%s' quantize '%s' '%s' --rules '%s' --force", um[i].umask, M, src, q, rules) != 0) TU_FAIL("--force: %s", g_err);
+    if (mode_of(q) != um[i].mode) TU_FAIL("umask %s, --force: mode %o, want %o", um[i].umask, mode_of(q), um[i].mode);
+  }
+  assert_int_equal(chmod(q, 0750), 0);
+  if (sh("umask 022 && '%s' quantize '%s' '%s' --rules '%s' --force", M, src, q, rules) != 0) TU_FAIL("--force 0750: %s", g_err);
+  if (mode_of(q) != 0750) TU_FAIL("--force over a 0750 directory: mode %o, want it kept", mode_of(q));
+
+  /* 3a. a failed swap (the two-rename path's second rename): the old model
+  ** back in place, unchanged, the message says so, nothing left beside */
+  assert_int_equal(sh("cat '%s/config.json' '%s/model.safetensors' | cksum > '%s/sum0'", q, q, g_dir), 0);
+  if (sh("MOE8_TEST_QUANTIZE_FAIL=swap '%s' quantize '%s' '%s' --rules '%s' --force", M, src, q, rules) != 1) TU_FAIL("failed swap: %s", g_err);
+  if (!strstr(g_err, "the old model is back in")) TU_FAIL("failed swap: message \"%s\"", g_err);
+  assert_int_equal(sh("cat '%s/config.json' '%s/model.safetensors' | cksum | cmp -s - '%s/sum0'", q, q, g_dir), 0);
+  assert_int_not_equal(sh("ls -a '%s' | grep -q 'moe8-new\\|moe8-old'", g_dir), 0);
+
+  /* 3b. an interrupted run's temporary directories: one holding only a
+  ** model is removed, one holding other files is named and kept; a live
+  ** process's is left alone */
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  assert_true(child > 0);
+  waitpid(child, NULL, 0);
+  char st1[700], st2[700], st3[700];
+  snprintf(st1, sizeof st1, "%s.moe8-new-%ld-abcdef", q, (long)child);
+  snprintf(st2, sizeof st2, "%s.moe8-new-%ld-ghijkl", q, (long)child);
+  snprintf(st3, sizeof st3, "%s.moe8-new-%ld-mnopqr", q, (long)getppid());
+  assert_int_equal(sh("mkdir '%s' '%s' '%s' && : > '%s/model.safetensors' && : > '%s/config.json' && echo mine > '%s/notes.txt' && "
+                      ": > '%s/model.safetensors'", st1, st2, st3, st1, st1, st2, st3), 0);
+  if (sh("{ '%s' quantize '%s' '%s' --rules '%s' --force 1>&2; }", M, src, q, rules) != 0) TU_FAIL("after a killed run: %s", g_err);
+  if (!strstr(g_err, "removed") || !strstr(g_err, "-abcdef")) TU_FAIL("stale directory not reported removed: \"%s\"", g_err);
+  if (!strstr(g_err, "-ghijkl was left by an interrupted run")) TU_FAIL("stale directory with other files not named: \"%s\"", g_err);
+  assert_int_not_equal(sh("test -e '%s'", st1), 0);
+  assert_int_equal(sh("test \"$(cat '%s/notes.txt')\" = mine && test -e '%s/model.safetensors'", st2, st3), 0);
+  assert_int_equal(sh("rm -rf '%s' '%s'", st2, st3), 0);
+
+  /* 3c. --force through a symlink to another file system: swapped on the
+  ** target's, the link kept, nothing left on either side */
+  const char *other = other_fs_dir();
+  if (!other) {
+    printf("notice: no second file system here: the cross-file-system --force case is skipped\n");
+    return;
+  }
+  char tgt[600], link[600];
+  snprintf(tgt, sizeof tgt, "%s/tgt", other);
+  snprintf(link, sizeof link, "%s/qlink", g_dir);
+  assert_int_equal(sh("cp -r '%s' '%s' && ln -s '%s' '%s'", src, tgt, tgt, link), 0);
+  if (sh("'%s' quantize '%s' '%s' --rules '%s' --force", M, src, link, rules) != 0) TU_FAIL("--force through a symlink: %s", g_err);
+  assert_int_equal(sh("test -L '%s' && grep -q moe8_quantization '%s/config.json'", link, tgt), 0);
+  assert_int_not_equal(sh("ls -a '%s' '%s' | grep -q 'moe8-new\\|moe8-old'", g_dir, other), 0);
+  if (sh("MOE8_TEST_QUANTIZE_FAIL=swap '%s' quantize '%s' '%s' --rules '%s' --force", M, src, link, rules) != 1) TU_FAIL("swap: %s", g_err);
+  if (!strstr(g_err, "the old model is back in")) TU_FAIL("failed swap through a link: message \"%s\"", g_err);
+  assert_int_equal(sh("test -L '%s' && test -e '%s/config.json'", link, link), 0);
+  assert_int_equal(sh("rm -rf '%s'", other), 0);
+}
+
 /* An mxfp4 weight rule refuses what its quantizer does not honour, naming
 ** the rule file's line and the key (hardening class: mxfp4 rule options). */
 static void test_mxfp4_rule_options(void **state) {
@@ -834,6 +949,7 @@ int main(void) {
     cmocka_unit_test(test_deepseek_blocks),
     cmocka_unit_test(test_cli_files),
     cmocka_unit_test(test_mxfp4_rule_options),
+    cmocka_unit_test(test_quantize_output_dir),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

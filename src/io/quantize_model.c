@@ -13,19 +13,31 @@
 **             ".weight_scale_inv" [ceil(N/128), ceil(K/128)], w ≈ q · s per
 **             128×128 block, and quantization_config in config.json.
 **
-** Everything is loaded and checked before anything is written.  The whole
+** Everything is loaded and checked before anything is written.  OUT is
+** resolved first (a symlink to its target, wherever that is), and the whole
 ** new model (tensors and config) is written into a temporary directory
-** beside OUT and swapped in only when complete (an atomic exchange of the
-** two directories where the file system has it); the old model's files
-** (config, every shard, the index) are removed only after the swap, and
-** any other file in OUT is kept.  A failure at any point leaves OUT as it
-** was.
+** beside the resolved target, "<target>.moe8-new-<pid>-XXXXXX" (so every
+** rename stays on one file system), with the mode of the directory it
+** replaces or, for a new one, a plain mkdir's (0777 & ~umask); it is
+** swapped in only when complete (an atomic exchange of the two directories
+** where the file system has it, else two renames, undone if the second
+** fails).  Only files of the old model are removed after the swap: its
+** config.json, model.safetensors, model.safetensors.index.json and the
+** shards that index names; every other file in OUT is kept.  Another
+** *.safetensors in OUT (an adapter, a stray shard) would load as a shard of
+** the new model: it is refused before anything is written, never deleted.
+** A failure at any point leaves OUT as it was; a failure in the swap says
+** where each model is.  A temporary directory of an interrupted run on the
+** same target (its process gone) is removed by the next run, or named when
+** it holds files moe8 did not write.
 */
 #define _GNU_SOURCE 1 /* renameat2 */
 #include "core/internal.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <libgen.h>
+#include <signal.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -33,38 +45,80 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
-/* A model file of a directory: the config, a tensor file or shard, the
-** shard index. */
-static bool is_model_file(const char *name) {
-  const size_t n = strlen(name);
-  return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors.index.json") ||
-         (n > 12 && !strcmp(name + n - 12, ".safetensors"));
+/* The old model's files in OUT (names, not paths): what the swap may
+** remove.  Filled by check_output. */
+typedef struct oldset {
+  char **name;
+  size_t n, cap;
+} oldset;
+
+static bool oldset_add(oldset *o, const char *name) {
+  for (size_t i = 0; i < o->n; i++)
+    if (!strcmp(o->name[i], name)) return true;
+  if (o->n == o->cap) {
+    char **nn = realloc(o->name, (o->cap = o->cap ? 2 * o->cap : 8) * sizeof *nn);
+    if (!nn) return false;
+    o->name = nn;
+  }
+  if (!(o->name[o->n] = strdup(name))) return false;
+  o->n++;
+  return true;
 }
 
-/* Removes dir's model files and, if it is then empty, dir; other entries
-** are moved into keep (when keep is not NULL).  False if anything is left. */
-static bool clear_old(const char *dir, const char *keep) {
+static bool oldset_has(const oldset *o, const char *name) {
+  for (size_t i = 0; i < o->n; i++)
+    if (!strcmp(o->name[i], name)) return true;
+  return false;
+}
+
+/* The files a run writes into its temporary directory. */
+static char k_cfg[] = "config.json", k_st[] = "model.safetensors";
+static char *k_ours_names[2] = {k_cfg, k_st};
+static const oldset k_ours = {k_ours_names, 2, 2};
+
+static void oldset_free(oldset *o) {
+  for (size_t i = 0; i < o->n; i++) free(o->name[i]);
+  free(o->name);
+}
+
+/* Removes dir's files named in old and, if dir is then empty, dir; every
+** other entry is moved into keep (when keep is not NULL) unless keep has
+** one of that name.  False if anything is left in dir. */
+static bool clear_old(const char *dir, const char *keep, const oldset *old) {
   DIR *d = opendir(dir);
   if (!d) return false;
   bool ok = true;
   struct dirent *e;
-  char a[4096], b[4096];
+  char a[4400], b[4400];
   while ((e = readdir(d)) != NULL) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(a, sizeof a, "%s/%s", dir, e->d_name);
-    if (is_model_file(e->d_name)) {
+    if (snprintf(a, sizeof a, "%s/%s", dir, e->d_name) >= (int)sizeof a) { ok = false; continue; }
+    if (oldset_has(old, e->d_name)) {
       if (unlink(a) != 0) ok = false;
     } else if (keep) {
-      snprintf(b, sizeof b, "%s/%s", keep, e->d_name);
-      if (access(b, F_OK) == 0 || rename(a, b) != 0) ok = false;
+      if (snprintf(b, sizeof b, "%s/%s", keep, e->d_name) >= (int)sizeof b || access(b, F_OK) == 0 || rename(a, b) != 0) ok = false;
     } else {
       ok = false;
     }
   }
   closedir(d);
   return ok && rmdir(dir) == 0;
+}
+
+/* The process's umask, read without changing it where /proc says it. */
+static mode_t current_umask(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  unsigned u;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Umask: %o", &u) == 1) { fclose(f); return (mode_t)u; }
+  if (f) fclose(f);
+  const mode_t m = umask(022); /* older kernels: read by setting (a race only with another umask call) */
+  umask(m);
+  return m;
 }
 
 typedef struct job {
@@ -82,25 +136,46 @@ static void say(const job *j, const char *fmt, ...) {
   j->opt->progress(j->opt->progress_ctx, line);
 }
 
-/* The finished model in tmp becomes outdir. */
-static moe8_status swap_in(const job *j, char *tmp, size_t cap, const char *outdir) {
+/* The finished model in tmp becomes real (OUT resolved; tmp is beside it).
+** On failure tmp is removed and real is as it was, or the message says
+** where each model is. */
+static moe8_status swap_in(const job *j, char *tmp, size_t cap, const char *outdir, const char *real, const oldset *old) {
   struct stat sb;
-  if (stat(outdir, &sb) != 0) {
-    if (rename(tmp, outdir) == 0) return MOE8_OK;
-    return moe8__fail(MOE8_ERR_IO, "quantize: cannot move the new model to %s: %s (it is complete in %s)", outdir, strerror(errno), tmp);
+  if (lstat(real, &sb) != 0) {
+    if (rename(tmp, real) == 0) return MOE8_OK;
+    const int er = errno;
+    clear_old(tmp, NULL, &k_ours);
+    return moe8__fail(MOE8_ERR_IO, "quantize: cannot move the new model to %s: %s (%s does not exist; nothing was written)", outdir,
+                      strerror(er), real);
   }
-  char real[4096];
-  if (!realpath(outdir, real)) snprintf(real, sizeof real, "%s", outdir);
+  /* Test hook (docs/testing.md): MOE8_TEST_QUANTIZE_FAIL=swap takes the
+  ** two-rename path and fails its second rename. */
+  const char *hook = getenv("MOE8_TEST_QUANTIZE_FAIL");
+  const bool fail_swap = hook && !strcmp(hook, "swap");
   /* One atomic exchange where the file system has it, else two renames. */
-  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, real, RENAME_EXCHANGE) != 0) {
-    char old[4200];
-    snprintf(old, sizeof old, "%s.moe8-old-%ld", real, (long)getpid());
-    if (rename(real, old) != 0 || rename(tmp, real) != 0)
-      return moe8__fail(MOE8_ERR_IO, "quantize: cannot swap the new model into %s: %s (it is complete in %s)", outdir, strerror(errno), tmp);
-    snprintf(tmp, cap, "%s", old); /* the old model is now there */
+  if (fail_swap || renameat2(AT_FDCWD, tmp, AT_FDCWD, real, RENAME_EXCHANGE) != 0) {
+    char aside[4400];
+    snprintf(aside, sizeof aside, "%s.moe8-old-%ld", real, (long)getpid());
+    if (rename(real, aside) != 0) {
+      const int er = errno;
+      clear_old(tmp, NULL, &k_ours);
+      return moe8__fail(MOE8_ERR_IO, "quantize: cannot swap the new model into %s: %s; %s is unchanged", outdir, strerror(er), real);
+    }
+    if (fail_swap || rename(tmp, real) != 0) {
+      const int er = fail_swap ? EXDEV : errno;
+      if (rename(aside, real) == 0) {
+        clear_old(tmp, NULL, &k_ours);
+        return moe8__fail(MOE8_ERR_IO, "quantize: cannot move the new model into %s: %s; the old model is back in %s, unchanged", outdir,
+                          strerror(er), real);
+      }
+      return moe8__fail(MOE8_ERR_IO, "quantize: cannot move the new model into %s: %s, nor the old one back: the old model is in %s, "
+                        "the new one (complete) in %s; %s does not exist now", outdir, strerror(er), aside, tmp, real);
+    }
+    if (snprintf(tmp, cap, "%s", aside) >= (int)cap) return moe8__fail(MOE8_ERR_INTERNAL, "quantize: %s: path too long", aside);
+    /* the old model is now there */
   }
   /* tmp now holds the old model: drop its model files, keep the rest. */
-  if (!clear_old(tmp, real)) say(j, "note: the new model is in %s; some files of the old one are left in %s", outdir, tmp);
+  if (!clear_old(tmp, real, old)) say(j, "note: the new model is in %s; some files of the old one are left in %s", outdir, tmp);
   return MOE8_OK;
 }
 
@@ -150,10 +225,12 @@ static bool same_file(const char *a, const char *b) {
   return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* Never over the input, and not over another model unless forced. */
-static moe8_status check_output(const char *in, const char *outdir, bool force) {
+/* Never over the input, and not over another model unless forced; OUT
+** resolved into real (a symlink to its target; a new OUT beside its
+** parent's real path), the old model's files listed in old. */
+static moe8_status check_output(const char *in, const char *outdir, bool force, char *real, size_t rcap, oldset *old) {
   if (same_file(in, outdir)) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the output directory %s is the input model %s: refused", outdir, in);
-  char a1[4096], a2[4096];
+  char a1[4400], a2[4400];
   const char *files[3] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
   for (int k = 0; k < 3; k++) {
     snprintf(a1, sizeof a1, "%s/%s", outdir, files[k]);
@@ -163,9 +240,103 @@ static moe8_status check_output(const char *in, const char *outdir, bool force) 
       return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s already holds a %smodel (%s): refused unless forced (--force, force=True)", outdir,
                         k == 2 ? "sharded " : "", a1);
   }
-  struct stat ob;
-  if (stat(outdir, &ob) == 0 && !S_ISDIR(ob.st_mode)) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s exists and is not a directory", outdir);
-  return MOE8_OK;
+  struct stat ob, lb;
+  if (lstat(outdir, &lb) == 0) {
+    if (stat(outdir, &ob) != 0)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s is a symbolic link to a path that does not exist: refused", outdir);
+    if (!S_ISDIR(ob.st_mode)) return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s exists and is not a directory", outdir);
+    if (!realpath(outdir, real)) return moe8__fail(MOE8_ERR_IO, "quantize: cannot resolve %s: %s", outdir, strerror(errno));
+  } else {
+    /* A new directory: its parent's real path and its own name. */
+    char c1[4096], c2[4096], pr[4096];
+    snprintf(c1, sizeof c1, "%s", outdir);
+    snprintf(c2, sizeof c2, "%s", outdir);
+    size_t n = strlen(c1);
+    while (n > 1 && c1[n - 1] == '/') { n--; c1[n] = c2[n] = '\0'; }
+    const char *base = basename(c2), *parent = dirname(c1);
+    if (!strcmp(base, ".") || !strcmp(base, "..") || !strcmp(base, "/"))
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s is not a directory name", outdir);
+    if (!realpath(parent, pr)) return moe8__fail(MOE8_ERR_IO, "quantize: cannot create %s: its directory %s: %s", outdir, parent, strerror(errno));
+    if (snprintf(real, rcap, "%s%s%s", pr, strcmp(pr, "/") ? "/" : "", base) >= (int)rcap)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s: path too long", outdir);
+    return MOE8_OK;
+  }
+  /* The old model's files: the ones the new model replaces, the index and
+  ** the shards it names.  Any other *.safetensors would load as a shard of
+  ** the new model: refused, never removed. */
+  bool ok = true;
+  for (int k = 0; k < 3; k++) ok &= oldset_add(old, files[k]);
+  snprintf(a1, sizeof a1, "%s/model.safetensors.index.json", real);
+  if (ok && access(a1, F_OK) == 0) {
+    char *txt = NULL;
+    size_t n = 0;
+    moe8_status st = moe8__read_small(a1, (size_t)64 << 20, &txt, &n);
+    if (st != MOE8_OK) return st;
+    cJSON *root = cJSON_ParseWithLength(txt, n);
+    free(txt);
+    const cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(wm)) {
+      cJSON_Delete(root);
+      return moe8__fail(MOE8_ERR_PARSE, "quantize: %s has no weight_map object: cannot tell the old model's shards (remove them by hand)", a1);
+    }
+    for (const cJSON *e = wm->child; e && ok; e = e->next)
+      if (cJSON_IsString(e) && !strchr(e->valuestring, '/') && strcmp(e->valuestring, "..") && strcmp(e->valuestring, "."))
+        ok &= oldset_add(old, e->valuestring);
+    cJSON_Delete(root);
+  }
+  if (!ok) return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory");
+  DIR *d = opendir(real);
+  if (!d) return moe8__fail(MOE8_ERR_IO, "quantize: cannot read the directory %s: %s", outdir, strerror(errno));
+  moe8_status st = MOE8_OK;
+  for (struct dirent *e; st == MOE8_OK && (e = readdir(d));) {
+    const size_t l = strlen(e->d_name);
+    if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors") && !oldset_has(old, e->d_name))
+      st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s/%s is not a file of the model in %s (not model.safetensors, nor a shard its index "
+                      "names): moe8 would load it as a shard of the new model, and does not delete files it did not write; move it "
+                      "out of %s first", outdir, e->d_name, outdir, outdir);
+  }
+  closedir(d);
+  return st;
+}
+
+/* A process that still runs (or that this one may not signal). */
+static bool alive(long pid) { return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM); }
+
+/* Temporary directories of earlier runs on the same target: a
+** "<base>.moe8-new-<pid>-*" whose process is gone holds at most the new
+** model it wrote (then it is removed) or, when it was killed inside the
+** swap, the old model's files and the user's (then it is named, never
+** removed); a "<base>.moe8-old-<pid>" of a gone process is named.  A live
+** process's directories are another run's, left alone. */
+static void stale_scan(const job *j, const char *real) {
+  char c1[4096], c2[4096];
+  snprintf(c1, sizeof c1, "%s", real);
+  snprintf(c2, sizeof c2, "%s", real);
+  const char *parent = dirname(c1), *base = basename(c2);
+  char pfx_new[4200], pfx_old[4200], p[8400];
+  snprintf(pfx_new, sizeof pfx_new, "%s.moe8-new-", base);
+  snprintf(pfx_old, sizeof pfx_old, "%s.moe8-old-", base);
+  const size_t ln = strlen(pfx_new), lo = strlen(pfx_old);
+  DIR *d = opendir(parent);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    const bool isnew = !strncmp(e->d_name, pfx_new, ln), isold = !strncmp(e->d_name, pfx_old, lo);
+    if (!isnew && !isold) continue;
+    char *end;
+    const long pid = strtol(e->d_name + (isnew ? ln : lo), &end, 10);
+    const bool named = end != e->d_name + (isnew ? ln : lo) && (isnew ? *end == '-' : *end == '\0');
+    if (named && (alive(pid) || pid == (long)getpid())) continue;
+    snprintf(p, sizeof p, "%s/%s", parent, e->d_name);
+    struct stat sb;
+    if (lstat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    if (isnew && named && clear_old(p, NULL, &k_ours)) {
+      say(j, "note: removed %s, the unfinished output of an interrupted run (process %ld)", p, pid);
+      continue;
+    }
+    say(j, "note: %s was left by an interrupted run%s and holds files moe8 does not remove: %s; look through it, then remove it", p,
+        named ? "" : " (or one still running)", isnew ? "the old model's and others it was moving back" : "the model it had moved aside");
+  }
+  closedir(d);
 }
 
 /* The moe8 format's four tensors of one layer. */
@@ -356,13 +527,16 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     return moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: format %d is not a format (moe8 0, deepseek 1)", (int)opt->format);
   const job jb = {opt}, *j = &jb;
   const bool deepseek = opt->format == MOE8_QFORMAT_DEEPSEEK;
-  moe8_status st = check_output(in, outdir, opt->force);
-  if (st != MOE8_OK) return st;
+  char real[4096];
+  oldset old = {0};
+  moe8_status st = check_output(in, outdir, opt->force, real, sizeof real, &old);
   moe8_model *m = NULL;
-  if ((st = moe8_model_open(in, &m)) != MOE8_OK) return st;
+  if (st == MOE8_OK) st = moe8_model_open(in, &m);
+  if (st != MOE8_OK) { oldset_free(&old); return st; }
   const moe8_hf_config *hc = moe8_model_config(m);
   if (hc->arch == MOE8_ARCH_GPT_OSS) {
     moe8_model_close(m);
+    oldset_free(&old);
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet (its own files hold "
                       "MXFP4 already); run it with the rules instead (moe8 run --rules R: the experts are quantized once at load)", in,
                       moe8_arch_name(hc->arch));
@@ -431,17 +605,18 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       continue;
     st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
   }
-  /* The new model, whole, in a directory beside OUT. */
-  char path[4400], tmp[4200];
-  {
-    size_t n = strlen(outdir);
-    while (n > 1 && outdir[n - 1] == '/') n--;
-    snprintf(tmp, sizeof tmp, "%.*s.moe8-new-XXXXXX", (int)n, outdir);
-  }
+  /* The new model, whole, in a directory beside OUT's target, with the
+  ** mode of the directory it replaces or a plain mkdir's. */
+  char path[4400], tmp[4160];
+  snprintf(tmp, sizeof tmp, "%s.moe8-new-%ld-XXXXXX", real, (long)getpid());
   bool have_tmp = false;
   if (st == MOE8_OK) {
+    stale_scan(j, real);
+    struct stat ob;
+    const mode_t mode = stat(real, &ob) == 0 ? ob.st_mode & 07777 : 0777 & ~current_umask();
     if (mkdtemp(tmp)) have_tmp = true;
     else st = moe8__fail(MOE8_ERR_IO, "quantize: cannot create %s beside the output: %s", tmp, strerror(errno));
+    if (have_tmp && chmod(tmp, mode) != 0) st = moe8__fail(MOE8_ERR_IO, "quantize: cannot set the mode of %s: %s", tmp, strerror(errno));
   }
   if (st == MOE8_OK) {
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
@@ -449,19 +624,21 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   }
   if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0);
   /* Test hook (docs/testing.md): fail after the whole new model is written. */
-  if (st == MOE8_OK && getenv("MOE8_TEST_QUANTIZE_FAIL"))
+  const char *hook = getenv("MOE8_TEST_QUANTIZE_FAIL");
+  if (st == MOE8_OK && hook && strcmp(hook, "swap") != 0)
     st = moe8__fail(MOE8_ERR_IO, "quantize: failing on purpose (MOE8_TEST_QUANTIZE_FAIL); %s is unchanged", outdir);
-  if (st == MOE8_OK) st = swap_in(j, tmp, sizeof tmp, outdir);
+  if (st == MOE8_OK) st = swap_in(j, tmp, sizeof tmp, outdir, real, &old);
   else if (have_tmp) {
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", moe8_last_error());
-    clear_old(tmp, NULL);
+    clear_old(tmp, NULL, &k_ours);
     moe8__fail(st, "%s", keep);
   }
   if (st == MOE8_OK)
     say(j, "quantize: %d of %lld layer(s) quantized (%s format), %zu tensors -> %s", quantized_layers, (long long)hc->num_layers,
         deepseek ? "deepseek" : "moe8", o.n, outdir);
   outset_free(&o);
+  oldset_free(&old);
   free(replace);
   moe8_model_close(m);
   return st;
