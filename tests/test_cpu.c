@@ -9,6 +9,11 @@
 **   amx_refused  MOE8_AMX_PERM=refuse: the tile permission refused, so
 **                no AMX table, the AVX-512 one chosen, and the reason
 **                (printed under MOE8_DEBUG) says so.
+** The default mode also runs this program again as a child (mode
+** "report": one line of what the feature set gave) under each of the
+** feature variables, and checks how they are read: MOE8_CPU_FEATURES
+** names matched exactly, an unknown or empty name refused on stderr with
+** the list of names and the override ignored; MOE8_NO_VBMI=0 is off.
 */
 #include "testutil.h"
 #include "core/internal.h"
@@ -16,8 +21,81 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *g_mode = "default";
+
+/* What the feature set gave: the supported tables, the active one, VBMI. */
+static void report(void) {
+  printf("supported");
+  for (int i = 0; i < MOE8_ISA_COUNT; i++)
+    if (moe8_isa_supported((moe8_isa)i)) printf(" %s", moe8_isa_name((moe8_isa)i));
+  printf("; active %s; vbmi %d\n", moe8_isa_name(moe8_isa_active()), (int)moe8__cpu_has_vbmi());
+}
+
+/* This program run as "report" with env (NAME=VALUE ...) and the feature
+** variables otherwise unset; its stdout and stderr in out. */
+static void child(const char *env, char *out, size_t cap) {
+  char self[4096], cmd[8192];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  assert_true(n > 0);
+  self[n] = '\0';
+  snprintf(cmd, sizeof cmd, "env -u MOE8_CPU_FEATURES -u MOE8_NO_VBMI -u MOE8_NO_BF16 -u MOE8_ISA -u MOE8_DEBUG %s '%s' report 2>&1", env,
+           self);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  const size_t got = fread(out, 1, cap - 1, f);
+  out[got] = '\0';
+  assert_int_equal(pclose(f), 0);
+}
+
+static void test_feature_variables(void **state) {
+  (void)state;
+  if (strcmp(g_mode, "default") != 0) skip();
+  char base[4096], got[4096];
+  child("", base, sizeof base);
+  /* Unknown names, substrings, empty names: refused, the override ignored. */
+  static const char *const bad[][2] = {{"garbage", "'garbage'"}, {"noavx512vnni,avx512f", "'noavx512vnni'"},
+                                       {"avx512f,avx512vnnix", "'avx512vnnix'"}, {"avx512f,", "an empty name"},
+                                       {"AVX512F", "'AVX512F'"}, {"avx512f,amx,vnni", "'vnni'"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char env[256];
+    snprintf(env, sizeof env, "MOE8_CPU_FEATURES='%s'", bad[i][0]);
+    child(env, got, sizeof got);
+    printf("%s: %s", env, got);
+    assert_non_null(strstr(got, "MOE8_CPU_FEATURES="));
+    assert_non_null(strstr(got, bad[i][1]));
+    assert_non_null(strstr(got, "avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vnni, avx512vbmi, amx"));
+    assert_non_null(strstr(got, "ignored"));
+    assert_non_null(strstr(got, base)); /* the CPU's own features */
+  }
+  /* MOE8_NO_VBMI=0 is off; =1 hides VBMI. */
+  child("MOE8_NO_VBMI=0", got, sizeof got);
+  assert_string_equal(got, base);
+  if (!moe8_isa_supported(MOE8_ISA_AVX512)) {
+    printf("notice: no AVX-512 on this CPU or build: the feature names' effects are not checked\n");
+    return;
+  }
+  child("MOE8_NO_VBMI=1", got, sizeof got);
+  assert_non_null(strstr(got, "; vbmi 0"));
+  /* Names matched exactly; each of F, BW, VL, DQ keeps the AVX-512 base. */
+  static const char *const base_names[] = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bw,avx512f,avx512dq,avx512vl"};
+  for (size_t i = 0; i < sizeof base_names / sizeof base_names[0]; i++) {
+    char env[256];
+    snprintf(env, sizeof env, "MOE8_CPU_FEATURES=%s", base_names[i]);
+    child(env, got, sizeof got);
+    printf("%s: %s", env, got);
+    assert_string_equal(got, "supported ref avx512; active avx512; vbmi 0\n");
+  }
+  if (moe8__kernels_for(MOE8_ISA_AVX512_VNNI)) {
+    child("MOE8_CPU_FEATURES=avx512bw,avx512vnni", got, sizeof got);
+    assert_string_equal(got, "supported ref avx512 avx512_vnni amx_emu; active avx512_vnni; vbmi 0\n");
+  }
+  if (moe8__cpu_has_vbmi()) {
+    child("MOE8_CPU_FEATURES=avx512f,avx512vbmi", got, sizeof got);
+    assert_string_equal(got, "supported ref avx512; active avx512; vbmi 1\n");
+  }
+}
 
 static void test_mode(void **state) {
   (void)state;
@@ -71,6 +149,10 @@ static void test_mode(void **state) {
 
 int main(int argc, char **argv) {
   if (argc > 1) g_mode = argv[1];
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mode)};
+  if (strcmp(g_mode, "report") == 0) {
+    report();
+    return 0;
+  }
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mode), cmocka_unit_test(test_feature_variables)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

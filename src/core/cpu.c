@@ -113,7 +113,42 @@ static bool amx_permission(bool refuse) {
 #endif
 }
 
+/* MOE8_CPU_FEATURES: comma-separated feature names, each matched exactly
+** (no substrings, no empty names).  avx512f, avx512bw, avx512vl and
+** avx512dq each keep the AVX-512 base, which moe8 uses only as the four
+** together.  A name that is not one of these is refused as MOE8_ISA
+** refuses a bad value: a message on stderr listing the names, and the
+** override ignored (false returned; the CPU's own features are used). */
+static const char g_feature_list[] = "avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512vnni, avx512vbmi, amx";
+
+static bool parse_features(const char *v, unsigned *keep) {
+  static const struct { const char *name; unsigned bit; } names[] = {
+    {"avx512f", F_AVX512}, {"avx512bw", F_AVX512}, {"avx512vl", F_AVX512}, {"avx512dq", F_AVX512},
+    {"avx512bf16", F_BF16}, {"avx512vnni", F_VNNI}, {"avx512vbmi", F_VBMI}, {"amx", F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8}};
+  unsigned k = 0;
+  for (const char *p = v;; p++) {
+    const size_t n = strcspn(p, ",");
+    size_t i = 0;
+    while (i < sizeof names / sizeof names[0] && !(strlen(names[i].name) == n && strncmp(p, names[i].name, n) == 0)) i++;
+    if (i == sizeof names / sizeof names[0]) {
+      fprintf(stderr, "moe8: MOE8_CPU_FEATURES=%s: %s%.*s%s is not a feature name (comma-separated, each one of: %s); "
+              "the override is ignored, the CPU's own features are used\n", v, n ? "'" : "", (int)(n > 64 ? 64 : n), p,
+              n ? "'" : "an empty name", g_feature_list);
+      return false;
+    }
+    k |= names[i].bit;
+    p += n;
+    if (!*p) break;
+  }
+  *keep = k;
+  return true;
+}
+
 static void detect(void) {
+  /* Parsed first, on any CPU, so a bad value is always reported. */
+  const char *keep_env = getenv("MOE8_CPU_FEATURES");
+  unsigned keep = 0;
+  const bool keep_set = keep_env && *keep_env && parse_features(keep_env, &keep);
 #if defined(MOE8_X86) && defined(MOE8_HAVE_AVX512)
   unsigned a, b, c, d;
   g_amx_reason = "the CPU has no AMX";
@@ -132,28 +167,23 @@ static void detect(void) {
   unsigned a1, b1, c1, d1;
   __cpuid_count(7, 1, a1, b1, c1, d1);
   if ((a1 >> 5) & 1) fs |= F_BF16;
-  /* MOE8_NO_BF16 / MOE8_NO_VBMI hide one feature; MOE8_CPU_FEATURES keeps
-  ** only those it names (read once). */
+  /* MOE8_NO_BF16 / MOE8_NO_VBMI (set and not "0") hide one feature;
+  ** MOE8_CPU_FEATURES keeps only those it names (read once). */
   if (env_on("MOE8_NO_BF16")) fs &= ~(unsigned)F_BF16;
-  if (getenv("MOE8_NO_VBMI")) fs &= ~(unsigned)F_VBMI;
+  if (env_on("MOE8_NO_VBMI")) fs &= ~(unsigned)F_VBMI; /* set and not "0", as MOE8_NO_BF16 */
   /* The test override reaches the permission step on any CPU. */
   const char *perm = getenv("MOE8_AMX_PERM");
   const bool refuse = perm && strcmp(perm, "refuse") == 0;
   if (!amx_cpu && !refuse) g_amx_reason = "the CPU has no AMX (CPUID 7.0 EDX bits 22, 24, 25)";
   else if (!amx_os && !refuse) g_amx_reason = "the OS does not enable tile state (XCR0 bits 17-18)";
   else if (amx_permission(refuse)) { fs |= F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8; g_amx_reason = NULL; }
-  const char *keep = getenv("MOE8_CPU_FEATURES");
-  if (keep && *keep) {
-    static const struct { const char *name; unsigned bit; } names[] = {
-      {"avx512f", F_AVX512}, {"avx512bf16", F_BF16}, {"avx512vnni", F_VNNI}, {"avx512vbmi", F_VBMI},
-      {"amx", F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8}};
-    unsigned k = 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-      if (strstr(keep, names[i].name)) k |= names[i].bit;
-    fs &= k;
-    if (!(k & F_AMX_TILE) && !g_amx_reason) g_amx_reason = "MOE8_CPU_FEATURES leaves AMX out";
+  if (keep_set) {
+    fs &= keep;
+    if (!(keep & F_AMX_TILE) && !g_amx_reason) g_amx_reason = "MOE8_CPU_FEATURES leaves AMX out";
   }
   g_features = fs;
+#else
+  (void)keep_set; (void)keep;
 #endif
 }
 
