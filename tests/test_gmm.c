@@ -284,6 +284,52 @@ static void test_gmm_sweep_canonical(void **state) {
   sweep(MOE8_ORDER_CANONICAL);
 }
 
+/* The tile kernels walk K in chunks: a long block in several stretches,
+** several short blocks in one, a partial last block, row tiles with a
+** zero-padded tail.  K past the sweep's sizes: every table, packed and
+** plain, gives the canonical reference's bytes (i8: the exact sums). */
+static void test_gmm_chunks(void **state) {
+  (void)state;
+  static const cfg cs[] = {
+    {"i8*i8 row/chan",  MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32, MOE8_GRAN_ROW, MOE8_GRAN_CHANNEL, 0, false},
+    {"i8*i8 tile64",    MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 64, false},
+    {"i8*i8 tile1536",  MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 1536, false},
+    {"e4m3 1x32",       MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 32, false},
+    {"e4m3 1x128",      MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 128, false},
+    {"e4m3 1x768",      MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 768, false},
+    {"bf16*bf16",       MOE8_DTYPE_BF16,   MOE8_DTYPE_BF16,   MOE8_DTYPE_F32, 0, 0, 0, false},
+  };
+  static const int64_t Ks[] = {2200, 3072, 1000};
+  static const int32_t rows[][2] = {{1, 33}, {17, 16}, {64, 47}};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+    for (int ki = 0; ki < 3; ki++) {
+      const cfg *c = &cs[ci];
+      const int64_t K = Ks[ki], N = ki == 1 ? 40 : 129;
+      const int32_t gs[2] = {rows[ki][0], rows[ki][1]};
+      tu_rng_reset((uint64_t)(100 + ci * 3 + ki));
+      prob p;
+      prob_init(&p, c, K, N, gs, 2, 0, 2, 1);
+      g_order = MOE8_ORDER_CANONICAL;
+      float *want = run(&p, MOE8_ISA_REF);
+      compare(&p, c, NULL, want, "ref vs math", false, true);
+      for (int t = 1; t < nisa; t++) {
+        float *got = run(&p, isas[t]);
+        const size_t nb = (size_t)(p.M * p.N) * 4;
+        for (size_t e = 0; e < nb / 4 && memcmp(want, got, nb) != 0; e++)
+          if (memcmp(want + e, got + e, 4) != 0)
+            TU_FAIL("%s on %s: element %zu = %a, the canonical reference's %a (K=%lld N=%lld M=%lld)", c->name,
+                    moe8_isa_name(isas[t]), e, (double)got[e], (double)want[e], (long long)K, (long long)N, (long long)p.M);
+        free(got);
+      }
+      free(want);
+      prob_free(&p);
+    }
+  g_order = MOE8_ORDER_NATIVE;
+  moe8_isa_set(tu_isa_best());
+}
+
 /* docs/determinism.md: 1 vs 2 threads, and a row alone / in full batch / among others. */
 static void test_gmm_determinism(void **state) {
   (void)state;
@@ -482,6 +528,7 @@ int main(void) {
     cmocka_unit_test(test_gmm_determinism),
     cmocka_unit_test(test_gmm_sweep),
     cmocka_unit_test(test_gmm_sweep_canonical),
+    cmocka_unit_test(test_gmm_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,9 +63,12 @@ typedef struct moe8__gmm_block {
 ** give the same bytes.  The tables' packed lhs for it: bf16 pairs, each
 ** scale block padded with zero pairs to whole pieces. */
 static inline int64_t moe8__canon_block_words(const moe8__gmm_block *b) { return moe8__cdiv(moe8__cdiv(b->kb, 2), 16) * 16; }
+/* A row whose length is a multiple of 1 KiB gets one more piece of
+** padding: 16 rows a power of two apart would fall in one L1 set. */
 static inline int64_t moe8__canon_row_words(const moe8__gmm_block *b) {
   const int64_t full = b->K / b->kb, last = b->K - full * b->kb;
-  return full * moe8__canon_block_words(b) + moe8__cdiv(moe8__cdiv(last, 2), 16) * 16;
+  const int64_t w = full * moe8__canon_block_words(b) + moe8__cdiv(moe8__cdiv(last, 2), 16) * 16;
+  return w % 256 ? w : w + 16;
 }
 
 /* The tables pack the lhs for the canonical order (and the AMX tables

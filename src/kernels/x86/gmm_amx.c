@@ -17,17 +17,21 @@
 **                   wrapping i32 sums, so the bytes are the VNNI path's.
 **   anything else   the AVX-512 table this one is built over.
 **
-** A task walks the scale blocks in order; each block in chunks of KC k.
-** Per chunk: the panel; then per 32 rows × 32 columns four C tiles (zero
-** at the block's start, else loaded from the block sums S), the pieces of
-** the chunk (two A and two B tile loads, four dot products per piece),
-** and the tiles stored back to S, or at the block's last chunk to a small
-** buffer that is promoted into the f32 accumulator right away
-** (acc + S · (ls · rs), a multiply then an add, as the reference) while
-** the tile unit starts on the next tiles.  A row tile past the task's
-** last row is loaded from a zero-padded copy of the rows.  Every tile is
-** 16 rows × 64 bytes; the configuration is loaded at the start of each
-** task on the thread that runs it and released at its end.
+** A task walks K in chunks (amx_task): one stretch of a long scale block,
+** or several short blocks at once.  Per chunk the weights become strips
+** of 32 columns whose tile rows are consecutive lines (to_strips; packed
+** i8 weights are copied as they lie, FP8 and bf16 go through the bf16
+** pair panel); then for each strip, for each 32 rows, four C tiles run
+** through each block's pieces (two A and two B tile loads, four dot
+** products a piece) and are stored to the block sums S (a block that goes
+** on in the next chunk) or to a small buffer that is promoted into the
+** f32 accumulator one step later (acc + S · (ls · rs), a multiply then an
+** add, as the reference) while the tile unit works on the next tiles.
+** Packed lhs rows and strips are padded so that 16 tile rows never share
+** an L1 set.  A row tile past the task's last row is loaded from a
+** zero-padded copy of the rows.  Every tile is 16 rows × 64 bytes; the
+** configuration is loaded at the start of each task on the thread that
+** runs it and released at its end.
 */
 #include "gmm_x86.h" /* the AVX-512 panels, scales and output it shares */
 
@@ -72,7 +76,8 @@ static bool is_i8(const moe8__gmm_block *b) {
 static int64_t i8_block_bytes(const moe8__gmm_block *b) { return moe8__cdiv(b->kb, 64) * 64; }
 static int64_t i8_row_bytes(const moe8__gmm_block *b) {
   const int64_t full = b->K / b->kb, last = b->K - full * b->kb;
-  return full * i8_block_bytes(b) + moe8__cdiv(last, 64) * 64;
+  const int64_t n = full * i8_block_bytes(b) + moe8__cdiv(last, 64) * 64;
+  return n % 1024 ? n : n + 64; /* as moe8__canon_row_words: off the L1 sets */
 }
 
 static void pack_i8(const moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst) {
@@ -94,56 +99,133 @@ typedef struct amx_cfg {
   uint8_t  rows[16];
 } amx_cfg;
 
-/* The task: C tiles 0-3 (rows r, columns c: 2r + c), A tiles 4-5, B 6-7. */
+/* K per chunk: a 32-column strip of the chunk's B panel is 32 KiB, so it
+** stays in L1 while every row tile of the task runs against it. */
+enum { KCB = 512 /* bf16 pairs: 256 */, KCI = 1024 /* i8 quads: 256 */ };
+
+/* The chunk's B as strips of 32 columns: rows (pairs or quads) of 128
+** bytes, one strip after the other, so a tile's 16 rows are consecutive
+** lines (a panel row NT words long would put them in a few L1 sets).
+** src: row r of strip s at src + r·stride + 128·s, 64·nv bytes wide;
+** rows past have and the half past nv vectors are zero. */
+static void to_strips(const uint8_t *src, int64_t stride, int64_t have, int64_t rows, int64_t nv, uint8_t *dst) {
+  const __m512i z = _mm512_setzero_si512();
+  for (int64_t s = 0; s < moe8__cdiv(nv, 2); s++) {
+    uint8_t *d = dst + s * rows * 128;
+    const uint8_t *r = src + 128 * s;
+    const bool two = 2 * s + 1 < nv;
+    for (int64_t k = 0; k < have; k++, r += stride, d += 128) {
+      _mm512_store_si512(d, _mm512_loadu_si512(r));
+      _mm512_store_si512(d + 64, two ? _mm512_loadu_si512(r + 64) : z);
+    }
+    for (int64_t k = have; k < rows; k++, d += 128) { _mm512_store_si512(d, z); _mm512_store_si512(d + 64, z); }
+  }
+}
+
+/* A stored 32 × 32 tile of block sums t (i32 for i8) into the task's
+** accumulator rows: o = o + t · (ls · rs), a multiply then an add, as the
+** reference.  Deferred by one tile step, so it runs while the tile unit
+** works on the next tiles. */
+typedef struct pending { bool on; int64_t i, ct, rows, cols; const float *ls, *rs, *t; } pending;
+
+static void promote_tile(float *acc, const pending *p, bool i8) {
+  const __m512 r0 = _mm512_loadu_ps(p->rs + 16 * p->ct), r1 = _mm512_loadu_ps(p->rs + 16 * p->ct + (p->cols > 16 ? 16 : 0));
+  for (int64_t r = 0; r < p->rows; r++) {
+    const __m512 l = _mm512_set1_ps(p->ls[p->i + r]);
+    const float *t = p->t + r * 32;
+    float *o = acc + (p->i + r) * NT + 16 * p->ct;
+    const __m512 t0 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t)) : _mm512_loadu_ps(t);
+    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(t0, _mm512_mul_ps(l, r0))));
+    if (p->cols > 16) {
+      const __m512 t1 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t + 16)) : _mm512_loadu_ps(t + 16);
+      _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_mul_ps(t1, _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
+/* The task: C tiles 0-3 (rows r, columns c: 2r + c), A tiles 4-5, B 6-7.
+**
+** K is walked in chunks: a chunk is a stretch of one scale block (blocks
+** longer than KCB / KCI), or up to GB whole blocks (shorter blocks that
+** are whole pieces), so the panel work and the loops are per enough k.
+** Per chunk the column strips run outside the row tiles, so a strip of
+** B is read from L1 by every row tile; a step (32 rows × 32 columns)
+** runs each block of the chunk with its C tiles live from the block's
+** first piece to its last (or the chunk's end: then S holds them).  A
+** block's sums are stored to one of two small buffers and promoted one
+** step later, while the tile unit works on the next block's tiles. */
+enum { GB = 8 };
 static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, 32) * 32, nct = moe8__cdiv(nt, 16);
+  const int64_t piece = i8 ? 64 : 32, kcm = i8 ? KCI : KCB, pmax = kcm / piece, kb = b->kb;
   float *acc = b->scratch, *S = acc + MT * NT;
   uint32_t *Bp = (uint32_t *)(S + MT * NT);
-  int32_t *colsum = (int32_t *)(Bp + KC / 2 * NT);
-  float *rsv = (float *)(colsum + NT), *tmp = rsv + NT, *T = tmp + 2 * NT;
-  uint8_t *tail = (uint8_t *)(T + 32 * 32);
-  const int64_t piece = i8 ? 64 : 32;                 /* k per tile row        */
+  int32_t *colsum = (int32_t *)(Bp + (size_t)16 * pmax * NT);
+  float *tmp = (float *)(colsum + NT), *T = tmp + 2 * NT, *rsv = T + 2 * 32 * 32, *lsv = rsv + 2 * GB * NT;
+  uint8_t *tail = (uint8_t *)(lsv + 2 * GB * MT), *Bs = tail + 16 * 64 * (pmax + 1); /* strips: 16·pmax·NT words */
   const int64_t rowb = i8 ? i8_row_bytes(b) : moe8__canon_row_words(b) * 4;
   const int64_t blkb = i8 ? i8_block_bytes(b) : moe8__canon_block_words(b) * 4;
   const uint8_t *A = (const uint8_t *)b->lhs_packed + b->m0 * rowb;
+  const bool direct = i8 && b->rhs_pk; /* B straight from the packed i8 weights */
+  const int64_t nv = moe8__cdiv(nt, 16), kq_all = moe8__cdiv(b->K, 4);
+  const int64_t full = mt / 16 * 16; /* rows in whole row tiles */
+  /* Blocks per chunk: several when they are short and whole pieces. */
+  const int64_t gb = b->nbk > 1 && kb < kcm && kb % piece == 0 ? (kcm / kb < GB ? kcm / kb : GB) : 1;
   amx_cfg cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette = 1;
   for (int i = 0; i < 8; i++) { cfg.colsb[i] = 64; cfg.rows[i] = 16; }
   T_CFG(&cfg);
   memset(acc, 0, sizeof(float) * (size_t)(mt * NT));
-  for (int64_t blk = 0; blk < b->nbk; blk++) {
-    const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K;
-    rhs_scales(b, blk, ntp, rsv);
-    for (int64_t c0 = k0; c0 < k1; c0 += KC) {
-      const int64_t kc = c0 + KC < k1 ? KC : k1 - c0, npc = moe8__cdiv(kc, piece);
-      const bool first = c0 == k0, last = c0 + KC >= k1;
-      /* The panel: npc·16 rows of pairs or quads, NT words apart. */
-      if (i8) {
-        pack_b_i8(b, c0, kc, ntp, Bp, colsum);
-        const int64_t kq = moe8__cdiv(kc, 4);
-        memset(Bp + kq * NT, 0, sizeof(uint32_t) * (size_t)((16 * npc - kq) * NT));
-      } else {
-        pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
-        const int64_t kp = moe8__cdiv(kc, 2);
-        memset(Bp + kp * NT, 0, sizeof(uint32_t) * (size_t)((16 * npc - kp) * NT));
+  pending pend = {false};
+  int tbuf = 0;
+  for (int64_t c0 = 0; c0 < b->K;) {
+    /* The chunk [c0, c1): blocks blk0 .. blk1 - 1. */
+    const int64_t blk0 = c0 / kb, blk1 = blk0 + gb < b->nbk ? blk0 + gb : b->nbk;
+    const int64_t kend = gb > 1 ? (blk1 * kb < b->K ? blk1 * kb : b->K) : (blk0 * kb + kb < b->K ? blk0 * kb + kb : b->K);
+    const int64_t c1 = gb > 1 ? kend : (c0 + kcm < kend ? c0 + kcm : kend), kc = c1 - c0, npc = moe8__cdiv(kc, piece);
+    const bool first = c0 == blk0 * kb, last = c1 == kend;
+    /* The blocks' scales, block blk in slot blk mod 2·GB (a deferred
+    ** promotion may still read the last chunk's last block). */
+    if (first)
+      for (int64_t blk = blk0; blk < blk1; blk++) {
+        float *rs = rsv + blk % (2 * GB) * NT, *ls = lsv + blk % (2 * GB) * MT;
+        rhs_scales(b, blk, ntp, rs);
+        for (int64_t r = 0; r < mt; r++) ls[r] = moe8__gmm_ls(b, b->m0 + r, blk);
       }
-      const int64_t ac = blk * blkb + (c0 - k0) / piece * 64; /* byte offset of the chunk in a row */
+    /* B in strips (to_strips): from the packed i8 weights as they lie
+    ** (quads of 16 columns, nv · 64 bytes apart), else from the panel
+    ** of pairs or quads, NT words apart. */
+    if (direct) {
+      const int64_t q0 = c0 / 4, kq = moe8__cdiv(kc, 4), have = q0 + kq <= kq_all ? kq : kq_all - q0;
+      to_strips(pk_at(b, q0), nv * 64, have, 16 * npc, nv, Bs);
+    } else if (i8) {
+      pack_b_i8(b, c0, kc, ntp, Bp, colsum);
+      to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 4), 16 * npc, nct, Bs);
+    } else {
+      pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
+      to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 2), 16 * npc, nct, Bs);
+    }
+    /* Byte offset of the chunk in a packed row (blocks are whole pieces
+    ** when gb > 1, so the chunk's pieces follow each other). */
+    const int64_t ac = blk0 * blkb + (c0 - blk0 * kb) / piece * 64;
+    /* The rows past the last whole row tile, zero-padded to 16. */
+    const int64_t ts = npc * 64 + 64; /* its row stride, off the L1 sets too */
+    if (full < mt) {
+      memset(tail, 0, (size_t)(16 * ts));
+      for (int64_t r = full; r < mt; r++) memcpy(tail + (r - full) * ts, A + r * rowb + ac, (size_t)(npc * 64));
+    }
+    for (int64_t ct = 0; ct < nct; ct += 2) {
+      const bool two = ct + 1 < nct;
+      const uint8_t *bsrc = Bs + ct / 2 * 16 * npc * 128;
       for (int64_t i = 0; i < mt; i += 32) {
-        const int64_t r0 = mt - i < 16 ? mt - i : 16, r1 = mt - i - 16 < 16 ? mt - i - 16 : 16;
-        const uint8_t *a0 = A + i * rowb + ac, *a1 = A + (i + 16) * rowb + ac;
-        int64_t s0 = rowb, s1 = rowb;
-        /* A row tile with missing rows comes from a zero-padded copy. */
-        if (r0 < 16 || (r1 > 0 && r1 < 16)) {
-          const int64_t rp = r0 < 16 ? r0 : r1;
-          const uint8_t *src = r0 < 16 ? a0 : a1;
-          memset(tail, 0, (size_t)(16 * npc * 64));
-          for (int64_t r = 0; r < rp; r++) memcpy(tail + r * npc * 64, src + r * rowb, (size_t)(npc * 64));
-          if (r0 < 16) { a0 = tail; s0 = npc * 64; } else { a1 = tail; s1 = npc * 64; }
-        }
-        for (int64_t ct = 0; ct < nct; ct += 2) {
-          const bool two = ct + 1 < nct, down = r1 > 0;
-          float *Sij = S + i * NT + 16 * ct;
+        const bool down = i + 16 < mt;
+        const uint8_t *a0 = i + 16 <= mt ? A + i * rowb + ac : tail, *a1 = i + 32 <= mt ? A + (i + 16) * rowb + ac : tail;
+        const int64_t s0 = i + 16 <= mt ? rowb : ts, s1 = i + 32 <= mt ? rowb : ts;
+        float *Sij = S + i * NT + 16 * ct;
+        for (int64_t blk = blk0; blk < blk1; blk++) {
+          const int64_t qa = gb > 1 ? (blk - blk0) * (kb / piece) : 0;
+          const int64_t qb = gb > 1 ? (blk + 1 < blk1 ? qa + kb / piece : npc) : npc;
           if (first) {
             T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
           } else {
@@ -152,11 +234,11 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
             if (down) T_LOAD(2, Sij + 16 * NT, NT * 4);
             if (down && two) T_LOAD(3, Sij + 16 * NT + 16, NT * 4);
           }
-          for (int64_t q = 0; q < npc; q++) {
-            const uint32_t *bq = Bp + 16 * q * NT + 16 * ct;
+          for (int64_t q = qa; q < qb; q++) {
+            const uint8_t *bq = bsrc + 16 * q * 128;
             T_LOAD(4, a0 + 64 * q, s0);
-            T_LOAD(6, bq, NT * 4);
-            if (two) T_LOAD(7, bq + 16, NT * 4);
+            T_LOAD(6, bq, 128);
+            if (two) T_LOAD(7, bq + 64, 128);
             if (down) T_LOAD(5, a1 + 64 * q, s1);
             if (i8) {
               T_SSD(0, 4, 6);
@@ -170,6 +252,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
               if (down && two) T_BF16(3, 5, 7);
             }
           }
+          if (pend.on) promote_tile(acc, &pend, i8), pend.on = false;
           if (!last) {
             T_STORE(0, Sij, NT * 4);
             if (two) T_STORE(1, Sij + 16, NT * 4);
@@ -177,28 +260,20 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
             if (down && two) T_STORE(3, Sij + 16 * NT + 16, NT * 4);
             continue;
           }
-          /* The block's sums: promote them now (32 × 32 at most). */
-          T_STORE(0, T, 128);
-          if (two) T_STORE(1, T + 16, 128);
-          if (down) T_STORE(2, T + 16 * 32, 128);
-          if (down && two) T_STORE(3, T + 16 * 32 + 16, 128);
-          const int64_t rows = mt - i < 32 ? mt - i : 32, cols = two ? 32 : 16;
-          for (int64_t r = 0; r < rows; r++) {
-            const float l = moe8__gmm_ls(b, b->m0 + i + r, blk);
-            float *o = acc + (i + r) * NT + 16 * ct;
-            const float *rs = rsv + 16 * ct;
-            if (i8) {
-              const int32_t *t = (const int32_t *)T + r * 32;
-              for (int64_t c = 0; c < cols; c++) o[c] = o[c] + (float)t[c] * (l * rs[c]);
-            } else {
-              const float *t = T + r * 32;
-              for (int64_t c = 0; c < cols; c++) o[c] = o[c] + t[c] * (l * rs[c]);
-            }
-          }
+          /* The block's sums (32 × 32 at most), promoted one step later. */
+          float *Tc = T + (tbuf ^= 1) * 32 * 32;
+          T_STORE(0, Tc, 128);
+          if (two) T_STORE(1, Tc + 16, 128);
+          if (down) T_STORE(2, Tc + 16 * 32, 128);
+          if (down && two) T_STORE(3, Tc + 16 * 32 + 16, 128);
+          const int64_t sl = blk % (2 * GB);
+          pend = (pending){true, i, ct, mt - i < 32 ? mt - i : 32, two ? 32 : 16, lsv + sl * MT, rsv + sl * NT, Tc};
         }
       }
     }
+    c0 = c1;
   }
+  if (pend.on) promote_tile(acc, &pend, i8);
   T_RELEASE();
   write_out(b, acc, mt);
 }
