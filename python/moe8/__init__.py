@@ -110,11 +110,15 @@ class _QuantizeOptions(C.Structure):
 _LINE = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
 
 
+class _Prepared(C.Structure):
+    _fields_ = [("dtype", C.c_int), ("tile", _i64), ("w_gate_up", _P), ("s_gate_up", _P), ("w_down", _P), ("s_down", _P)]
+
+
 _version_string = _fn("moe8_version_string", C.c_char_p)
 _struct_size = _fn("moe8_struct_size", C.c_size_t, C.c_char_p)
 # The structs mirrored here must be the library's: checked once, at import.
 for _name, _cls in (("moe8_layer_config", _LayerConfig), ("moe8_quant_spec", _QuantSpec), ("moe8_layer_grads", _Grads),
-                    ("moe8_load_options", _LoadOptions), ("moe8_quantize_options", _QuantizeOptions)):
+                    ("moe8_load_options", _LoadOptions), ("moe8_quantize_options", _QuantizeOptions), ("moe8_prepared", _Prepared)):
     if _struct_size(_name.encode()) != C.sizeof(_cls):
         raise ImportError("moe8: %s is %d bytes in %s but %d in this package: the package and the library do not match"
                           % (_name, _struct_size(_name.encode()), library_path, C.sizeof(_cls)))
@@ -123,6 +127,7 @@ _rules_destroy = _fn("moe8_rules_destroy", None, _P)
 _layer_create = _fn("moe8_layer_create", C.c_int, C.POINTER(_LayerConfig), _P, C.c_char_p, C.POINTER(_P))
 _layer_destroy = _fn("moe8_layer_destroy", None, _P)
 _layer_weight = _fn("moe8_layer_weight", C.POINTER(C.c_float), _P, C.c_int, C.POINTER(C.c_size_t))
+_layer_weight_read = _fn("moe8_layer_weight_read", C.POINTER(C.c_float), _P, C.c_int, C.POINTER(C.c_size_t))
 _layer_init_random = _fn("moe8_layer_init_random", C.c_int, _P, C.c_uint64)
 _layer_get_config = _fn("moe8_layer_get_config", C.POINTER(_LayerConfig), _P)
 _layer_describe = _fn("moe8_layer_describe", C.c_char_p, _P)
@@ -140,6 +145,21 @@ _model_load = _fn("moe8_model_load_layer_ex", C.c_int, _P, _i64, _P, C.POINTER(_
 _first_moe = _fn("moe8_hf_config_first_moe_layer", _i64, _P)
 _check_moe_layer = _fn("moe8_hf_config_check_moe_layer", C.c_int, _P, _i64)
 _model_config = _fn("moe8_model_config", _P, _P)
+_model_prefix = _fn("moe8_model_prefix", None, _P, _i64, C.c_char_p, C.c_size_t)
+_model_format = _fn("moe8_model_format", C.c_char_p, _P, _i64)
+
+
+class _Rule(C.Structure):
+    _fields_ = [("module_path", C.c_char_p), ("weight_qtype", C.c_int), ("act_qtype", C.c_int), ("bwd_qtype", C.c_int),
+                ("tile_size", _i64), ("weight_clip", C.c_float), ("weight_pow2", C.c_bool), ("act_clip", C.c_float),
+                ("act_pow2", C.c_bool), ("weight_calib", C.c_int), ("act_calib", C.c_int), ("weight_mxfp4", C.c_bool),
+                ("weight_mx8", C.c_bool)]
+
+
+_layer_rule = _fn("moe8_layer_rule", C.POINTER(_Rule), _P)
+_rules_at = _fn("moe8_rules_at", C.POINTER(_Rule), _P, C.c_size_t)
+_layer_prepared = _fn("moe8_layer_prepared", C.c_int, _P, C.POINTER(_Prepared))
+_layer_load_prepared = _fn("moe8_layer_load_prepared", C.c_int, _P, C.POINTER(_Prepared))
 _quantize = _fn("moe8_quantize", C.c_int, C.POINTER(_QuantSpec), _P, _i64, _i64, _i64, _P, _P, C.POINTER(C.c_size_t))
 _dequantize = _fn("moe8_dequantize", C.c_int, C.POINTER(_QuantSpec), _P, _P, _i64, _i64, _i64, _P)
 _scale_count = _fn("moe8_quant_scale_count", C.c_size_t, C.POINTER(_QuantSpec), _i64, _i64, _i64, C.POINTER(C.c_int))
@@ -331,6 +351,67 @@ _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate"
             "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11}
 
 
+_QT_JSON = {0: None, 3: "float8_e4m3fn", 4: "float8_e5m2", 5: "int8"}
+_CALIB = {0: "absmax", 1: "qwix", 2: "mx"}
+
+
+def _calib_text(calib, clip, pow2):
+    """A calibration as the rules write it ("absmax", "absmax_pow2,0.5",
+    "qwix,0.9", "mx"); None for the default (absmax, clip 1)."""
+    if calib == 0 and not pow2 and clip == 1.0:
+        return None
+    if calib == 2:
+        return "mx"
+    name = "absmax_pow2" if pow2 and calib == 0 else _CALIB[calib]
+    return name if clip == 1.0 else "%s,%r" % (name, float(clip))
+
+
+def _rule_dict(r, module_path):
+    """A moe8_rule as the JSON object that parses back to it."""
+    _check_rule_layout()
+    d = {"module_path": module_path}
+    if r.weight_mxfp4:
+        d["weight_qtype"] = "mxfp4"
+    elif r.weight_mx8:
+        d["weight_qtype"] = "mxfp8"
+    else:
+        d["weight_qtype"] = _QT_JSON[r.weight_qtype]
+    d["act_qtype"], d["bwd_qtype"] = _QT_JSON[r.act_qtype], _QT_JSON[r.bwd_qtype]
+    if r.tile_size:
+        d["tile_size"] = int(r.tile_size)
+    wc = None if r.weight_mx8 else _calib_text(r.weight_calib, r.weight_clip, r.weight_pow2)
+    ac = _calib_text(r.act_calib, r.act_clip, r.act_pow2)
+    if wc is not None:
+        d["weight_calibration_method"] = wc
+    if ac is not None:
+        d["act_calibration_method"] = ac
+    return d
+
+
+_rule_layout_ok = []
+
+
+def _check_rule_layout():
+    """moe8_rule has no struct_size entry: its mirror here is checked once
+    by reading back a parsed rule whose every field differs from its
+    default."""
+    if _rule_layout_ok:
+        return
+    raw = (b'{"rules": [{"module_path": "p", "weight_qtype": "int8", "act_qtype": "float8_e5m2", "bwd_qtype": "float8_e4m3fn",'
+           b' "tile_size": 48, "weight_calibration_method": "absmax_pow2,0.5", "act_calibration_method": "qwix,0.25"}]}')
+    h = _P()
+    _check(_rules_parse(raw, len(raw), b"layout check", C.byref(h)))
+    try:
+        r = _rules_at(h, 0).contents
+        got = (r.module_path, r.weight_qtype, r.act_qtype, r.bwd_qtype, r.tile_size, r.weight_clip, r.weight_pow2, r.act_clip,
+               r.act_pow2, r.weight_calib, r.act_calib, r.weight_mxfp4, r.weight_mx8)
+    finally:
+        _rules_destroy(h)
+    if got != (b"p", 5, 4, 3, 48, 0.5, True, 0.25, False, 0, 1, False, False):
+        raise Error(10, "moe8_rule in %s does not match this package's mirror of it (read %r)" % (library_path, got))
+    _rule_layout_ok.append(True)
+
+
 class _Workspace:
     """A 64-byte aligned scratch buffer of at least n bytes."""
 
@@ -355,6 +436,7 @@ class Layer:
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, rules=None, module_path="experts", _handle=None, _keep=None):
         self._keep = _keep
+        self.module_path = module_path  # the path the rules were matched against
         self._tls = threading.local()  # each thread's default workspace and last forward
         self._views_out = False
         self._prepared = False
@@ -410,11 +492,16 @@ class Layer:
             opt = _LoadOptions(C.sizeof(_LoadOptions), 1 if mode == "inference" else 0, C.cast(cb, _P) if cb else None, None)
             h = _P()
             _check(_model_load(m, layer, r._h if r else None, C.byref(opt), C.byref(h)))
+            prefix = C.create_string_buffer(256)
+            _model_prefix(m, layer, prefix, len(prefix))
+            fmt = _model_format(m, layer)
         finally:
             _model_close(m)
         obj = cls(_handle=h)
         obj._rules = r
         obj.layer_index = layer  # the model layer it is (the first MoE layer when not given)
+        obj.module_path = prefix.value.decode() + "experts"  # what the rules were matched against
+        obj.model_format = (fmt or b"").decode()  # the checkpoint's expert-weight format
         return obj
 
     def __del__(self):
@@ -425,6 +512,12 @@ class Layer:
     def describe(self):
         return _layer_describe(self._h).decode()
 
+    def _shape(self, name):
+        E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        return {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
+                "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (E,), "gate_up_bias": (E, 2 * F),
+                "down_bias": (E, D)}[name]
+
     def weight(self, name):
         """The f32 master weight `name` (router [D, E], gate/up [E, D, F],
         down [E, F, D], bias [E], shared_gate/shared_up [D, Fs],
@@ -434,10 +527,7 @@ class Layer:
         p = _layer_weight(self._h, _WEIGHTS[name], C.byref(n))
         if not p:
             raise Error(1, "layer has no %s weight (inference layers hold no expert masters)" % name)
-        E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
-        shape = {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
-                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (E,), "gate_up_bias": (E, 2 * F),
-                 "down_bias": (E, D)}[name]
+        shape = self._shape(name)
         # The view's buffer holds a reference to this layer, so the layer's
         # memory lives as long as any view of it (or tensor made from one).
         buf = (C.c_float * n.value).from_address(C.addressof(p.contents))
@@ -445,6 +535,44 @@ class Layer:
         self._views_out = True  # writes through a view reach the next forward
         self._prepared = False
         return np.frombuffer(buf, dtype=np.float32).reshape(shape)
+
+    def _prepared_spec(self):
+        """(qtype, tile) of the prepared expert codes, or None when the
+        experts are not pre-quantized f8e4m3 / i8 codes."""
+        p = _Prepared()
+        if _layer_prepared(self._h, C.byref(p)) != 0:
+            return None
+        names = {v: k for k, v in DTYPES.items()}
+        return names[p.dtype], int(p.tile)
+
+    def _load_codes(self, qtype, tile):
+        """Makes the expert weights pre-quantized codes of (qtype, tile), as a
+        load from an FP8 / int8 file does (moe8_layer_load_prepared), with
+        the codes of the current masters; the masters become their values."""
+        gu = np.concatenate([self.weight("gate"), self.weight("up")], axis=2)
+        g = "channel_tile" if tile else "channel"
+        qgu, sgu = quantize(gu, qtype, g, tile)
+        qd, sd = quantize(self.weight("down"), qtype, g, tile)
+        p = _Prepared(DTYPES[qtype], tile, _ptr(qgu), _ptr(sgu), _ptr(qd), _ptr(sd))
+        _check(_layer_load_prepared(self._h, C.byref(p)))
+        self._prepared = False
+
+    def rule_json(self):
+        """The rule the layer runs under, as rule-set JSON text matching any
+        path (what its load or creation chose: the rules given, or without
+        them a checkpoint's own), or None when it has none.  A layer made
+        from this text quantizes as this one does."""
+        r = _layer_rule(self._h)
+        return None if not r else json.dumps({"rules": [_rule_dict(r.contents, ".*")]})
+
+    def weight_copy(self, name):
+        """A copy of the f32 master `name` (shaped as weight() gives it),
+        read without marking the layer changed; None when it has none."""
+        n = C.c_size_t(0)
+        p = _layer_weight_read(self._h, _WEIGHTS[name], C.byref(n))
+        if not p:
+            return None
+        return np.ctypeslib.as_array(p, shape=(n.value,)).copy().reshape(self._shape(name))
 
     def weights_changed(self):
         """Says the masters were written (weight() views do it for you):

@@ -95,6 +95,7 @@ class MoE8Block(torch.nn.Module):
         self._rules = _rules_text(rules)
         self._module_path = module_path
         self._config = dict(config)
+        self._codes = None  # (qtype, tile) of expert codes loaded from a file, which set the weights' format
         if _layer is None:
             _layer = Layer(num_experts=num_experts, top_k=top_k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=module_path,
                            **config)
@@ -128,14 +129,23 @@ class MoE8Block(torch.nn.Module):
         checkpoint, with f32 master weights (trainable)."""
         text = _rules_text(rules)
         lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
+        # What the load chose is kept, so a copy (deepcopy, pickle) computes
+        # the same bytes: the rule the layer runs under (the one given that
+        # matched its path, or without rules the checkpoint's own, e.g. an
+        # FP8 file's activations) and, for experts that came as FP8 / int8
+        # codes, their format (the file's type and K block), which is the
+        # weights' quantization whatever the rule says.
+        text = lay.rule_json()
+        codes = lay._prepared_spec() if "(loaded pre-quantized)" in lay.describe() else None
         c = _cfg(lay)
         cfg = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
                "act": "swiglu_clamp" if c.act == 1 else "swiglu"}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
-                  "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias"):
+                  "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input"):
             cfg[k] = getattr(_cfg(lay), k)
-        return cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay,
-                   module_path="model.layers.%d.mlp.experts" % lay.layer_index, **cfg)
+        block = cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay, module_path=lay.module_path, **cfg)
+        block._codes = codes
+        return block
 
     def extra_repr(self):
         return "hidden=%d, ffn=%d, num_experts=%d, top_k=%d%s, rules=%s" % (
@@ -146,16 +156,22 @@ class MoE8Block(torch.nn.Module):
     def __getstate__(self):
         L = self.layer
         return {"shape": (L.hidden, L.ffn, L.num_experts, L.top_k), "config": dict(self._config), "rules": self._rules,
-                "module_path": self._module_path, "training": self.training,
+                "module_path": self._module_path, "training": self.training, "codes": self._codes,
                 "weights": {n: getattr(self, n).detach().numpy().copy() for n in self.param_names},
+                "selection_bias": L.weight_copy("bias"),  # not a parameter (no gradient), but the routing's
                 "requires_grad": {n: getattr(self, n).requires_grad for n in self.param_names}}
 
     def __setstate__(self, state):
         torch.nn.Module.__init__(self)
         hidden, ffn, E, k = state["shape"]
         self._rules, self._module_path, self._config = state["rules"], state["module_path"], state["config"]
+        self._codes = state.get("codes")
         layer = Layer(num_experts=E, top_k=k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=self._module_path, **self._config)
+        if self._codes is not None:
+            layer._load_codes(*self._codes)  # the file's weight format, as the original's load set it
         self._attach(layer)
+        if state.get("selection_bias") is not None:
+            layer.weight("bias")[:] = state["selection_bias"]
         with torch.no_grad():
             for n, w in state["weights"].items():
                 getattr(self, n).copy_(torch.from_numpy(w))

@@ -17,7 +17,9 @@ backward is straight-through (docs/layer.md).
   as bf16).
 - MoE8Block.from_pretrained(model_dir, layer=None, rules=None) takes its
   weights from a checkpoint; copy.deepcopy, pickle and torch.save(module)
-  work (the state is the config, the rules and the weights).
+  work (the state is the config, the rule the layer runs under, the
+  format of expert codes loaded from an FP8 / int8 file, and the weights,
+  the selection bias included): a copy computes the original's bytes.
 The aux loss of the last forward is in `block.aux_loss` (a tensor that
 carries gradient when aux_loss_weight > 0, added by the caller)."""
 try:

@@ -642,3 +642,88 @@ for call in calls:
     assert r.returncode == 0 and len(lines) == 3, (r.stdout, r.stderr)
     for line in lines:
         assert "rules.fifo" in line and "FIFO" in line, line
+
+
+def _init_model(tmp_path, name, config):
+    import json
+    import os
+    import subprocess
+    (tmp_path / (name + ".json")).write_text(json.dumps(config))
+    subprocess.run([os.environ.get("MOE8_BIN", "moe8"), "init", "--config", str(tmp_path / (name + ".json")), "--out", str(tmp_path / name)],
+                   check=True, capture_output=True)
+    return str(tmp_path / name)
+
+
+def _llama4_model(d, E, D, F):
+    """A Llama-4 checkpoint in its own names (feed_forward.router,
+    experts.gate_up_proj / down_proj, shared_expert), f32."""
+    import json
+    import struct
+    rng = np.random.default_rng(4)
+    p = "model.layers.0.feed_forward."
+    t = {p + "router.weight": rng.standard_normal((E, D)) * D ** -0.5, p + "experts.gate_up_proj": rng.standard_normal((E, D, 2 * F)) * D ** -0.5,
+         p + "experts.down_proj": rng.standard_normal((E, F, D)) * F ** -0.5,
+         p + "shared_expert.gate_proj.weight": rng.standard_normal((F, D)) * D ** -0.5,
+         p + "shared_expert.up_proj.weight": rng.standard_normal((F, D)) * D ** -0.5,
+         p + "shared_expert.down_proj.weight": rng.standard_normal((D, F)) * F ** -0.5}
+    header, blobs, off = {}, [], 0
+    for name in sorted(t):
+        raw = np.ascontiguousarray(t[name], dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t[name].shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    (d / "config.json").write_text(json.dumps({"model_type": "llama4_text", "num_local_experts": E, "hidden_size": D,
+                                               "intermediate_size": F, "intermediate_size_mlp": 2 * F, "num_hidden_layers": 1,
+                                               "hidden_act": "silu"}))
+    return str(d)
+
+
+def test_copies_of_pretrained_blocks_keep_their_quantization(tmp_path):
+    """deepcopy and pickle of a from_pretrained block run as the original
+    does, byte for byte: an FP8 checkpoint without rules (its codes' format
+    and the activations it was made for), and rules on the Mixtral
+    (block_sparse_moe) and Llama-4 (feed_forward) paths."""
+    import copy
+    import pickle
+    fp8 = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 32}]}
+    # (DeepSeek's 128 x 128 blocks: the layer's K widths add up to at least 128)
+    qwen = _init_model(tmp_path, "qwen", {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "hidden_size": 64,
+                                          "moe_intermediate_size": 64, "shared_expert_intermediate_size": 32, "num_hidden_layers": 1})
+    mixtral = _init_model(tmp_path, "mixtral", {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
+                                                "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2})
+    llama4 = _llama4_model(tmp_path / "llama4", E=4, D=64, F=32)
+    moe8.quantize_model(qwen, str(tmp_path / "qwen_ds"), fp8, format="deepseek")
+    moe8.quantize_model(mixtral, str(tmp_path / "mixtral_moe8"), fp8, format="moe8")
+
+    def rule(path, act="int8"):
+        return {"rules": [{"module_path": path, "weight_qtype": "int8", "act_qtype": act, "tile_size": 32,
+                           "weight_calibration_method": "absmax,0.9"}]}
+
+    cases = [(str(tmp_path / "qwen_ds"), None, None), (str(tmp_path / "mixtral_moe8"), None, 1),
+             (str(tmp_path / "mixtral_moe8"), rule(r"block_sparse_moe\.experts", None), None),
+             (mixtral, rule(r"layers\.1\.block_sparse_moe"), 1), (llama4, rule(r"feed_forward\.experts$"), None)]
+    x = torch.randn(9, 64)
+    for model_dir, rules, layer in cases:
+        block = MoE8Block.from_pretrained(model_dir, layer=layer, rules=rules)
+        assert "f32, activations f32" not in block.layer.describe(), (model_dir, block.layer.describe())
+        with torch.no_grad():
+            want_inf = block(x)
+        want = block(x).detach()
+        for clone in (copy.deepcopy(block), pickle.loads(pickle.dumps(block))):
+            assert clone.layer.describe() == block.layer.describe(), (model_dir, clone.layer.describe(), block.layer.describe())
+            with torch.no_grad():
+                assert torch.equal(clone(x), want_inf), (model_dir, rules, rel(clone(x), want_inf))
+            assert torch.equal(clone(x).detach(), want), (model_dir, rules)
+            again = copy.deepcopy(clone)  # a copy of a copy too
+            assert torch.equal(again(x).detach(), want)
+    # the selection bias (DeepSeek-V3's e_score_correction_bias: routing state, not a parameter) goes with the copy too
+    block = MoE8Block(hidden=64, ffn=32, num_experts=8, top_k=2, score="sigmoid", use_selection_bias=True, rules=fp8)
+    block.layer.weight("bias")[:] = np.linspace(-2, 2, 8, dtype=np.float32)
+    with torch.no_grad():
+        want = block(x)
+        for clone in (copy.deepcopy(block), pickle.loads(pickle.dumps(block))):
+            assert torch.equal(clone(x), want)
