@@ -907,6 +907,67 @@ static void test_quantize_output_dir(void **state) {
   assert_int_equal(sh("rm -rf '%s'", other), 0);
 }
 
+/* moe8's file records the rules it was made under (config.json
+** moe8_quantization.rules): `moe8 run` on it without rules writes the
+** bytes of `moe8 run --rules R` on the input, for weight-only FP8 and MXFP8,
+** int8 weights and activations, calibrations (qwix, clip, pow2: the shared
+** expert is quantized at load), per-layer rules with the sort's
+** quantization, an activation-only rule (no layer quantized), and MXFP4
+** with and without int8 activations; every layer, a shared expert. */
+static void test_quantize_records_rules(void **state) {
+  (void)state;
+  const char *M = moe8_bin();
+  char cfg[600], src[600], rules[600], q[600], x[600];
+  snprintf(cfg, sizeof cfg, "%s/rcfg.json", g_dir);
+  snprintf(src, sizeof src, "%s/rmodel", g_dir);
+  snprintf(rules, sizeof rules, "%s/rrules.json", g_dir);
+  snprintf(q, sizeof q, "%s/rq", g_dir);
+  snprintf(x, sizeof x, "%s/rx.npy", g_dir);
+  write_text(cfg, "{\"model_type\": \"qwen2_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"hidden_size\": 64,"
+                  " \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"num_hidden_layers\": 2}");
+  if (sh("'%s' init --config '%s' --out '%s'", M, cfg, src) != 0) TU_FAIL("init: %s", g_err);
+  const int64_t T = 7, shape[2] = {T, 64};
+  float xv[7 * 64];
+  tu_rng_reset(11);
+  tu_fill_normal(xv, (size_t)(T * 64), 1.0f);
+  assert_int_equal(moe8_npy_write(x, MOE8_FDT_F32, 2, shape, xv), MOE8_OK);
+  static const char *sets[] = {
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp8\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"weight_calibration_method\": \"qwix\", \"act_qtype\": \"int8\", "
+    "\"act_calibration_method\": \"absmax,0.9\", \"tile_size\": 32}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"weight_calibration_method\": \"absmax_pow2,0.5\", "
+    "\"tile_size\": 16}]}",
+    "{\"quantize_before_ep_all_gather\": true, \"rules\": [{\"module_path\": \"layers\\\\.1\\\\.\", \"weight_qtype\": \"float8_e4m3fn\", "
+    "\"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}, {\"module_path\": \".*\", \"act_qtype\": \"int8\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"float8_e4m3fn\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\", \"act_qtype\": \"int8\", \"tile_size\": 32}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\"}]}",
+  };
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+    write_text(rules, sets[i]);
+    assert_int_equal(sh("rm -rf '%s'", q), 0);
+    if (sh("'%s' quantize '%s' '%s' --rules '%s'", M, src, q, rules) != 0) TU_FAIL("rules %zu: quantize: %s", i, g_err);
+    char cp[700];
+    snprintf(cp, sizeof cp, "%s/config.json", q);
+    size_t len;
+    unsigned char *txt = read_all(cp, &len);
+    cJSON *root = cJSON_ParseWithLength((const char *)txt, len);
+    free(txt);
+    const cJSON *mq = cJSON_GetObjectItemCaseSensitive(root, "moe8_quantization");
+    if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(mq, "rules"))) TU_FAIL("rules %zu: config.json records no moe8_quantization.rules", i);
+    cJSON_Delete(root);
+    for (int l = 0; l < 2; l++) {
+      if (sh("'%s' run --model '%s' --input '%s' --output '%s/ry1.npy' --layer %d", M, q, x, g_dir, l) != 0) TU_FAIL("rules %zu: run: %s", i, g_err);
+      if (sh("'%s' run --model '%s' --input '%s' --output '%s/ry2.npy' --layer %d --rules '%s'", M, src, x, g_dir, l, rules) != 0)
+        TU_FAIL("rules %zu: run --rules: %s", i, g_err);
+      if (sh("cmp '%s/ry1.npy' '%s/ry2.npy'", g_dir, g_dir) != 0)
+        TU_FAIL("rules %zu (%s), layer %d: the file's run differs from the input's run under its rules", i, sets[i], l);
+    }
+  }
+}
+
 /* An mxfp4 weight rule refuses what its quantizer does not honour, naming
 ** the rule file's line and the key (hardening class: mxfp4 rule options). */
 static void test_mxfp4_rule_options(void **state) {
@@ -950,6 +1011,7 @@ int main(void) {
     cmocka_unit_test(test_cli_files),
     cmocka_unit_test(test_mxfp4_rule_options),
     cmocka_unit_test(test_quantize_output_dir),
+    cmocka_unit_test(test_quantize_records_rules),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

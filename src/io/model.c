@@ -32,6 +32,7 @@
 #include "../kernels/gmm.h"
 #include "../moe/layer_internal.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -52,6 +53,8 @@ struct moe8_model {
   size_t         count;
   char           fmt[128];
   char           root[48];       /* the layers' tensor-name root: "model.layers." (or a multimodal model's) */
+  char          *rules;          /* config.json moe8_quantization.rules as JSON text (moe8 quantize's record), or NULL */
+  char           rules_name[4200]; /* where they are, for messages */
   atomic_int     refs;           /* the caller's handle + layers borrowing its mappings */
 };
 
@@ -64,6 +67,7 @@ static void model_free(moe8_model *m) {
   for (size_t i = 0; i < m->nshards; i++) moe8_st_close(m->shards[i]);
   free(m->shards);
   free(m->all);
+  free(m->rules);
   free(m);
 }
 
@@ -73,6 +77,31 @@ static void model_release(void *p) {
 }
 
 void moe8_model_close(moe8_model *m) { model_release(m); }
+
+/* The rules moe8 quantize recorded (config.json moe8_quantization.rules),
+** kept as text and parsed at each load that is given no rules.  The
+** config was read and checked just before (at most 1 MiB). */
+static moe8_status recorded_rules(const char *path, moe8_model *m) {
+  char *txt = NULL;
+  size_t n = 0;
+  moe8_status st = moe8__read_small(path, (size_t)1 << 20, &txt, &n);
+  if (st != MOE8_OK) return st;
+  cJSON *root = cJSON_ParseWithLength(txt, n);
+  free(txt);
+  const cJSON *q = root ? cJSON_GetObjectItemCaseSensitive(root, "moe8_quantization") : NULL;
+  const cJSON *r = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "rules") : NULL;
+  if (r && !cJSON_IsObject(r)) st = moe8__fail(MOE8_ERR_PARSE, "%s: moe8_quantization.rules must be a rule set (a JSON object)", path);
+  else if (r && !(m->rules = cJSON_PrintUnformatted(r))) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  snprintf(m->rules_name, sizeof m->rules_name, "%s moe8_quantization.rules", path);
+  cJSON_Delete(root);
+  if (st == MOE8_OK && m->rules) {
+    /* refused at open, naming the key, rather than at each load */
+    moe8_rules *rs = NULL;
+    st = moe8_rules_parse(m->rules, strlen(m->rules), m->rules_name, &rs);
+    moe8_rules_destroy(rs);
+  }
+  return st;
+}
 
 moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_model **out) {
   if (!dir || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
@@ -84,6 +113,7 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
   atomic_init(&m->refs, 1);
   snprintf(path, sizeof path, "%s/config.json", dir);
   moe8_status st = moe8__config_load_as(path, model_type, &m->cfg);
+  if (st == MOE8_OK) st = recorded_rules(path, m);
   if (st != MOE8_OK) { model_free(m); return st; }
   DIR *d = opendir(dir);
   if (!d) { model_free(m); return moe8__fail(MOE8_ERR_IO, "%s: cannot open the model directory", dir); }
@@ -469,7 +499,18 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
 moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                                      moe8_layer **out) {
   if (!m || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "model: NULL argument");
-  if (!rules && strstr(moe8_model_format(m, layer), "moe8 mxfp4") && opt && opt->mode == MOE8_LOAD_INFERENCE) {
+  const bool inference = opt && opt->mode == MOE8_LOAD_INFERENCE;
+  /* moe8's file made under rules: those rules (every layer, every
+  ** activation setting), so its run is the input's run with them; a
+  ** training load of its MXFP4 experts decodes them (no rule). */
+  if (!rules && m->rules && !(strstr(moe8_model_format(m, layer), "moe8 mxfp4") && !inference)) {
+    moe8_rules *rec = NULL;
+    moe8_status st = moe8_rules_parse(m->rules, strlen(m->rules), m->rules_name, &rec);
+    if (st == MOE8_OK) st = load_layer(m, layer, rec, opt, out);
+    moe8_rules_destroy(rec);
+    return st;
+  }
+  if (!rules && strstr(moe8_model_format(m, layer), "moe8 mxfp4") && inference) {
     /* moe8's MXFP4 file for inference: kept as MXFP4 (the rule it was written under) */
     const char *j = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\"}]}";
     moe8_rules *mx = NULL;
@@ -915,6 +956,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   if (!routed_done && moe8_model_find(m, n)) {
     if ((st = load_moe8(&ld, L, (moe8_model *)m, &borrowed)) != MOE8_OK) goto fail;
+    /* The codes are the file's; what is quantized at load (the shared
+    ** expert) takes the rule's calibration (mx, clip, pow2, qwix) when the
+    ** rule asks for the file's type and block, as a load of the input
+    ** under that rule does. */
+    moe8_quant_spec rspec;
+    if (L->has_rule && moe8_rule_weight_spec(&L->rule, &rspec) && rspec.qtype == L->wspec.qtype && rspec.tile == L->wspec.tile)
+      L->wspec = rspec;
     routed_done = true;
     ld.fp8 = L->wq;
   }

@@ -121,6 +121,9 @@ static mode_t current_umask(void) {
   return m;
 }
 
+/* The JSON text a rule set was parsed from (src/moe/rules.c). */
+const char *moe8__rules_text(const moe8_rules *rs);
+
 typedef struct job {
   const moe8_quantize_options *opt;
 } job;
@@ -470,7 +473,7 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
 
 /* The input's config.json with the new quantization recorded, into tmp. */
 static moe8_status write_config(const char *in, const char *tmp, bool deepseek, int quantized_layers, moe8_dtype qtype, int64_t qtile,
-                                int packed_layout, bool mx4) {
+                                int packed_layout, bool mx4, const moe8_rules *rules) {
   char path[4400];
   snprintf(path, sizeof path, "%s/config.json", in);
   char *txt = NULL;
@@ -480,6 +483,7 @@ static moe8_status write_config(const char *in, const char *tmp, bool deepseek, 
   cJSON *root = cJSON_ParseWithLength(txt, n);
   free(txt);
   if (!root) return moe8__fail(MOE8_ERR_PARSE, "quantize: %s is not JSON", path);
+  if (!quantized_layers && !deepseek) cJSON_DeleteItemFromObjectCaseSensitive(root, "moe8_quantization");
   if (quantized_layers) {
     cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(root, "moe8_quantization");
@@ -503,6 +507,20 @@ static moe8_status write_config(const char *in, const char *tmp, bool deepseek, 
       cJSON_AddNumberToObject(q, "tile_size", (double)qtile);
       cJSON_AddStringToObject(q, "scale_layout", "[E, nb, 1, N]");
       cJSON_AddNumberToObject(q, "packed_layout", packed_layout);
+    }
+  }
+  /* moe8's file records the rules it was made under (the activations, the
+  ** sort's quantization and the rest), so a run of it without rules is a
+  ** run of the input with them. */
+  if (!deepseek) {
+    cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "moe8_quantization");
+    if (!q) q = cJSON_AddObjectToObject(root, "moe8_quantization");
+    const char *rt = moe8__rules_text(rules);
+    cJSON *r = rt ? cJSON_Parse(rt) : NULL;
+    if (!q || !r || !cJSON_AddItemToObject(q, "rules", r)) {
+      cJSON_Delete(r);
+      cJSON_Delete(root);
+      return moe8__fail(MOE8_ERR_NOMEM, "quantize: cannot record the rules in config.json (out of memory)");
     }
   }
   char *out = cJSON_Print(root);
@@ -549,6 +567,9 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   /* Which layers get quantized, and their new tensors. */
   unsigned char *replace = calloc((size_t)hc->num_layers + 1, 1);
   if (!replace) st = moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory");
+  /* MXFP4 is computed from the f32 masters: those layers load under no rule. */
+  moe8_rules *no_rules = NULL;
+  if (st == MOE8_OK) st = moe8_rules_parse("{\"rules\": []}", 13, "no rules", &no_rules);
   for (int64_t l = 0; l < hc->num_layers && st == MOE8_OK; l++) {
     char p[128], mp[160];
     moe8_model_prefix(m, l, p, sizeof p);
@@ -582,7 +603,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     }
     moe8_layer *L = NULL;
     /* MXFP4 from the f32 masters (the rule quantizes at inference loads only) */
-    if ((st = moe8_model_load_layer(m, l, mx4 ? NULL : rules, &L)) != MOE8_OK) break;
+    if ((st = moe8_model_load_layer(m, l, mx4 ? no_rules : rules, &L)) != MOE8_OK) break;
     replace[l] = 1;
     quantized_layers++;
     if (mx4) {
@@ -622,7 +643,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     st = moe8_st_write(path, o.t, o.n);
   }
-  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0);
+  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0, rules);
   /* Test hook (docs/testing.md): fail after the whole new model is written. */
   const char *hook = getenv("MOE8_TEST_QUANTIZE_FAIL");
   if (st == MOE8_OK && hook && strcmp(hook, "swap") != 0)
@@ -639,6 +660,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
         deepseek ? "deepseek" : "moe8", o.n, outdir);
   outset_free(&o);
   oldset_free(&old);
+  moe8_rules_destroy(no_rules);
   free(replace);
   moe8_model_close(m);
   return st;

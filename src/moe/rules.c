@@ -29,6 +29,7 @@ struct moe8_rules {
   regex_t   *regex;
   char     **paths;   /* owned copies of module_path */
   bool       before_all_gather;
+  char      *text;    /* the JSON text it was parsed from (moe8 quantize records it) */
 };
 
 typedef struct parse_ctx {
@@ -292,12 +293,20 @@ moe8_status moe8_rules_parse(const char *json, size_t len, const char *name, moe
     if (st != MOE8_OK) goto done;
     from = from < len ? from + 1 : len;
   }
+  if (!(rs->text = malloc(len + 1))) { st = moe8__fail(MOE8_ERR_NOMEM, "rules: out of memory"); goto done; }
+  memcpy(rs->text, json, len);
+  rs->text[len] = '\0';
 done:
   cJSON_Delete(root);
   if (st != MOE8_OK) { moe8_rules_destroy(rs); return st; }
   *out = rs;
   return MOE8_OK;
 }
+
+/* The text a rule set was parsed from (moe8 quantize records it in the
+** file's config.json, so a run of the file applies the same rules). */
+const char *moe8__rules_text(const moe8_rules *rs);
+const char *moe8__rules_text(const moe8_rules *rs) { return rs ? rs->text : NULL; }
 
 moe8_status moe8_rules_load(const char *path, moe8_rules **out) {
   if (!path || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "moe8_rules_load: NULL argument");
@@ -322,6 +331,7 @@ void moe8_rules_destroy(moe8_rules *rs) {
   free(rs->rules);
   free(rs->regex);
   free(rs->paths);
+  free(rs->text);
   free(rs);
 }
 
