@@ -968,6 +968,62 @@ static void test_quantize_records_rules(void **state) {
   }
 }
 
+/* moe8's file records its tile beside the scales (__metadata__
+** moe8.tile_size): a config.json whose moe8_quantization.tile_size was
+** edited to another tile of the same block count (64 -> 100 on K = 128
+** and 64) is refused naming tile_size and the tensor, with and without
+** rules; rules asking for two tiles in one file are refused. */
+static void test_quantize_tile_recorded(void **state) {
+  (void)state;
+  const char *M = moe8_bin();
+  char cfg[600], src[600], rules[600], q[600], x[600], cp[700];
+  snprintf(cfg, sizeof cfg, "%s/tcfg.json", g_dir);
+  snprintf(src, sizeof src, "%s/tmodel", g_dir);
+  snprintf(rules, sizeof rules, "%s/trules.json", g_dir);
+  snprintf(q, sizeof q, "%s/tq", g_dir);
+  snprintf(x, sizeof x, "%s/tx.npy", g_dir);
+  write_text(cfg, "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 2, \"hidden_size\": 128,"
+                  " \"moe_intermediate_size\": 64, \"num_hidden_layers\": 2}");
+  write_text(rules, "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 64}]}");
+  if (sh("'%s' init --config '%s' --out '%s'", M, cfg, src) != 0) TU_FAIL("init: %s", g_err);
+  const int64_t T = 5, shape[2] = {T, 128};
+  float xv[5 * 128];
+  tu_rng_reset(13);
+  tu_fill_normal(xv, (size_t)(T * 128), 1.0f);
+  assert_int_equal(moe8_npy_write(x, MOE8_FDT_F32, 2, shape, xv), MOE8_OK);
+  if (sh("'%s' quantize '%s' '%s' --rules '%s'", M, src, q, rules) != 0) TU_FAIL("quantize: %s", g_err);
+  if (sh("'%s' run --model '%s' --input '%s' --output '%s/ty.npy'", M, q, x, g_dir) != 0) TU_FAIL("run: %s", g_err);
+  /* tile_size 64 -> 100 in config.json: 2 and 1 K blocks either way */
+  snprintf(cp, sizeof cp, "%s/config.json", q);
+  size_t len;
+  unsigned char *txt = read_all(cp, &len);
+  cJSON *root = cJSON_ParseWithLength((const char *)txt, len);
+  free(txt);
+  cJSON *mq = cJSON_GetObjectItemCaseSensitive(root, "moe8_quantization");
+  assert_non_null(cJSON_GetObjectItemCaseSensitive(mq, "tile_size"));
+  cJSON_ReplaceItemInObjectCaseSensitive(mq, "tile_size", cJSON_CreateNumber(100));
+  char *out = cJSON_Print(root);
+  write_text(cp, out);
+  free(out);
+  cJSON_Delete(root);
+  for (int with_rules = 0; with_rules < 2; with_rules++) {
+    assert_int_equal(sh("rm -f '%s/ty2.npy'", g_dir), 0);
+    const int rc = sh("'%s' run --model '%s' --input '%s' --output '%s/ty2.npy'%s%s%s", M, q, x, g_dir, with_rules ? " --rules '" : "",
+                      with_rules ? rules : "", with_rules ? "'" : "");
+    if (rc != 1) TU_FAIL("edited tile_size%s: exit %d, want 1 (%s)", with_rules ? " with rules" : "", rc, g_err);
+    if (!strstr(g_err, "model.layers.0.mlp.experts.gate_up_proj.scale' was quantized with tile_size 64") ||
+        !strstr(g_err, "moe8_quantization.tile_size is 100"))
+      TU_FAIL("edited tile_size: message \"%s\"", g_err);
+    assert_int_not_equal(sh("test -e '%s/ty2.npy'", g_dir), 0);
+  }
+  /* two tiles in one file: refused, nothing written */
+  write_text(rules, "{\"rules\": [{\"module_path\": \"layers\\\\.0\\\\.\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 64},"
+                    " {\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}");
+  if (sh("'%s' quantize '%s' '%s/tq2' --rules '%s'", M, src, g_dir, rules) != 1) TU_FAIL("two tiles: %s", g_err);
+  if (!strstr(g_err, "tile_size 32 on model.layers.1.mlp.experts and 64 on an earlier layer")) TU_FAIL("two tiles: message \"%s\"", g_err);
+  assert_int_not_equal(sh("test -e '%s/tq2'", g_dir), 0);
+}
+
 /* An mxfp4 weight rule refuses what its quantizer does not honour, naming
 ** the rule file's line and the key (hardening class: mxfp4 rule options). */
 static void test_mxfp4_rule_options(void **state) {
@@ -1012,6 +1068,7 @@ int main(void) {
     cmocka_unit_test(test_mxfp4_rule_options),
     cmocka_unit_test(test_quantize_output_dir),
     cmocka_unit_test(test_quantize_records_rules),
+    cmocka_unit_test(test_quantize_tile_recorded),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -45,6 +45,9 @@
 
 #define MAX_SHARDS 100000
 
+/* A string entry of a safetensors file's __metadata__ (src/io/safetensors.c). */
+const char *moe8__st_meta(const moe8_st_file *f, const char *key);
+
 struct moe8_model {
   moe8_hf_config cfg;
   moe8_st_file **shards;
@@ -417,7 +420,19 @@ static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *bo
   if (!gs || gs->ndim != 4 || gs->dtype != MOE8_FDT_F32 || gs->shape[0] != E || gs->shape[1] < 1 || gs->shape[2] != 1 || gs->shape[3] != 2 * F)
     return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)(2 * F));
   /* The tile is in config.json (moe8_quantization.tile_size): a block
-  ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128). */
+  ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128), so
+  ** moe8 quantize also records it beside the scales (the file's
+  ** __metadata__ moe8.tile_size); the two must agree. */
+  for (size_t i = 0; i < m->nshards; i++) {
+    if (moe8_st_find(m->shards[i], n) != gs) continue;
+    const char *rec = moe8__st_meta(m->shards[i], "moe8.tile_size");
+    char *end = NULL;
+    const long long rt = rec ? strtoll(rec, &end, 10) : 0;
+    if (rec && (end == rec || *end || rt != (long long)c->moe8_tile))
+      return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' was quantized with tile_size %s (%s, __metadata__ moe8.tile_size), but config.json "
+                        "moe8_quantization.tile_size is %lld: its scales would be read as blocks of another size; refused", n, rec,
+                        moe8_st_path(m->shards[i]), (long long)c->moe8_tile);
+  }
   const int64_t nb = gs->shape[1], tile = nb == 1 && c->moe8_tile >= D ? 0 : c->moe8_tile;
   if (moe8__cdiv(D, tile ? tile : D) != nb)
     return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' has %lld K blocks, but moe8_quantization.tile_size %lld in config.json gives %lld", n,

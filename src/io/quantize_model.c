@@ -121,8 +121,10 @@ static mode_t current_umask(void) {
   return m;
 }
 
-/* The JSON text a rule set was parsed from (src/moe/rules.c). */
+/* The JSON text a rule set was parsed from (src/moe/rules.c); a
+** safetensors file with a __metadata__ (src/io/safetensors.c). */
 const char *moe8__rules_text(const moe8_rules *rs);
+moe8_status moe8__st_write_meta(const char *path, const moe8_tensor_view *t, size_t count, const char *const *kv, size_t nkv);
 
 typedef struct job {
   const moe8_quantize_options *opt;
@@ -609,10 +611,22 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     if (mx4) {
       mx4_layers++;
       st = layer_mx4(j, &o, L, p, E, D, F);
+    } else if (deepseek) {
+      st = layer_deepseek(j, &o, L, hc, p);
     } else {
+      /* One tile and one layout a file: config.json records one of each
+      ** (and the loader reads every layer's scales with it). */
+      int pk = 0;
+      if (qtype != MOE8_DTYPE_NONE && r->tile_size != qtile)
+        st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for tile_size %lld on %s and %lld on an earlier layer: a moe8 file "
+                        "holds one tile", (long long)r->tile_size, mp, (long long)qtile);
+      if (st == MOE8_OK) st = layer_moe8(j, &o, L, p, E, D, F, &pk);
+      if (st == MOE8_OK && qtype != MOE8_DTYPE_NONE && pk != packed_layout)
+        st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s's codes %s the kernels' packed layout and an earlier layer's %s: a moe8 file "
+                        "holds one layout", mp, pk ? "take" : "do not take", pk ? "do not" : "do");
       qtype = r->weight_qtype;
       qtile = r->tile_size;
-      st = deepseek ? layer_deepseek(j, &o, L, hc, p) : layer_moe8(j, &o, L, p, E, D, F, &packed_layout);
+      packed_layout = pk;
     }
     moe8_layer_destroy(L);
   }
@@ -641,7 +655,13 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   }
   if (st == MOE8_OK) {
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    st = moe8_st_write(path, o.t, o.n);
+    /* The tile is recorded beside the scales too: config.json's alone
+    ** could be edited to another tile of the same block count. */
+    char tile_txt[32];
+    snprintf(tile_txt, sizeof tile_txt, "%lld", (long long)qtile);
+    const char *kv[2] = {"moe8.tile_size", tile_txt};
+    const bool codes = !deepseek && quantized_layers > mx4_layers;
+    st = moe8__st_write_meta(path, o.t, o.n, kv, codes ? 1 : 0);
   }
   if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0, rules);
   /* Test hook (docs/testing.md): fail after the whole new model is written. */

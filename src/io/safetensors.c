@@ -48,12 +48,16 @@ struct moe8_st_file {
   size_t            count;
   moe8_tensor_view *t;
   char            **names;
+  char            **meta;      /* __metadata__'s string entries: key, value, key, value, ... */
+  size_t            nmeta;     /* entries (pairs) */
 };
 
 void moe8_st_close(moe8_st_file *f) {
   if (!f) return;
   for (size_t i = 0; i < f->count; i++) free(f->names[i]);
   free(f->names);
+  for (size_t i = 0; i < 2 * f->nmeta; i++) free(f->meta[i]);
+  free(f->meta);
   free(f->t);
   if (f->map) { moe8__map_unregister(f->map); munmap(f->map, f->map_len); }
   free(f->path);
@@ -171,6 +175,18 @@ moe8_status moe8_st_parse(const void *buf, size_t len, const char *name, moe8_st
   for (const cJSON *e = root->child; e; e = e->next) {
     if (!strcmp(e->string, "__metadata__")) {
       if (!cJSON_IsObject(e)) { st = moe8__fail(MOE8_ERR_FORMAT, "%s: __metadata__ is not an object", file); goto done; }
+      /* Its string entries are kept (moe8 quantize records its tile there);
+      ** others are ignored, as they were. */
+      size_t nm = 0;
+      for (const cJSON *m = e->child; m; m = m->next) nm += cJSON_IsString(m);
+      if (nm && !(f->meta = calloc(2 * nm, sizeof *f->meta))) { st = moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", file); goto done; }
+      for (const cJSON *m = e->child; m; m = m->next) {
+        if (!cJSON_IsString(m)) continue;
+        f->meta[2 * f->nmeta] = strdup(m->string);
+        f->meta[2 * f->nmeta + 1] = strdup(m->valuestring);
+        f->nmeta++;
+        if (!f->meta[2 * f->nmeta - 2] || !f->meta[2 * f->nmeta - 1]) { st = moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", file); goto done; }
+      }
       continue;
     }
     moe8_tensor_view *t = &f->t[f->count];
@@ -239,6 +255,15 @@ size_t moe8_st_count(const moe8_st_file *f) { return f ? f->count : 0; }
 const moe8_tensor_view *moe8_st_at(const moe8_st_file *f, size_t i) { return f && i < f->count ? &f->t[i] : NULL; }
 const char *moe8_st_path(const moe8_st_file *f) { return f ? f->path : ""; }
 
+/* A string entry of the file's __metadata__, or NULL. */
+const char *moe8__st_meta(const moe8_st_file *f, const char *key);
+const char *moe8__st_meta(const moe8_st_file *f, const char *key) {
+  if (!f || !key) return NULL;
+  for (size_t i = 0; i < f->nmeta; i++)
+    if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
+  return NULL;
+}
+
 const moe8_tensor_view *moe8_st_find(const moe8_st_file *f, const char *name) {
   if (!f || !name) return NULL;
   const moe8_tensor_view key = {.name = name};
@@ -247,10 +272,19 @@ const moe8_tensor_view *moe8_st_find(const moe8_st_file *f, const char *name) {
 
 /* ---- writing ------------------------------------------------------------ */
 
-moe8_status moe8_st_write(const char *path, const moe8_tensor_view *t, size_t count) {
-  if (!path || (count && !t)) return moe8__fail(MOE8_ERR_INVALID_ARG, "safetensors write: NULL argument");
+/* moe8_st_write with a __metadata__ of nkv string pairs (kv: key, value,
+** key, value, ...). */
+moe8_status moe8__st_write_meta(const char *path, const moe8_tensor_view *t, size_t count, const char *const *kv, size_t nkv);
+moe8_status moe8_st_write(const char *path, const moe8_tensor_view *t, size_t count) { return moe8__st_write_meta(path, t, count, NULL, 0); }
+
+moe8_status moe8__st_write_meta(const char *path, const moe8_tensor_view *t, size_t count, const char *const *kv, size_t nkv) {
+  if (!path || (count && !t) || (nkv && !kv)) return moe8__fail(MOE8_ERR_INVALID_ARG, "safetensors write: NULL argument");
   cJSON *root = cJSON_CreateObject();
   if (!root) return moe8__fail(MOE8_ERR_NOMEM, "%s: out of memory", path);
+  if (nkv) {
+    cJSON *md = cJSON_AddObjectToObject(root, "__metadata__");
+    for (size_t i = 0; md && i < nkv; i++) cJSON_AddStringToObject(md, kv[2 * i], kv[2 * i + 1]);
+  }
   uint64_t off = 0;
   for (size_t i = 0; i < count; i++) {
     if ((unsigned)t[i].dtype >= MOE8_FDT_COUNT || t[i].ndim < 0 || t[i].ndim > MOE8_MAX_DIMS || !t[i].name) {
