@@ -5,7 +5,9 @@
 ** block layout (w ≈ q · scale_inv per 128×128 block, partial edge blocks);
 ** and the bad-input matrix of the parsers, each case naming the file and
 ** what is wrong.  (The command-level matrix, with exit codes and "no output
-** file left behind", is tests/cli_files.sh.)
+** file left behind", is tests/cli_files.sh.)  Then moe8 quantize's output
+** directory, the rules and tile its files record, and the mxfp4 rule's
+** refusals (docs/testing.md, "Bad input").
 */
 #include "testutil.h"
 #include "core/internal.h"
