@@ -15,7 +15,8 @@
 
 /* In the module. */
 int    peer_dnnl_available(void);
-double peer_dnnl_gmm(int int8, const int32_t *rows, int64_t E, int64_t K, int64_t N, int reps);
+enum { PEER_MAXROT = 16 };
+double peer_dnnl_gmm(int int8, const int32_t *rows, int64_t E, int64_t K, int64_t N, int reps, int nrot);
 int    peer_blas_available(void);
 /* Best (and median) seconds of runs of the per-expert sgemm loop. */
 double peer_blas_gmm(const float *x, const float *w, float *out, const int32_t *gs, int64_t E, int64_t D, int64_t F, int threads,
@@ -23,7 +24,7 @@ double peer_blas_gmm(const float *x, const float *w, float *out, const int32_t *
 
 /* In the command: the module's entries, or NULL where it (or a peer) is missing. */
 typedef struct peers {
-  double (*dnnl_gmm)(int int8, const int32_t *rows, int64_t E, int64_t K, int64_t N, int reps);
+  double (*dnnl_gmm)(int int8, const int32_t *rows, int64_t E, int64_t K, int64_t N, int reps, int nrot);
   double (*blas_gmm)(const float *x, const float *w, float *out, const int32_t *gs, int64_t E, int64_t D, int64_t F, int threads,
                      int runs, double *median);
   const char *why; /* why the module is not there (NULL when it is) */

@@ -2,9 +2,11 @@
 ** run.c — 'moe8 run': one MoE layer of a model on tokens from a .npy file,
 ** through the fused inference path (prepared weights, no allocation per
 ** call).  Reads f32/bf16/f16 checkpoints, DeepSeek FP8 checkpoints and
-** moe8's own pre-quantized ones as they are.  For an FP8 checkpoint with no
-** --rules, activations are quantized dynamically to f8e4m3 per token and
-** K block, as DeepSeek's activation_scheme "dynamic" does.
+** moe8's own pre-quantized ones as they are.  With no --rules, a moe8 file
+** runs under the rules it was made with (config.json's
+** moe8_quantization.rules), and a DeepSeek FP8 checkpoint quantizes its
+** activations dynamically to f8e4m3 per token and K block, as DeepSeek's
+** activation_scheme "dynamic" does.
 */
 #include "cli.h"
 
@@ -17,6 +19,8 @@
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L] [--arch FAMILY] [--training-load]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
+             "--rules R       quantization rules (docs/numerics.md); without it a moe8 file runs under the rules it was made\n"
+             "                with, a DeepSeek FP8 checkpoint with dynamic f8e4m3 activations, anything else unquantized\n"
              "--layer L       the MoE layer to run (default: the first MoE layer of the config)\n"
              "--arch FAMILY   read config.json as qwen2_moe, qwen3_moe, mixtral, deepseek_v3 or olmoe (a compatible model_type moe8 does not know)\n"
              "--training-load build f32 master weights as training does (more memory; same output)\n"

@@ -110,16 +110,18 @@ enum { KCB = 512 /* bf16 pairs: 256 */, KCI = 1024 /* i8 quads: 256 */ };
 ** rows past have and the half past nv vectors are zero. */
 static void to_strips(const uint8_t *src, int64_t stride, int64_t have, int64_t rows, int64_t nv, uint8_t *dst) {
   const __m512i z = _mm512_setzero_si512();
-  for (int64_t s = 0; s < moe8__cdiv(nv, 2); s++) {
-    uint8_t *d = dst + s * rows * 128;
-    const uint8_t *r = src + 128 * s;
-    const bool two = 2 * s + 1 < nv;
-    for (int64_t k = 0; k < have; k++, r += stride, d += 128) {
-      _mm512_store_si512(d, _mm512_loadu_si512(r));
-      _mm512_store_si512(d + 64, two ? _mm512_loadu_si512(r + 64) : z);
+  const int64_t ns = moe8__cdiv(nv, 2), sb = rows * 128;
+  /* Row by row, so the source (weights in memory) is read front to back. */
+  for (int64_t k = 0; k < have; k++, src += stride) {
+    int64_t s = 0;
+    for (; 2 * s + 1 < nv; s++) {
+      _mm512_store_si512(dst + s * sb + k * 128, _mm512_loadu_si512(src + 128 * s));
+      _mm512_store_si512(dst + s * sb + k * 128 + 64, _mm512_loadu_si512(src + 128 * s + 64));
     }
-    for (int64_t k = have; k < rows; k++, d += 128) { _mm512_store_si512(d, z); _mm512_store_si512(d + 64, z); }
+    if (s < ns) { _mm512_store_si512(dst + s * sb + k * 128, _mm512_loadu_si512(src + 128 * s)); _mm512_store_si512(dst + s * sb + k * 128 + 64, z); }
   }
+  for (int64_t s = 0; s < ns; s++)
+    for (int64_t k = have; k < rows; k++) { _mm512_store_si512(dst + s * sb + k * 128, z); _mm512_store_si512(dst + s * sb + k * 128 + 64, z); }
 }
 
 /* A stored 32 × 32 tile of block sums t (i32 for i8) into the task's
@@ -202,6 +204,11 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     } else if (i8) {
       pack_b_i8(b, c0, kc, ntp, Bp, colsum);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 4), 16 * npc, nct, Bs);
+    } else if (b->rhs_pk && b->rt != MOE8_DTYPE_I8 && moe8__cpu_has_vbmi()) {
+      /* Packed FP8: converted straight into the strips, rows past zero. */
+      const int64_t kp = moe8__cdiv(kc, 2), rows = 16 * npc;
+      pack_b_pk_vbmi(b, c0, kp, ntp, (uint32_t *)Bs, 32, rows * 32);
+      for (int64_t s = 0; s < ntp / 32; s++) memset(Bs + (s * rows + kp) * 128, 0, (size_t)((rows - kp) * 128));
     } else {
       pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 2), 16 * npc, nct, Bs);

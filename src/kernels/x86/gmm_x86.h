@@ -109,7 +109,9 @@ BF16_TARGET void gmm_block_bf16_small(const moe8__gmm_block *b);
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b);
 VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b);
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
-VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp);
+/* Packed FP8 pairs k = c0 .. c0 + 2·kp as bf16 pair words: pair p, strip s
+** (32 columns) at Bp + p·ps + s·ss words (the panel: ps = NT, ss = 32). */
+VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss);
 
 /* Co[i] = Ci[i] + c[i] · (ls[i] · rs) for the rows of a microkernel (Ci
 ** NULL: + 0.0), both 16-column halves; unrolled so the sums stay in

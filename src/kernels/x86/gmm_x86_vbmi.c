@@ -114,7 +114,7 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
 }
 
 /* The B panel of kp pairs from pair c0 / 2 of a packed rhs. */
-VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp) {
+VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss) {
   __m512i tab[4];
   byte_tables(b->rt, tab);
   const int64_t nst = ntp / 32;
@@ -123,8 +123,8 @@ VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp
     for (int64_t s = 0; s < nst; s++) {
       __m512i v0, v1;
       pk_strip(r + 64 * s, tab, &v0, &v1);
-      _mm512_storeu_si512(Bp + p * NT + 32 * s, v0);
-      _mm512_storeu_si512(Bp + p * NT + 32 * s + 16, v1);
+      _mm512_storeu_si512(Bp + p * ps + s * ss, v0);
+      _mm512_storeu_si512(Bp + p * ps + s * ss + 16, v1);
     }
 }
 
