@@ -76,7 +76,7 @@ static bool           g_supported[MOE8_ISA_COUNT];
 static moe8_isa       g_active;
 static unsigned       g_features;
 static const char    *g_amx_reason = "the build has no AVX-512 kernels";
-static int64_t        g_amx_min_rows = 16;
+static int64_t        g_amx_min_rows = 4;
 static moe8_order     g_order_env = MOE8_ORDER_DEFAULT, g_order_set = MOE8_ORDER_DEFAULT;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 

@@ -83,6 +83,7 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define gmm_block_pk_small moe8__x86_gmm_block_pk_small
 #define gmm_block_bf16_small moe8__x86_gmm_block_bf16_small
 #define gmm_block_i8pk_small moe8__x86_gmm_block_i8pk_small
+#define gmm_block_pk_canon moe8__x86_gmm_block_pk_canon
 #define direct_fp8_vbmi_2rows moe8__x86_direct_fp8_vbmi_2rows
 #define bf16_lut moe8__x86_bf16_lut
 
@@ -108,6 +109,7 @@ VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const u
 BF16_TARGET void gmm_block_bf16_small(const moe8__gmm_block *b);
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b);
 VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b);
+VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b); /* FP8 x packed FP8, canonical order */
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
 /* Packed FP8 pairs k = c0 .. c0 + 2·kp as bf16 pair words: pair p, strip s
 ** (32 columns) at Bp + p·ps + s·ss words (the panel: ps = NT, ss = 32). */

@@ -236,3 +236,115 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   write_out(b, C, mt);
 }
 
+
+/* ---- the canonical order on packed FP8 weights, few rows ---------------- */
+/* The canonical order (gmm.h) straight from the packed tile, as pk_vbmi
+** streams it: per piece of 16 pairs each row and strip keeps an even and
+** an odd f32 chain from zero (the pair words split by a shift and a mask),
+** FMAs as ukr_canon's (FP8 products are exact), then the block sum adds
+** even + odd; no panel is written, so the weights are read once.  The
+** chains, their order and the promotion are ukr_canon's and promote's, so
+** the bytes are moe8__gmm_canon_avx512's. */
+VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                 int64_t blk, int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls,
+                                 const float *rsv) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = moe8__canon_block_words(b) * blk;
+  const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
+  const size_t step = (size_t)nst * 64;
+  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  __m512 s[4][4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+    for (int t = 0; t < ns; t++) s[i][t][0] = s[i][t][1] = _mm512_setzero_ps();
+  for (int64_t p0 = 0; p0 < kp; p0 += 16) {
+    __m512 e[4][4][2], o[4][4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+      for (int t = 0; t < ns; t++) e[i][t][0] = e[i][t][1] = o[i][t][0] = o[i][t][1] = _mm512_setzero_ps();
+    const int64_t pe = p0 + 16 < kp ? p0 + 16 : kp;
+    for (int64_t p = p0; p < pe; p++, r += step) {
+      __m512 ae[4], ao[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < mr; i++) {
+        const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
+        ae[i] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+        ao[i] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < ns; t++) _mm_prefetch((const char *)(r + PKPF * step + 64 * t), _MM_HINT_T0);
+#pragma GCC unroll 4
+      for (int t = 0; t < ns; t++) {
+        __m512i b0, b1;
+        pk_strip(r + 64 * t, tab, &b0, &b1);
+        const __m512 be0 = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)), bo0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi));
+        const __m512 be1 = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)), bo1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+          e[i][t][0] = _mm512_fmadd_ps(ae[i], be0, e[i][t][0]); e[i][t][1] = _mm512_fmadd_ps(ae[i], be1, e[i][t][1]);
+          o[i][t][0] = _mm512_fmadd_ps(ao[i], bo0, o[i][t][0]); o[i][t][1] = _mm512_fmadd_ps(ao[i], bo1, o[i][t][1]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+      for (int t = 0; t < ns; t++) {
+        s[i][t][0] = _mm512_add_ps(s[i][t][0], _mm512_add_ps(e[i][t][0], o[i][t][0]));
+        s[i][t][1] = _mm512_add_ps(s[i][t][1], _mm512_add_ps(e[i][t][1], o[i][t][1]));
+      }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < ns; t++) {
+    const int64_t j = 32 * (s0 + t);
+    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(s[i][t][0], _mm512_mul_ps(l, r0))));
+      _mm512_storeu_ps(C + i * NT + j + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(s[i][t][1], _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
+VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                     int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv) {
+  /* ns: 4 strips for one row, 2 for two, 1 for three or four (the chains
+  ** stay in registers). */
+  if (mr == 1 && ns == 4) pk_canon(1, 4, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+  else if (mr == 1 && ns == 2) pk_canon(1, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+  else if (mr == 1) pk_canon(1, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+  else if (mr == 2 && ns == 2) pk_canon(2, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+  else if (mr == 2) pk_canon(2, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+  else if (mr == 3) pk_canon(3, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+  else pk_canon(4, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv);
+}
+
+/* FP8 x packed FP8 in the canonical order, a task of any rows (four at a
+** time); the caller checks the operands (moe8__gmm_canon_avx512). */
+VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
+  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  const int64_t words = moe8__canon_row_words(b);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  __m512i tab[4];
+  byte_tables(b->rt, tab);
+  memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    rhs_scales(b, blk, nst * 32, rsv);
+    for (int64_t i = 0; i < mt; i += 4) {
+      const int mr = mt - i < 4 ? (int)(mt - i) : 4, nsmax = mr == 1 ? 4 : mr == 2 ? 2 : 1;
+      float ls[4];
+      for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+      for (int64_t s0 = 0; s0 < nst;) {
+        const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 && nsmax >= 2 ? 2 : 1;
+        pk_canon_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv);
+        s0 += ns;
+      }
+    }
+  }
+  write_out(b, C, mt);
+}
