@@ -251,4 +251,10 @@ if [ -n "$mpiexec" ]; then
     >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err"; fail "ranks with the same input copied twice failed"; }
   cmp -s "$tmp/r.npy" "$tmp/want.npy" || fail "two ranks on copies of one input: not the single-process bytes"
 fi
+# bench --plot without matplotlib: refused before anything runs (exit 2),
+# not a traceback after the runs.
+if ! "$py" -c "import matplotlib" >/dev/null 2>&1; then
+  expect 2 "needs python3 with matplotlib" "$moe8" bench --plot "$tmp/chart.png" gmm
+  [ ! -e "$tmp/chart.png" ] || fail "bench --plot without matplotlib wrote a chart"
+fi
 echo "hardening: ok"

@@ -920,6 +920,11 @@ int cmd_bench(int argc, char **argv) {
     if (!found) { fprintf(stderr, "moe8 bench: unknown benchmark '%s' (try 'moe8 bench --help')\n", argv[i]); return EXIT_USAGE; }
   }
   if (!any) for (int s2 = 0; s2 < 4; s2++) want[s2] = 1;
+  /* The chart needs matplotlib: say so now, not after the runs. */
+  if (plot && system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "moe8 bench: --plot needs python3 with matplotlib (apt-get install python3-matplotlib); nothing was run\n");
+    return EXIT_USAGE;
+  }
   if (plot && !json) {
     snprintf(json_tmp, sizeof json_tmp, "/tmp/moe8-bench-XXXXXX");
     const int fd = mkstemp(json_tmp);
