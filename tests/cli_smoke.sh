@@ -30,4 +30,35 @@ for mode in f32 fp8; do
   echo "train $mode: loss at $pct% of first"
 done
 "$moe8" train --steps 0 >/dev/null 2>&1; [ $? -eq 2 ] || fail "train --steps 0 must exit 2"
+# moe8 init writes each family's own tensor names and keys: moe8 run loads
+# its output (E = 8, top-2, hidden 64, experts 32 wide; one MoE layer).
+x="$(dirname "$0")/data/x_2x64.npy"
+k='"hidden_size": 64, "num_hidden_layers": 1, "num_experts_per_tok": 2'
+for fam in \
+  "qwen2_moe:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32" \
+  "qwen3_moe:\"num_experts\": 8, \"moe_intermediate_size\": 32" \
+  "qwen3_next:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32" \
+  "mixtral:\"num_local_experts\": 8, \"intermediate_size\": 32" \
+  "minimax:\"num_local_experts\": 8, \"intermediate_size\": 32" \
+  "minimax_m2:\"num_local_experts\": 8, \"intermediate_size\": 32" \
+  "deepseek_v2:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1" \
+  "deepseek_v3:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"n_group\": 2, \"topk_group\": 1, \"first_k_dense_replace\": 0" \
+  "kimi_k2:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"n_group\": 1, \"topk_group\": 1, \"first_k_dense_replace\": 0" \
+  "dots1:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
+  "glm4_moe:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
+  "olmoe:\"num_experts\": 8, \"intermediate_size\": 32" \
+  "gpt_oss:\"num_local_experts\": 8, \"intermediate_size\": 32" \
+  "llama4_text:\"num_local_experts\": 8, \"intermediate_size\": 32, \"interleave_moe_layer_step\": 1"; do
+  name=${fam%%:*}
+  printf '{"model_type": "%s", %s, %s}\n' "$name" "$k" "${fam#*:}" > "$tmp/$name.json"
+  "$moe8" init --config "$tmp/$name.json" --out "$tmp/init-$name" >/dev/null 2>"$tmp/err" || fail "init $name: $(cat "$tmp/err")"
+  "$moe8" run --model "$tmp/init-$name" --input "$x" --output "$tmp/y-$name.npy" >/dev/null 2>"$tmp/err" ||
+    fail "run on init's $name model: $(cat "$tmp/err")"
+done
+# llama4 (multimodal): the text model's keys in text_config, its layers under language_model.
+printf '{"model_type": "llama4", "text_config": {"model_type": "llama4_text", %s, "num_local_experts": 8, "intermediate_size": 32, "interleave_moe_layer_step": 1}}\n' "$k" > "$tmp/llama4.json"
+"$moe8" init --config "$tmp/llama4.json" --out "$tmp/init-llama4" --layers 2 >/dev/null 2>"$tmp/err" || fail "init llama4: $(cat "$tmp/err")"
+"$moe8" run --model "$tmp/init-llama4" --input "$x" --output "$tmp/y-llama4.npy" --layer 1 >/dev/null 2>"$tmp/err" ||
+  fail "run on init's llama4 model: $(cat "$tmp/err")"
+echo "init then run: every family ok"
 echo "cli smoke: ok"

@@ -1,7 +1,18 @@
 /*
 ** init.c — 'moe8 init': a random MoE model in Hugging Face naming, from a
-** config.json (Qwen2/3-MoE, Mixtral or DeepSeek-V3 keys), one or more
-** layers, weights N(0, 1/fan_in), stored out × in as the HF checkpoints are.
+** config.json of any family moe8 reads, one or more layers, weights
+** N(0, 1/fan_in), each family's tensors named and laid out as its
+** checkpoints are (the loader, src/io/model.c, is the spec):
+**   Qwen-MoE, DeepSeek, OLMoE, ...  mlp.gate.weight, mlp.experts.e.{gate,up,down}_proj.weight
+**                                   (out × in), shared_expert(s), e_score_correction_bias
+**   Mixtral                         block_sparse_moe.gate.weight, ...experts.e.{w1,w3,w2}.weight
+**   GPT-OSS                         mlp.router.{weight,bias}, mlp.experts.gate_up_proj [E, D, 2F]
+**                                   (x · W) and its bias [E, 2F], mlp.experts.down_proj [E, F, D]
+**                                   and its bias [E, D]; the biases zero
+**   Llama-4 (llama4_text, llama4)   feed_forward.router.weight, feed_forward.experts.gate_up_proj
+**                                   [E, D, 2F], .down_proj [E, F, D], feed_forward.shared_expert.
+**                                   {gate,up,down}_proj.weight; llama4 (multimodal) under
+**                                   language_model.model.layers. and its text_config's layer count
 **
 ** Each tensor is drawn straight into its file dtype, row by row from its
 ** own stream (seed, layer, tensor, row), on every thread: the memory is
@@ -24,10 +35,10 @@ static uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-/* dst[N, K] (f32 or bf16) ~ N(0, 1/K): Box-Muller on a splitmix64 stream
-** per row. */
-static void fill_normal(void *dst, bool bf, int64_t N, int64_t K, uint64_t stream) {
-  const float sd = 1.0f / sqrtf((float)K);
+/* dst[N, K] (f32 or bf16) ~ N(0, 1/fan_in): Box-Muller on a splitmix64
+** stream per row. */
+static void fill_normal(void *dst, bool bf, int64_t N, int64_t K, int64_t fan_in, uint64_t stream) {
+  const float sd = 1.0f / sqrtf((float)fan_in);
   #pragma omp parallel for schedule(static) num_threads(moe8__nt(40.0 * (double)N * (double)K))
   for (int64_t n = 0; n < N; n++) {
     uint64_t s = mix(stream ^ mix((uint64_t)n + 0x632BE59BD9B4E019ULL));
@@ -48,7 +59,8 @@ static void fill_normal(void *dst, bool bf, int64_t N, int64_t K, uint64_t strea
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 init --config CONFIG.json --out DIR [--layers N] [--seed S] [--dtype f32|bf16]\n\n"
              "Writes DIR/config.json and DIR/model.safetensors: a random MoE model with the config's\n"
-             "experts, top-k, hidden and intermediate sizes, in Hugging Face tensor names.\n"
+             "experts, top-k, hidden and intermediate sizes, in the family's own Hugging Face tensor names\n"
+             "and layout (Qwen-MoE, Mixtral, DeepSeek, GPT-OSS, Llama-4, ...): moe8 run loads it as it is.\n"
              "exit codes: 0 ok, 1 failure, 2 usage\n");
 }
 
@@ -101,10 +113,42 @@ int cmd_init(int argc, char **argv) {
   int rc = EXIT_OK;
   const double t0 = cli_now();
   const int64_t Fs = hc.layer.shared_ffn;
+  /* Llama-4's multimodal checkpoints keep the text layers under their
+  ** language model (the loader looks there first). */
+  const bool multimodal = !strcmp(hc.model_type, "llama4 (text_config)");
+  const char *lroot = multimodal ? "language_model.model.layers." : "model.layers.";
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
-    char p[64];
-    snprintf(p, sizeof p, "model.layers.%lld.%s", (long long)l, hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : "mlp.");
+    char p[96];
+    snprintf(p, sizeof p, "%s%lld.%s", lroot, (long long)l,
+             hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : hc.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
+    if (hc.arch == MOE8_ARCH_GPT_OSS || hc.arch == MOE8_ARCH_LLAMA4) {
+      /* Fused experts, x · W: [E, K, N] is E·K rows of N, fan-in K; a
+      ** bias (fan_in 0) is zero, its dtype the file's. */
+      const bool oss = hc.arch == MOE8_ARCH_GPT_OSS;
+      const struct { const char *name; int ndim; int64_t s0, s1, s2, fan_in; } t[6] = {
+        {"router.weight", 2, E, D, 0, D},
+        {oss ? "router.bias" : "shared_expert.gate_proj.weight", oss ? 1 : 2, oss ? E : Fs, D, 0, oss ? 0 : D},
+        {"experts.gate_up_proj", 3, E, D, 2 * F, D},
+        {oss ? "experts.gate_up_proj_bias" : "shared_expert.up_proj.weight", 2, oss ? E : Fs, oss ? 2 * F : D, 0, oss ? 0 : D},
+        {"experts.down_proj", 3, E, F, D, F},
+        {oss ? "experts.down_proj_bias" : "shared_expert.down_proj.weight", 2, oss ? E : D, oss ? D : Fs, 0, oss ? 0 : Fs}};
+      for (int i = 0; i < 6 && rc == EXIT_OK; i++) {
+        if (!oss && (i & 1) && Fs <= 0) continue; /* Llama-4 without a shared expert */
+        const int64_t rows = t[i].ndim == 3 ? t[i].s0 * t[i].s1 : t[i].ndim == 2 ? t[i].s0 : 1;
+        const int64_t cols = t[i].ndim == 3 ? t[i].s2 : t[i].ndim == 2 ? t[i].s1 : t[i].s0;
+        snprintf(names[nt], 256, "%s%s", p, t[i].name);
+        bufs[nt] = t[i].fan_in ? malloc(es * (size_t)(rows * cols) + 1) : calloc(es * (size_t)(rows * cols) + 1, 1);
+        if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+        if (t[i].fan_in) fill_normal(bufs[nt], bf, rows, cols, t[i].fan_in, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
+        tv[nt] = (moe8_tensor_view){names[nt], fdt, t[i].ndim, {t[i].s0, t[i].s1, t[i].s2}, bufs[nt], es * (size_t)(rows * cols), 0};
+        bytes += tv[nt].nbytes;
+        nt++;
+      }
+      if (rc == EXIT_OK && !cli_quiet)
+        printf("init: layer %lld of %lld drawn (%.2f GB so far, %.1f s)\n", (long long)l + 1, (long long)NL, (double)bytes * 1e-9, cli_now() - t0);
+      continue;
+    }
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
     /* e = -1 the router, e = E the shared expert, e = E + 1 its gate; each
@@ -126,7 +170,7 @@ int cmd_init(int argc, char **argv) {
         }
         bufs[nt] = malloc(es * (size_t)(N * K) + 1);
         if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s [%lld, %lld]\n", names[nt], (long long)N, (long long)K); rc = EXIT_FAIL; break; }
-        fill_normal(bufs[nt], bf, N, K, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
+        fill_normal(bufs[nt], bf, N, K, K, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
         tv[nt] = (moe8_tensor_view){names[nt], fdt, 2, {N, K}, bufs[nt], es * (size_t)(N * K), 0};
         bytes += tv[nt].nbytes;
         nt++;
@@ -157,8 +201,9 @@ int cmd_init(int argc, char **argv) {
     free(txt);
     if (!root) { fprintf(stderr, "moe8 init: cannot re-read %s\n", config); rc = EXIT_FAIL; }
     else {
-      cJSON_DeleteItemFromObjectCaseSensitive(root, "num_hidden_layers");
-      cJSON_AddNumberToObject(root, "num_hidden_layers", (double)NL);
+      cJSON *lc = multimodal ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : root; /* where the count is read */
+      cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_hidden_layers");
+      cJSON_AddNumberToObject(lc, "num_hidden_layers", (double)NL);
       snprintf(path, sizeof path, "%s/config.json", outdir);
       rc = cli_write_json(path, root);
       cJSON_Delete(root);
