@@ -3,11 +3,14 @@
 ** forward in two threads give the bytes they give alone, and parsers
 ** running in parallel locate their own errors (each thread's message has
 ** its own file's byte offset; the JSON library's global error pointer is
-** not used).  Also built with ThreadSanitizer (docs/testing.md).
+** not used), and one layer's forwards while another thread sets its
+** summation order give the canonical or the native bytes, never a mix.
+** Also built with ThreadSanitizer (docs/testing.md).
 */
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,12 +171,111 @@ static void test_parsers_in_parallel(void **state) {
     if (jobs[i].bad) TU_FAIL("thread %d: %d messages with another thread's error offset (or none)", i, jobs[i].bad);
 }
 
+/* One layer, forwards on two threads while a third toggles its order
+** between canonical and native (moe8_layer_set_order): the forward reads
+** the order once at its start, so each output is, byte for byte, the
+** canonical or the native output alone, never a mix of the two (a shared
+** expert and the routed experts' two matmuls each take the call's order). */
+typedef struct order_job {
+  moe8_layer *L;
+  const float *x, *want[2];
+  int64_t T;
+  int seen[2], wrong;
+  moe8_status st;
+} order_job;
+
+static _Atomic int g_order_stop;
+
+static void *run_order_forwards(void *p) {
+  order_job *j = p;
+  const size_t wsz = moe8_layer_workspace_size(j->L, j->T), n = (size_t)(j->T * moe8_layer_get_config(j->L)->hidden);
+  void *ws = NULL;
+  float *y = malloc(sizeof(float) * n);
+  if (!y || posix_memalign(&ws, 64, wsz) != 0) { j->st = MOE8_ERR_NOMEM; free(y); return NULL; }
+  for (int rep = 0; rep < 40 && j->st == MOE8_OK; rep++) {
+    j->st = moe8_layer_forward_fused(j->L, j->x, j->T, y, ws, wsz);
+    if (j->st != MOE8_OK) break;
+    if (!memcmp(y, j->want[0], sizeof(float) * n)) j->seen[0]++;
+    else if (!memcmp(y, j->want[1], sizeof(float) * n)) j->seen[1]++;
+    else j->wrong++;
+  }
+  free(ws);
+  free(y);
+  return NULL;
+}
+
+static void *toggle_order(void *p) {
+  moe8_layer *L = p;
+  for (uint64_t i = 0; !atomic_load(&g_order_stop); i++)
+    if (moe8_layer_set_order(L, i & 1 ? MOE8_ORDER_NATIVE : MOE8_ORDER_CANONICAL) != MOE8_OK) return p;
+  return NULL;
+}
+
+static void test_order_set_while_forwards_run(void **state) {
+  (void)state;
+  /* A table with tiles always sums in the canonical order: run on the best
+  ** one without (its native order is its own), set before threads start. */
+  const moe8_isa was = moe8_isa_active();
+  if (was == MOE8_ISA_AMX || was == MOE8_ISA_AMX_EMU)
+    for (int i = MOE8_ISA_AVX512_VNNI; i >= MOE8_ISA_REF; i--)
+      if (moe8_isa_supported((moe8_isa)i) && moe8_isa_set((moe8_isa)i) == MOE8_OK) break;
+  const int64_t T = 21, D = 64;
+  moe8_layer_config c = {.num_experts = 8, .top_k = 2, .hidden = D, .ffn = 48, .norm_topk_prob = true, .shared_ffn = 32};
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 21), MOE8_OK);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  const size_t n = (size_t)(T * D), wsz = moe8_layer_workspace_size(L, T);
+  float *x = malloc(sizeof(float) * n), *want[2] = {malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
+  tu_rng_reset(8);
+  tu_fill_normal(x, n, 1.0f);
+  void *ws = NULL;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  const moe8_order ord[2] = {MOE8_ORDER_CANONICAL, MOE8_ORDER_NATIVE};
+  for (int o = 0; o < 2; o++) {
+    assert_int_equal(moe8_layer_set_order(L, ord[o]), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(L, x, T, want[o], ws, wsz), MOE8_OK);
+  }
+  free(ws);
+  const bool differ = memcmp(want[0], want[1], sizeof(float) * n) != 0;
+  if (!differ) printf("note: the canonical and native orders give the same bytes on the %s table\n", moe8_isa_name(moe8_isa_active()));
+  else printf("the %s table: canonical and native outputs differ\n", moe8_isa_name(moe8_isa_active()));
+  atomic_store(&g_order_stop, 0);
+  order_job jobs[2] = {{L, x, {want[0], want[1]}, T, {0, 0}, 0, MOE8_OK}, {L, x, {want[0], want[1]}, T, {0, 0}, 0, MOE8_OK}};
+  pthread_t th[3];
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, run_order_forwards, &jobs[i]), 0);
+  assert_int_equal(pthread_create(&th[2], NULL, toggle_order, L), 0);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  atomic_store(&g_order_stop, 1);
+  void *tr = NULL;
+  pthread_join(th[2], &tr);
+  assert_null(tr);
+  printf("forwards while the order toggled: %d canonical, %d native, %d neither\n", jobs[0].seen[0] + jobs[1].seen[0],
+         jobs[0].seen[1] + jobs[1].seen[1], jobs[0].wrong + jobs[1].wrong);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(jobs[i].st, MOE8_OK);
+    if (jobs[i].wrong)
+      TU_FAIL("thread %d: %d of 40 forwards equal neither the canonical nor the native output alone (%d canonical, %d native)", i,
+              jobs[i].wrong, jobs[i].seen[0], jobs[i].seen[1]);
+  }
+  moe8_layer_destroy(L);
+  moe8_rules_destroy(rs);
+  free(x);
+  free(want[0]);
+  free(want[1]);
+  assert_int_equal(moe8_isa_set(was), MOE8_OK);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_two_layers_two_threads),
     cmocka_unit_test(test_one_layer_two_threads),
     cmocka_unit_test(test_parsers_in_parallel),
+    cmocka_unit_test(test_order_set_while_forwards_run),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

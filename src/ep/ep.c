@@ -71,7 +71,7 @@ static const char *const k_fp_names[NFP] = {
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
 static int64_t order_code(const moe8_layer *L) {
-  if (moe8_order_effective(L->order) == MOE8_ORDER_CANONICAL) return 1;
+  if (moe8_order_effective(moe8__layer_order_now(L)) == MOE8_ORDER_CANONICAL) return 1;
   const moe8__ktable *kt = moe8__kernels();
   return 2 + 2 * (int64_t)kt->isa + kt->has_bf16;
 }
@@ -202,7 +202,7 @@ moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *o
     moe8__shared_buf_carve(L, T, buf, &b);
     if (L->aq) st = moe8_quantize(&L->aspec, x, 1, T, D, xq, sx, NULL);
   }
-  if (st == MOE8_OK) st = moe8__shared_forward(L, x, xq, sx, T, &b, scratch, ssz);
+  if (st == MOE8_OK) st = moe8__shared_forward(L, moe8__layer_order_now(L), x, xq, sx, T, &b, scratch, ssz);
   if (st == MOE8_OK && !dout) moe8__shared_add(L, T, &b, out);
   if (st == MOE8_OK && dout) st = moe8__shared_backward(L, x, xq, sx, T, dout, &b, dx, gr);
   free(buf); free(scratch); free(xq); free(sx);

@@ -286,7 +286,8 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   if (st == MOE8_OK && L->aq && !quant) st = moe8_quantize(&L->aspec, s->xs, 1, rows, D, s->xsq, s->sxs, NULL);
   /* 6. the experts, and their rows back to the owners */
   if (st == MOE8_OK)
-    st = moe8__experts_forward(L, 0, rows, s->gsz, g0, Eloc, s->xs, s->xsq, s->sxs, s->gu, s->h, s->hq, s->sh, s->y, NULL, 0);
+    st = moe8__experts_forward(L, moe8__layer_order_now(L), 0, rows, s->gsz, g0, Eloc, s->xs, s->xsq, s->sxs, s->gu, s->h, s->hq,
+                               s->sh, s->y, NULL, 0);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   /* the return plan: one row per received assignment to a local expert,
   ** in received order (grouped by source rank) */

@@ -199,8 +199,8 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *o
   free(xg);
   /* 7. this rank's experts */
   if (st == MOE8_OK)
-    st = moe8__experts_forward(L, 0, rows, s->gsz + ep->g0, ep->g0, ep->Eloc, s->xs, s->xsq, s->sxs, s->gu, s->h, s->hq,
-                               s->sh, s->y, NULL, 0);
+    st = moe8__experts_forward(L, moe8__layer_order_now(L), 0, rows, s->gsz + ep->g0, ep->g0, ep->Eloc, s->xs, s->xsq, s->sxs, s->gu,
+                               s->h, s->hq, s->sh, s->y, NULL, 0);
   /* 8. routes of the exchange: where each local row goes, where each of my
   ** slots' rows arrives (rows from one peer come in increasing row order) */
   if (st == MOE8_OK) {

@@ -279,11 +279,11 @@ moe8_status moe8_layer_set_order(moe8_layer *L, moe8_order order) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_set_order: NULL layer");
   if (order != MOE8_ORDER_DEFAULT && order != MOE8_ORDER_CANONICAL && order != MOE8_ORDER_NATIVE)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_set_order: %d is not an order (default, canonical, native)", (int)order);
-  L->order = order;
+  atomic_store_explicit(&L->order, order, memory_order_relaxed);
   return MOE8_OK;
 }
 
-moe8_order moe8_layer_order(const moe8_layer *L) { return moe8_order_effective(L ? L->order : MOE8_ORDER_DEFAULT); }
+moe8_order moe8_layer_order(const moe8_layer *L) { return moe8_order_effective(L ? moe8__layer_order_now(L) : MOE8_ORDER_DEFAULT); }
 const moe8_rule *moe8_layer_rule(const moe8_layer *L) { return L && L->has_rule ? &L->rule : NULL; }
 const char *moe8_layer_describe(const moe8_layer *L) { return L ? L->describe : ""; }
 const moe8_layer_config *moe8_layer_get_config(const moe8_layer *L) { return L ? &L->cfg : NULL; }
@@ -827,6 +827,8 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
                       ws_size, w.total, (long long)T);
   if ((uintptr_t)ws & 63) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: workspace must be 64-byte aligned");
   ws_mark(ws, L, T, WS_NONE); /* holds no forward until this one succeeds */
+  /* One order for the whole call, routed and shared experts alike. */
+  const moe8_order order = moe8__layer_order_now(L);
   const size_t bad = moe8__count_nonfinite(x, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
 
@@ -878,11 +880,11 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
     moe8__shared_buf_carve(L, T, w.shared, &sb);
     if (L->aq && (!L->before_sort || L->cfg.weight_input)) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
-    if (st == MOE8_OK) st = moe8__shared_forward(L, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
+    if (st == MOE8_OK) st = moe8__shared_forward(L, order, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
   }
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
-    st = moe8__experts_forward(L, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
+    st = moe8__experts_forward(L, order, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
   if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, L->cfg.weight_input ? NULL : w.w, T, K, D, out);
   if (st == MOE8_OK && L->cfg.shared_ffn > 0) moe8__shared_add(L, T, &sb, out);
   if (st == MOE8_OK) st = moe8__check_output(L, out, T);

@@ -52,7 +52,11 @@ struct moe8_layer {
   bool              inference;
   bool              from_codes;     /* the load put codes (a quantized file)   */
   bool              allow_nonfinite; /* the caller takes NaN/inf outputs        */
-  moe8_order        order;          /* summation order of the expert gmms       */
+  /* The summation order of the expert gmms (moe8_layer_set_order): atomic,
+  ** because another thread may set it while forwards run; a forward loads it
+  ** once at its start (moe8__layer_order_now) and passes that value to every
+  ** gmm of the call, so no forward mixes two orders. */
+  _Atomic moe8_order order;
   /* Threads (docs/testing.md, "Threads"): forwards and backwards hold lock
   ** for reading; quantizing the masters into the kernels' buffers holds it
   ** for writing, and happens only when gen (bumped whenever the masters
@@ -115,8 +119,8 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
 ** `what` leads. */
 moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what);
 
-moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
-                                 moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
+moe8_status moe8__shared_forward(const moe8_layer *L, moe8_order order, const float *x, const uint8_t *xq, const float *sx,
+                                 int64_t T, moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
 /* out[t] = out[t] + g_t · y[t] (or + y[t] without a gate). */
 void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b, float *out);
 /* Its backward from dout [T, D]: dx (may be NULL) += the shared expert's
@@ -149,6 +153,12 @@ moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uin
 ** names no weight format (f32 or int8 activations) keeps the file's MXFP4,
 ** as the rule the file was written under would; returns whether it does. */
 bool moe8__layer_keep_mx4(moe8_layer *L);
+/* The layer's order setting as one atomic load: a forward takes it once at
+** its start and hands that value to every expert matmul of the call
+** (moe8_layer_set_order may run on another thread meanwhile). */
+static inline moe8_order moe8__layer_order_now(const moe8_layer *L) {
+  return atomic_load_explicit(&L->order, memory_order_relaxed);
+}
 /* A layer without f32 expert masters (inference). */
 moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path, bool inference,
                                moe8_layer **out);
@@ -160,9 +170,9 @@ bool moe8__layer_packable(const moe8_layer *L, int set);
 ** rows (gsz[G] of them, consecutive) are the inputs xs (f32) and, when the
 ** rule quantizes activations, xsq/sxs.  Writes gu [rows, 2F], h [rows, F],
 ** hq/sh (quantized h) and y [rows, D]. */
-moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
-                                  const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
-                                  void *scratch, size_t scratch_bytes);
+moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set, int64_t rows, const int32_t *gsz, int64_t g0,
+                                  int64_t G, float *xs, const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq,
+                                  float *sh, float *y, void *scratch, size_t scratch_bytes);
 
 /* The backward's gradients zeroed (those gr asks for and the layer has):
 ** dx [T, D], the experts', the router's, the shared expert's, the biases'. */

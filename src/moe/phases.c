@@ -154,16 +154,16 @@ static moe8_status mx4_grouped(const moe8_layer *L, const float *x, const uint8_
   return MOE8_OK;
 }
 
-moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, const int32_t *gsz, int64_t g0, int64_t G, float *xs,
-                                  const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq, float *sh, float *y,
-                                  void *scratch, size_t scratch_bytes) {
+moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set, int64_t rows, const int32_t *gsz, int64_t g0,
+                                  int64_t G, float *xs, const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq,
+                                  float *sh, float *y, void *scratch, size_t scratch_bytes) {
   const moe8__xset *X = &L->xs[set];
   const int64_t D = L->cfg.hidden, F = X->F;
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
                      .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32,
-                     .out = gu, .order = L->order,
+                     .out = gu, .order = order,
                      .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
   /* MXFP4 weights (f32 activations, or int8 ones under a rule) run their
   ** own kernels; everything between the two matmuls is shared. */
@@ -200,7 +200,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
   }
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
                       .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, true, g0), .out_dtype = MOE8_DTYPE_F32,
-                      .out = y, .order = L->order,
+                      .out = y, .order = order,
                       .rhs_packed = pk ? X->wd_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, F, D) : NULL};
   if (X->mx_gu_b) st = mx4_grouped(L, h, X->mx_cols ? hq : NULL, sh, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0, scratch, scratch_bytes);
   else if ((st = act_operand(L, h, hq, sh, rows, F, &g2.lhs)) == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
@@ -209,14 +209,14 @@ moe8_status moe8__experts_forward(const moe8_layer *L, int set, int64_t rows, co
 }
 
 /* ---- the shared expert -------------------------------------------------------- */
-moe8_status moe8__shared_forward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,
-                                 moe8__shared_buf *b, void *scratch, size_t scratch_bytes) {
+moe8_status moe8__shared_forward(const moe8_layer *L, moe8_order order, const float *x, const uint8_t *xq, const float *sx,
+                                 int64_t T, moe8__shared_buf *b, void *scratch, size_t scratch_bytes) {
   const int64_t D = L->cfg.hidden;
   if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
   if (T > INT32_MAX) return moe8__fail(MOE8_ERR_SHAPE, "layer: %lld tokens exceed the shared expert's group size", (long long)T);
   memcpy(b->x, x, sizeof(float) * (size_t)(T * D));
   const int32_t one[1] = {(int32_t)T};
-  moe8_status st = moe8__experts_forward(L, 1, T, one, 0, 1, b->x, xq, sx, b->gu, b->h, b->hq, b->sh, b->y, scratch, scratch_bytes);
+  moe8_status st = moe8__experts_forward(L, order, 1, T, one, 0, 1, b->x, xq, sx, b->gu, b->h, b->hq, b->sh, b->y, scratch, scratch_bytes);
   if (st != MOE8_OK || !L->cfg.shared_gate) return st;
   const float *wsg = L->w[MOE8_W_SHARED_GATE_W];
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D)) schedule(static)
