@@ -7,7 +7,9 @@
 ** what is wrong.  (The command-level matrix, with exit codes and "no output
 ** file left behind", is tests/cli_files.sh.)  Then moe8 quantize's output
 ** directory, the rules and tile its files record, and the mxfp4 rule's
-** refusals (docs/testing.md, "Bad input").
+** refusals (docs/testing.md, "Bad input").  GPT-OSS's MXFP4 experts: the
+** decode, a NaN gate reported by both loads, and the two loads' agreement
+** within docs/determinism.md's bound.
 */
 #include "testutil.h"
 #include "core/internal.h"
@@ -331,6 +333,112 @@ static void test_gpt_oss_mxfp4(void **state) {
   assert_int_equal(moe8_model_load_layer_ex(m, 0, NULL, &lo, &L), MOE8_ERR_NONFINITE);
   assert_non_null(strstr(moe8_last_error(), "overflows f32"));
   moe8_model_close(m);
+}
+
+/* Runs x (T rows) through a training load (moe8_layer_forward) and an
+** inference load (forward and forward_fused) of the GPT-OSS file in dir;
+** y_train, y_inf get the outputs, st[0..2] the statuses. */
+static void gptoss_both_loads(const char *dir, const float *x, int64_t T, float *y_train, float *y_inf, moe8_status *st) {
+  moe8_model *m;
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  moe8_layer *L, *Li;
+  const moe8_load_options lo = {sizeof lo, MOE8_LOAD_INFERENCE, NULL, NULL};
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_OK);
+  assert_int_equal(moe8_model_load_layer_ex(m, 0, NULL, &lo, &Li), MOE8_OK);
+  assert_non_null(strstr(moe8_layer_describe(Li), "mxfp4"));
+  const size_t w1 = moe8_layer_workspace_size(L, T), w2 = moe8_layer_workspace_size(Li, T);
+  void *ws1, *ws2;
+  assert_int_equal(posix_memalign(&ws1, 64, w1), 0);
+  assert_int_equal(posix_memalign(&ws2, 64, w2), 0);
+  float aux;
+  st[0] = moe8_layer_forward(L, x, T, y_train, &aux, ws1, w1);
+  st[1] = moe8_layer_forward(Li, x, T, y_inf, &aux, ws2, w2);
+  st[2] = moe8_layer_forward_fused(Li, x, T, y_inf, ws2, w2);
+  free(ws1); free(ws2);
+  moe8_layer_destroy(Li);
+  moe8_layer_destroy(L);
+  moe8_model_close(m);
+}
+
+/* A gate that overflows f32 is a NaN gate where +inf and -inf partial sums
+** meet; the clamped SwiGLU keeps the NaN (torch.clamp does), so the layer
+** reports the non-finite output instead of the limit's finite value
+** (hardening class: clamped SwiGLU of a NaN gate).  Gate weights ±3·2^126
+** (scale 253) times x = 2: in mx4_rows's order (every table) weights
+** 0..15 of each block overflow chains 0..15 to +inf, weights 16..31 chains
+** 16..31 to -inf, and the fold adds them; the reference gmm of a training
+** load rounds each product to ±inf before adding.  (An FMA chain over k
+** stays at +inf, which the clamp rightly takes to the limit, so the
+** training load is checked on the reference table.) */
+static void test_gpt_oss_mxfp4_nan_gate(void **state) {
+  (void)state;
+  enum { E = 4, D = 64, F = 32, T = 3 };
+  static uint8_t gb[E * 2 * F * D / 2], gs[E * 2 * F * D / 32], db[E * D * F / 2], ds[E * D * F / 32];
+  static float rw[E * D], rb[E], gub[E * 2 * F], dnb[E * D], x[T * D], y1[T * D], y2[T * D];
+  tu_rng_reset(5151);
+  tu_fill_normal(rw, E * D, 0.1f);
+  tu_fill_normal(rb, E, 1.0f);
+  tu_fill_normal(gub, E * 2 * F, 1.0f);
+  tu_fill_normal(dnb, E * D, 1.0f);
+  for (size_t i = 0; i < sizeof db; i++) db[i] = (uint8_t)(i * 11u + 3u);
+  for (size_t i = 0; i < sizeof ds; i++) ds[i] = (uint8_t)(118 + (i * 3) % 8);
+  for (int64_t r = 0; r < E * 2 * F; r++) /* row r: gate rows even, up rows odd; byte i holds weights 2i, 2i + 1 */
+    for (int64_t b = 0; b < D / 32; b++) {
+      gs[r * (D / 32) + b] = (uint8_t)(r % 2 ? 120 : 253);
+      for (int i = 0; i < 16; i++) gb[(r * (D / 32) + b) * 16 + i] = (uint8_t)(r % 2 ? 0x3A : i < 8 ? 0x55 : 0xDD); /* +3, -3 */
+    }
+  for (int i = 0; i < T * D; i++) x[i] = 2.0f;
+  const char *dir = tmp_path("gptoss_nan_gate");
+  assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
+  static const char *const what[3] = {"training load", "inference load", "inference load, fused"};
+  for (int pass = 0; pass < 2; pass++) {
+    moe8_isa_set(pass ? MOE8_ISA_REF : tu_isa_best());
+    moe8_status st[3];
+    gptoss_both_loads(dir, x, T, y1, y2, st);
+    for (int i = pass ? 0 : 1; i < 3; i++)
+      if (st[i] != MOE8_ERR_NONFINITE)
+        TU_FAIL("NaN gate, %s on %s: status %s, want MOE8_ERR_NONFINITE (y[0] = %g)", what[i], moe8_isa_name(pass ? MOE8_ISA_REF : tu_isa_best()),
+                moe8_status_str(st[i]), (double)(i ? y2[0] : y1[0]));
+  }
+  moe8_isa_set(tu_isa_best());
+}
+
+/* The two loads of an MXFP4 file (docs/determinism.md, "MXFP4 files"): the
+** same decoded weights, bit for bit (test_gpt_oss_mxfp4); the outputs are
+** two f32 summation orders of the same products (mx4_rows's 32 chains and
+** fold against the f32 gmm's order), so they agree to within 1e-5 of the
+** token's largest output magnitude, element by element, not in bytes. */
+static void test_gpt_oss_mxfp4_loads_agree(void **state) {
+  (void)state;
+  enum { E = 4, D = 1024, F = 1024, T = 16 };
+  static uint8_t gb[E * 2 * F * D / 2], gs[E * 2 * F * D / 32], db[E * D * F / 2], ds[E * D * F / 32];
+  static float rw[E * D], rb[E], gub[E * 2 * F], dnb[E * D], x[T * D], y1[T * D], y2[T * D];
+  tu_rng_reset(5152);
+  for (size_t i = 0; i < sizeof gb; i++) gb[i] = (uint8_t)(tu_u64() & 255);
+  for (size_t i = 0; i < sizeof db; i++) db[i] = (uint8_t)(tu_u64() & 255);
+  for (size_t i = 0; i < sizeof gs; i++) gs[i] = (uint8_t)(119 + tu_u64() % 4);
+  for (size_t i = 0; i < sizeof ds; i++) ds[i] = (uint8_t)(119 + tu_u64() % 4);
+  tu_fill_normal(rw, E * D, 0.1f);
+  tu_fill_normal(rb, E, 1.0f);
+  tu_fill_normal(gub, E * 2 * F, 0.5f);
+  tu_fill_normal(dnb, E * D, 0.5f);
+  tu_fill_normal(x, T * D, 1.0f);
+  const char *dir = tmp_path("gptoss_loads");
+  assert_int_equal(write_gptoss(dir, gb, gs, db, ds, rw, rb, gub, dnb, E, D, F), MOE8_OK);
+  moe8_status st[3];
+  gptoss_both_loads(dir, x, T, y1, y2, st);
+  for (int i = 0; i < 3; i++) assert_int_equal(st[i], MOE8_OK);
+  double worst = 0;
+  for (int64_t t = 0; t < T; t++) {
+    double mx = 0, d = 0;
+    for (int64_t c = 0; c < D; c++) {
+      mx = fmax(mx, fabs(y1[t * D + c]));
+      d = fmax(d, fabs((double)y1[t * D + c] - y2[t * D + c]));
+    }
+    worst = fmax(worst, d / mx);
+  }
+  printf("mxfp4 training vs inference load: worst |dy| / max|y| of a token %.3g\n", worst);
+  if (!(worst <= 1e-5)) TU_FAIL("mxfp4 training vs inference load: %g of the token's max |y| > 1e-5", worst);
 }
 
 /* Each config in bad[0..n) is refused, its message naming why[i]. */
@@ -1065,6 +1173,8 @@ int main(void) {
     cmocka_unit_test(test_npy_bad_input),
     cmocka_unit_test(test_hf_configs),
     cmocka_unit_test(test_gpt_oss_mxfp4),
+    cmocka_unit_test(test_gpt_oss_mxfp4_nan_gate),
+    cmocka_unit_test(test_gpt_oss_mxfp4_loads_agree),
     cmocka_unit_test(test_deepseek_blocks),
     cmocka_unit_test(test_cli_files),
     cmocka_unit_test(test_mxfp4_rule_options),

@@ -221,20 +221,30 @@ static void test_swiglu_isas(void **state) {
           TU_FAIL("swiglu on %s: g = %a (0x%08x), u = %a: %a, want %a", moe8_isa_name(isas[i]), (double)g[j],
                   moe8__f32_bits(g[j]), (double)u[j], (double)got[j], (double)want[j]);
     }
-    /* GPT-OSS's clamped form, u over the bit patterns too (NaN and inf
-    ** included: the clamps keep a NaN u and turn a NaN g into the limit) */
+    /* GPT-OSS's clamped form, g and u over the bit patterns (NaN and inf
+    ** included: an overflowing gate product is a NaN g).  The clamps are
+    ** torch.clamp's: a NaN g or u gives a NaN h, never the limit's value;
+    ** every ISA gives the reference's bytes, NaNs' included. */
     for (size_t j = 0; j < n; j++) u[j] = moe8__bits_f32((uint32_t)(j * 2654435761u + (uint32_t)round * 40503u));
+    if (round % 7 != 0)
+      for (size_t j = 0; j < n; j++) g[j] = moe8__bits_f32((uint32_t)(bits - (n - j) * stride));
     if (round % 5 == 1) g[0] = NAN;
+    if (round % 5 == 2) for (size_t j = 0; j < n; j += 3) g[j] = (float)INFINITY - (float)INFINITY; /* +inf + -inf */
     const float limit = round % 2 ? 7.0f : 1.5f;
     ref->swiglu_clamp(want, g, u, n, 1.702f, limit);
+    for (size_t j = 0; j < n; j++)
+      if ((isnan(g[j]) || isnan(u[j])) && !isnan(want[j]))
+        TU_FAIL("swiglu_clamp (reference): g = %a (0x%08x), u = %a: %a, want NaN", (double)g[j], moe8__f32_bits(g[j]), (double)u[j],
+                (double)want[j]);
     for (int i = 1; i < nisa; i++) {
       const size_t len = round % 3 == 0 ? n - (size_t)(round % 16) : n;
       memset(got, 0, sizeof(float) * N);
       moe8__kernels_for(isas[i])->swiglu_clamp(got, g, u, len, 1.702f, limit);
       for (size_t j = 0; j < len; j++)
-        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
-          TU_FAIL("swiglu_clamp on %s: g = %a, u = %a: %a, want %a", moe8_isa_name(isas[i]), (double)g[j], (double)u[j], (double)got[j],
-                  (double)want[j]);
+        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]))
+          TU_FAIL("swiglu_clamp on %s: g = %a (0x%08x), u = %a (0x%08x): %a (0x%08x), want %a (0x%08x)", moe8_isa_name(isas[i]),
+                  (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]), (double)got[j], moe8__f32_bits(got[j]),
+                  (double)want[j], moe8__f32_bits(want[j]));
     }
   }
   free(g); free(u); free(want); free(got);

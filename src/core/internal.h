@@ -109,9 +109,9 @@ typedef struct moe8__ktable {
                     size_t n, moe8_dtype qtype);
   /* h[i] = silu(g[i]) · u[i], silu(g) = g / (1 + moe8__expf(-g)). */
   void (*swiglu)(float *h, const float *g, const float *u, size_t n);
-  /* GPT-OSS's clamped SwiGLU: gc = g < limit ? g : limit, uc = u clamped
-  ** to [-limit, limit] (NaN kept), h = gc · (1 / (1 + moe8__expf(-alpha ·
-  ** gc))) · (uc + 1), in that order. */
+  /* GPT-OSS's clamped SwiGLU: gc = g > limit ? limit : g, uc = u clamped
+  ** to [-limit, limit] (a NaN g or u kept, as torch.clamp keeps it),
+  ** h = gc · (1 / (1 + moe8__expf(-alpha · gc))) · (uc + 1), in that order. */
   void (*swiglu_clamp)(float *h, const float *g, const float *u, size_t n, float alpha, float limit);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1

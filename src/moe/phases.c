@@ -418,7 +418,8 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
     }
   }
   /* SwiGLU: h = silu(g)·u -> dg = dh·u·σ(g)(1 + g(1-σ(g))), du = dh·silu(g).
-  ** Clamped (GPT-OSS): h = g'·σ(αg')·(u'+1), g' = min(g, L), u' = clamp(u, ±L):
+  ** Clamped (GPT-OSS): h = g'·σ(αg')·(u'+1), g' = min(g, L), u' = clamp(u, ±L)
+  ** (a NaN kept, as in the forward):
   ** dg = dh·(u'+1)·σ(αg')(1 + αg'(1-σ(αg'))) where g <= L, du = dh·g'σ(αg')
   ** where |u| <= L (torch.clamp's gradient: 1 inside the bounds, ends included). */
   const bool clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
@@ -428,7 +429,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
     for (int64_t f = 0; f < F; f++) {
       const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
       if (clampd) {
-        const float gc = gv < lim ? gv : lim, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
+        const float gc = gv > lim ? lim : gv, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
         const float sg = 1.0f / (1.0f + moe8__expf(-al * gc));
         dgu[p * 2 * F + f] = gv <= lim ? d * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg)) : 0.0f;
         dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;

@@ -14,9 +14,13 @@ void moe8__ref_swiglu(float *h, const float *g, const float *u, size_t n) {
   for (size_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
 }
 
+/* The clamps are torch.clamp's (transformers' GptOssExperts: gate
+** clamp(max=limit), up clamp(-limit, limit)): a NaN passes through, so a
+** non-finite gate (an overflowing f32 product) gives a NaN h, never the
+** limit's finite value, and the layer's non-finite check reports it. */
 void moe8__ref_swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
   for (size_t i = 0; i < n; i++) {
-    const float gc = g[i] < limit ? g[i] : limit;
+    const float gc = g[i] > limit ? limit : g[i];
     const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
     h[i] = gc * (1.0f / (1.0f + moe8__expf(-alpha * gc))) * (uc + 1.0f);
   }

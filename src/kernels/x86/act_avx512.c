@@ -43,11 +43,12 @@ static void swiglu(float *h, const float *g, const float *u, size_t n) {
   }
 }
 
-/* The reference's clamps by compare and blend (a NaN u kept, a NaN g
-** becomes limit, as the scalar comparisons do), then its operations. */
+/* The reference's clamps by compare and blend (a NaN g or u kept: an
+** ordered compare is false on NaN, so the lane keeps its input, as the
+** scalar comparisons and torch.clamp do), then its operations. */
 static inline __m512 swiglu_clamp16(__m512 g, __m512 u, __m512 alpha, __m512 limit) {
   const __m512 one = _mm512_set1_ps(1.0f), nl = _mm512_xor_ps(limit, _mm512_set1_ps(-0.0f));
-  const __m512 gc = _mm512_mask_mov_ps(limit, _mm512_cmp_ps_mask(g, limit, _CMP_LT_OQ), g);
+  const __m512 gc = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(g, limit, _CMP_GT_OQ), limit);
   __m512 uc = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(u, limit, _CMP_GT_OQ), limit);
   uc = _mm512_mask_mov_ps(uc, _mm512_cmp_ps_mask(u, nl, _CMP_LT_OQ), nl);
   const __m512 e = expf16(_mm512_mul_ps(_mm512_xor_ps(alpha, _mm512_set1_ps(-0.0f)), gc));
