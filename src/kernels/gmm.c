@@ -12,6 +12,7 @@
 */
 #include "gmm.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -105,6 +106,35 @@ moe8_status moe8_gmm_pack_rhs(moe8_dtype t, const void *rhs, int64_t G, int64_t 
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* moe8_gmm's workspace (the packed rows and the threads' scratch) is kept
+** between calls: a fresh block of megabytes costs its page faults on
+** every call (1 ms for 2 MiB here, a third of a 1024-row matmul).  One
+** block is kept, up to WS_KEEP bytes; a call takes it (or makes a larger
+** one) and gives it back, and calls that run at once each get their own
+** (the exchange is atomic).  A block larger than WS_KEEP is freed.  docs/kernels.md "Workspace". */
+enum { WS_KEEP = 64 << 20, WS_HDR = 64 };
+typedef struct ws_block { size_t bytes; } ws_block;
+static _Atomic(ws_block *) g_ws_kept;
+
+static void *ws_data(ws_block *w) { return (char *)w + WS_HDR; }
+
+static ws_block *ws_take(size_t need) {
+  ws_block *w = atomic_exchange(&g_ws_kept, NULL);
+  if (w && w->bytes >= need) return w;
+  free(w);
+  void *p = NULL;
+  if (posix_memalign(&p, 64, WS_HDR + (need ? need : 64)) != 0) return NULL;
+  w = p;
+  w->bytes = need;
+  return w;
+}
+
+static void ws_give(ws_block *w) {
+  if (!w) return;
+  if (w->bytes > WS_KEEP) { free(w); return; }
+  free(atomic_exchange(&g_ws_kept, w));
+}
+
 size_t moe8__gmm_ws_size(int64_t M, int64_t K) {
   /* A packed lhs row is at most one 32-bit word per element of K, plus
   ** the padding of the last scale block to a piece (gmm.h). */
@@ -185,42 +215,42 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   };
   const size_t row_bytes = K > 0 && kt->gmm_pack_size ? kt->gmm_pack_size(&proto) : 0;
   const size_t pack_bytes = al64(row_bytes * (size_t)M);
-  void *packed = NULL, *owned = NULL;
+  int nth = moe8__nt(2.0 * (double)(hi - lo) * (double)N * (double)K);
+  ws_block *owned = NULL;
+  if (!ws) {
+    /* The public call: the packed rows and the threads' scratch in one
+    ** block, kept for the next call (ws_take). */
+    const size_t need = (row_bytes ? pack_bytes : 0) + (size_t)nth * MOE8__GMM_SCRATCH;
+    if (!(owned = ws_take(need))) return moe8__fail(MOE8_ERR_NOMEM, "gmm: out of memory for a %zu-byte workspace", need);
+    ws = ws_data(owned);
+    ws_bytes = need;
+  }
+  void *packed = NULL;
   if (row_bytes) {
-    if (ws && ws_bytes >= pack_bytes + MOE8__GMM_SCRATCH) packed = ws;
-    else if (ws) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes, need %zu (moe8__gmm_ws_size)", ws_bytes,
-                                   pack_bytes + MOE8__GMM_SCRATCH);
-    else if (posix_memalign(&owned, 64, pack_bytes ? pack_bytes : 64) != 0) { owned = NULL; return moe8__fail(MOE8_ERR_NOMEM, "gmm: out of memory"); }
-    else packed = owned;
+    if (ws_bytes >= pack_bytes + MOE8__GMM_SCRATCH) packed = ws;
+    else return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes, need %zu (moe8__gmm_ws_size)", ws_bytes,
+                           pack_bytes + MOE8__GMM_SCRATCH); /* a caller's ws only: an owned one has room */
     #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)(hi - lo) * (double)K)) schedule(static)
     for (int64_t m = lo; m < hi; m += 64) kt->gmm_pack(&proto, m, m + 64 < hi ? m + 64 : hi, packed);
   }
-  if (ws) { ws = (char *)ws + (row_bytes ? pack_bytes : 0); ws_bytes -= row_bytes ? pack_bytes : 0; }
-  moe8_status err = MOE8_OK;
-  int nth = moe8__nt(2.0 * (double)(hi - lo) * (double)N * (double)K);
-  if (ws) {
-    /* Caller scratch: one MOE8__GMM_SCRATCH slice per thread, no allocation. */
-    const int fit = (int)(ws_bytes / MOE8__GMM_SCRATCH);
-    if (fit < 1) return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes is smaller than one thread's scratch", ws_bytes);
-    if (nth > fit) nth = fit;
+  ws = (char *)ws + (row_bytes ? pack_bytes : 0);
+  ws_bytes -= row_bytes ? pack_bytes : 0;
+  /* One MOE8__GMM_SCRATCH slice per thread, no allocation. */
+  const int fit = (int)(ws_bytes / MOE8__GMM_SCRATCH);
+  if (fit < 1) {
+    ws_give(owned);
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes is smaller than one thread's scratch", ws_bytes);
   }
+  if (nth > fit) nth = fit;
   #pragma omp parallel num_threads(nth)
   {
-    void *scratch = NULL;
-    if (ws) {
 #ifdef _OPENMP
-      scratch = (char *)ws + (size_t)omp_get_thread_num() * MOE8__GMM_SCRATCH;
+    void *scratch = (char *)ws + (size_t)omp_get_thread_num() * MOE8__GMM_SCRATCH;
 #else
-      scratch = ws;
+    void *scratch = ws;
 #endif
-    } else if (posix_memalign(&scratch, 64, MOE8__GMM_SCRATCH) != 0) {
-      scratch = NULL;
-      #pragma omp critical
-      err = MOE8_ERR_NOMEM;
-    }
     #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntasks; t++) {
-      if (!scratch) continue;
       /* Find the task's group by walking the local groups. */
       int64_t rem = t, row0 = lo, g = off;
       for (; g < off + G; g++) {
@@ -253,10 +283,8 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
         kt->gmm_block(&b);
       }
     }
-    if (!ws) free(scratch);
   }
-  free(owned);
-  if (err != MOE8_OK) return moe8__fail(err, "gmm: out of memory for scratch");
+  ws_give(owned);
   return MOE8_OK;
 }
 

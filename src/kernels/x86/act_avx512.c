@@ -8,6 +8,8 @@
 
 #include <immintrin.h>
 
+#include "dot_avx512.h"
+
 /* moe8__expf, 16 lanes.  The clamp keeps NaN as the scalar code does
 ** (max/min return their second operand when one is NaN). */
 static inline __m512 expf16(__m512 x) {
@@ -272,8 +274,8 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
       __m512i acc = _mm512_set1_epi32(nc0), acc2 = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int u = 0; u < 4; u++) {
-        acc = _mm512_dpbusd_epi32(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
-        acc2 = _mm512_dpbusd_epi32(acc2, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
+        acc = moe8__dpbusd(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
+        acc2 = moe8__dpbusd(acc2, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
       }
       f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, acc2)), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[r]);
     }

@@ -147,6 +147,8 @@ static void pack_rows_for(const moe8__gmm_block *b, bool bf16, int64_t m0, int64
       gmm_block_pk_small(b);                                                                                   \
     else if (p == PATH_I8 && b->rhs_pk && b->m1 - b->m0 <= MR && b->lhs_packed)                                \
       gmm_block_i8pk_small(b);                                                                                 \
+    else if (p == PATH_I8 && b->rhs_pk && b->lhs_packed && gmm_i8pk_rows_fits(b))                              \
+      gmm_block_i8pk_rows(b);                                                                                  \
     else if (p == PATH_BF16 && b->m1 - b->m0 <= MR && !b->rhs_t && !b->rhs_pk && b->lhs_packed &&            \
         (b->rt == MOE8_DTYPE_F8E4M3 || b->rt == MOE8_DTYPE_F8E5M2 || b->rt == MOE8_DTYPE_BF16))                \
       gmm_block_bf16_small(b);                                                                                 \

@@ -18,6 +18,7 @@
 #define MOE8_GMM_X86_H
 
 #include "../gmm.h"
+#include "dot_avx512.h"
 #include "fp8_avx512.h"
 
 #include <immintrin.h>
@@ -84,6 +85,8 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define gmm_block_bf16_small moe8__x86_gmm_block_bf16_small
 #define gmm_block_i8pk_small moe8__x86_gmm_block_i8pk_small
 #define gmm_block_pk_canon moe8__x86_gmm_block_pk_canon
+#define gmm_block_i8pk_rows moe8__x86_gmm_block_i8pk_rows
+#define gmm_i8pk_rows_fits moe8__x86_gmm_i8pk_rows_fits
 #define direct_fp8_vbmi_2rows moe8__x86_direct_fp8_vbmi_2rows
 #define bf16_lut moe8__x86_bf16_lut
 
@@ -109,6 +112,8 @@ VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const u
 BF16_TARGET void gmm_block_bf16_small(const moe8__gmm_block *b);
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b);
 VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b);
+VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b); /* packed i8, any rows (prefill) */
+bool gmm_i8pk_rows_fits(const moe8__gmm_block *b);              /* its per-task tables fit the scratch */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b); /* FP8 x packed FP8, canonical order */
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
 /* Packed FP8 pairs k = c0 .. c0 + 2·kp as bf16 pair words: pair p, strip s

@@ -11,8 +11,8 @@ BF16_TARGET INLINE void ukr_bf16(const int mr, const uint32_t *A, int64_t lda, c
     const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
     for (int i = 0; i < mr; i++) {
       const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
-      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
-      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+      c[i][0] = moe8__dpbf16(c[i][0], (__m512bh)a, (__m512bh)b0);
+      c[i][1] = moe8__dpbf16(c[i][1], (__m512bh)a, (__m512bh)b1);
     }
   }
   for (int i = 0; i < mr; i++) { _mm512_storeu_ps(S + i * NT, c[i][0]); _mm512_storeu_ps(S + i * NT + 16, c[i][1]); }
@@ -33,8 +33,8 @@ BF16_TARGET INLINE void ukr_bf16_prom(const int mr, const uint32_t *A, int64_t l
     const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
     for (int i = 0; i < mr; i++) {
       const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
-      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
-      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+      c[i][0] = moe8__dpbf16(c[i][0], (__m512bh)a, (__m512bh)b0);
+      c[i][1] = moe8__dpbf16(c[i][1], (__m512bh)a, (__m512bh)b1);
     }
   }
   prom_store(mr, c, Ci, Co, ldo, m0, m1, ls, rs);
@@ -97,8 +97,8 @@ BF16_TARGET INLINE void direct_bf16(const int mr, const int ns, const moe8__gmm_
       const __m512i b0 = _mm512_permutex2var_epi16(x0, ilo, x1), b1 = _mm512_permutex2var_epi16(x0, ihi, x1);
       for (int i = 0; i < mr; i++) {
         const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
-        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a, (__m512bh)b0);
-        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a, (__m512bh)b1);
+        c[i][s][0] = moe8__dpbf16(c[i][s][0], (__m512bh)a, (__m512bh)b0);
+        c[i][s][1] = moe8__dpbf16(c[i][s][1], (__m512bh)a, (__m512bh)b1);
       }
     }
   }

@@ -276,7 +276,7 @@ VNNI_TARGET INLINE void quads_64(const int8_t *r0, size_t ld, uint32_t *dst, int
   const __m512i ones = _mm512_set1_epi8(1);
   for (int i = 0; i < 4; i++) {
     _mm512_storeu_si512(dst + 16 * i, v[i]);
-    _mm512_storeu_si512(colsum + 16 * i, _mm512_dpbusd_epi32(_mm512_loadu_si512(colsum + 16 * i), ones, v[i]));
+    _mm512_storeu_si512(colsum + 16 * i, moe8__dpbusd(_mm512_loadu_si512(colsum + 16 * i), ones, v[i]));
   }
 }
 
@@ -295,7 +295,7 @@ VNNI_TARGET void pack_b_i8(const moe8__gmm_block *b, int64_t c0, int64_t kc, int
       for (int64_t v = 0; v < ntp / 16; v++) {
         const __m512i x = v < nv ? _mm512_loadu_si512(r + 64 * v) : _mm512_setzero_si512();
         _mm512_storeu_si512(Bp + q * NT + 16 * v, x);
-        _mm512_storeu_si512(colsum + 16 * v, _mm512_dpbusd_epi32(_mm512_loadu_si512(colsum + 16 * v), ones, x));
+        _mm512_storeu_si512(colsum + 16 * v, moe8__dpbusd(_mm512_loadu_si512(colsum + 16 * v), ones, x));
       }
     return;
   }

@@ -101,7 +101,7 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
                              _mm512_unpacklo_epi16(w0h, w1h), _mm512_unpackhi_epi16(w0h, w1h)};
       for (int i = 0; i < mr; i++) {
         const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
-        for (int q = 0; q < 4; q++) c[i][g][q] = _mm512_dpbf16_ps(c[i][g][q], (__m512bh)a, (__m512bh)pq[q]);
+        for (int q = 0; q < 4; q++) c[i][g][q] = moe8__dpbf16(c[i][g][q], (__m512bh)a, (__m512bh)pq[q]);
       }
     }
   }
@@ -173,8 +173,8 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
       pk_strip(r + 64 * s, tab, &b0, &b1);
 #pragma GCC unroll 4
       for (int i = 0; i < mr; i++) {
-        c[i][s][0] = _mm512_dpbf16_ps(c[i][s][0], (__m512bh)a[i], (__m512bh)b0);
-        c[i][s][1] = _mm512_dpbf16_ps(c[i][s][1], (__m512bh)a[i], (__m512bh)b1);
+        c[i][s][0] = moe8__dpbf16(c[i][s][0], (__m512bh)a[i], (__m512bh)b0);
+        c[i][s][1] = moe8__dpbf16(c[i][s][1], (__m512bh)a[i], (__m512bh)b1);
       }
     }
   }

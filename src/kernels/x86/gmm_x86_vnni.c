@@ -11,8 +11,8 @@ VNNI_TARGET INLINE void ukr_i8(const int mr, const uint32_t *A, int64_t lda, con
     const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
     for (int i = 0; i < mr; i++) {
       const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
-      c[i][0] = _mm512_dpbusd_epi32(c[i][0], a, b0);
-      c[i][1] = _mm512_dpbusd_epi32(c[i][1], a, b1);
+      c[i][0] = moe8__dpbusd(c[i][0], a, b0);
+      c[i][1] = moe8__dpbusd(c[i][1], a, b1);
     }
   }
   for (int i = 0; i < mr; i++) { _mm512_storeu_si512(S + i * NT, c[i][0]); _mm512_storeu_si512(S + i * NT + 16, c[i][1]); }
@@ -27,8 +27,8 @@ VNNI_TARGET INLINE void ukr_i8_prom(const int mr, const uint32_t *A, int64_t lda
     const __m512i b0 = _mm512_loadu_si512(B + k * NT), b1 = _mm512_loadu_si512(B + k * NT + 16);
     for (int i = 0; i < mr; i++) {
       const __m512i a = _mm512_set1_epi32((int)A[i * lda + k]);
-      c[i][0] = _mm512_dpbusd_epi32(c[i][0], a, b0);
-      c[i][1] = _mm512_dpbusd_epi32(c[i][1], a, b1);
+      c[i][0] = moe8__dpbusd(c[i][0], a, b0);
+      c[i][1] = moe8__dpbusd(c[i][1], a, b1);
     }
   }
   const __m512i k0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum), 7), k1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum + 16), 7);
@@ -78,9 +78,9 @@ VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const moe8__gmm_block
 #pragma GCC unroll 8
     for (int v = 0; v < nvv; v++) {
       const __m512i x = _mm512_loadu_si512(r + 64 * v);
-      cs[v] = _mm512_dpbusd_epi32(cs[v], ones, x);
+      cs[v] = moe8__dpbusd(cs[v], ones, x);
 #pragma GCC unroll 4
-      for (int i = 0; i < mr; i++) c[i][v] = _mm512_dpbusd_epi32(c[i][v], a[i], x);
+      for (int i = 0; i < mr; i++) c[i][v] = moe8__dpbusd(c[i][v], a[i], x);
     }
   }
 #pragma GCC unroll 8
@@ -138,3 +138,123 @@ VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
   write_out(b, C, mt);
 }
 
+
+/* ---- the many-row kernel on packed i8 weights (prefill) ----------------- */
+/* Rows in eights, and per eight rows the tile's vectors in pairs (32
+** columns): a block's quads are summed in 16 registers straight from the
+** packed tile (its vectors nv·64 bytes apart per quad: 128 bytes of each
+** 512-byte quad row, which the prefetchers follow), with nothing stored
+** between quads, then promoted once per block.  A pair's whole block
+** stays in registers, so a per-channel int8 layer (one block along K)
+** stores its sums once; the tile (K/4 · 512 bytes) stays in L2 while the
+** row groups pass over it.  The column sums of the +128 compensation and
+** the weight scales of every block are made once per task.  Same sums and
+** promotion as the other i8 paths, so the same bytes. */
+#ifndef BPF
+#define BPF 16 /* quads of the tile prefetched ahead on its first pass */
+#endif
+enum { RI = 8 }; /* rows of the many-row kernel (12 spill the row pointers) */
+
+VNNI_TARGET INLINE void rows_i8(const int mr, const int nvv, const bool sums, const uint32_t *A, int64_t words, const uint8_t *B,
+                                size_t step, int64_t kq, __m512i c[RI][2], int32_t *cs) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
+  for (int64_t q = 0; q < kq; q++, B += step) {
+    const __m512i b0 = _mm512_loadu_si512(B), b1 = nvv > 1 ? _mm512_loadu_si512(B + 64) : _mm512_setzero_si512();
+    if (sums) {
+      /* The first pass over the tile reads it from memory: ask ahead. */
+      _mm_prefetch((const char *)(B + BPF * step), _MM_HINT_T0);
+      if (nvv > 1) _mm_prefetch((const char *)(B + BPF * step + 64), _MM_HINT_T0);
+      s0 = moe8__dpbusd(s0, ones, b0);
+      if (nvv > 1) s1 = moe8__dpbusd(s1, ones, b1);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+      const __m512i a = _mm512_set1_epi32((int)A[i * words + q]);
+      c[i][0] = moe8__dpbusd(c[i][0], a, b0);
+      if (nvv > 1) c[i][1] = moe8__dpbusd(c[i][1], a, b1);
+    }
+  }
+  if (sums) {
+    _mm512_storeu_si512(cs, s0);
+    if (nvv > 1) _mm512_storeu_si512(cs + 16, s1);
+  }
+}
+
+/* One row group × one pair of vectors over every block: C (or the output
+** rows, on the last block when direct) += S · (ls · rs). */
+VNNI_TARGET INLINE void rows_i8_pair(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                     int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
+                                     int64_t ntp, bool direct) {
+  const int64_t nt = b->n1 - b->n0, j = 16 * v0;
+  const uint8_t *B = pk_at(b, 0) + (size_t)v0 * 64;
+  const size_t step = (size_t)nv * 64;
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
+    __m512i c[RI][2];
+    /* The first row group sums the weight codes as it goes: the tile's
+    ** first read from memory then overlaps the dot products. */
+    if (i == 0) rows_i8(mr, nvv, true, A + block_word(b, PATH_I8, blk), words, B + (size_t)(k0 / 4) * step, step, kq, c, cs + blk * ntp + j);
+    else rows_i8(mr, nvv, false, A + block_word(b, PATH_I8, blk), words, B + (size_t)(k0 / 4) * step, step, kq, c, NULL);
+    const __m512i k0v = _mm512_slli_epi32(_mm512_loadu_si512(cs + blk * ntp + j), 7);
+    const __m512i k1v = nvv > 1 ? _mm512_slli_epi32(_mm512_loadu_si512(cs + blk * ntp + j + 16), 7) : _mm512_setzero_si512();
+    __m512 f[MR][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) {
+      f[r][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][0], k0v));
+      f[r][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][1], k1v));
+    }
+    float ls[RI];
+    for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
+    const bool last = direct && blk == b->nbk - 1;
+    const int64_t w0 = last ? nt - j : 16, w1 = nvv > 1 ? (last ? nt - j - 16 : 16) : 0;
+    const __mmask16 m0 = w0 >= 16 ? 0xFFFF : w0 > 0 ? (__mmask16)((1u << w0) - 1) : 0;
+    const __mmask16 m1 = w1 >= 16 ? 0xFFFF : w1 > 0 ? (__mmask16)((1u << w1) - 1) : 0;
+    float *co = last ? (float *)b->out + (b->m0 + i) * b->N + b->n0 + j : C + i * NT + j;
+    prom_store(mr, f, blk ? C + i * NT + j : NULL, co, last ? b->N : NT, m0, m1, ls, rsv + blk * ntp + j);
+  }
+}
+
+#define RP_NV(mr, ...)                                            \
+  do {                                                            \
+    if (nvv > 1) rows_i8_pair(mr, 2, __VA_ARGS__);                \
+    else rows_i8_pair(mr, 1, __VA_ARGS__);                        \
+  } while (0)
+
+VNNI_TARGET static void rows_i8_pair_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                         int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
+                                         int64_t ntp, bool direct) {
+  switch (mr) {
+    case 8: RP_NV(8, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    case 7: RP_NV(7, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    case 6: RP_NV(6, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    case 5: RP_NV(5, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    case 4: RP_NV(4, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    case 3: RP_NV(3, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    case 2: RP_NV(2, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+    default: RP_NV(1, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct); break;
+  }
+}
+
+bool gmm_i8pk_rows_fits(const moe8__gmm_block *b) {
+  const int64_t ntp = moe8__cdiv(b->n1 - b->n0, 16) * 16;
+  return sizeof(float) * (size_t)(MOE8__GMM_MT * NT) + (size_t)(b->nbk * ntp) * 8 <= MOE8__GMM_SCRATCH;
+}
+
+VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16), ntp = nv * 16;
+  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  int32_t *cs = (int32_t *)(rsv + b->nbk * ntp);
+  const int64_t words = packed_words(b, PATH_I8);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
+  const bool direct = b->ot == MOE8_DTYPE_F32;
+  for (int64_t i = 0; i < mt; i += RI) {
+    const int mr = mt - i < RI ? (int)(mt - i) : RI;
+    for (int64_t v0 = 0; v0 < nv; v0 += 2)
+      rows_i8_pair_any(mr, nv - v0 >= 2 ? 2 : 1, b, A + i * words, words, i, v0, nv, C, cs, rsv, ntp, direct);
+  }
+  if (!direct) write_out(b, C, mt);
+}
