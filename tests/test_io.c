@@ -587,6 +587,36 @@ static void test_hf_configs(void **state) {
   configs_refused("llama4", l4bad, l4why, 2);
   assert_int_not_equal(moe8_hf_config_parse_as(l4, strlen(l4), "l4", "llama4_text", &c), MOE8_OK); /* the override reads the top keys */
   assert_non_null(strstr(moe8_last_error(), "text_config"));
+  /* Llama-4's dense layers are named by its own keys: interleave_moe_layer_step,
+  ** or moe_layers when the list is given (it has no mlp_only_layers or
+  ** decoder_sparse_step) */
+  assert_int_equal(moe8_hf_config_parse(l4, strlen(l4), "l4", &c), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+  if (!strstr(moe8_last_error(), "interleave_moe_layer_step = 2") || strstr(moe8_last_error(), "decoder_sparse_step"))
+    TU_FAIL("llama4 step: \"%s\"", moe8_last_error());
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_OK);
+  const char *l4ml = "{\"model_type\":\"llama4_text\",\"num_hidden_layers\":4,\"interleave_moe_layer_step\":2,\"moe_layers\":[0, 3]}";
+  assert_int_equal(moe8_hf_config_parse(l4ml, strlen(l4ml), "l4ml", &c), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_ERR_INVALID_ARG);
+  if (!strstr(moe8_last_error(), "moe_layers") || strstr(moe8_last_error(), "mlp_only_layers") || strstr(moe8_last_error(), "decoder_sparse_step"))
+    TU_FAIL("llama4 moe_layers: \"%s\"", moe8_last_error());
+  /* GPT-OSS: the clamped SwiGLU's alpha is GptOssConfig's swiglu_alpha
+  ** (default 1.702); refused unless a positive finite number */
+  const char *go1 = "{\"model_type\":\"gpt_oss\",\"swiglu_alpha\":1.0}", *go0 = "{\"model_type\":\"gpt_oss\"}";
+  assert_int_equal(moe8_hf_config_parse(go1, strlen(go1), "go1", &c), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_CLAMP && c.layer.act_alpha == 1.0f && c.layer.act_limit == 7.0f);
+  assert_int_equal(moe8_hf_config_parse(go0, strlen(go0), "go0", &c), MOE8_OK);
+  assert_true(c.layer.act_alpha == 1.702f && c.layer.act_limit == 7.0f);
+  const char *gobad[] = {"{\"model_type\":\"gpt_oss\",\"swiglu_alpha\":0}", "{\"model_type\":\"gpt_oss\",\"swiglu_alpha\":-1.702}",
+                         "{\"model_type\":\"gpt_oss\",\"swiglu_alpha\":1e999}", "{\"model_type\":\"gpt_oss\",\"swiglu_alpha\":1e-300}",
+                         "{\"model_type\":\"gpt_oss\",\"swiglu_alpha\":\"1.702\"}"};
+  for (size_t i = 0; i < sizeof gobad / sizeof gobad[0]; i++) {
+    assert_int_equal(moe8_hf_config_parse(gobad[i], strlen(gobad[i]), "config.json", &c), MOE8_ERR_PARSE);
+    if (!strstr(moe8_last_error(), "swiglu_alpha") || !strstr(moe8_last_error(), "config.json"))
+      TU_FAIL("gpt_oss alpha %zu: \"%s\"", i, moe8_last_error());
+  }
   /* DeepSeek-V3.2: V3's MoE block and its defaults */
   const char *v32 = "{\"model_type\":\"deepseek_v32\",\"index_topk\":2048}";
   assert_int_equal(moe8_hf_config_parse(v32, strlen(v32), "v32", &c), MOE8_OK);

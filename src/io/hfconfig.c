@@ -65,8 +65,9 @@ static const family k_families[] = {
   {"qwen3_next", MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", "num_local_experts", 2048, 48, 512, 10, 512, 512, true, 1.0,
    0, 0, 0},
   /* GptOssConfig: router with a bias, top-k then softmax over the chosen
-  ** logits, expert biases, the clamped SwiGLU (α 1.702 fixed in
-  ** GptOssExperts, limit swiglu_limit); experts of width intermediate_size */
+  ** logits, expert biases, the clamped SwiGLU (α swiglu_alpha, default
+  ** 1.702; limit swiglu_limit, default 7.0); experts of width
+  ** intermediate_size */
   {"gpt_oss", MOE8_ARCH_GPT_OSS, "num_local_experts", "intermediate_size", NULL, 2880, 36, 128, 4, 2880, 0, true, 1.0, 0, 0, 0},
   /* Llama4TextConfig: sigmoid of the top-k router logits scaling the
   ** expert input, a shared expert of width intermediate_size */
@@ -370,7 +371,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     /* softmax over the top-k logits = the top-k softmax scores renormalized */
     L->router_bias = L->expert_bias = true;
     L->act = MOE8_ACT_SWIGLU_CLAMP;
-    L->act_alpha = 1.702f;
+    const cJSON *a = item(root, "swiglu_alpha");
+    if (a && (!cJSON_IsNumber(a) || !(a->valuedouble > 0 && a->valuedouble < 1e30 && (float)a->valuedouble > 0)))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_alpha\" must be a positive finite number", file);
+    L->act_alpha = (float)(a ? a->valuedouble : 1.702);
     const cJSON *v = item(root, "swiglu_limit");
     if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number", file);
@@ -473,6 +477,19 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
     if (layer % c->moe_layer_freq)
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_freq = %lld)", (long long)layer,
                         (long long)c->moe_layer_freq);
+  }
+  if (c->arch == MOE8_ARCH_LLAMA4) {
+    /* Llama4TextConfig places its MoE layers by moe_layers (the list, when
+    ** given) or interleave_moe_layer_step; it has neither mlp_only_layers
+    ** nor decoder_sparse_step */
+    for (int64_t i = 0; i < c->n_mlp_only; i++)
+      if (c->mlp_only_layers[i] == layer)
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (not listed in moe_layers)", (long long)layer);
+    if (c->decoder_sparse_step > 1 && (layer + 1) % c->decoder_sparse_step)
+      return moe8__fail(MOE8_ERR_INVALID_ARG,
+                        "layer %lld is a dense MLP layer (interleave_moe_layer_step = %lld: MoE where (layer + 1) %% %lld == 0)",
+                        (long long)layer, (long long)c->decoder_sparse_step, (long long)c->decoder_sparse_step);
+    return MOE8_OK;
   }
   for (int64_t i = 0; i < c->n_mlp_only; i++)
     if (c->mlp_only_layers[i] == layer)

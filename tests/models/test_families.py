@@ -510,8 +510,44 @@ def gpt_oss_case(tmp, rng, keys, mxfp4=False, dt="F32", T=40):
     d = os.path.join(tmp, "gpt_oss_%d" % len(os.listdir(tmp)))
     write_model(d, cfg, t)
     x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
-    ref = R.gpt_oss_block(x, store(wr, dt), store(br, dt), gu, store(gub, dt), dn, store(dnb, dt), k, limit=cfg.get("swiglu_limit", 7.0))
+    ref = R.gpt_oss_block(x, store(wr, dt), store(br, dt), gu, store(gub, dt), dn, store(dnb, dt), k, alpha=cfg.get("swiglu_alpha", 1.702),
+                          limit=cfg.get("swiglu_limit", 7.0))
     return d, x, ref, (store(wr, dt), store(br, dt), gu, store(gub, dt), dn, store(dnb, dt))
+
+
+def test_gpt_oss_alpha(tmp):
+    """GptOssConfig's swiglu_alpha (default 1.702) is the sigmoid's gain in
+    the clamped SwiGLU: a file with 1.0 runs with 1.0 (the 1.702 answer is
+    far from it), one without the key with 1.702; moe8 info prints the
+    value read; a non-positive, non-finite or non-number alpha is refused
+    naming the key and the file."""
+    rng = np.random.default_rng(1702)  # its own stream: the other tests' draws stay as they were
+    d, x, ref, w = gpt_oss_case(tmp, rng, {"swiglu_alpha": 1.0})
+    got, _ = run(d, x)
+    check("gpt_oss swiglu_alpha 1.0", got, ref, 1e-5)
+    other = R.gpt_oss_block(x, *w, 4, alpha=1.702, limit=7.0)
+    if rel(other, ref) < 1e-2:
+        FAILS.append("gpt_oss swiglu_alpha: 1.0 and 1.702 give outputs too close to tell apart")
+    rc, out = info(d)
+    if rc != 0 or "alpha 1," not in out:
+        FAILS.append("gpt_oss swiglu_alpha 1.0: moe8 info does not print alpha 1: " + out.strip()[-300:])
+    d, x, ref, _ = gpt_oss_case(tmp, rng, {})
+    got, _ = run(d, x)
+    check("gpt_oss swiglu_alpha absent (1.702)", got, ref, 1e-5)
+    rc, out = info(d)
+    if rc != 0 or "alpha 1.702," not in out:
+        FAILS.append("gpt_oss swiglu_alpha absent: moe8 info does not print alpha 1.702: " + out.strip()[-300:])
+    cfgp = os.path.join(d, "config.json")
+    with open(cfgp) as f:
+        base = json.load(f)
+    for bad in ("0", "-1.0", "1e999", "\"1.0\"", "true"):
+        with open(cfgp, "w") as f:
+            f.write(json.dumps(base)[:-1] + ", \"swiglu_alpha\": " + bad + "}")
+        rc, out = info(d)
+        ok = rc != 0 and "swiglu_alpha" in out and "config.json" in out
+        print("gpt_oss swiglu_alpha %-6s refused naming the key and file: %s" % (bad, "ok" if ok else "FAIL " + out.strip()[-200:]))
+        if not ok:
+            FAILS.append("gpt_oss swiglu_alpha " + bad + " not refused")
 
 
 def test_gpt_oss(tmp, rng):
@@ -856,6 +892,7 @@ def main():
         test_minimax(tmp, rng)
         test_qwen3_next(tmp, rng)
         test_gpt_oss(tmp, rng)
+        test_gpt_oss_alpha(tmp)
         test_llama4(tmp, rng)
         test_mxfp4_rule(tmp, rng)
         test_mxfp4_file(tmp, rng)
