@@ -145,6 +145,9 @@ static void pack_rows_for(const moe8__gmm_block *b, bool bf16, int64_t m0, int64
     if (p == PATH_BF16 && b->rhs_pk && b->rt != MOE8_DTYPE_I8 && b->m1 - b->m0 <= MR && b->lhs_packed &&      \
         moe8__cpu_has_vbmi())                                                                                  \
       gmm_block_pk_small(b);                                                                                   \
+    else if (p == PATH_BF16 && b->rhs_pk && b->rt != MOE8_DTYPE_I8 && b->lhs_packed && moe8__cpu_has_vbmi() && \
+             gmm_pk_rows_fits(b))                                                                              \
+      gmm_block_pk_rows(b);                                                                                    \
     else if (p == PATH_I8 && b->rhs_pk && b->m1 - b->m0 <= MR && b->lhs_packed)                                \
       gmm_block_i8pk_small(b);                                                                                 \
     else if (p == PATH_I8 && b->rhs_pk && b->lhs_packed && gmm_i8pk_rows_fits(b))                              \

@@ -86,6 +86,8 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define gmm_block_i8pk_small moe8__x86_gmm_block_i8pk_small
 #define gmm_block_pk_canon moe8__x86_gmm_block_pk_canon
 #define gmm_block_i8pk_rows moe8__x86_gmm_block_i8pk_rows
+#define gmm_block_pk_rows moe8__x86_gmm_block_pk_rows
+#define gmm_pk_rows_fits moe8__x86_gmm_pk_rows_fits
 #define gmm_i8pk_rows_fits moe8__x86_gmm_i8pk_rows_fits
 #define direct_fp8_vbmi_2rows moe8__x86_direct_fp8_vbmi_2rows
 #define bf16_lut moe8__x86_bf16_lut
@@ -114,6 +116,8 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b);
 VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b);
 VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b); /* packed i8, any rows (prefill) */
 bool gmm_i8pk_rows_fits(const moe8__gmm_block *b);              /* its per-task tables fit the scratch */
+VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b);   /* packed FP8, any rows (prefill) */
+bool gmm_pk_rows_fits(const moe8__gmm_block *b);                /* its converted tile fits the scratch */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b); /* FP8 x packed FP8, canonical order */
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
 /* Packed FP8 pairs k = c0 .. c0 + 2·kp as bf16 pair words: pair p, strip s

@@ -348,3 +348,97 @@ VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
   }
   write_out(b, C, mt);
 }
+
+/* ---- the many-row kernel on packed FP8 weights (prefill) ---------------- */
+/* The task's whole tile is converted once to bf16 pairs, strip by strip
+** (a strip's K/2 pairs of 128 bytes contiguous), then rows in sixes walk
+** each strip over every block with the output in registers: per block 12
+** sums from zero (vdpbf16ps, pairs in K order, as every native path),
+** then C += S · (ls · rs) in registers, so nothing is stored between
+** blocks and the row group's output is written once.  The strip (K · 64
+** bytes) stays in L2 while the row groups pass over it.  Same sums and
+** promotion as ukr_bf16_prom and pk_vbmi: the same bytes. */
+enum { RF = 6 }; /* 12 sums + 12 outputs + 2 weight vectors + a broadcast */
+
+VBMI_TARGET INLINE void rows_f8_strip(const int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                      const uint32_t *Bs, const float *rsv, int64_t ntp, int64_t i, int64_t j) {
+  __m512 c[RF][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < mr; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+    const uint32_t *Ab = A + block_word(b, PATH_BF16, blk), *Bb = Bs + (k0 / 2) * 32;
+    __m512 s[RF][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kp; p++, Bb += 32) {
+      const __m512i b0 = _mm512_loadu_si512(Bb), b1 = _mm512_loadu_si512(Bb + 16);
+#pragma GCC unroll 6
+      for (int r = 0; r < mr; r++) {
+        const __m512i a = _mm512_set1_epi32((int)Ab[r * words + p]);
+        s[r][0] = moe8__dpbf16(s[r][0], a, b0);
+        s[r][1] = moe8__dpbf16(s[r][1], a, b1);
+      }
+    }
+    const __m512 r0 = _mm512_loadu_ps(rsv + blk * ntp + j), r1 = _mm512_loadu_ps(rsv + blk * ntp + j + 16);
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) {
+      const __m512 l = _mm512_set1_ps(moe8__gmm_ls(b, b->m0 + i + r, blk));
+      c[r][0] = _mm512_add_ps(c[r][0], _mm512_mul_ps(s[r][0], _mm512_mul_ps(l, r0)));
+      c[r][1] = _mm512_add_ps(c[r][1], _mm512_mul_ps(s[r][1], _mm512_mul_ps(l, r1)));
+    }
+  }
+  const int64_t nt = b->n1 - b->n0, w0 = nt - j, w1 = nt - j - 16;
+  const __mmask16 m0 = w0 >= 16 ? 0xFFFF : (__mmask16)((1u << w0) - 1);
+  const __mmask16 m1 = w1 >= 16 ? 0xFFFF : w1 > 0 ? (__mmask16)((1u << w1) - 1) : 0;
+  if (b->ot == MOE8_DTYPE_F32) {
+    float *o = (float *)b->out + (b->m0 + i) * b->N + b->n0 + j;
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) {
+      _mm512_mask_storeu_ps(o + r * b->N, m0, c[r][0]);
+      _mm512_mask_storeu_ps(o + r * b->N + 16, m1, c[r][1]);
+    }
+  } else {
+    float t[RF][32];
+    uint16_t *o = (uint16_t *)b->out + (b->m0 + i) * b->N + b->n0 + j;
+    const int64_t w = w0 < 32 ? w0 : 32;
+    for (int r = 0; r < mr; r++) {
+      _mm512_storeu_ps(t[r], c[r][0]);
+      _mm512_storeu_ps(t[r] + 16, c[r][1]);
+      for (int64_t x = 0; x < w; x++) o[r * b->N + x] = moe8_f32_to_bf16(t[r][x]);
+    }
+  }
+}
+
+VBMI_TARGET static void rows_f8_strip_any(int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, const uint32_t *Bs,
+                                          const float *rsv, int64_t ntp, int64_t i, int64_t j) {
+  switch (mr) {
+    case 6: rows_f8_strip(6, b, A, words, Bs, rsv, ntp, i, j); break;
+    case 5: rows_f8_strip(5, b, A, words, Bs, rsv, ntp, i, j); break;
+    case 4: rows_f8_strip(4, b, A, words, Bs, rsv, ntp, i, j); break;
+    case 3: rows_f8_strip(3, b, A, words, Bs, rsv, ntp, i, j); break;
+    case 2: rows_f8_strip(2, b, A, words, Bs, rsv, ntp, i, j); break;
+    default: rows_f8_strip(1, b, A, words, Bs, rsv, ntp, i, j); break;
+  }
+}
+
+/* Scratch: the converted tile (K/2 pairs x ntp columns of words) and the
+** weight scales of every block. */
+bool gmm_pk_rows_fits(const moe8__gmm_block *b) {
+  const int64_t ntp = moe8__cdiv(b->n1 - b->n0, 32) * 32, kp = (b->K + 1) / 2;
+  return (size_t)(kp * ntp) * 4 + (size_t)(b->nbk * ntp) * 4 <= MOE8__GMM_SCRATCH;
+}
+
+VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
+  const int64_t mt = b->m1 - b->m0, nst = moe8__cdiv(b->n1 - b->n0, 32), ntp = nst * 32, kp = (b->K + 1) / 2;
+  uint32_t *Bp = b->scratch;
+  float *rsv = (float *)(Bp + kp * ntp);
+  const int64_t words = packed_words(b, PATH_BF16);
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32);
+  for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
+  for (int64_t i = 0; i < mt; i += RF) {
+    const int mr = mt - i < RF ? (int)(mt - i) : RF;
+    for (int64_t s = 0; s < nst; s++) rows_f8_strip_any(mr, b, A + i * words, words, Bp + s * kp * 32, rsv, ntp, i, 32 * s);
+  }
+}
