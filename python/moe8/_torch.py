@@ -1,12 +1,15 @@
 """The implementation of moe8.torch (imported from there when PyTorch is present)."""
 import json
 import os
+import re
 import stat
+import tempfile
+import warnings
 
 import numpy as np
 import torch
 
-from . import Error, Layer, Rules
+from . import Error, Layer, Rules, _as_rules, _rule_dict
 
 _RULES_MAX = 64 << 20  # the library's bound on a rules file
 
@@ -89,7 +92,7 @@ class MoE8Block(torch.nn.Module):
               rules=None, seed=0, aux_loss_weight=0.0, ...)"""
 
     def __init__(self, hidden, ffn, num_experts, top_k, rules=None, seed=0, module_path="model.layers.0.mlp.experts", _layer=None,
-                 **config):
+                 _init=True, **config):
         super().__init__()
         config.setdefault("norm_topk_prob", True)
         self._rules = _rules_text(rules)
@@ -99,11 +102,20 @@ class MoE8Block(torch.nn.Module):
         if _layer is None:
             _layer = Layer(num_experts=num_experts, top_k=top_k, hidden=hidden, ffn=ffn, rules=self._rules, module_path=module_path,
                            **config)
-            _layer.init_random(seed)
+            if _init:  # (from_hf writes every weight itself: no random fill first)
+                _layer.init_random(seed)
         self._attach(_layer)
 
-    def _attach(self, layer):
+    @property
+    def inference_only(self):
+        """True for a block made for inference only (patch or from_hf with
+        inference=True): its layer holds the experts as moe8's inference
+        load does (quantized, packed), no f32 masters, no backward."""
+        return bool(getattr(self, "_inference", False))
+
+    def _attach(self, layer, inference=False):
         self.layer = layer
+        self._inference = inference
         self.aux_loss_weight = self._config.get("aux_loss_weight", 0.0)
         self.param_names = [n for n in _NAMES if not n.startswith("shared") or self.layer.shared_ffn > 0]
         if not self.layer.shared_gate and "shared_gate_w" in self.param_names:
@@ -114,12 +126,15 @@ class MoE8Block(torch.nn.Module):
             self.param_names.remove("gate_up_bias")
             self.param_names.remove("down_bias")
         self._addr = {}
+        if inference:  # no expert masters: only what the layer still holds in f32 (router, shared expert, ...)
+            self.param_names = [n for n in self.param_names if n not in ("gate", "up", "down", "gate_up_bias", "down_bias")
+                                and self.layer.weight_copy(n) is not None]
         for n in self.param_names:
             # the layer's memory itself: the optimizer updates moe8's masters
             # (the tensor keeps the layer alive through the view's buffer)
             view = self.layer.weight(n)
             self._addr[n] = (view.ctypes.data, view.shape)
-            self.register_parameter(n, _Parameter(torch.from_numpy(view)))
+            self.register_parameter(n, _Parameter(torch.from_numpy(view), requires_grad=not inference))
         self.aux_loss = None
         self._prepared_at = None
 
@@ -148,12 +163,16 @@ class MoE8Block(torch.nn.Module):
         return block
 
     def extra_repr(self):
-        return "hidden=%d, ffn=%d, num_experts=%d, top_k=%d%s, rules=%s" % (
+        return "hidden=%d, ffn=%d, num_experts=%d, top_k=%d%s, rules=%s, path=%s" % (
             self.layer.hidden, self.layer.ffn, self.layer.num_experts, self.layer.top_k,
-            ", shared_ffn=%d" % self.layer.shared_ffn if self.layer.shared_ffn else "", "yes" if self._rules else "none")
+            ", shared_ffn=%d" % self.layer.shared_ffn if self.layer.shared_ffn else "", "yes" if self._rules else "none",
+            "inference (packed experts, no f32 masters, no backward)" if self.inference_only else "training (f32 masters, autograd)")
 
     # ---- pickling: the config, the rules and the weights --------------------------------
     def __getstate__(self):
+        if self.inference_only:
+            raise TypeError("moe8: an inference-only MoE8Block holds no f32 expert weights to copy or pickle; patch the original "
+                            "model again (or make it with inference=False)")
         L = self.layer
         return {"shape": (L.hidden, L.ffn, L.num_experts, L.top_k), "config": dict(self._config), "rules": self._rules,
                 "module_path": self._module_path, "training": self.training, "codes": self._codes,
@@ -213,7 +232,8 @@ class MoE8Block(torch.nn.Module):
         self._check_params()
         dt, shape = x.dtype, x.shape
         x2 = x.reshape(-1, shape[-1]).float()
-        if not torch.is_grad_enabled() or not (x.requires_grad or any(getattr(self, n).requires_grad for n in self.param_names)):
+        if self.inference_only or not torch.is_grad_enabled() or not (
+                x.requires_grad or any(getattr(self, n).requires_grad for n in self.param_names)):
             # inference: the prepared, fused path; re-prepared after any in-place change of a parameter
             v = self._versions()
             if self._prepared_at != v or not self.layer._prepared:  # (or written through layer.weight() views)
@@ -263,17 +283,25 @@ def _expert_weights(experts, family):
     return st[0], st[1], st[2]
 
 
-def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.experts"):
+def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.experts", inference=False):
     """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
     Qwen3-MoE, Qwen3-Next, Mixtral, MiniMax, MiniMax-M2, OLMoE, DeepSeek-V2,
     DeepSeek-V3, GLM-4.5, dots.llm1, GPT-OSS, Llama-4), its weights copied;
     `config` is the model's config (for what the block does not hold);
     `module_path` is the experts' path the rules are matched against (patch
-    gives each block its own: "<the block's name in the model>.experts")."""
+    gives each block its own: "<the block's name in the model>.experts").
+
+    inference=True: the block is loaded as moe8's inference load does
+    (Layer.from_model(mode="inference")): the experts are held only as the
+    kernels' packed weights (quantized by the rule), with no f32 masters
+    and no backward; this needs the model's config.  The same bytes as the
+    training path's inference forward."""
     family = _HF_BLOCKS.get(type(block).__name__)
     if family is None:
         raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
     cfg = config if config is not None else getattr(block, "config", None)
+    if inference:
+        return _from_hf_inference(block, family, cfg, rules, module_path)
     if family == "gpt_oss":
         return _from_gpt_oss(block, cfg, rules, module_path)
     if family == "llama4_text":
@@ -318,7 +346,7 @@ def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.expe
     if shared is not None:
         kw["shared_ffn"] = shared.gate_proj.weight.shape[0]
         kw["shared_gate"] = getattr(block, "shared_expert_gate", None) is not None
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, module_path=module_path, **kw)
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, module_path=module_path, _init=False, **kw)
     with torch.no_grad():
         out.router.copy_(wr.t())
         out.gate.copy_(g)
@@ -338,6 +366,106 @@ def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.expe
     return out
 
 
+# ---- the inference load of a transformers block ------------------------------------------------
+_ST_DTYPES = {torch.float32: ("F32", torch.int32), torch.bfloat16: ("BF16", torch.int16), torch.float16: ("F16", torch.int16)}
+
+
+def _write_safetensors(path, tensors):
+    """tensors ({name: tensor}) as one safetensors file, streamed tensor
+    by tensor (float32, bfloat16 and float16 as they are, other floats as
+    float32)."""
+    items, off = [], 0
+    for name, t in tensors.items():
+        t = t.detach()
+        if t.dtype not in _ST_DTYPES:
+            t = t.float()
+        n = t.numel() * t.element_size()
+        items.append((name, t, off, n))
+        off += n
+    head = {name: {"dtype": _ST_DTYPES[t.dtype][0], "shape": list(t.shape), "data_offsets": [o, o + n]} for name, t, o, n in items}
+    head["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(head).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name, t, o, n in items:
+            t = t.contiguous()
+            f.write(t.view(_ST_DTYPES[t.dtype][1]).numpy().tobytes() if t.dtype != torch.float32 else t.numpy().tobytes())
+
+
+def _config_dict(cfg):
+    if cfg is None:
+        return None
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    if hasattr(cfg, "to_dict"):
+        return cfg.to_dict()
+    return {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def _rule_for(rules, module_path):
+    """The rule `rules` gives module_path, as a rule set matching any path
+    (the loader matches its own tensor-name path), or None."""
+    from . import _lib, _P, _Rule
+    import ctypes as C
+    r = _as_rules(rules)
+    if r is None:
+        return None
+    f = _lib.moe8_rules_match
+    f.restype, f.argtypes = C.POINTER(_Rule), [_P, C.c_char_p]
+    hit = f(r._h, module_path.encode())
+    return None if not hit else json.dumps({"rules": [_rule_dict(hit.contents, ".*")]})
+
+
+def _from_hf_inference(block, family, cfg, rules, module_path):
+    """The block's tensors and the model's config written as a one-layer
+    checkpoint in a temporary directory, loaded by moe8's inference load
+    (each expert converted, quantized and packed one at a time), the
+    directory removed."""
+    d = _config_dict(cfg)
+    if d is None:
+        raise ValueError("moe8: from_hf(inference=True) needs the model's config")
+    text = _rules_text(rules)
+    if family == "llama4_text" and isinstance(d.get("text_config"), dict):
+        d = dict(d["text_config"], model_type="llama4_text")
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", module_path)
+    index = int(m.group(1)) if m else 0
+    prefix = "model.layers.%d.%s." % (index, "feed_forward" if family == "llama4_text" else "mlp")
+    with tempfile.TemporaryDirectory(prefix="moe8-") as tmp:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(_jsonable(d), f)
+        _write_safetensors(os.path.join(tmp, "model.safetensors"), {prefix + k: v for k, v in block.state_dict().items()})
+        rule = _rule_for(text, module_path)
+        try:
+            lay = Layer.from_model(tmp, layer=index, mode="inference", rules=rule)
+        except Error:
+            lay = Layer.from_model(tmp, layer=index, mode="inference", rules=rule, arch=family)
+    c = _cfg(lay)
+    kw = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
+          "act": "swiglu_clamp" if c.act == 1 else "swiglu"}
+    for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
+              "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input"):
+        kw[k] = getattr(c, k)
+    out = MoE8Block.__new__(MoE8Block)
+    torch.nn.Module.__init__(out)
+    out._rules, out._module_path, out._config, out._codes = text, module_path, kw, None
+    out._attach(lay, inference=True)
+    out._hf_family = family
+    out.eval()
+    return out
+
+
 def _from_gpt_oss(block, cfg, rules, module_path):
     """transformers' GptOssMLP: router (weight [E, D], bias [E]) and experts
     (gate_up_proj [E, D, 2F] with gate and up in alternate columns, its bias
@@ -348,7 +476,7 @@ def _from_gpt_oss(block, cfg, rules, module_path):
     gu = ex.gate_up_proj.detach().float()
     F = gu.shape[2] // 2
     top_k = int(_first(getattr(r, "top_k", None), getattr(cfg, "num_experts_per_tok", None)))
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, norm_topk_prob=True,
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, _init=False, norm_topk_prob=True,
                     act="swiglu_clamp",
                     act_alpha=float(_first(getattr(ex, "alpha", None), 1.702)),
                     act_limit=float(_first(getattr(ex, "limit", None), getattr(cfg, "swiglu_limit", None), 7.0)),
@@ -377,7 +505,7 @@ def _from_llama4(block, cfg, rules, module_path):
     F = gu.shape[2] // 2
     sh = block.shared_expert
     top_k = int(_first(getattr(block, "top_k", None), getattr(cfg, "num_experts_per_tok", None), 1))
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, score="sigmoid",
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, _init=False, score="sigmoid",
                     norm_topk_prob=False, weight_input=True,
                     shared_ffn=sh.gate_proj.weight.shape[0])
     with torch.no_grad():
@@ -395,35 +523,77 @@ def _from_llama4(block, cfg, rules, module_path):
 class _HFBlock(torch.nn.Module):
     """moe8 in a transformers block's place: the block's input and what it
     returned (the hidden states, or (hidden states, router logits) as the
-    4.x Qwen and Mixtral blocks do: learned by calling the original once)."""
+    4.x Qwen and Mixtral blocks do: learned by calling the original once).
+    Hidden states of any floating dtype go in (computed in float32) and
+    the output has their dtype."""
 
     def __init__(self, moe, family, with_logits):
         super().__init__()
         self.moe, self.family, self.with_logits = moe, family, with_logits
 
+    def extra_repr(self):
+        return "family=%s" % self.family
+
     def forward(self, hidden_states, *args, **kwargs):
-        y = self.moe(hidden_states)
+        dt = hidden_states.dtype
+        x = hidden_states if dt in (torch.float32, torch.bfloat16) else hidden_states.float()
+        y = self.moe(x).to(dt)
         if not self.with_logits:
             return y
         x = hidden_states.reshape(-1, hidden_states.shape[-1]).float()
-        return y, (x @ self.moe.router).to(hidden_states.dtype)
+        return y, (x @ self.moe.router).to(dt)
 
 
-def patch(model, rules=None):
+def _block_dtype(m):
+    """The dtype most of the block's floating weights have (the model's:
+    transformers keeps some router tensors in float32 in a bf16 model)."""
+    count = {}
+    for t in list(m.parameters()) + list(m.buffers()):
+        if t.is_floating_point():
+            count[t.dtype] = count.get(t.dtype, 0) + t.numel()
+    return max(count, key=count.get) if count else torch.float32
+
+
+def patch(model, rules=None, inference=None):
     """Replaces every MoE block of a transformers model moe8 computes by
     moe8 (weights copied); returns how many were replaced.  The rules are
     matched against each block's own experts path, "<its name in
-    model.named_modules()>.experts" (e.g. model.layers.1.mlp.experts)."""
+    model.named_modules()>.experts" (e.g. model.layers.1.mlp.experts).
+
+    inference: True loads each block as moe8's inference load does (the
+    experts only as packed, quantized weights: no f32 masters, no
+    backward); False keeps the training path (f32 masters, autograd);
+    None (the default) chooses inference when the model is in eval mode
+    (model.eval(), as from_pretrained returns it) and training otherwise.
+    Each transformers block replaced is dropped (the model holds no
+    reference to its expert tensors any more)."""
     config = getattr(model, "config", None)
-    todo = [(name, m) for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
-    for name, m in todo:
+    if inference is None:
+        inference = not model.training
+        auto = True
+    else:
+        auto = False
+    names = [name for name, m in model.named_modules() if type(m).__name__ in _HF_BLOCKS]
+    for name in names:
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        wr = (m.router if _HF_BLOCKS[type(m).__name__] in ("gpt_oss", "llama4_text") else m.gate).weight
+        m = model.get_submodule(name)
+        family = _HF_BLOCKS[type(m).__name__]
+        wr = (m.router if family in ("gpt_oss", "llama4_text") else m.gate).weight
         with torch.no_grad():
-            r = m(torch.zeros(1, 1, wr.shape[1], dtype=wr.dtype))
-        moe = from_hf(m, config, rules, module_path=name + ".experts" if name else "experts")
-        setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(moe, _HF_BLOCKS[type(m).__name__], isinstance(r, tuple)))
-    return len(todo)
+            r = m(torch.zeros(1, 1, wr.shape[1], dtype=_block_dtype(m)))
+        with_logits = isinstance(r, tuple)
+        del r, wr
+        path = name + ".experts" if name else "experts"
+        try:
+            moe = from_hf(m, config, rules, module_path=path, inference=inference)
+        except (Error, ValueError) as e:
+            if not (inference and auto):
+                raise
+            warnings.warn("moe8: %s: the inference load failed (%s); this block runs the training path" % (name, e))
+            moe = from_hf(m, config, rules, module_path=path)
+        setattr(parent, name.rsplit(".", 1)[-1], _HFBlock(moe, family, with_logits))
+        del m, moe
+    return len(names)
 
 
 for _obj in (MoE8Block, _HFBlock, from_hf, patch, _MoE8Function):
