@@ -68,10 +68,9 @@ class _Model(torch.nn.Module):
         return x
 
 
-def _expert_sized(module):
+def _expert_sized(module, big=D * F):
     """The float32 / bfloat16 / float16 tensors of the module (parameters
-    and buffers) at least as large as one expert's weight, by name."""
-    big = D * F
+    and buffers) of at least `big` elements (default: one expert's weight), by name."""
     ts = list(module.named_parameters()) + list(module.named_buffers())
     return [(n, tuple(t.shape), t.dtype) for n, t in ts if t.is_floating_point() and t.numel() >= big]
 
@@ -130,3 +129,54 @@ def test_inference_blocks_refuse_to_be_copied():
 def test_from_hf_inference_needs_a_config():
     with pytest.raises(ValueError, match="config"):
         from_hf(Qwen3MoeSparseMoeBlock(), None, inference=True)
+
+
+def _tiny_transformers_model(name):
+    """A tiny transformers DeepSeek-V3 or GLM-4.5 causal LM in bfloat16
+    (its router weight and e_score_correction_bias stay float32, as
+    transformers keeps them), or a skip with a notice."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed: the real-model patch tests are skipped")
+    if not hasattr(transformers, "DeepseekV3ForCausalLM") or not hasattr(transformers, "Glm4MoeForCausalLM"):
+        pytest.skip("this transformers has no DeepSeek-V3 / GLM-4.5 models (or no PyTorch backend): the real-model patch tests are skipped")
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                  n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+    if name == "deepseek_v3":
+        cfg = transformers.DeepseekV3Config(kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                                            **common)
+        cls = transformers.DeepseekV3ForCausalLM
+    else:
+        cfg = transformers.Glm4MoeConfig(head_dim=16, **common)
+        cls = transformers.Glm4MoeForCausalLM
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # a selection bias that matters
+        for name_, buf in model.named_buffers():
+            if name_.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn_like(buf) * 0.1)
+    model.to(torch.bfloat16)
+    # what from_pretrained(dtype=torch.bfloat16) keeps in float32 (the router
+    # weight and the selection bias: _keep_in_fp32_modules_strict)
+    keep = tuple(getattr(cls, "_keep_in_fp32_modules_strict", None) or ("gate.weight", "e_score_correction_bias"))
+    with torch.no_grad():
+        for name_, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if ".mlp." in name_ and any(k in name_ for k in keep):
+                t.data = t.data.float()
+    assert any(t.dtype == torch.float32 for n, t in model.named_parameters() if n.endswith("mlp.gate.weight"))
+    return model
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("inference", [False, True], ids=["training_path", "inference_path"])
+def test_patch_bf16_transformers_models(family, inference):
+    model = _tiny_transformers_model(family)
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        assert patch(model, inference=inference) == 1
+        got = model(ids).logits
+    assert got.dtype == torch.bfloat16
+    err = float((got.float() - want).abs().max() / want.abs().max())
+    assert err <= 2e-2, err  # bf16 noise: the block's output is rounded to bf16 where transformers rounds each product
+    if inference:  # (the shared expert's, one expert wide, are kept)
+        assert _expert_sized(model.model.layers[1].mlp, 8 * 32 * 64) == []
