@@ -46,7 +46,26 @@ typedef struct family {
   double      scaling;
   int64_t     n_group, topk_group, first_dense; /* the DeepSeek-V3 block's */
   bool        sigmoid_bias;   /* Mixtral's block routed by sigmoid + correction bias (MiniMax-M2) */
+  /* A family that computes one of the blocks above under other key names
+  ** (docs/models.md, "Adding a family"): each key is "name" or
+  ** "name|alias" (an alias the configuration class maps to it; both in the
+  ** file and different: refused); NULL is the block's own key; "" means
+  ** the class has no such key and the row's value always holds. */
+  const char *topk_key;       /* NULL: num_experts_per_tok                              */
+  const char *norm_key;       /* NULL: norm_topk_prob; "": always .norm                 */
+  const char *scale_key;      /* NULL: routed_scaling_factor                            */
+  const char *group_key;      /* NULL: n_group                                          */
+  const char *shared_key;     /* the shared experts' count; NULL: n_shared_experts; "": always .shared */
+  int         place;          /* which layers are MoE: PLACE_*                          */
 } family;
+
+/* Placement of the MoE layers. */
+enum {
+  PLACE_BLOCK = 0, /* the block's own keys (Qwen: mlp_only_layers, decoder_sparse_step; DeepSeek: first_k_dense_replace, moe_layer_freq) */
+  PLACE_ALL,       /* every layer is MoE (the class has no placement key) */
+  PLACE_TYPES,     /* mlp_layer_types ("dense"/"sparse" per layer); without it the first .first_dense layers are dense */
+  PLACE_TYPES_FK,  /* mlp_layer_types; without it the list the class builds from first_k_dense_replace (default .first_dense) */
+};
 
 static const family k_families[] = {
   {"qwen2_moe", MOE8_ARCH_QWEN2_MOE, "num_experts", "moe_intermediate_size", "num_local_experts", 2048, 24, 60, 4, 1408, 5632, false, 1.0, 0, 0, 0},
@@ -88,6 +107,73 @@ static const family k_families[] = {
   ** renormalized (MiniMaxM2TopKRouter); num_experts is an alias */
   {"minimax_m2", MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", "num_experts", 3072, 62, 256, 8, 1536, 0, true, 1.0, 0, 0, 0,
    true},
+  /* Families whose block is one of the above, as data: the class's keys
+  ** and defaults (transformers' configuration classes). */
+  /* Qwen3VLMoeTextConfig: Qwen3-MoE's block, always renormalized */
+  {.name = "qwen3_vl_moe_text", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_local_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 2048, .layers = 24, .experts = 60, .top_k = 4, .ffn = 1408, .norm = true, .scaling = 1.0, .norm_key = ""},
+  /* Qwen3OmniMoeTextConfig (the thinker's text model): Qwen3-MoE's block */
+  {.name = "qwen3_omni_moe_text", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 2048, .layers = 28, .experts = 128, .top_k = 8, .ffn = 768, .norm = true, .scaling = 1.0},
+  /* Qwen3_5MoeTextConfig: Qwen3-Next's block, always renormalized, every layer MoE */
+  {.name = "qwen3_5_moe_text", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 2048, .layers = 40, .experts = 256, .top_k = 8, .ffn = 512, .shared = 512, .norm = true, .scaling = 1.0, .norm_key = "",
+   .place = PLACE_ALL},
+  /* DeepSeek-V3's block (sigmoid, correction bias, groups, ungated shared experts) */
+  {.name = "glm4_moe_lite", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2048, .layers = 47, .experts = 64, .top_k = 4, .ffn = 1536, .shared = 1, .norm = true,
+   .scaling = 1.8, .n_group = 1, .topk_group = 1, .first_dense = 1, .place = PLACE_TYPES},
+  {.name = "glm4v_moe_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 46, .experts = 128, .top_k = 8, .ffn = 1408, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 1},
+  {.name = "glm_moe_dsa", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 6144, .layers = 78, .experts = 256, .top_k = 8, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 1, .topk_group = 1, .first_dense = 3, .place = PLACE_TYPES_FK},
+  /* MiMoV2FlashConfig: no shared experts */
+  {.name = "mimo_v2_flash", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 48, .experts = 256, .top_k = 8, .ffn = 2048, .shared = 0, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 1, .shared_key = "", .place = PLACE_TYPES},
+  {.name = "solar_open", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 48, .experts = 128, .top_k = 8, .ffn = 1280, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .place = PLACE_ALL},
+  /* SarvamMoEConfig (Glm4MoeForCausalLM) and SarvamMLAConfig (DeepseekV3ForCausalLM) */
+  {.name = "sarvam_moe", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 4096, .layers = 19, .experts = 128, .top_k = 6, .ffn = 1024, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 1, .topk_group = 1, .first_dense = 1, .shared_key = "n_shared_experts|num_shared_experts"},
+  {.name = "sarvam_mla", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 4096, .layers = 32, .experts = 128, .top_k = 8, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 1, .topk_group = 1, .first_dense = 1, .shared_key = "n_shared_experts|num_shared_experts"},
+  {.name = "exaone_moe", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 4096, .layers = 32, .experts = 64, .top_k = 8, .ffn = 1024, .shared = 1, .norm = true, .scaling = 2.5, .n_group = 1,
+   .topk_group = 1, .first_dense = 1, .shared_key = "num_shared_experts", .place = PLACE_TYPES_FK},
+  /* KimiLinearConfig stores these keys under the names of Kimi's files */
+  {.name = "kimi_linear", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2304, .layers = 27, .experts = 256, .top_k = 8, .ffn = 1024, .shared = 1, .norm = true,
+   .scaling = 2.446, .n_group = 1, .topk_group = 1, .first_dense = 1, .topk_key = "num_experts_per_token|num_experts_per_tok",
+   .norm_key = "moe_renormalize|norm_topk_prob", .group_key = "num_expert_group|n_group",
+   .shared_key = "num_shared_experts|n_shared_experts", .place = PLACE_TYPES_FK},
+  /* FlexOlmoConfig: OLMoE's block */
+  {.name = "flex_olmo", .arch = MOE8_ARCH_OLMOE, .experts_key = "num_experts", .ffn_key = "intermediate_size", .alias = "num_local_experts",
+   .hidden = 4096, .layers = 32, .experts = 7, .top_k = 5, .ffn = 11008, .norm = false, .scaling = 1.0},
+  /* MellumConfig: Qwen3-MoE's block placed by mlp_layer_types (default all sparse) */
+  {.name = "mellum", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_local_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 2304, .layers = 28, .experts = 64, .top_k = 8, .ffn = 896, .norm = true, .scaling = 1.0,
+   .place = PLACE_TYPES},
+  /* UnlimitedOcrTextConfig: DeepSeek-V2's block */
+  {.name = "unlimited_ocr_text", .arch = MOE8_ARCH_DEEPSEEK_V2, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 1280, .layers = 12, .experts = 64, .top_k = 6, .ffn = 896, .shared = 2, .norm = false, .scaling = 1.0,
+   .first_dense = 1, .place = PLACE_TYPES_FK},
+};
+
+/* Multimodal models whose text model is a family: its keys are the
+** wrapper's text_config, its tensors under the language model's root
+** (moe8_model_open finds it). */
+static const struct { const char *type, *text; } k_wrappers[] = {
+  {"llama4", "llama4_text"},
+  {"qwen3_vl_moe", "qwen3_vl_moe_text"},
+  {"qwen3_5_moe", "qwen3_5_moe_text"},
+  {"glm4v_moe", "glm4v_moe_text"},
+  {"unlimited_ocr", "unlimited_ocr_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -126,11 +212,26 @@ static moe8_status want_str(const cJSON *o, const char *file, const char *key, c
   return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is \"%.60s\": %s", file, key, v->valuestring, what);
 }
 
-/* routed_scaling_factor in (0, 1e6), or the family's default. */
-static moe8_status get_scaling(const cJSON *root, const char *file, double def, float *out) {
-  const cJSON *v = item(root, "routed_scaling_factor");
+/* The name a row's key ("name" or "name|alias"; NULL: std) has in the
+** file: the name, or the alias when only it is there; both there with
+** different values: refused, naming both. */
+static moe8_status pick_key(const cJSON *o, const char *file, const char *spec, const char *std, char out[64]) {
+  const char *s = spec && *spec ? spec : std, *bar = strchr(s, '|');
+  char name[64], alias[64] = "";
+  snprintf(name, sizeof name, "%.*s", bar ? (int)(bar - s) : (int)strlen(s), s);
+  if (bar) snprintf(alias, sizeof alias, "%s", bar + 1);
+  const cJSON *a = item(o, name), *b = *alias ? item(o, alias) : NULL;
+  if (a && b && !cJSON_Compare(a, b, true))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" and its alias \"%s\" disagree", file, name, alias);
+  snprintf(out, 64, "%s", !a && b ? alias : name);
+  return MOE8_OK;
+}
+
+/* routed_scaling_factor (or the family's key) in (0, 1e6), or the family's default. */
+static moe8_status get_scaling(const cJSON *root, const char *file, const char *key, double def, float *out) {
+  const cJSON *v = item(root, key);
   if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e6)))
-    return moe8__fail(MOE8_ERR_PARSE, "%s: \"routed_scaling_factor\" must be a number in (0, 1e6)", file);
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a number in (0, 1e6)", file, key);
   *out = (float)(v ? v->valuedouble : def);
   return MOE8_OK;
 }
@@ -158,6 +259,44 @@ static moe8_status get_dense_layers(const cJSON *root, const char *file, int64_t
   moe8_status st = get_int(root, file, "first_k_dense_replace", def, 0, 1 << 20, &c->first_k_dense_replace);
   c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
   return st == MOE8_OK ? get_int(root, file, "moe_layer_freq", 1, 1, 1 << 20, &c->moe_layer_freq) : st;
+}
+
+/* The MoE layers of a family placed by mlp_layer_types (or every layer):
+** the dense ones go to mlp_only_layers; decoder_sparse_step 0 marks a list
+** from the file, -1 the class's default list (for the messages). */
+static moe8_status get_placement(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
+  c->first_k_dense_replace = 0;
+  c->first_k_dense_from_default = false;
+  c->moe_layer_freq = c->decoder_sparse_step = 1;
+  c->n_mlp_only = 0;
+  if (fam->place == PLACE_ALL) return MOE8_OK;
+  const cJSON *v = item(root, "mlp_layer_types");
+  if (v) {
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != c->num_layers)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_layer_types\" must be a list of num_hidden_layers = %lld entries \"dense\" or \"sparse\"",
+                        file, (long long)c->num_layers);
+    int64_t l = 0;
+    for (const cJSON *e = v->child; e; e = e->next, l++) {
+      const bool dense = cJSON_IsString(e) && !strcmp(e->valuestring, "dense");
+      if (!dense && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sparse")))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_layer_types\"[%lld] is not \"dense\" or \"sparse\"", file, (long long)l);
+      if (!dense) continue;
+      if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_layer_types\" has more than %d dense layers", file, MOE8_MAX_MLP_ONLY);
+      c->mlp_only_layers[c->n_mlp_only++] = l;
+    }
+    c->decoder_sparse_step = 0;
+    return MOE8_OK;
+  }
+  if (fam->place == PLACE_TYPES_FK) {
+    /* the list the class builds: the first first_k_dense_replace layers dense */
+    moe8_status st = get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace);
+    c->first_k_dense_from_default = item(root, "first_k_dense_replace") == NULL;
+    return st;
+  }
+  for (int64_t l = 0; l < fam->first_dense && l < c->num_layers; l++) c->mlp_only_layers[c->n_mlp_only++] = l;
+  c->decoder_sparse_step = -1;
+  return MOE8_OK;
 }
 
 /* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
@@ -200,21 +339,23 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       if (!strcmp(mt->valuestring, k_differs[i].type))
         return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run even as %s: %s", file,
                           k_differs[i].type, override, k_differs[i].why);
-  /* Llama-4 (Scout, Maverick) as released: the multimodal model, whose
-  ** text model's keys are its text_config (model_type llama4_text); its
-  ** tensors are found under language_model.model.layers. (moe8_model_open). */
-  if (!override && type && !strcmp(type, "llama4")) {
+  /* A multimodal model as released (Llama-4 Scout and Maverick, Qwen3-VL,
+  ** ...): its text model's keys are its text_config; its tensors are found
+  ** under the language model's root (moe8_model_open). */
+  for (size_t w = 0; !override && type && w < sizeof k_wrappers / sizeof k_wrappers[0]; w++) {
+    if (strcmp(type, k_wrappers[w].type)) continue;
     const cJSON *tc = item(root, "text_config");
-    if (!cJSON_IsObject(tc)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" is \"llama4\" but \"text_config\" is missing or not an object", file);
+    if (!cJSON_IsObject(tc))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" is \"%s\" but \"text_config\" is missing or not an object", file, type);
     const cJSON *q = item(root, "quantization_config");
     if (q) {
       const cJSON *m = cJSON_IsObject(q) ? item(q, "quant_method") : NULL;
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"%.40s\": moe8 reads Llama-4's float checkpoints "
-                        "(bf16, f16, f32) only", file, cJSON_IsString(m) ? m->valuestring : "?");
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"%.40s\": moe8 reads %s's float checkpoints "
+                        "(bf16, f16, f32) only", file, cJSON_IsString(m) ? m->valuestring : "?", type);
     }
-    moe8_status st2 = parse_root(tc, file, "llama4_text", c);
+    moe8_status st2 = parse_root(tc, file, k_wrappers[w].text, c);
     if (st2 == MOE8_OK) st2 = parse_moe8_quantization(root, file, c); /* moe8 quantize records it at the top */
-    if (st2 == MOE8_OK) snprintf(c->model_type, sizeof c->model_type, "llama4 (text_config)");
+    if (st2 == MOE8_OK) snprintf(c->model_type, sizeof c->model_type, "%s (text_config)", type);
     return st2;
   }
   const family *fam = NULL;
@@ -227,10 +368,16 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (type) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
-    if (!fam)
-      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (qwen2_moe, qwen3_moe, qwen3_next, mixtral, minimax, minimax_m2, deepseek_v2, deepseek_v3, deepseek_v32, kimi_k2, dots1, olmoe, glm4_moe, gpt_oss, llama4_text)%s",
-                        file, override ? "the family override" : "\"model_type\"", type,
+    if (!fam) {
+      char names[1024] = "";
+      for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", k_families[i].name);
+      for (size_t i = 0; i < sizeof k_wrappers / sizeof k_wrappers[0]; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), ", %s", k_wrappers[i].type);
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: %s \"%.60s\" is not a family moe8 runs (%s, deepseek_v32, kimi_k2)%s", file,
+                        override ? "the family override" : "\"model_type\"", type, names,
                         override ? "" : "; a compatible model can be run as one of them with an explicit override (--arch)");
+    }
   } else if (item(root, "n_routed_experts")) fam = &k_families[3];
   else if (item(root, "num_local_experts")) fam = &k_families[2];
   else if (item(root, "shared_expert_intermediate_size")) fam = &k_families[0];
@@ -261,35 +408,46 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (fam->experts == 0 && !item(root, ekey))
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" is missing (%s's configuration has no default)", file, fam->experts_key, fam->name);
   TRY(get_int(root, file, ekey, fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
-  if (fam->top_k == 0 && !item(root, "num_experts_per_tok"))
-    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" is missing (%s's configuration has no default: without it the model is "
-                      "dense)", file, fam->name);
-  TRY(get_int(root, file, "num_experts_per_tok", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
+  char kk[64];
+  TRY(pick_key(root, file, fam->topk_key, "num_experts_per_tok", kk));
+  if (fam->top_k == 0 && !item(root, kk))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" is missing (%s's configuration has no default: without it the model is "
+                      "dense)", file, kk, fam->name);
+  TRY(get_int(root, file, kk, fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
   TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
   if (L->top_k > L->num_experts)
-    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds \"%s\" = %lld", file, (long long)L->top_k,
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld exceeds \"%s\" = %lld", file, kk, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
   L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
   if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
-  else TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
+  else if (fam->norm_key && !*fam->norm_key) L->norm_topk_prob = fam->norm; /* the class has no key: always so */
+  else {
+    TRY(pick_key(root, file, fam->norm_key, "norm_topk_prob", kk));
+    TRY(get_bool(root, file, kk, fam->norm, &L->norm_topk_prob));
+  }
   L->routed_scaling_factor = 1.0f;
   if (ds) {
-    TRY(get_scaling(root, file, fam->scaling, &L->routed_scaling_factor));
+    TRY(pick_key(root, file, fam->scale_key, "routed_scaling_factor", kk));
+    TRY(get_scaling(root, file, kk, fam->scaling, &L->routed_scaling_factor));
     /* dots.llm1's released configs write scoring_func "noaux_tc" (its
     ** block, DeepSeek-V3's, is sigmoid scores with noaux_tc selection) */
     TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
                  "DeepSeek-V3's block routes by sigmoid scores"));
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
-    TRY(get_int(root, file, "n_group", fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
+    TRY(pick_key(root, file, fam->group_key, "n_group", kk));
+    TRY(get_int(root, file, kk, fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
     TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
     TRY(check_groups(L, file));
     c->has_bias = L->use_selection_bias = true;
-    int64_t nsh;
-    if (fam->shared < 0 && !item(root, "n_shared_experts"))
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"n_shared_experts\" is missing (%s's configuration has no default and its block needs it)",
-                        file, fam->name);
-    TRY(get_int(root, file, "n_shared_experts", fam->shared, 0, 1 << 16, &nsh));
+    int64_t nsh = fam->shared;
+    if (!fam->shared_key || *fam->shared_key) {
+      TRY(pick_key(root, file, fam->shared_key, "n_shared_experts", kk));
+      if (fam->shared < 0 && !item(root, kk))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" is missing (%s's configuration has no default and its block needs it)", file, kk,
+                          fam->name);
+      TRY(get_int(root, file, kk, fam->shared, 0, 1 << 16, &nsh));
+    }
     L->shared_ffn = nsh * L->ffn;
     TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
@@ -309,7 +467,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"norm_topk_prob\" is true: DeepSeek-V2's own code then renormalizes without "
                         "routed_scaling_factor while transformers' scales without renormalizing; moe8 does not pick one (no released "
                         "DeepSeek-V2 checkpoint sets it)", file);
-    TRY(get_scaling(root, file, fam->scaling, &L->routed_scaling_factor));
+    TRY(get_scaling(root, file, "routed_scaling_factor", fam->scaling, &L->routed_scaling_factor));
     if (grouped) {
       if (!item(root, "n_group") || !item(root, "topk_group"))
         return moe8__fail(MOE8_ERR_PARSE, "%s: \"topk_method\" group_limited_greedy needs \"n_group\" and \"topk_group\"", file);
@@ -385,7 +543,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     L->shared_gate = L->shared_ffn > 0;
   }
   if (fam->arch != MOE8_ARCH_LLAMA4) c->decoder_sparse_step = 1;
-  if (qwen) {
+  if (qwen && fam->place == PLACE_BLOCK) {
     TRY(get_int(root, file, "decoder_sparse_step", 1, 1, 1 << 20, &c->decoder_sparse_step));
     const cJSON *v = item(root, "mlp_only_layers");
     if (v) {
@@ -399,6 +557,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       }
     }
   }
+  if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
   /* Weights quantization in the checkpoint. */
   const cJSON *q = item(root, "quantization_config");
   if (q) {
@@ -464,7 +623,7 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
   if (!c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL");
   if (layer < 0 || layer >= c->num_layers)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, num_hidden_layers = %lld)", (long long)layer, (long long)c->num_layers);
-  if (c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2) {
+  {
     if (layer < c->first_k_dense_replace) {
       const int64_t first = moe8_hf_config_first_moe_layer(c);
       char where[96];
@@ -474,7 +633,7 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
                         (long long)c->first_k_dense_replace,
                         c->first_k_dense_from_default ? ", the family's default: config.json does not set it" : "", where);
     }
-    if (layer % c->moe_layer_freq)
+    if (c->moe_layer_freq > 1 && layer % c->moe_layer_freq)
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_freq = %lld)", (long long)layer,
                         (long long)c->moe_layer_freq);
   }
@@ -492,8 +651,15 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
     return MOE8_OK;
   }
   for (int64_t i = 0; i < c->n_mlp_only; i++)
-    if (c->mlp_only_layers[i] == layer)
+    if (c->mlp_only_layers[i] == layer) {
+      if (c->decoder_sparse_step == 0)
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types[%lld] is \"dense\")", (long long)layer,
+                          (long long)layer);
+      if (c->decoder_sparse_step < 0)
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types, the family's default: config.json does "
+                          "not set it, and the first %lld layer(s) are dense)", (long long)layer, (long long)c->n_mlp_only);
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (listed in mlp_only_layers)", (long long)layer);
+    }
   if (c->decoder_sparse_step > 1 && (layer + 1) % c->decoder_sparse_step)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (decoder_sparse_step = %lld: MoE where (layer + 1) %% %lld == 0)",
                       (long long)layer, (long long)c->decoder_sparse_step, (long long)c->decoder_sparse_step);
@@ -503,7 +669,7 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
 int64_t moe8_hf_config_first_moe_layer(const moe8_hf_config *c) {
   if (!c) return -1;
   for (int64_t l = 0; l < c->num_layers && l < (1 << 20); l++) {
-    if ((c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2) && (l < c->first_k_dense_replace || (c->moe_layer_freq > 0 && l % c->moe_layer_freq))) continue;
+    if (l < c->first_k_dense_replace || (c->moe_layer_freq > 1 && l % c->moe_layer_freq)) continue;
     bool dense = c->decoder_sparse_step > 1 && (l + 1) % c->decoder_sparse_step;
     for (int64_t i = 0; i < c->n_mlp_only && !dense; i++) dense = c->mlp_only_layers[i] == l;
     if (!dense) return l;

@@ -190,17 +190,30 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
   const char *root = m ? m->root : "model.layers.";
   snprintf(buf, cap, "%s%lld.block_sparse_moe.gate.weight", root, (long long)layer);
-  const bool bsm = m && m->cfg.arch == MOE8_ARCH_MIXTRAL && moe8_model_find(m, buf);
+  const bool bsm = m && m->cfg.arch != MOE8_ARCH_LLAMA4 && moe8_model_find(m, buf); /* Mixtral's, MiniMax's, Kimi's files */
   snprintf(buf, cap, "%s%lld.%s", root, (long long)layer,
            bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
 }
 
 const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.layers."; }
 
-static const char *proj_name(const moe8_model *m, int which) {
+/* The projection names of the expert whose tensors are named base + ...:
+** {gate,up,down}_proj or w1/w3/w2 (Mixtral's, Kimi's files), whichever
+** the file holds there (the family's own when neither). */
+static const char *proj_name(const moe8_model *m, const char *base, int which) {
   static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const mx[3] = {"w1", "w3", "w2"};
-  return m->cfg.arch == MOE8_ARCH_MIXTRAL ? mx[which] : hf[which];
+  const char *const *a = m->cfg.arch == MOE8_ARCH_MIXTRAL ? mx : hf, *const *b = a == mx ? hf : mx;
+  char n[400];
+  snprintf(n, sizeof n, "%s%s.weight", base, a[0]);
+  if (moe8_model_find(m, n)) return a[which];
+  snprintf(n, sizeof n, "%s%s.weight", base, b[0]);
+  return moe8_model_find(m, n) ? b[which] : a[which];
 }
+
+/* The names a selection bias has in the families' files (DeepSeek-V3's
+** router holds it; MiniMax-M2's and EXAONE's blocks do; Sarvam's files
+** name it expert_bias); the first the file holds. */
+static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias"};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;
@@ -259,7 +272,9 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
     snprintf(mm->fmt, sizeof mm->fmt, "%s fused 3-D (unquantized)", moe8_file_dtype_name(t->dtype));
     return mm->fmt;
   }
-  snprintf(n, sizeof n, "%sexperts.0.%s.weight", p, proj_name(m, 0));
+  char base[200];
+  snprintf(base, sizeof base, "%sexperts.0.", p);
+  snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, 0));
   t = moe8_model_find(m, n);
   if (t && t->dtype == MOE8_FDT_F8_E4M3) {
     snprintf(mm->fmt, sizeof mm->fmt, "deepseek f8e4m3 %lldx%lld blocks", (long long)m->cfg.block_n, (long long)m->cfg.block_k);
@@ -359,7 +374,7 @@ static moe8_status read_proj(loader *ld, const char *base, int w, int64_t F, boo
   char n[320];
   const int64_t D = ld->D, N = w == 2 ? D : F, K = w == 2 ? F : D, shape[2] = {N, K};
   const moe8_tensor_view *t, *ts;
-  snprintf(n, sizeof n, "%s%s.weight", base, proj_name(ld->m, w));
+  snprintf(n, sizeof n, "%s%s.weight", base, proj_name(ld->m, base, w));
   moe8_status st = need(ld->m, n, 2, shape, &t);
   if (st != MOE8_OK) return st;
   used[0] = t;
@@ -373,7 +388,7 @@ static moe8_status read_proj(loader *ld, const char *base, int w, int64_t F, boo
     return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s but the routed experts are F8_E4M3 (every expert weight must be)", n,
                       moe8_file_dtype_name(t->dtype));
   if ((st = check_codes(t)) != MOE8_OK) return st;
-  snprintf(n, sizeof n, "%s%s.weight_scale_inv", base, proj_name(ld->m, w));
+  snprintf(n, sizeof n, "%s%s.weight_scale_inv", base, proj_name(ld->m, base, w));
   const int64_t sshape[2] = {moe8__cdiv(N, ld->bn), moe8__cdiv(K, ld->bk)};
   if ((st = need(ld->m, n, 2, sshape, &ts)) != MOE8_OK) return st;
   if (!is_float_file(ts->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(ts->dtype));
@@ -899,14 +914,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
   const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL;
   if (c->has_bias) {
-    /* DeepSeek-V3's router holds it; MiniMax-M2's block does */
-    snprintf(n, sizeof n, "%sgate.e_score_correction_bias", p);
-    if (!moe8_model_find(m, n)) {
-      char n2[320];
-      snprintf(n2, sizeof n2, "%se_score_correction_bias", p);
-      if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
+    for (size_t i = 0; i < sizeof k_bias_names / sizeof k_bias_names[0] && !bias; i++) {
+      snprintf(n, sizeof n, "%s%s", p, k_bias_names[i]);
+      bias = moe8_model_find(m, n);
     }
-    bias = moe8_model_find(m, n);
     if (bias && (bias->ndim != 1 || bias->shape[0] != E || !is_float_file(bias->dtype)))
       return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld", n, (long long)E);
   }
@@ -936,8 +947,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   double t0 = now_s(), last = t0;
   const int64_t total = E + (Fs > 0);
   {
-    char per[256], fused[256], q[256];
-    snprintf(per, sizeof per, "%sexperts.0.%s.weight", p, proj_name(m, 0));
+    char per[256], fused[256], q[256], base[200];
+    snprintf(base, sizeof base, "%sexperts.0.", p);
+    snprintf(per, sizeof per, "%s%s.weight", base, proj_name(m, base, 0));
     snprintf(fused, sizeof fused, "%sexperts.gate_up_proj", p);
     snprintf(q, sizeof q, "%sexperts.gate_up_proj.scale", p);
     const char *other = moe8_model_find(m, q) ? q : moe8_model_find(m, fused) ? fused : NULL;
@@ -984,11 +996,18 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
   const moe8_tensor_view *fgu = routed_done ? NULL : moe8_model_find(m, n), *fdn = NULL;
   if (!routed_done && fgu) {
-    /* Fused 3-D: gate_up_proj [E, 2F, D] (gate rows, then up rows), down_proj [E, D, F]. */
-    const int64_t s1[3] = {E, 2 * F, D}, s2[3] = {E, D, F};
+    /* Fused 3-D: gate_up_proj [E, 2F, D] (gate rows, then up rows), down_proj [E, D, F];
+    ** or the same transposed, x · W: [E, D, 2F] (gate columns, then up) and
+    ** [E, F, D] (Qwen3-VL-MoE's released files).  The shapes tell which:
+    ** both fit only if D = 2F and D = F. */
+    char dname[320];
+    snprintf(dname, sizeof dname, "%sexperts.down_proj", p);
+    const moe8_tensor_view *dv = moe8_model_find(m, dname);
+    const bool xw = fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
+                    dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
+    const int64_t s1[3] = {E, xw ? D : 2 * F, xw ? 2 * F : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
-    snprintf(n, sizeof n, "%sexperts.down_proj", p);
-    if ((st = need(m, n, 3, s2, &fdn)) != MOE8_OK) goto fail;
+    if ((st = need(m, dname, 3, s2, &fdn)) != MOE8_OK) goto fail;
     if (!is_float_file(fgu->dtype) || !is_float_file(fdn->dtype)) {
       st = moe8__fail(MOE8_ERR_DTYPE, "model: fused expert tensors '%s' (%s) and '%s' (%s) must be F32, BF16 or F16", fgu->name,
                       moe8_file_dtype_name(fgu->dtype), fdn->name, moe8_file_dtype_name(fdn->dtype));
@@ -997,8 +1016,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
     const size_t es1 = moe8_file_dtype_size(fgu->dtype) * (size_t)(2 * F * D), es2 = moe8_file_dtype_size(fdn->dtype) * (size_t)(D * F);
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-      st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, 2 * F, D, b.gu, 2 * F, 0, ld.tmp);
-      if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
+      if (xw) { /* already the layer's [D, 2F] and [F, D] */
+        st = moe8_file_to_f32(b.gu, (const char *)fgu->data + (size_t)e * es1, fgu->dtype, (size_t)(2 * F * D));
+        if (st == MOE8_OK) st = moe8_file_to_f32(b.dn, (const char *)fdn->data + (size_t)e * es2, fdn->dtype, (size_t)(D * F));
+      } else {
+        st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, 2 * F, D, b.gu, 2 * F, 0, ld.tmp);
+        if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
+      }
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }
@@ -1007,7 +1031,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     routed_done = true;
   }
   if (!routed_done) {
-    snprintf(n, sizeof n, "%sexperts.0.%s.weight", p, proj_name(m, 0));
+    char base[200];
+    snprintf(base, sizeof base, "%sexperts.0.", p);
+    snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, 0));
     const moe8_tensor_view *first = moe8_model_find(m, n);
     if (!first) {
       st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has no expert weights: none of '%s', '%sexperts.gate_up_proj', "
@@ -1030,7 +1056,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (Fs > 0) {
     snprintf(n, sizeof n, "%s%s.", p, c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert");
     char probe[400];
-    snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, 0));
+    snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, n, 0));
     const moe8_tensor_view *sf = moe8_model_find(m, probe);
     const bool sfp8 = sf && sf->dtype == MOE8_FDT_F8_E4M3;
     if (sfp8 && !L->wq) {

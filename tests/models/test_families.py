@@ -880,6 +880,176 @@ def _router_of(d):
         return get(w.replace("e_score_correction_bias", "weight")), get(w)
 
 
+# Families whose block is one moe8 computes, each a row of data in
+# src/io/hfconfig.c: the keys and defaults of its configuration class and
+# the tensor names its files have.  block: qwen3 (softmax top-k), qwen2
+# (softmax top-k + sigmoid-gated shared expert), ds3 (DeepSeek-V3), ds2
+# (DeepSeek-V2); keys: the names the class writes; place: how a dense layer
+# is written ("types": mlp_layer_types, "fk": first_k_dense_replace,
+# "qwen": mlp_only_layers, "all": every layer MoE) and the key its refusal
+# names; defaults: what the reference uses when the optional keys are left out.
+ROWS = [
+    dict(mt="qwen3_vl_moe_text", block="qwen3", ekey="num_local_experts", fkey="moe_intermediate_size", norm=(None, True),
+         place="qwen", layouts=("per", "fused", "fused_xw")),
+    dict(mt="qwen3_vl_moe", wrap="qwen3_vl_moe_text", block="qwen3", ekey="num_local_experts", fkey="moe_intermediate_size",
+         norm=(None, True), place="qwen", layouts=("fused_xw",)),
+    dict(mt="qwen3_omni_moe_text", block="qwen3", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True),
+         place="qwen", layouts=("per", "fused")),
+    dict(mt="qwen3_5_moe_text", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=(None, True), place="all",
+         layouts=("per", "fused")),
+    dict(mt="qwen3_5_moe", wrap="qwen3_5_moe_text", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=(None, True),
+         place="all", layouts=("per",)),
+    dict(mt="glm4_moe_lite", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.8),
+         shared=("n_shared_experts", 1), place="types", layouts=("per", "fused")),
+    dict(mt="glm4v_moe_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("n_shared_experts", 1), place="fk", layouts=("per", "fused")),
+    dict(mt="glm4v_moe", wrap="glm4v_moe_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
+         scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 1), place="fk", layouts=("per",)),
+    dict(mt="glm_moe_dsa", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
+         shared=("n_shared_experts", 1), place="types", dense=3, layouts=("per", "fused")),
+    dict(mt="mimo_v2_flash", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=None, place="types", layouts=("per", "fused")),
+    dict(mt="solar_open", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("n_shared_experts", 1), place="all", layouts=("per", "fused")),
+    dict(mt="sarvam_moe", block="ds3", ekey="num_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
+         shared=("num_shared_experts", 1), place="fk", bias="gate.expert_bias", layouts=("per",)),
+    dict(mt="sarvam_mla", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
+         shared=("n_shared_experts", 1), place="fk", layouts=("per", "fused")),
+    dict(mt="exaone_moe", block="ds3", ekey="num_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
+         shared=("num_shared_experts", 1), place="types", bias="e_score_correction_bias", layouts=("per", "fused")),
+    dict(mt="kimi_linear", block="ds3", ekey="num_experts", kkey="num_experts_per_token", norm=("moe_renormalize", True),
+         scale=("routed_scaling_factor", 2.446), shared=("num_shared_experts", 1), group="num_expert_group", place="types",
+         prefix="block_sparse_moe.", names=("w1", "w3", "w2"), layouts=("per", "fused")),
+    dict(mt="flex_olmo", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=("norm_topk_prob", False), place="all",
+         layouts=("per", "fused")),
+    dict(mt="mellum", block="qwen3", ekey="num_local_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="types",
+         layouts=("per", "fused")),
+    dict(mt="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2),
+         place="types", layouts=("per", "fused")),
+    dict(mt="unlimited_ocr", wrap="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0),
+         shared=("n_shared_experts", 2), place="types", layouts=("per",)),
+]
+PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers"}
+
+
+def row_case(tmp, rng, row, layout, absent=False, T=24):
+    """A checkpoint of 3 layers in the family's names (bf16): layer 0 dense
+    (but where every layer is MoE), the others MoE; each MoE layer's
+    reference.  absent: the optional keys (norm, scaling, placement) left
+    out, the reference taking the class's defaults."""
+    E, k, D, F = 16, 4, 128, 96
+    place = row["place"]
+    dflt = row.get("dense", 0 if place in ("qwen", "all") or row["mt"] == "mellum" else 1)  # the class's dense layers by default
+    L = dflt + 2 if absent else 3
+    blk = row["block"]
+    cfg = {"model_type": row.get("wrap") or row["mt"], row["ekey"]: E, row.get("kkey", "num_experts_per_tok"): k, "hidden_size": D,
+           row.get("fkey", "moe_intermediate_size"): F, "num_hidden_layers": L}
+    if not absent:
+        if place == "types":
+            cfg["mlp_layer_types"] = ["dense", "sparse", "sparse"]
+        elif place == "fk":
+            cfg["first_k_dense_replace"] = 1
+        elif place == "qwen":
+            cfg["mlp_only_layers"] = [0]
+            cfg["decoder_sparse_step"] = 1
+    moe_layers = list(range(dflt, L)) if absent else [0, 1, 2] if place == "all" else [1, 2]
+    norm_key, norm = row.get("norm", (None, False))
+    scale_key, scale = row.get("scale", (None, 1.0))
+    if not absent:
+        if norm_key:
+            norm = not norm if blk in ("qwen3", "qwen2") else norm  # the other value than the default, where it is a key
+            cfg[norm_key] = norm
+        if scale_key and blk == "ds3":
+            scale = 1.75
+            cfg[scale_key] = scale
+    sh_key, nsh = row.get("shared") or (None, 0)
+    if sh_key:
+        cfg[sh_key] = nsh
+    if blk == "ds3":
+        cfg[row.get("group", "n_group")] = 2 if not absent else 1
+        cfg["topk_group"] = 1
+    Fs = 64 if blk == "qwen2" else F * nsh
+    if blk == "qwen2":
+        cfg["shared_expert_intermediate_size"] = Fs
+    if row.get("wrap"):
+        text = dict(cfg, model_type=row["wrap"])
+        cfg = {"model_type": row["mt"], "text_config": text, "vision_config": {"hidden_size": 8}}
+    root = "model.language_model.layers." if row.get("wrap") else "model.layers."
+    pre = row.get("prefix", "mlp.")
+    names = row.get("names", ("gate_proj", "up_proj", "down_proj"))
+    t, refs = {}, {}
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    if 0 not in moe_layers:
+        t[root + "0.mlp.gate_proj.weight"] = ("BF16", rnd(rng, 32, D).astype(np.float32))
+    for l in moe_layers:
+        p = "%s%d.%s" % (root, l, pre)
+        wr = rnd(rng, E, D, scale=0.5)
+        t[p + "gate.weight"] = ("BF16", wr.astype(np.float32))
+        wr = store(wr, "BF16")
+        ex = make_experts(rng, E, D, F)
+        if layout == "per":
+            experts = per_expert(t, p, ex, names, "BF16")
+        else:
+            gu = np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex])
+            dn = np.stack([w for _, _, w in ex])
+            if layout == "fused_xw":  # Qwen3-VL-MoE's released files: x . W
+                gu, dn = gu.transpose(0, 2, 1), dn.transpose(0, 2, 1)
+            t[p + "experts.gate_up_proj"] = ("BF16", gu.astype(np.float32))
+            t[p + "experts.down_proj"] = ("BF16", dn.astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex]
+        shared = sgate = None
+        if Fs:
+            sw = make_experts(rng, 1, D, Fs)[0]
+            sp = p + ("shared_expert." if blk == "qwen2" else "shared_experts.")
+            shared = []
+            for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+                t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
+                shared.append(store(w, "BF16"))
+            if blk == "qwen2":
+                g = rnd(rng, 1, D, scale=D ** -0.5)
+                t[p + "shared_expert_gate.weight"] = ("BF16", g.astype(np.float32))
+                sgate = store(g, "BF16")
+        if blk in ("qwen3", "qwen2"):
+            routing = R.route_softmax(x, wr, k, norm)
+        elif blk == "ds2":
+            routing = R.route_deepseek_v2(x, wr, k, 1, 1, scale, False)
+        else:
+            bias = rnd(rng, E, scale=0.2) - 1.0
+            t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
+            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, cfg.get("text_config", cfg).get(row.get("group", "n_group"), 1), 1,
+                                       norm, scale)
+        refs[l] = R.moe_block(x, routing, experts, shared, sgate)
+    d = os.path.join(tmp, "%s_%d" % (row["mt"], len(os.listdir(tmp))))
+    write_model(d, cfg, t)
+    return d, x, refs
+
+
+def test_rows(tmp, rng):
+    for row in ROWS:
+        for layout in row["layouts"]:
+            d, x, refs = row_case(tmp, rng, row, layout)
+            for l, ref in refs.items():
+                got, _ = run(d, x, ("--layer", str(l)))
+                check("%s bf16 %s, layer %d" % (row["mt"], layout, l), got, ref, 1e-5)
+            if row["place"] != "all":
+                xp = os.path.join(d, "x.npy")
+                p = subprocess.run([MOE8, "run", "--model", d, "--input", xp, "--output", os.path.join(d, "y0.npy"), "--layer", "0"],
+                                   capture_output=True, text=True)
+                key = PLACE_KEY[row["place"]]
+                if p.returncode == 0 or key not in p.stderr:
+                    FAILS.append("%s dense layer 0: %s" % (row["mt"], p.stderr.strip()))
+                    print("%s dense layer 0 not refused by %s: %s" % (row["mt"], key, p.stderr.strip()))
+        # the class's defaults: norm, scaling and placement keys left out
+        d, x, refs = row_case(tmp, rng, row, row["layouts"][0], absent=True)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("%s bf16, optional keys absent, layer %d" % (row["mt"], l), got, ref, 1e-5)
+        rc, out = info(d)
+        if rc != 0 or row["mt"] not in out:
+            FAILS.append(row["mt"] + " info")
+            print("%s info (%d): %s" % (row["mt"], rc, out))
+
+
 def main():
     rng = np.random.default_rng(20261201)
     with tempfile.TemporaryDirectory() as tmp:
@@ -896,6 +1066,7 @@ def main():
         test_llama4(tmp, rng)
         test_mxfp4_rule(tmp, rng)
         test_mxfp4_file(tmp, rng)
+        test_rows(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
