@@ -54,41 +54,49 @@ VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const u
 /* ---- the small-M kernel on packed i8 weights (AVX512_VNNI) ------------ */
 /* The packed tile is one stream of quads: per quad, nv vectors of 16
 ** columns' words, read by vpdpbusd as they are (no conversion); the column
-** sums for the +128 compensation come from vpdpbusd against ones.  mr rows
-** x nvv vectors from vector v0; at the block's end S = Σ(a+128)b - 128Σb,
-** exact, and C += S · (ls · rs) as the panel path does: the same bytes. */
-VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                              int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
+** sums for the +128 compensation come from vpdpbusd against ones, made by
+** the block's first row pair and kept for the others.  mr (1 or 2) rows x
+** nvv vectors from vector v0; at the block's end S = Σ(a+128)b - 128Σb,
+** exact, and C += S · (ls · rs) as the panel path does: the same bytes.
+** Rows go in pairs over all the tile's vectors at once, so each pass reads
+** the tile front to back (the first from memory, the next from L2):
+** four rows over half the vectors read every 512-byte quad row in halves,
+** 1.4x slower at 4 rows per expert (measured). */
+VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const bool sums, const moe8__gmm_block *b, const uint32_t *A,
+                              int64_t words, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv,
+                              int32_t *cst) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
   const int64_t w0 = block_word(b, PATH_I8, blk);
   const uint8_t *r = pk_at(b, k0 / 4) + (size_t)v0 * 64;
   const size_t step = (size_t)nv * 64;
   const __m512i ones = _mm512_set1_epi8(1);
-  __m512i c[4][8], cs[8];
+  __m512i c[2][8], cs[8];
 #pragma GCC unroll 8
   for (int v = 0; v < nvv; v++) {
     cs[v] = _mm512_setzero_si512();
-#pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int i = 0; i < mr; i++) c[i][v] = _mm512_setzero_si512();
   }
   for (int64_t q = 0; q < kq; q++, r += step) {
-    __m512i a[4];
-#pragma GCC unroll 4
+    __m512i a[2];
+#pragma GCC unroll 2
     for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + q]);
 #pragma GCC unroll 8
     for (int v = 0; v < nvv; v++) {
       const __m512i x = _mm512_loadu_si512(r + 64 * v);
-      cs[v] = moe8__dpbusd(cs[v], ones, x);
-#pragma GCC unroll 4
+      if (sums) cs[v] = moe8__dpbusd(cs[v], ones, x);
+#pragma GCC unroll 2
       for (int i = 0; i < mr; i++) c[i][v] = moe8__dpbusd(c[i][v], a[i], x);
     }
   }
 #pragma GCC unroll 8
   for (int v = 0; v < nvv; v++) {
     const int64_t j = 16 * (v0 + v);
+    if (sums) _mm512_storeu_si512(cst + j, cs[v]);
+    else cs[v] = _mm512_loadu_si512(cst + j);
     const __m512 rs = _mm512_loadu_ps(rsv + j);
     const __m512i k = _mm512_slli_epi32(cs[v], 7);
-#pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int i = 0; i < mr; i++) {
       const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[i][v], k));
       _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(s, _mm512_mul_ps(_mm512_set1_ps(ls[i]), rs))));
@@ -96,41 +104,40 @@ VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const moe8__gmm_block
   }
 }
 
-#define PK_NV(mr, ...)                                     \
+#define PK_NV(mr, sums, ...)                                 \
   switch (nvv) {                                           \
-    case 8: pk_i8(mr, 8, __VA_ARGS__); break;              \
-    case 4: pk_i8(mr, 4, __VA_ARGS__); break;              \
-    case 2: pk_i8(mr, 2, __VA_ARGS__); break;              \
-    default: pk_i8(mr, 1, __VA_ARGS__); break;             \
+    case 8: pk_i8(mr, 8, sums, __VA_ARGS__); break;        \
+    case 4: pk_i8(mr, 4, sums, __VA_ARGS__); break;        \
+    case 2: pk_i8(mr, 2, sums, __VA_ARGS__); break;        \
+    default: pk_i8(mr, 1, sums, __VA_ARGS__); break;       \
   }
 
-VNNI_TARGET static void pk_i8_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
-                                  int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv) {
-  switch (mr) {
-    case 4: PK_NV(4, b, A, words, blk, v0, nv, C, ls, rsv) break;
-    case 3: PK_NV(3, b, A, words, blk, v0, nv, C, ls, rsv) break;
-    case 2: PK_NV(2, b, A, words, blk, v0, nv, C, ls, rsv) break;
-    default: PK_NV(1, b, A, words, blk, v0, nv, C, ls, rsv) break;
-  }
+VNNI_TARGET static void pk_i8_any(int mr, int nvv, bool sums, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                  int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv, int32_t *cst) {
+  if (mr == 2 && sums) PK_NV(2, true, b, A, words, blk, v0, nv, C, ls, rsv, cst)
+  else if (mr == 2) PK_NV(2, false, b, A, words, blk, v0, nv, C, ls, rsv, cst)
+  else if (sums) PK_NV(1, true, b, A, words, blk, v0, nv, C, ls, rsv, cst)
+  else PK_NV(1, false, b, A, words, blk, v0, nv, C, ls, rsv, cst)
 }
 
 VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16);
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  int32_t *cst = (int32_t *)(rsv + NT);
   const int64_t words = packed_words(b, PATH_I8);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     rhs_scales(b, blk, nv * 16, rsv);
-    /* Rows in fours (each row's sums are the same in any group of rows). */
-    for (int64_t i = 0; i < mt; i += 4) {
-      const int mr = mt - i < 4 ? (int)(mt - i) : 4, nvmax = mr <= 2 ? 8 : 4;
-      float ls[4];
+    /* Rows in pairs (each row's sums are the same in any group of rows). */
+    for (int64_t i = 0; i < mt; i += 2) {
+      const int mr = mt - i < 2 ? (int)(mt - i) : 2;
+      float ls[2];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
       for (int64_t v0 = 0; v0 < nv;) {
         const int64_t left = nv - v0;
-        const int nvv = left >= nvmax ? nvmax : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        pk_i8_any(mr, nvv, b, A + i * words, words, blk, v0, nv, C + i * NT, ls, rsv);
+        const int nvv = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        pk_i8_any(mr, nvv, i == 0, b, A + i * words, words, blk, v0, nv, C + i * NT, ls, rsv, cst);
         v0 += nvv;
       }
     }
