@@ -1194,6 +1194,59 @@ static void test_mxfp4_rule_options(void **state) {
   }
 }
 
+/* The families that are rows of data (docs/models.md): their classes'
+** defaults, key names with aliases, mlp_layer_types, the multimodal
+** wrappers' text_config, and the families refused with their reason. */
+static void test_family_rows(void **state) {
+  (void)state;
+  moe8_hf_config c;
+#define PARSE(js) moe8_hf_config_parse((js), strlen(js), "config.json", &c)
+  assert_int_equal(PARSE("{\"model_type\":\"kimi_linear\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.num_experts == 256 && c.layer.top_k == 8 && c.layer.ffn == 1024 &&
+              c.layer.shared_ffn == 1024 && c.layer.norm_topk_prob && fabsf(c.layer.routed_scaling_factor - 2.446f) < 1e-6f);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 1); /* first_k_dense_replace 1 when mlp_layer_types is absent */
+  assert_int_equal(PARSE("{\"model_type\":\"kimi_linear\",\"num_experts\":64,\"num_experts_per_token\":4,\"num_shared_experts\":2,"
+                         "\"num_expert_group\":4,\"topk_group\":2,\"moe_renormalize\":false,\"num_hidden_layers\":3,"
+                         "\"mlp_layer_types\":[\"sparse\",\"dense\",\"sparse\"]}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 64 && c.layer.top_k == 4 && c.layer.shared_ffn == 2048 && c.layer.n_group == 4 &&
+              !c.layer.norm_topk_prob);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "mlp_layer_types[1]"));
+  /* a key and its alias that disagree; a bad list */
+  assert_int_equal(PARSE("{\"model_type\":\"kimi_linear\",\"num_experts_per_token\":4,\"num_experts_per_tok\":6}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "num_experts_per_token"));
+  assert_int_equal(PARSE("{\"model_type\":\"mellum\",\"num_hidden_layers\":2,\"mlp_layer_types\":[\"sparse\"]}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "mlp_layer_types"));
+  assert_int_equal(PARSE("{\"model_type\":\"mellum\",\"num_hidden_layers\":2,\"mlp_layer_types\":[\"sparse\",\"hash_moe\"]}"),
+                   MOE8_ERR_UNSUPPORTED);
+  /* the class's default list: glm4_moe_lite's layer 0 dense, mellum's none */
+  assert_int_equal(PARSE("{\"model_type\":\"glm4_moe_lite\",\"first_k_dense_replace\":3}"), MOE8_OK);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 1);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "the family's default"));
+  assert_int_equal(PARSE("{\"model_type\":\"mellum\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_QWEN3_MOE && c.layer.num_experts == 64 && c.layer.norm_topk_prob);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 0);
+  /* always renormalized: the key is not read */
+  assert_int_equal(PARSE("{\"model_type\":\"qwen3_vl_moe_text\",\"norm_topk_prob\":false}"), MOE8_OK);
+  assert_true(c.layer.norm_topk_prob && c.layer.num_experts == 60 && c.layer.top_k == 4);
+  assert_int_equal(PARSE("{\"model_type\":\"qwen3_5_moe_text\",\"mlp_only_layers\":[0]}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_QWEN2_MOE && c.layer.shared_gate && c.layer.shared_ffn == 512 && c.layer.norm_topk_prob);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_OK); /* Qwen3_5MoeTextConfig has no placement key */
+  assert_int_equal(PARSE("{\"model_type\":\"mimo_v2_flash\",\"routed_scaling_factor\":null,\"n_shared_experts\":2}"), MOE8_OK);
+  assert_true(c.layer.shared_ffn == 0 && c.layer.routed_scaling_factor == 1.0f);
+  /* a multimodal wrapper: text_config, named in model_type */
+  assert_int_equal(PARSE("{\"model_type\":\"qwen3_vl_moe\",\"text_config\":{\"model_type\":\"qwen3_vl_moe_text\",\"num_experts\":8}}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 8 && !strcmp(c.model_type, "qwen3_vl_moe (text_config)"));
+  assert_int_equal(PARSE("{\"model_type\":\"glm4v_moe\"}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "text_config"));
+  /* a family whose block differs: refused with the reason */
+  assert_int_equal(PARSE("{\"model_type\":\"ernie4_5_moe\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "softmax probabilities"));
+#undef PARSE
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -1202,6 +1255,7 @@ int main(void) {
     cmocka_unit_test(test_safetensors_bad_input),
     cmocka_unit_test(test_npy_bad_input),
     cmocka_unit_test(test_hf_configs),
+    cmocka_unit_test(test_family_rows),
     cmocka_unit_test(test_gpt_oss_mxfp4),
     cmocka_unit_test(test_gpt_oss_mxfp4_nan_gate),
     cmocka_unit_test(test_gpt_oss_mxfp4_loads_agree),

@@ -2,10 +2,12 @@
 ** hfconfig.c — the MoE keys of a Hugging Face config.json, per family
 ** (docs/models.md).
 **
-** Families: qwen2_moe, qwen3_moe, qwen3_next, mixtral, minimax, minimax_m2,
-** deepseek_v2, deepseek_v3 (and kimi_k2), dots1, olmoe, glm4_moe, gpt_oss,
-** llama4_text, chosen by
-** model_type (or, when it is absent, by which expert-count key is
+** Families: the rows of k_families (qwen2_moe, qwen3_moe, qwen3_next,
+** mixtral, minimax, minimax_m2, deepseek_v2, deepseek_v3 (and kimi_k2,
+** deepseek_v32), dots1, olmoe, glm4_moe, gpt_oss, llama4_text, and the
+** families that compute one of those blocks under their own keys, as
+** data), and the multimodal models of k_wrappers (read from text_config),
+** chosen by model_type (or, when it is absent, by which expert-count key is
 ** present).  Every key moe8 uses takes, when missing or null, the default
 ** of the family's reference configuration class; a key with the wrong
 ** type, a fraction where an integer belongs or a value out of range is an
@@ -333,12 +335,51 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   static const struct { const char *type, *why; } k_differs[] = {
     {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
     {"llama4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"qwen3_vl_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"qwen3_5_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"glm4v_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
+    {"axk2", "its dropped expert groups are masked with 0.0, not -inf, which selects differently once selection values are negative"},
+    {"cohere2_moe", "its shared experts are averaged with the routed sum (shared_expert_combination_strategy) and it can select by sigmoid"},
+    {"dbrx", "its weights are divided by their p-norm (moe_normalize_expert_weights) and its experts are stacked x.W tensors"},
+    {"deepseek_v4", "its scores are sqrt(softplus(logits)), its hash layers route by token id (tid2eid) and its SwiGLU is clamped"},
+    {"doge", "its experts are single neurons chosen by product keys"},
+    {"ernie4_5_moe", "its selection adds the correction bias to softmax probabilities and divides by max(sum, moe_norm_min)"},
+    {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
+    {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
+    {"gemma4", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
+    {"diffusion_gemma", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
+    {"glm5_next", "its SwiGLU is clamped (swiglu_limit)"},
+    {"hy_v4", "its routed experts' SwiGLU is clamped (swiglu_limit)"},
+    {"hy_v4_vl", "its routed experts' SwiGLU is clamped (swiglu_limit)"},
+    {"inkling_text", "its shared experts are weighted by their router scores"},
+    {"inkling2_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
+    {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
+    {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
+    {"kolibri1", "it selects by router logits plus a bias and weights by sigmoid of the logits"},
+    {"laguna", "its router logits can be softcapped (moe_router_logit_softcapping)"},
+    {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
+    {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
+    {"mistral4", "it selects DeepSeek-style groups on softmax scores with 0.0 masking"},
+    {"mistral_large4", "it selects DeepSeek-style groups on softmax scores with 0.0 masking"},
+    {"muse_spark", "its experts are latent (projected, normalized per expert)"},
+    {"nemotron_h", "its experts are relu-squared MLPs, not SwiGLU"},
+    {"step3p5", "its SwiGLU is clamped per layer after the activation (swiglu_limits)"},
+    {"step3p7", "its SwiGLU is clamped per layer after the activation (swiglu_limits)"},
+    {"switch_transformers", "its experts drop tokens past expert_capacity and are ReLU MLPs"},
+    {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
+    {"nllb-moe", "transformers' block runs only experts 0 and 1 (it passes a one-hot mask as expert indices), so there is no reference"},
   };
-  if (override && mt)
+  if (mt)
     for (size_t i = 0; i < sizeof k_differs / sizeof k_differs[0]; i++)
-      if (!strcmp(mt->valuestring, k_differs[i].type))
-        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run even as %s: %s", file,
-                          k_differs[i].type, override, k_differs[i].why);
+      if (!strcmp(mt->valuestring, k_differs[i].type) && (override || strncmp(k_differs[i].why, "it is the multimodal", 20))) {
+        if (override)
+          return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run even as %s: %s", file,
+                            k_differs[i].type, override, k_differs[i].why);
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run: %s", file, k_differs[i].type,
+                          k_differs[i].why);
+      }
   /* A multimodal model as released (Llama-4 Scout and Maverick, Qwen3-VL,
   ** ...): its text model's keys are its text_config; its tensors are found
   ** under the language model's root (moe8_model_open). */
