@@ -58,6 +58,9 @@ typedef struct family {
   const char *scale_key;      /* NULL: routed_scaling_factor                            */
   const char *group_key;      /* NULL: n_group                                          */
   const char *shared_key;     /* the shared experts' count; NULL: n_shared_experts; "": always .shared */
+  const char *shared_width_key; /* the shared width is count x this key's value (default .shared_width); NULL: x the experts' width */
+  int64_t     shared_width;
+  const char *dense_key;      /* PLACE_FIRST's key: the count of first dense layers */
   int         place;          /* which layers are MoE: PLACE_*                          */
 } family;
 
@@ -67,6 +70,9 @@ enum {
   PLACE_ALL,       /* every layer is MoE (the class has no placement key) */
   PLACE_TYPES,     /* mlp_layer_types ("dense"/"sparse" per layer); without it the first .first_dense layers are dense */
   PLACE_TYPES_FK,  /* mlp_layer_types; without it the list the class builds from first_k_dense_replace (default .first_dense) */
+  PLACE_TYPES_FKF, /* the same, the list built from first_k_dense_replace and moe_layer_freq */
+  PLACE_TYPES_REQ, /* mlp_layer_types, required (the class has no default) */
+  PLACE_FIRST,     /* the first .dense_key layers dense (default .first_dense): num_dense_layers */
 };
 
 static const family k_families[] = {
@@ -162,6 +168,39 @@ static const family k_families[] = {
    .alias = "num_experts", .hidden = 2304, .layers = 28, .experts = 64, .top_k = 8, .ffn = 896, .norm = true, .scaling = 1.0,
    .place = PLACE_TYPES},
   /* UnlimitedOcrTextConfig: DeepSeek-V2's block */
+  /* BailingHybridConfig: Kimi's key names */
+  {.name = "bailing_hybrid", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2560, .layers = 42, .experts = 512, .top_k = 8, .ffn = 768, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 8, .topk_group = 4, .first_dense = 2, .topk_key = "num_experts_per_token|num_experts_per_tok",
+   .norm_key = "moe_renormalize|norm_topk_prob", .group_key = "num_expert_group|n_group",
+   .shared_key = "num_shared_experts|n_shared_experts", .place = PLACE_TYPES_FK},
+  /* BeamConfig: no shared experts; routed_scaling_factor scales the routed sum (the same) */
+  {.name = "beam", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 5120,
+   .layers = 52, .experts = 256, .top_k = 8, .ffn = 2560, .shared = 0, .norm = true, .scaling = 2.5, .n_group = 8, .topk_group = 4,
+   .first_dense = 3, .shared_key = "", .place = PLACE_TYPES},
+  /* Dots3NoteTextConfig: shared width shared_experts_intermediate_size x n_shared_experts */
+  {.name = "dots3_note_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 5120, .layers = 46, .experts = 256, .top_k = 8, .ffn = 1536, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 1,
+   .shared_width_key = "shared_experts_intermediate_size|moe_shared_expert_intermediate_size", .shared_width = 1536,
+   .place = PLACE_TYPES_FKF},
+  /* AfmoeConfig: no groups, always renormalized, route_scale; dense layers num_dense_layers */
+  {.name = "afmoe", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
+   .layers = 32, .experts = 64, .top_k = 6, .ffn = 1408, .shared = 2, .norm = true, .scaling = 1.0, .n_group = 1, .topk_group = 1,
+   .first_dense = 1, .norm_key = "", .scale_key = "route_scale", .group_key = "", .shared_key = "num_shared_experts",
+   .dense_key = "num_dense_layers", .place = PLACE_FIRST},
+  /* HYV3Config: no groups, always renormalized, router_scaling_factor */
+  {.name = "hy_v3", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 80, .experts = 192, .top_k = 8, .ffn = 1536, .shared = 1, .norm = true,
+   .scaling = 2.826, .n_group = 1, .topk_group = 1, .first_dense = 1, .norm_key = "", .scale_key = "router_scaling_factor",
+   .group_key = "", .shared_key = "num_shared_experts", .place = PLACE_TYPES},
+  /* Qwen4ExpTextConfig: Qwen3-Next's block, every layer MoE */
+  {.name = "qwen4_exp_text", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 2048, .layers = 40, .experts = 512, .top_k = 10, .ffn = 512, .shared = 512, .norm = true, .scaling = 1.0, .place = PLACE_ALL},
+  /* DeepseekOcr2TextConfig: DeepSeek-V2's block; num_experts_per_tok and mlp_layer_types have no default */
+  {.name = "deepseek_ocr2_text", .arch = MOE8_ARCH_DEEPSEEK_V2, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 4096, .layers = 32, .experts = 64, .top_k = 0, .ffn = 1407, .shared = 2, .norm = false,
+   .scaling = 1.0, .place = PLACE_TYPES_REQ},
   {.name = "unlimited_ocr_text", .arch = MOE8_ARCH_DEEPSEEK_V2, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_experts", .hidden = 1280, .layers = 12, .experts = 64, .top_k = 6, .ffn = 896, .shared = 2, .norm = false, .scaling = 1.0,
    .first_dense = 1, .place = PLACE_TYPES_FK},
@@ -272,6 +311,17 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
   c->moe_layer_freq = c->decoder_sparse_step = 1;
   c->n_mlp_only = 0;
   if (fam->place == PLACE_ALL) return MOE8_OK;
+  if (fam->place == PLACE_FIRST) { /* the first num_dense_layers layers dense (the class has no list) */
+    int64_t n = 0;
+    moe8_status st = get_int(root, file, fam->dense_key, fam->first_dense, 0, 1 << 20, &n);
+    for (int64_t l = 0; st == MOE8_OK && l < n && l < c->num_layers; l++) {
+      if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld: too many dense layers", file, fam->dense_key, (long long)n);
+      c->mlp_only_layers[c->n_mlp_only++] = l;
+    }
+    c->decoder_sparse_step = -2;
+    c->first_k_dense_from_default = item(root, fam->dense_key) == NULL;
+    return st;
+  }
   const cJSON *v = item(root, "mlp_layer_types");
   if (v) {
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != c->num_layers)
@@ -290,6 +340,9 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
     c->decoder_sparse_step = 0;
     return MOE8_OK;
   }
+  if (fam->place == PLACE_TYPES_REQ)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_layer_types\" is missing (%s's configuration has no default)", file, fam->name);
+  if (fam->place == PLACE_TYPES_FKF) return get_dense_layers(root, file, fam->first_dense, c); /* first_k_dense_replace, moe_layer_freq */
   if (fam->place == PLACE_TYPES_FK) {
     /* the list the class builds: the first first_k_dense_replace layers dense */
     moe8_status st = get_int(root, file, "first_k_dense_replace", fam->first_dense, 0, 1 << 20, &c->first_k_dense_replace);
@@ -476,9 +529,14 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
                  "DeepSeek-V3's block routes by sigmoid scores"));
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
-    TRY(pick_key(root, file, fam->group_key, "n_group", kk));
-    TRY(get_int(root, file, kk, fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
-    TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
+    if (fam->group_key && !*fam->group_key) { /* the class has no groups */
+      L->n_group = fam->n_group;
+      L->topk_group = fam->topk_group;
+    } else {
+      TRY(pick_key(root, file, fam->group_key, "n_group", kk));
+      TRY(get_int(root, file, kk, fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
+      TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
+    }
     TRY(check_groups(L, file));
     c->has_bias = L->use_selection_bias = true;
     int64_t nsh = fam->shared;
@@ -489,7 +547,12 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
                           fam->name);
       TRY(get_int(root, file, kk, fam->shared, 0, 1 << 16, &nsh));
     }
-    L->shared_ffn = nsh * L->ffn;
+    int64_t sw = L->ffn;
+    if (fam->shared_width_key) {
+      TRY(pick_key(root, file, fam->shared_width_key, "", kk));
+      TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
+    }
+    L->shared_ffn = nsh * sw;
     TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
@@ -696,6 +759,9 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       if (c->decoder_sparse_step == 0)
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types[%lld] is \"dense\")", (long long)layer,
                           (long long)layer);
+      if (c->decoder_sparse_step == -2) /* PLACE_FIRST, whose one key is num_dense_layers */
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (num_dense_layers = %lld%s)", (long long)layer,
+                          (long long)c->n_mlp_only, c->first_k_dense_from_default ? ", the family's default: config.json does not set it" : "");
       if (c->decoder_sparse_step < 0)
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types, the family's default: config.json does "
                           "not set it, and the first %lld layer(s) are dense)", (long long)layer, (long long)c->n_mlp_only);

@@ -909,6 +909,11 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const moe8_tensor_view *t;
   /* Router and bias first: every format has them. */
   snprintf(n, sizeof n, "%sgate.weight", p);
+  if (!moe8_model_find(m, n)) { /* AFMoE's, HY-V3's files: router.gate.weight */
+    char n2[320];
+    snprintf(n2, sizeof n2, "%srouter.gate.weight", p);
+    if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
+  }
   const int64_t rshape[2] = {E, D};
   if ((st = need(m, n, 2, rshape, &t)) != MOE8_OK) return st;
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
@@ -1054,7 +1059,16 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   /* The shared expert, in the family's names, as the routed ones are stored. */
   if (Fs > 0) {
-    snprintf(n, sizeof n, "%s%s.", p, c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert");
+    /* the family's name first (DeepSeek shared_experts, Qwen shared_expert), then the others' files' (HY-V3 shared_mlp) */
+    static const char *const sn[3] = {"shared_experts", "shared_expert", "shared_mlp"};
+    const int first = c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? 0 : 1;
+    snprintf(n, sizeof n, "%s%s.", p, sn[first]);
+    for (int i = 0; i < 3; i++) {
+      char b2[320], pr[400];
+      snprintf(b2, sizeof b2, "%s%s.", p, sn[i]);
+      snprintf(pr, sizeof pr, "%s%s.weight", b2, proj_name(m, b2, 0));
+      if (moe8_model_find(m, pr)) { snprintf(n, sizeof n, "%s", b2); break; }
+    }
     char probe[400];
     snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, n, 0));
     const moe8_tensor_view *sf = moe8_model_find(m, probe);

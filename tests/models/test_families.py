@@ -926,10 +926,26 @@ ROWS = [
          layouts=("per", "fused")),
     dict(mt="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2),
          place="types", layouts=("per", "fused")),
+    dict(mt="bailing_hybrid", block="ds3", ekey="num_experts", kkey="num_experts_per_token", norm=("moe_renormalize", True),
+         scale=("routed_scaling_factor", 2.5), shared=("num_shared_experts", 1), group="num_expert_group", place="types", dense=2,
+         bias="gate.expert_bias", groups_default=(8, 4), layouts=("per", "fused")),
+    dict(mt="beam", block="ds3", ekey="num_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5), shared=None,
+         place="types", dense=3, groups_default=(8, 4), layouts=("per", "fused")),
+    dict(mt="dots3_note_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("n_shared_experts", 2), shared_width=("shared_experts_intermediate_size", 40), place="types", layouts=("per", "fused")),
+    dict(mt="afmoe", block="ds3", ekey="num_experts", norm=(None, True), scale=("route_scale", 1.0), shared=("num_shared_experts", 2),
+         group="", place="first", router="router.gate.weight", bias="expert_bias", layouts=("per", "fused")),
+    dict(mt="hy_v3", block="ds3", ekey="num_experts", norm=(None, True), scale=("router_scaling_factor", 2.826),
+         shared=("num_shared_experts", 1), group="", place="types", router="router.gate.weight", bias="expert_bias",
+         shared_name="shared_mlp.", layouts=("per", "fused")),
+    dict(mt="qwen4_exp_text", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="all",
+         layouts=("per", "fused")),
+    dict(mt="deepseek_ocr2_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2),
+         place="types", types_required=True, layouts=("fused", "per")),
     dict(mt="unlimited_ocr", wrap="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0),
          shared=("n_shared_experts", 2), place="types", layouts=("per",)),
 ]
-PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers"}
+PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers"}
 
 
 def row_case(tmp, rng, row, layout, absent=False, T=24):
@@ -938,20 +954,26 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     reference.  absent: the optional keys (norm, scaling, placement) left
     out, the reference taking the class's defaults."""
     E, k, D, F = 16, 4, 128, 96
+    if absent and row.get("groups_default", (1, 1))[0] > 1:
+        E = 32  # the class's 8 groups need at least 2 experts each
     place = row["place"]
     dflt = row.get("dense", 0 if place in ("qwen", "all") or row["mt"] == "mellum" else 1)  # the class's dense layers by default
     L = dflt + 2 if absent else 3
     blk = row["block"]
     cfg = {"model_type": row.get("wrap") or row["mt"], row["ekey"]: E, row.get("kkey", "num_experts_per_tok"): k, "hidden_size": D,
            row.get("fkey", "moe_intermediate_size"): F, "num_hidden_layers": L}
-    if not absent:
+    if not absent or row.get("types_required"):
         if place == "types":
             cfg["mlp_layer_types"] = ["dense", "sparse", "sparse"]
+        elif place == "first":
+            cfg["num_dense_layers"] = 1
         elif place == "fk":
             cfg["first_k_dense_replace"] = 1
         elif place == "qwen":
             cfg["mlp_only_layers"] = [0]
             cfg["decoder_sparse_step"] = 1
+    if row.get("types_required"):  # written in both cases: layer 0 dense
+        L, dflt = 3, 1
     moe_layers = list(range(dflt, L)) if absent else [0, 1, 2] if place == "all" else [1, 2]
     norm_key, norm = row.get("norm", (None, False))
     scale_key, scale = row.get("scale", (None, 1.0))
@@ -965,10 +987,18 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     sh_key, nsh = row.get("shared") or (None, 0)
     if sh_key:
         cfg[sh_key] = nsh
-    if blk == "ds3":
-        cfg[row.get("group", "n_group")] = 2 if not absent else 1
-        cfg["topk_group"] = 1
-    Fs = 64 if blk == "qwen2" else F * nsh
+    n_group = row.get("groups_default", (1, 1))
+    if blk == "ds3" and row.get("group", "n_group"):
+        if absent:
+            cfg.pop(row.get("group", "n_group"), None)
+        else:
+            cfg[row.get("group", "n_group")] = 2
+            cfg["topk_group"] = 1
+            n_group = (2, 1)
+    width = F
+    if row.get("shared_width"):
+        cfg[row["shared_width"][0]] = width = row["shared_width"][1]
+    Fs = 64 if blk == "qwen2" else width * nsh
     if blk == "qwen2":
         cfg["shared_expert_intermediate_size"] = Fs
     if row.get("wrap"):
@@ -984,7 +1014,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     for l in moe_layers:
         p = "%s%d.%s" % (root, l, pre)
         wr = rnd(rng, E, D, scale=0.5)
-        t[p + "gate.weight"] = ("BF16", wr.astype(np.float32))
+        t[p + row.get("router", "gate.weight")] = ("BF16", wr.astype(np.float32))
         wr = store(wr, "BF16")
         ex = make_experts(rng, E, D, F)
         if layout == "per":
@@ -1000,7 +1030,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         shared = sgate = None
         if Fs:
             sw = make_experts(rng, 1, D, Fs)[0]
-            sp = p + ("shared_expert." if blk == "qwen2" else "shared_experts.")
+            sp = p + row.get("shared_name", "shared_expert." if blk == "qwen2" else "shared_experts.")
             shared = []
             for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
@@ -1016,8 +1046,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         else:
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
-            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, cfg.get("text_config", cfg).get(row.get("group", "n_group"), 1), 1,
-                                       norm, scale)
+            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale)
         refs[l] = R.moe_block(x, routing, experts, shared, sgate)
     d = os.path.join(tmp, "%s_%d" % (row["mt"], len(os.listdir(tmp))))
     write_model(d, cfg, t)
@@ -1048,6 +1077,14 @@ def test_rows(tmp, rng):
         if rc != 0 or row["mt"] not in out:
             FAILS.append(row["mt"] + " info")
             print("%s info (%d): %s" % (row["mt"], rc, out))
+        if row.get("types_required"):  # the class has no default list: refused naming it
+            cfg = json.load(open(os.path.join(d, "config.json")))
+            del cfg["mlp_layer_types"]
+            json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+            rc, out = info(d)
+            if rc == 0 or "mlp_layer_types" not in out:
+                FAILS.append(row["mt"] + " without mlp_layer_types")
+                print("%s without mlp_layer_types (%d): %s" % (row["mt"], rc, out))
 
 
 def main():
