@@ -382,7 +382,7 @@ static double torch_ms(int64_t T, int64_t E, int64_t K, int64_t D, int64_t F, co
   return ms;
 }
 
-static int bench_layer(FILE *json) {
+static int bench_layer(FILE *json, const peaks *pk) {
   static const struct { const char *name; int64_t T, E, K, D, F; } shapes[] = {
     {"prefill", 2048, 8, 2, 2048, 1408}, {"decode", 8, 64, 8, 2048, 768},
   };
@@ -399,17 +399,43 @@ static int bench_layer(FILE *json) {
     if (!shape_wanted(shapes[si].name)) continue;
     const int64_t T = shapes[si].T, E = shapes[si].E, K = shapes[si].K, D = shapes[si].D, F = shapes[si].F;
     printf("\n%s: T=%lld E=%lld top_k=%lld D=%lld F=%lld\n", shapes[si].name, (long long)T, (long long)E, (long long)K, (long long)D, (long long)F);
-    printf("%-22s %3s %10s %10s %12s %12s\n", "layer", "thr", "min ms", "median ms", "vs torch f32", "vs torch bf16");
+    const bool dec = si == 1;
+    printf("%-22s %3s %10s %10s %12s %12s %8s\n", "layer", "thr", "min ms", "median ms", "vs torch f32", "vs torch bf16",
+           dec ? "% bw" : "% peak");
+    /* The three matmuls' operations (prefill: against the dtype's dot
+    ** peak x threads), or the bytes of the experts the tokens touch
+    ** (decode: against the read bandwidth with the same threads). */
+    const double ops = 6.0 * (double)(T * K) * (double)D * (double)F;
     float *x = malloc(sizeof(float) * (size_t)(T * D)), *y = malloc(sizeof(float) * (size_t)(T * D));
     if (!x || !y) return EXIT_FAIL;
     fill_rand(x, (size_t)(T * D), 4.0f);
+    /* The experts the tokens touch: every mode's layer has the same
+    ** router (init_random with one seed), so route x once. */
+    int64_t touched = 0;
+    {
+      moe8_layer *L = NULL;
+      const moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+      float *lg = malloc(sizeof(float) * (size_t)(T * E)), *w = malloc(sizeof(float) * (size_t)(T * K));
+      int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
+      const moe8_router_config rc = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SOFTMAX, .norm_topk_prob = true};
+      moe8_status st = lg && w && ids ? moe8_layer_create(&cfg, NULL, "experts", &L) : MOE8_ERR_NOMEM;
+      if (st == MOE8_OK) st = moe8_layer_init_random(L, 9);
+      const float *wr = st == MOE8_OK ? moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL) : NULL;
+      if (wr && moe8_router_logits(x, wr, T, D, E, lg) == MOE8_OK && moe8_route(&rc, lg, T, NULL, ids, w) == MOE8_OK) {
+        uint64_t used[2] = {0, 0};
+        for (int64_t i = 0; i < T * K; i++) used[ids[i] >> 6] |= 1ull << (ids[i] & 63);
+        touched = __builtin_popcountll(used[0]) + __builtin_popcountll(used[1]);
+      }
+      moe8_layer_destroy(L);
+      free(lg); free(w); free(ids);
+    }
     for (int th = 1; th <= nth; th++) {
       set_threads(th);
       const int reps = si == 0 ? 5 : 30;
       const double tf = have_torch ? torch_ms(T, E, K, D, F, "f32", th, reps) : -1;
       const double tb = have_torch ? torch_ms(T, E, K, D, F, "bf16", th, reps) : -1;
-      if (tf > 0) printf("%-22s %3d %10.2f %10s %12s %12s\n", "torch eager f32", th, tf, "", "1.00x", "");
-      if (tb > 0) printf("%-22s %3d %10.2f %10s %12s %12s\n", "torch eager bf16", th, tb, "", "", "1.00x");
+      if (tf > 0) printf("%-22s %3d %10.2f %10s %12s %12s %8s\n", "torch eager f32", th, tf, "", "1.00x", "", "");
+      if (tb > 0) printf("%-22s %3d %10.2f %10s %12s %12s %8s\n", "torch eager bf16", th, tb, "", "", "1.00x", "");
       for (size_t mi = 0; mi < 3; mi++) {
         moe8_rules *rules = NULL;
         moe8_layer *L = NULL;
@@ -436,7 +462,14 @@ static int bench_layer(FILE *json) {
         if (tf > 0) snprintf(rf, sizeof rf, "%.2fx", tf / (t[0] * 1e3));
         if (tb > 0) snprintf(rb, sizeof rb, "%.2fx", tb / (t[0] * 1e3));
         snprintf(name, sizeof name, "moe8 %s", modes[mi].name);
-        printf("%-22s %3d %10.2f %10.2f %12s %12s\n", name, th, t[0] * 1e3, t[reps / 2] * 1e3, rf, rb);
+        /* i8 sums on vpdpbusd, FP8 on vdpbf16ps, f32 on FMAs; FP8 and i8
+        ** weights are a byte an element, f32 four. */
+        const double unit = mi == 2 ? pk->i8 : mi == 1 ? pk->bf16 : pk->f32, esz = mi == 0 ? 4.0 : 1.0;
+        const double bw = th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2;
+        char pct[16] = "-";
+        if (!dec && unit > 0) snprintf(pct, sizeof pct, "%.0f%%", 100.0 * ops / t[0] / 1e9 / (unit * th));
+        if (dec && bw > 0 && touched > 0) snprintf(pct, sizeof pct, "%.0f%%", 100.0 * (double)touched * 3.0 * (double)(D * F) * esz / t[0] / 1e9 / bw);
+        printf("%-22s %3d %10.2f %10.2f %12s %12s %8s\n", name, th, t[0] * 1e3, t[reps / 2] * 1e3, rf, rb, pct);
         if (json)
           fprintf(json, "{\"bench\": \"layer\", \"shape\": \"%s\", \"mode\": \"%s\", \"threads\": %d, \"min_ms\": %.4f, \"median_ms\": %.4f, "
                         "\"torch_f32_ms\": %.4f, \"torch_bf16_ms\": %.4f}\n",
@@ -957,7 +990,7 @@ int cmd_bench(int argc, char **argv) {
   for (int q = 0; q < g_nisa && rc == EXIT_OK; q++) {
     moe8_isa_set(g_isas[q]);
     if (rc == EXIT_OK && want[1]) rc = bench_gmm(&pk);
-    if (rc == EXIT_OK && want[2]) rc = bench_layer(g_json);
+    if (rc == EXIT_OK && want[2]) rc = bench_layer(g_json, &pk);
   }
   if (rc == EXIT_OK && want[3]) rc = bench_ep();
   if (rc == EXIT_OK && want[5]) rc = bench_mxfp4(&pk);
