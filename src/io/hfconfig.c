@@ -61,6 +61,7 @@ typedef struct family {
   const char *shared_width_key; /* the shared width is count x this key's value (default .shared_width); NULL: x the experts' width */
   int64_t     shared_width;
   const char *dense_key;      /* PLACE_FIRST's key: the count of first dense layers */
+  bool        shared_ungated; /* Qwen2-MoE's block with its shared expert added in full (no shared_expert_gate) */
   int         place;          /* which layers are MoE: PLACE_*                          */
 } family;
 
@@ -197,6 +198,10 @@ static const family k_families[] = {
   /* Qwen4ExpTextConfig: Qwen3-Next's block, every layer MoE */
   {.name = "qwen4_exp_text", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
    .hidden = 2048, .layers = 40, .experts = 512, .top_k = 10, .ffn = 512, .shared = 512, .norm = true, .scaling = 1.0, .place = PLACE_ALL},
+  /* LaraMiniConfig: Qwen3-Next's block with the shared expert ungated, every layer MoE */
+  {.name = "lara_mini", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 1024,
+   .layers = 34, .experts = 128, .top_k = 4, .ffn = 512, .shared = 512, .norm = true, .scaling = 1.0, .shared_ungated = true,
+   .place = PLACE_ALL},
   /* DeepseekOcr2TextConfig: DeepSeek-V2's block; num_experts_per_tok and mlp_layer_types have no default */
   {.name = "deepseek_ocr2_text", .arch = MOE8_ARCH_DEEPSEEK_V2, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_experts", .hidden = 4096, .layers = 32, .experts = 64, .top_k = 0, .ffn = 1407, .shared = 2, .norm = false,
@@ -644,7 +649,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   }
   if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
     TRY(get_int(root, file, "shared_expert_intermediate_size", fam->shared, 0, BIG, &L->shared_ffn));
-    L->shared_gate = L->shared_ffn > 0;
+    L->shared_gate = L->shared_ffn > 0 && !fam->shared_ungated;
   }
   if (fam->arch != MOE8_ARCH_LLAMA4) c->decoder_sparse_step = 1;
   if (qwen && fam->place == PLACE_BLOCK) {

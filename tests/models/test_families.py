@@ -940,6 +940,8 @@ ROWS = [
          shared_name="shared_mlp.", layouts=("per", "fused")),
     dict(mt="qwen4_exp_text", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="all",
          layouts=("per", "fused")),
+    dict(mt="lara_mini", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="all",
+         ungated=True, layouts=("fused", "per")),
     dict(mt="deepseek_ocr2_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2),
          place="types", types_required=True, layouts=("fused", "per")),
     dict(mt="unlimited_ocr", wrap="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0),
@@ -1035,7 +1037,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
-            if blk == "qwen2":
+            if blk == "qwen2" and not row.get("ungated"):
                 g = rnd(rng, 1, D, scale=D ** -0.5)
                 t[p + "shared_expert_gate.weight"] = ("BF16", g.astype(np.float32))
                 sgate = store(g, "BF16")
