@@ -58,7 +58,8 @@ typedef struct family {
   const char *scale_key;      /* NULL: routed_scaling_factor                            */
   const char *group_key;      /* NULL: n_group                                          */
   const char *shared_key;     /* the shared experts' count; NULL: n_shared_experts; "": always .shared */
-  const char *shared_width_key; /* the shared width is count x this key's value (default .shared_width); NULL: x the experts' width */
+  const char *shared_width_key; /* DeepSeek blocks: the shared width is count x this key's value (default .shared_width), NULL: x the
+                                ** experts' width; Qwen2-MoE's: the shared width's key (default .shared), NULL: shared_expert_intermediate_size */
   int64_t     shared_width;
   const char *dense_key;      /* PLACE_FIRST's key: the count of first dense layers */
   bool        shared_ungated; /* Qwen2-MoE's block with its shared expert added in full (no shared_expert_gate) */
@@ -202,6 +203,12 @@ static const family k_families[] = {
   {.name = "lara_mini", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 1024,
    .layers = 34, .experts = 128, .top_k = 4, .ffn = 512, .shared = 512, .norm = true, .scaling = 1.0, .shared_ungated = true,
    .place = PLACE_ALL},
+  /* HunYuanMoEV1Config: softmax top-k always renormalized, one ungated shared expert of the experts' width
+  ** (intermediate_size); num_experts and moe_topk as lists (per layer) are refused by name */
+  {.name = "hunyuan_v1_moe", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 32, .experts = 1, .top_k = 1, .ffn = 11008, .shared = 11008, .norm = true,
+   .scaling = 1.0, .topk_key = "moe_topk|num_experts_per_tok", .norm_key = "", .shared_width_key = "intermediate_size",
+   .shared_ungated = true, .place = PLACE_ALL},
   /* DeepseekOcr2TextConfig: DeepSeek-V2's block; num_experts_per_tok and mlp_layer_types have no default */
   {.name = "deepseek_ocr2_text", .arch = MOE8_ARCH_DEEPSEEK_V2, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_experts", .hidden = 4096, .layers = 32, .experts = 64, .top_k = 0, .ffn = 1407, .shared = 2, .norm = false,
@@ -648,7 +655,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     L->act_limit = (float)(v ? v->valuedouble : 7.0);
   }
   if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
-    TRY(get_int(root, file, "shared_expert_intermediate_size", fam->shared, 0, BIG, &L->shared_ffn));
+    TRY(pick_key(root, file, fam->shared_width_key, "shared_expert_intermediate_size", kk));
+    TRY(get_int(root, file, kk, fam->shared, 0, BIG, &L->shared_ffn));
     L->shared_gate = L->shared_ffn > 0 && !fam->shared_ungated;
   }
   if (fam->arch != MOE8_ARCH_LLAMA4) c->decoder_sparse_step = 1;

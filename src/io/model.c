@@ -909,9 +909,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const moe8_tensor_view *t;
   /* Router and bias first: every format has them. */
   snprintf(n, sizeof n, "%sgate.weight", p);
-  if (!moe8_model_find(m, n)) { /* AFMoE's, HY-V3's files: router.gate.weight */
+  static const char *const router_names[2] = {"router.gate.weight", "gate.wg.weight"}; /* AFMoE's, HY-V3's files; HunYuan's */
+  for (int i = 0; i < 2 && !moe8_model_find(m, n); i++) {
     char n2[320];
-    snprintf(n2, sizeof n2, "%srouter.gate.weight", p);
+    snprintf(n2, sizeof n2, "%s%s", p, router_names[i]);
     if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
   }
   const int64_t rshape[2] = {E, D};

@@ -942,6 +942,8 @@ ROWS = [
          layouts=("per", "fused")),
     dict(mt="lara_mini", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="all",
          ungated=True, layouts=("fused", "per")),
+    dict(mt="hunyuan_v1_moe", block="qwen2", ekey="num_experts", kkey="moe_topk", fkey="intermediate_size", norm=(None, True), place="all",
+         ungated=True, shared_same_width=True, router="gate.wg.weight", shared_name="shared_mlp.", layouts=("per", "fused")),
     dict(mt="deepseek_ocr2_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2),
          place="types", types_required=True, layouts=("fused", "per")),
     dict(mt="unlimited_ocr", wrap="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0),
@@ -1000,8 +1002,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     width = F
     if row.get("shared_width"):
         cfg[row["shared_width"][0]] = width = row["shared_width"][1]
-    Fs = 64 if blk == "qwen2" else width * nsh
-    if blk == "qwen2":
+    Fs = (F if row.get("shared_same_width") else 64) if blk == "qwen2" else width * nsh
+    if blk == "qwen2" and not row.get("shared_same_width"):
         cfg["shared_expert_intermediate_size"] = Fs
     if row.get("wrap"):
         text = dict(cfg, model_type=row["wrap"])
