@@ -3,8 +3,10 @@
 for each shape and thread count, how many times faster each moe8 kernel
 (grouped matmul) and each moe8 layer mode is than a peer measured in the
 same run (OpenBLAS f32 for the matmul, PyTorch eager bf16 for the layer).
-One colour per system throughout; the CPU the figures come from is in the
-title.  Needs python3-matplotlib.
+One panel per section, ratios on a log axis (one outlier does not flatten
+the rest), one colour per system throughout; a bar is the best run, its
+whisker reaches the median run (the spread).  The CPU the figures come
+from is in the title.  Needs python3-matplotlib.
 
 usage: scripts/plot_bench.py bench.json docs/bench.png"""
 import json
@@ -57,14 +59,20 @@ def main():
     machine = next((r for r in rows if r.get("bench") == "machine"), {})
     peaks = next((r for r in rows if r.get("bench") == "peaks"), {})
     gmm = defaultdict(dict)
+    spread = defaultdict(lambda: defaultdict(dict))  # section -> key -> impl -> median ms
     for r in rows:
         if r.get("bench") == "gmm":
-            gmm[("%s\n%d token%s, %d experts" % (r["shape"], r["T"], "" if r["T"] == 1 else "s", r["E"]), r["threads"])][r["impl"]] = r["min_ms"]
+            k = ("%s\n%d token%s, %d experts" % (r["shape"], r["T"], "" if r["T"] == 1 else "s", r["E"]), r["threads"])
+            gmm[k][r["impl"]] = r["min_ms"]
+            if r.get("median_ms"):
+                spread[id(gmm)][k][r["impl"]] = r["median_ms"]
     layer = defaultdict(dict)
     for r in rows:
         if r.get("bench") == "layer":
             k = ("%s layer" % r["shape"], r["threads"])
             layer[k]["layer " + r["mode"]] = r["min_ms"]
+            if r.get("median_ms"):
+                spread[id(layer)][k]["layer " + r["mode"]] = r["median_ms"]
             for peer in ("torch_f32", "torch_bf16"):
                 if r.get(peer + "_ms", -1) > 0:
                     layer[k][peer] = r[peer + "_ms"]
@@ -81,20 +89,24 @@ def main():
         impls += sorted({i for k in keys for i in data[k]} - set(impls) - {base})
         width = 0.8 / max(len(impls), 1)
         for j, impl in enumerate(impls):
-            xs, ys = [], []
+            xs, ys, lo = [], [], []
             for i, k in enumerate(keys):
                 if impl in data[k]:
                     xs.append(i + j * width)
                     ys.append(data[k][base] / data[k][impl])
+                    med = spread[id(data)][k].get(impl)
+                    lo.append(ys[-1] - data[k][base] / med if med and med >= data[k][impl] else 0.0)
             ax.bar(xs, ys, width, label=label(impl), color=colour(impl))
+            ax.errorbar(xs, ys, yerr=[lo, [0.0] * len(lo)], fmt="none", ecolor="black", elinewidth=0.6, capsize=1.5)
             for x, y in zip(xs, ys):
                 ax.text(x, y, "%.2f" % y, ha="center", va="bottom", fontsize=6, rotation=90)
+        ax.set_yscale("log")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))])
         ax.set_xticklabels(["%s\n%d thread%s" % (s, t, "s" if t > 1 else "") for s, t in keys], fontsize=7)
-        ax.set_ylabel("times faster than %s\n(1.0 = the same speed)" % BASES[base], fontsize=8)
+        ax.set_ylabel("times faster than %s\n(log scale; 1.0 = the same speed)" % BASES[base], fontsize=8)
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7, ncol=4)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))  # beside the bars, not over them
     cpu = machine.get("cpu", "CPU not recorded")
     amx = "" if not machine else (", AMX tiles" if machine.get("amx") else ", no AMX")
     head = "moe8 %s on %s (%s CPUs%s), every peer measured in the same run" % (machine.get("version", ""), cpu, machine.get("cpus", "?"), amx)
