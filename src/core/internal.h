@@ -143,6 +143,19 @@ typedef struct moe8__ktable {
   void (*gmm_pack)(const struct moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst);
 } moe8__ktable;
 
+/* The CPU's features (core/cpu.c, detected once); the kernel tables
+** (kernels/registry.c) are built on them. */
+enum {
+  MOE8__CPU_AVX512 = 1 << 0,   /* F, BW, VL, DQ and the OS's ZMM state */
+  MOE8__CPU_BF16 = 1 << 1,
+  MOE8__CPU_VNNI = 1 << 2,
+  MOE8__CPU_VBMI = 1 << 3,
+  MOE8__CPU_AMX_TILE = 1 << 4, /* with XCR0 17-18 and the tile permission */
+  MOE8__CPU_AMX_BF16 = 1 << 5,
+  MOE8__CPU_AMX_INT8 = 1 << 6,
+};
+unsigned moe8__cpu_features(void);
+
 const moe8__ktable *moe8__kernels(void);
 const moe8__ktable *moe8__kernels_for(moe8_isa isa); /* NULL if unsupported */
 /* AVX512_VBMI (byte permutes), for an optional faster FP8 decode. */

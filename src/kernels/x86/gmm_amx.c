@@ -210,7 +210,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
       pack_b_pk_vbmi(b, c0, kp, ntp, (uint32_t *)Bs, 32, rows * 32);
       for (int64_t s = 0; s < ntp / 32; s++) memset(Bs + (s * rows + kp) * 128, 0, (size_t)((rows - kp) * 128));
     } else {
-      pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
+      panel_bf16(b, c0, kc, ntp, Bp, tmp);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 2), 16 * npc, nct, Bs);
     }
     /* Byte offset of the chunk in a packed row (blocks are whole pieces

@@ -58,7 +58,7 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
     if (path != PATH_F32 && k1 - k0 <= KC) {
       const bool first = all_prom && blk == 0, last = direct && blk == b->nbk - 1;
       /* One chunk: promote in registers (ukr_*_prom), S never stored. */
-      if (path == PATH_BF16) pack_b_bf16(b, k0, k1 - k0, ntp, Bp, tmp);
+      if (path == PATH_BF16) panel_bf16(b, k0, k1 - k0, ntp, Bp, tmp);
       else pack_b_i8(b, k0, k1 - k0, ntp, Bp, colsum);
       rhs_scales(b, blk, ntp, rsv);
       const int64_t w0 = block_word(b, path, blk);
@@ -85,7 +85,7 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
     for (int64_t c0 = k0; c0 < k1; c0 += KC) {
       const int64_t kc = c0 + KC < k1 ? KC : k1 - c0;
       if (path == PATH_F32) pack_b_f32(b, c0, kc, ntp, (float *)Bp);
-      else if (path == PATH_BF16) pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
+      else if (path == PATH_BF16) panel_bf16(b, c0, kc, ntp, Bp, tmp);
       else pack_b_i8(b, c0, kc, ntp, Bp, colsum);
       /* Word offset of this chunk inside a packed row. */
       const int64_t w0 = block_word(b, path, blk) + (path == PATH_F32 ? c0 - k0 : (c0 - k0) / (path == PATH_BF16 ? 2 : 4));

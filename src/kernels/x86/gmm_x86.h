@@ -124,6 +124,15 @@ VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const u
 ** (32 columns) at Bp + p·ps + s·ss words (the panel: ps = NT, ss = 32). */
 VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss);
 
+/* The bf16 pair panel [kc/2][NT] of k = c0 .. c0 + kc for the block
+** kernels: packed FP8 through the VBMI family's converter where the CPU
+** has it, else the packer's own (the same words).  Which family runs is
+** chosen here, by the kernels, not by the packer. */
+static inline void panel_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
+  if (b->rhs_pk && b->rt != MOE8_DTYPE_I8 && moe8__cpu_has_vbmi()) pack_b_pk_vbmi(b, c0, (kc + 1) / 2, ntp, Bp, NT, 32);
+  else pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
+}
+
 /* Co[i] = Ci[i] + c[i] · (ls[i] · rs) for the rows of a microkernel (Ci
 ** NULL: + 0.0), both 16-column halves; unrolled so the sums stay in
 ** registers. */

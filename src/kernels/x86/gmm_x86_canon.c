@@ -81,7 +81,7 @@ void moe8__gmm_canon_avx512(const moe8__gmm_block *b) {
     memset(S, 0, sizeof(float) * (size_t)(mt * NT));
     for (int64_t c0 = k0; c0 < k1; c0 += KC) {
       const int64_t kc = c0 + KC < k1 ? KC : k1 - c0, kp = (kc + 1) / 2, npc = moe8__cdiv(kp, 16);
-      pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
+      panel_bf16(b, c0, kc, ntp, Bp, tmp);
       memset(Bp + kp * NT, 0, sizeof(uint32_t) * (size_t)((16 * npc - kp) * NT));
       const int64_t w0 = moe8__canon_block_words(b) * blk + (c0 - k0) / 2;
       const unsigned int csr = _mm_getcsr();

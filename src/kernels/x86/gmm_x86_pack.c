@@ -191,7 +191,6 @@ INLINE void store_pairs(uint32_t *dst, __m512i r0, __m512i r1) {
 void pack_b_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, uint32_t *Bp, float *tmp) {
   const int64_t nt = b->n1 - b->n0, kp = (kc + 1) / 2;
   const bool pk8 = b->rhs_pk && b->rt != MOE8_DTYPE_I8; /* packed i8 goes through f32 rows below */
-  if (pk8 && moe8__cpu_has_vbmi()) { pack_b_pk_vbmi(b, c0, kp, ntp, Bp, NT, 32); return; }
   if (pk8) {
     /* Packed FP8: each 64-byte strip of a pair is already the two pair
     ** vectors' codes; convert and reorder (the unpacks' order, by words). */
