@@ -1,0 +1,206 @@
+"""torch.ops.moe8.experts: moe8's expert op (moe8_layer_experts) as a
+PyTorch operator, the thin adapters for serving stacks' call shapes, and
+transformers 5's experts_implementation="moe8" (docs/integration.md).
+
+The operator takes tensors and scalars only, so the layer is named by an
+integer handle: register_layer(layer) puts a moe8.Layer (or a MoE8Block's
+layer) in a registry held here and returns its handle; unregister_layer
+takes it out.  The registry holds the layer alive until then."""
+import itertools
+import threading
+
+import torch
+
+from . import Error, Layer, _check, _layer_experts, _layer_weights_changed, _P
+
+# ---- the layer registry -------------------------------------------------------------------------
+_LAYERS = {}
+_NEXT = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def _as_layer(layer):
+    """A moe8.Layer from a Layer, a MoE8Block (its layer) or a handle."""
+    if isinstance(layer, Layer):
+        return layer
+    if isinstance(layer, bool):
+        raise TypeError("moe8: a layer handle is an int, not a bool")
+    if isinstance(layer, int):
+        try:
+            return _LAYERS[layer]
+        except KeyError:
+            raise KeyError("moe8: no layer is registered under handle %d (register_layer gives one)" % layer) from None
+    inner = getattr(layer, "layer", None)
+    if isinstance(inner, Layer):
+        return inner
+    raise TypeError("moe8: expected a moe8.Layer, a MoE8Block or a handle from register_layer, not %s" % type(layer).__name__)
+
+
+def register_layer(layer):
+    """The handle (an int >= 1) torch.ops.moe8.experts names `layer` by (a
+    moe8.Layer or a MoE8Block).  Registering the same layer again gives
+    the same handle.  The registry keeps the layer alive until
+    unregister_layer(handle)."""
+    lay = _as_layer(layer)
+    with _LOCK:
+        h = getattr(lay, "_op_handle", None)
+        if h is not None and _LAYERS.get(h) is lay:
+            return h
+        h = next(_NEXT)
+        _LAYERS[h] = lay
+        lay._op_handle = h
+        return h
+
+
+def unregister_layer(handle):
+    """Takes the layer out of the registry (its handle is not reused)."""
+    with _LOCK:
+        lay = _LAYERS.pop(handle, None)
+        if lay is not None:
+            lay._op_handle = None
+
+
+# ---- the kernel ------------------------------------------------------------------------------
+def _run(lay, hidden, topk_ids, topk_weights, out, shared):
+    """out (a contiguous float32 [T, D] tensor) = the layer's experts."""
+    if hidden.device.type != "cpu" or hidden.dim() != 2 or hidden.shape[1] != lay.hidden:
+        raise ValueError("moe8: hidden must be a CPU tensor [T, %d], got %s %s on %s" % (lay.hidden, hidden.dtype, list(hidden.shape),
+                                                                                       hidden.device))
+    if hidden.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError("moe8: hidden must be float32 or bfloat16, got %s" % hidden.dtype)
+    T = hidden.shape[0]
+    if tuple(topk_ids.shape) != (T, lay.top_k) or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError("moe8: topk_ids must be int32 or int64 [%d, %d], got %s %s" % (T, lay.top_k, topk_ids.dtype, list(topk_ids.shape)))
+    if tuple(topk_weights.shape) != (T, lay.top_k) or topk_weights.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError("moe8: topk_weights must be float32 or bfloat16 [%d, %d], got %s %s"
+                         % (T, lay.top_k, topk_weights.dtype, list(topk_weights.shape)))
+    if T == 0:
+        return
+    if topk_ids.dtype == torch.int64:  # ids that would not survive the conversion to int32 (the C call checks ids >= E)
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < -(2 ** 31) or hi >= lay.num_experts:
+            raise Error(2, "topk_ids hold %d: ids must be in [-2^31, num_experts = %d) (ids < 0 are skipped)"
+                        % (lo if lo < -(2 ** 31) else hi, lay.num_experts))
+    # f32 staging only where the C API needs it (no copy of a contiguous f32 input)
+    x = hidden.detach().contiguous().to(torch.float32)
+    ids = topk_ids.detach().to(torch.int32).contiguous()
+    w = topk_weights.detach().to(torch.float32).contiguous()
+    if x.data_ptr() == out.data_ptr():  # in place (out is hidden): the C call reads x while it writes out
+        x = x.clone()
+    if lay._views_out and not lay._prepared:
+        _layer_weights_changed(lay._h)
+    ws = lay._workspace(T)
+    _check(_layer_experts(lay._h, _P(x.data_ptr()), T, _P(ids.data_ptr()), _P(w.data_ptr()), _P(out.data_ptr()), ws.ptr, ws.n))
+    if not shared and lay.shared_ffn > 0:
+        # The shared expert alone (every slot skipped gives 0 + shared, the
+        # bytes it adds in the full call), taken off again.
+        s = torch.empty_like(out)
+        skip = torch.full_like(ids, -1)
+        _check(_layer_experts(lay._h, _P(x.data_ptr()), T, _P(skip.data_ptr()), _P(w.data_ptr()), _P(s.data_ptr()), ws.ptr, ws.n))
+        out.sub_(s)
+
+
+def _experts_cpu(hidden, topk_ids, topk_weights, layer, shared=True):
+    lay = _as_layer(int(layer))
+    y = torch.empty((hidden.shape[0], lay.hidden), dtype=torch.float32)
+    _run(lay, hidden, topk_ids, topk_weights, y, shared)
+    return y if hidden.dtype == torch.float32 else y.to(hidden.dtype)
+
+
+def _experts_out_cpu(hidden, topk_ids, topk_weights, layer, shared=True, *, out):
+    lay = _as_layer(int(layer))
+    if tuple(out.shape) != (hidden.shape[0], lay.hidden) or out.dtype not in (torch.float32, torch.bfloat16) or out.device.type != "cpu":
+        raise ValueError("moe8: out must be a float32 or bfloat16 CPU tensor [%d, %d], got %s %s"
+                         % (hidden.shape[0], lay.hidden, out.dtype, list(out.shape)))
+    direct = out.dtype == torch.float32 and out.is_contiguous()
+    y = out if direct else torch.empty(tuple(out.shape), dtype=torch.float32)
+    _run(lay, hidden, topk_ids, topk_weights, y, shared)
+    if not direct:
+        out.copy_(y)
+    return out
+
+
+def _experts_fake(hidden, topk_ids, topk_weights, layer, shared=True):
+    return hidden.new_empty(hidden.shape)
+
+
+def _experts_out_fake(hidden, topk_ids, topk_weights, layer, shared=True, *, out):
+    return out
+
+
+# The schema: `layer` is a handle from register_layer; shared=False leaves
+# the layer's shared expert out.
+_SCHEMA = "experts(Tensor hidden, Tensor topk_ids, Tensor topk_weights, int layer, bool shared=True) -> Tensor"
+_SCHEMA_OUT = ("experts.out(Tensor hidden, Tensor topk_ids, Tensor topk_weights, int layer, bool shared=True, *, Tensor(a!) out) "
+               "-> Tensor(a!)")
+
+_lib = None
+
+
+def _register_op():
+    global _lib
+    if _lib is not None:
+        return
+    if hasattr(torch.ops, "moe8") and hasattr(torch.ops.moe8, "experts"):
+        try:
+            torch.ops.moe8.experts.default
+            return  # defined already (another copy of this package in the process)
+        except (AttributeError, RuntimeError):
+            pass
+    lib = torch.library.Library("moe8", "DEF")
+    lib.define(_SCHEMA)
+    lib.define(_SCHEMA_OUT)
+    lib.impl("experts", _experts_cpu, "CPU")
+    lib.impl("experts.out", _experts_out_cpu, "CPU")
+    fake = getattr(torch.library, "register_fake", None) or getattr(torch.library, "impl_abstract", None)
+    if fake is not None:  # newer torch: the fake kernel torch.compile traces with
+        fake("moe8::experts", _experts_fake, lib=lib)
+        fake("moe8::experts.out", _experts_out_fake, lib=lib)
+    else:  # torch 1.13: a Meta kernel (and at AutogradMeta, which 1.13 does not fall through)
+        for key in ("Meta", "AutogradMeta"):
+            lib.impl("experts", _experts_fake, key)
+            lib.impl("experts.out", _experts_out_fake, key)
+    _lib = lib
+
+
+_register_op()
+
+
+# ---- Python entry points and the serving stacks' call shapes ------------------------------------
+def _handle(layer):
+    return layer if isinstance(layer, int) and not isinstance(layer, bool) else register_layer(layer)
+
+
+def experts(layer, hidden, topk_ids, topk_weights, out=None, shared=True):
+    """torch.ops.moe8.experts on `layer` (a Layer, a MoE8Block or a handle):
+    hidden [T, D] float32 / bfloat16, topk_ids [T, k] int32 / int64 (ids
+    < 0 skipped), topk_weights [T, k] float32 / bfloat16, used as given;
+    returns hidden's dtype, or writes `out`."""
+    h = _handle(layer)
+    if out is None:
+        return torch.ops.moe8.experts(hidden, topk_ids, topk_weights, h, shared)
+    return torch.ops.moe8.experts(hidden, topk_ids, topk_weights, h, shared, out=out)
+
+
+def fused_experts(layer, hidden_states, topk_weights, topk_ids, inplace=False, shared=True):
+    """vLLM's fused_experts(hidden_states, w1, w2, topk_weights, topk_ids,
+    inplace=...) with the moe8 layer in the weights' place: inplace=True
+    writes the result into hidden_states and returns it."""
+    if inplace:
+        return experts(layer, hidden_states, topk_ids, topk_weights, out=hidden_states, shared=shared)
+    return experts(layer, hidden_states, topk_ids, topk_weights, shared=shared)
+
+
+class KExperts(torch.nn.Module):
+    """KTransformers' CPU experts operator shape: forward(input_tensor,
+    expert_ids, weights) -> output [T, D] in input_tensor's dtype."""
+
+    def __init__(self, layer, shared=True):
+        super().__init__()
+        self.handle, self.shared = register_layer(layer), shared
+
+    def forward(self, input_tensor, expert_ids, weights):
+        shape = input_tensor.shape
+        x = input_tensor.reshape(-1, shape[-1])
+        return torch.ops.moe8.experts(x, expert_ids.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1), self.handle,
+                                      self.shared).reshape(shape)

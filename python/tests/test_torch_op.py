@@ -1,0 +1,175 @@
+"""torch.ops.moe8.experts (docs/integration.md, "As the expert op of a
+serving stack"): the layer's experts on tokens the caller routed, as a
+PyTorch operator; the vLLM and KTransformers call shapes; torch.compile.
+Skipped with a notice where torch is absent."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (apt-get install python3-torch): the torch tests are skipped")
+import moe8  # noqa: E402
+from moe8.torch import KExperts, experts, fused_experts, register_layer, unregister_layer  # noqa: E402
+
+E, K, D, F, FS, T = 8, 2, 32, 16, 16, 7
+F8 = {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 16}]}
+
+
+def _layer(shared_ffn=FS, rules=None, seed=3, **kw):
+    L = moe8.Layer(num_experts=E, top_k=K, hidden=D, ffn=F, shared_ffn=shared_ffn, rules=rules, norm_topk_prob=True, **kw)
+    L.init_random(seed)
+    L.prepare()
+    return L
+
+
+def _routing(seed=0, T=T):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g)
+    return x, ids, w
+
+
+@pytest.mark.parametrize("rules", [None, F8])
+def test_op_is_the_layers_experts_bytes(rules):
+    L = _layer(rules=rules)
+    h = register_layer(L)
+    x, ids, w = _routing()
+    y = torch.ops.moe8.experts(x, ids, w, h)
+    assert y.dtype == torch.float32 and tuple(y.shape) == (T, D)
+    assert np.array_equal(y.numpy(), L.experts(x.numpy(), ids.numpy(), w.numpy()))
+    assert register_layer(L) == h  # the same layer, the same handle
+
+
+def test_op_equals_the_routing_path():
+    """Given the ids and weights the layer's router picks, the op gives the
+    forward's bytes.  A zero router scores every expert alike: top-2 of 8
+    is experts 0 and 1, each with weight 1/2 after renormalization."""
+    L = _layer()
+    L.weight("router")[:] = 0
+    L.prepare()
+    x = torch.randn(T, D)
+    want = L.forward(x.numpy(), fused=True)
+    for ids in ([0, 1], [1, 0]):
+        got = torch.ops.moe8.experts(x, torch.tensor([ids] * T), torch.full((T, K), 0.5), register_layer(L))
+        assert np.array_equal(got.numpy(), want)
+    # a random router: the same within f32 noise (the routing computed here in float64)
+    L = _layer(seed=5)
+    x = torch.randn(T, D)
+    logits = x.double() @ torch.from_numpy(L.weight_copy("router")).double()
+    w, ids = torch.topk(torch.softmax(logits, -1), K, -1)
+    w = (w / w.sum(-1, keepdim=True)).float()
+    got = torch.ops.moe8.experts(x, ids, w, register_layer(L))
+    want = torch.from_numpy(L.forward(x.numpy(), fused=True))
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_dtypes_bf16_and_int32_int64_ids():
+    L = _layer()
+    h = register_layer(L)
+    x, ids, w = _routing(1)
+    ref = torch.ops.moe8.experts(x, ids, w, h)
+    assert torch.equal(torch.ops.moe8.experts(x, ids.to(torch.int32), w, h), ref)
+    assert torch.equal(torch.ops.moe8.experts(x, ids.to(torch.int64), w, h), ref)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    yb = torch.ops.moe8.experts(xb, ids.to(torch.int32), wb, h)
+    assert yb.dtype == torch.bfloat16
+    # bf16 in: computed in f32 on the bf16 values, rounded to bf16 once
+    want = torch.ops.moe8.experts(xb.float(), ids, wb.float(), h).bfloat16()
+    assert torch.equal(yb, want)
+    assert torch.equal(experts(L, xb, ids, wb), yb)  # the Python entry point, a Layer in the handle's place
+
+
+def test_negative_ids_are_skipped():
+    L = _layer()
+    h = register_layer(L)
+    x, ids, w = _routing(2)
+    skip = ids.clone()
+    skip[::2, 1] = -1
+    skip[3, :] = -7
+    zero = w.clone()
+    zero[skip < 0] = 0
+    assert torch.equal(torch.ops.moe8.experts(x, skip, w, h), torch.ops.moe8.experts(x, ids, zero, h))
+    with pytest.raises(moe8.Error):
+        torch.ops.moe8.experts(x, torch.full((T, K), E), w, h)  # an id >= E is an error
+    with pytest.raises(moe8.Error):
+        torch.ops.moe8.experts(x, torch.full((T, K), -(2 ** 40)), w, h)  # would wrap in int32
+
+
+def test_out_is_written():
+    L = _layer()
+    h = register_layer(L)
+    x, ids, w = _routing(3)
+    ref = torch.ops.moe8.experts(x, ids, w, h)
+    out = torch.full((T, D), 7.0)
+    r = torch.ops.moe8.experts(x, ids, w, h, out=out)
+    assert r.data_ptr() == out.data_ptr() and torch.equal(out, ref)
+    outb = torch.empty(T, D, dtype=torch.bfloat16)
+    torch.ops.moe8.experts(x, ids, w, h, out=outb)
+    assert torch.equal(outb, ref.bfloat16())
+    # vLLM's inplace=True: the result replaces hidden_states
+    xi = x.clone()
+    assert fused_experts(L, xi, w, ids, inplace=True) is xi and torch.equal(xi, ref)
+    assert torch.equal(fused_experts(h, x, w, ids), ref)
+
+
+def test_shared_expert_left_out():
+    L = _layer()
+    h = register_layer(L)
+    x, ids, w = _routing(4)
+    full = torch.ops.moe8.experts(x, ids, w, h)
+    shared = torch.ops.moe8.experts(x, torch.full_like(ids, -1), w, h)  # every slot skipped: the shared expert alone
+    routed = torch.ops.moe8.experts(x, ids, w, h, False)
+    assert shared.abs().max() > 0
+    assert torch.equal(routed, full - shared)
+    # a layer without a shared expert, same routed experts: the same within f32 noise
+    N = _layer(shared_ffn=0)
+    for n in ("router", "gate", "up", "down"):
+        N.weight(n)[:] = L.weight_copy(n)
+    N.prepare()
+    want = torch.ops.moe8.experts(x, ids, w, register_layer(N))
+    assert (routed - want).abs().max() <= 1e-5 * full.abs().max()
+    assert torch.equal(torch.ops.moe8.experts(x, ids, w, register_layer(N), False), want)  # nothing to leave out
+
+
+def test_ktransformers_shape_and_registry():
+    L = _layer()
+    x, ids, w = _routing(5)
+    k = KExperts(L)
+    assert torch.equal(k(x.bfloat16(), ids, w), experts(L, x.bfloat16(), ids, w))
+    h = register_layer(L)
+    unregister_layer(h)
+    with pytest.raises(KeyError):
+        torch.ops.moe8.experts(x, ids, w, h)
+
+
+def test_meta_and_fake_shapes():
+    L = _layer()
+    h = register_layer(L)
+    x, ids, w = _routing(6)
+    y = torch.ops.moe8.experts(x.bfloat16().to("meta"), ids.to("meta"), w.to("meta"), h)
+    assert y.device.type == "meta" and y.dtype == torch.bfloat16 and tuple(y.shape) == (T, D)
+
+
+def test_torch_compile_fullgraph():
+    if not hasattr(torch, "compile"):
+        print("torch %s has no torch.compile: the fullgraph trace test is skipped" % torch.__version__)
+        pytest.skip("torch %s has no torch.compile (torch >= 2.0 needed): the fullgraph trace is not tested" % torch.__version__)
+    L = _layer()
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.handle = register_layer(L)
+            self.router = torch.nn.Linear(D, E, bias=False)
+
+        def forward(self, x):
+            w, ids = torch.topk(torch.softmax(self.router(x), -1), K, -1)
+            return torch.ops.moe8.experts(x, ids, w / w.sum(-1, keepdim=True), self.handle) * 2
+
+    m = Experts()
+    x = torch.randn(T, D)
+    with torch.no_grad():
+        want = m(x)
+        got = torch.compile(m, fullgraph=True, backend="eager")(x)
+        got2 = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(got, want)
+    assert torch.equal(got2, want)
