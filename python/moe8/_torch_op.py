@@ -204,3 +204,99 @@ class KExperts(torch.nn.Module):
         x = input_tensor.reshape(-1, shape[-1])
         return torch.ops.moe8.experts(x, expert_ids.reshape(x.shape[0], -1), weights.reshape(x.shape[0], -1), self.handle,
                                       self.shared).reshape(shape)
+
+
+# ---- transformers 5: experts_implementation="moe8" ------------------------------------------------
+def _experts_layer(module, k):
+    """The moe8 layer of a transformers experts module (gate_up_proj
+    [E, 2F, D] gate rows first, down_proj [E, D, F]; transposed: [E, D, 2F]
+    and [E, F, D]), made on its first call and again when its weights
+    change (another tensor, or an in-place write)."""
+    gu, dn = module.gate_up_proj, module.down_proj
+    key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
+    cached = module.__dict__.get("_moe8_experts")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    why = []
+    if not getattr(module, "has_gate", True):
+        why.append("no gate projection")
+    if getattr(module, "has_bias", False):
+        why.append("expert biases")
+    if not getattr(module, "is_concatenated", True):
+        why.append("interleaved gate/up columns")
+    if getattr(module, "has_post_expert_norm", False):
+        why.append("a norm after each expert")
+    act = getattr(module, "act_fn", None)
+    if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
+        why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(act).__name__)
+    if why:
+        raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
+    with torch.no_grad():
+        gu32, dn32 = gu.detach().float(), dn.detach().float()
+        if getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
+            E, D, F2 = gu32.shape
+            F = F2 // 2
+            g, u, d = gu32[:, :, :F], gu32[:, :, F:], dn32
+        else:
+            E, F2, D = gu32.shape
+            F = F2 // 2
+            g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
+        lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
+                    module_path=module.__dict__.get("_moe8_path", "experts"))
+        for name, t in (("gate", g), ("up", u), ("down", d)):
+            lay.weight(name)[:] = t.numpy()
+        lay.prepare()
+    old = cached[1] if cached is not None else None
+    if old is not None:
+        unregister_layer(getattr(old, "_op_handle", None))
+    register_layer(lay)
+    module.__dict__["_moe8_experts"] = (key, lay)
+    return lay
+
+
+def transformers_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The function registered as "moe8" in transformers' ExpertsInterface:
+    called as the experts module's forward, (self, hidden_states [T, D],
+    top_k_index [T, k], top_k_weights [T, k]) -> [T, D] in hidden_states'
+    dtype, the router's weights used as given."""
+    lay = _experts_layer(self, top_k_index.shape[-1])
+    ids = top_k_index
+    if getattr(self, "_is_expert_parallel", False):  # expert-parallel sentinels (ids >= E): skipped
+        ids = torch.where(ids >= lay.num_experts, torch.full_like(ids, -1), ids)
+    x = hidden_states if hidden_states.dtype in (torch.float32, torch.bfloat16) else hidden_states.float()
+    w = top_k_weights if top_k_weights.dtype in (torch.float32, torch.bfloat16) else top_k_weights.float()
+    return torch.ops.moe8.experts(x, ids, w, lay._op_handle).to(hidden_states.dtype)
+
+
+def register_transformers():
+    """Registers "moe8" in transformers' ExpertsInterface, so that
+    from_pretrained(..., experts_implementation="moe8") (or
+    model.set_experts_implementation("moe8")) runs every
+    @use_experts_implementation experts module through moe8.  Returns
+    False when transformers (5.x, with transformers.integrations.moe) is
+    not importable."""
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError:
+        return False
+    ExpertsInterface.register("moe8", transformers_experts_forward)
+    return True
+
+
+def set_experts_rules(model, rules):
+    """Quantization rules for the "moe8" experts of a transformers model:
+    each experts module (one with gate_up_proj and down_proj) is matched
+    by its own path, "<its name in model.named_modules()>" (e.g.
+    model.layers.1.mlp.experts).  Layers already made are made again on
+    their next call.  Returns how many experts modules were marked."""
+    from ._torch import _rules_text
+    text = _rules_text(rules)
+    n = 0
+    for name, m in model.named_modules():
+        if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and isinstance(getattr(m, "down_proj", None), torch.Tensor):
+            m.__dict__["_moe8_rules"], m.__dict__["_moe8_path"] = text, name or "experts"
+            old = m.__dict__.pop("_moe8_experts", None)
+            if old is not None:
+                unregister_layer(getattr(old[1], "_op_handle", None))
+            n += 1
+    return n

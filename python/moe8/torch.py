@@ -35,6 +35,8 @@ except ImportError as _e:  # moe8 works without PyTorch; this module then says w
     __all__ = []
 else:
     from ._torch import MoE8Block, from_hf, patch, _HFBlock, _MoE8Function  # noqa: F401
-    from ._torch_op import experts, fused_experts, KExperts, register_layer, unregister_layer  # noqa: F401
+    from ._torch_op import (experts, fused_experts, KExperts, register_layer, unregister_layer, register_transformers,  # noqa: F401
+                            set_experts_rules, transformers_experts_forward)
 
-    __all__ = ["MoE8Block", "from_hf", "patch", "experts", "fused_experts", "KExperts", "register_layer", "unregister_layer"]
+    __all__ = ["MoE8Block", "from_hf", "patch", "experts", "fused_experts", "KExperts", "register_layer", "unregister_layer",
+               "register_transformers", "set_experts_rules"]

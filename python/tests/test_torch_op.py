@@ -173,3 +173,43 @@ def test_torch_compile_fullgraph():
         got2 = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(got, want)
     assert torch.equal(got2, want)
+
+
+def test_transformers_experts_implementation(tmp_path):
+    """transformers 5's ExpertsInterface: experts_implementation="moe8" on
+    tiny Qwen3-MoE and Mixtral models gives eager's logits within f32 noise
+    (with an FP8 rule, within FP8 noise), from_pretrained included."""
+    try:
+        import transformers
+        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+    except ImportError:
+        pytest.skip("transformers 5 is not installed: experts_implementation=\"moe8\" is not tested")
+    from moe8.torch import register_transformers, set_experts_rules
+    assert register_transformers()
+    torch.manual_seed(0)
+    rules = {"rules": [{"module_path": r"layers\.[0-9]+\.mlp\.experts", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn",
+                        "tile_size": 32}]}
+    models = [(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+                   vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
+              (transformers.MixtralForCausalLM, transformers.MixtralConfig(
+                   vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2))]
+    ids = torch.randint(0, 128, (2, 9))
+    for cls, cfg in models:
+        model = cls(cfg).eval()
+        with torch.no_grad():
+            model.set_experts_implementation("eager")
+            want = model(ids).logits
+            model.set_experts_implementation("moe8")
+            got = model(ids).logits
+            top = want.abs().max()
+            assert 0 < (got - want).abs().max() <= 1e-5 * top  # moe8 ran (not eager's bytes), within f32 noise
+            assert set_experts_rules(model, rules) == 2
+            q = model(ids).logits
+            assert 1e-5 * top < (q - want).abs().max() <= 2e-2 * top  # FP8 noise
+        d = tmp_path / cls.__name__
+        model.save_pretrained(d)
+        m2 = cls.from_pretrained(d, experts_implementation="moe8", dtype=torch.float32).eval()
+        with torch.no_grad():
+            assert (m2(ids).logits - want).abs().max() <= 1e-5 * top
