@@ -13,14 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-  F_AVX512 = MOE8__CPU_AVX512,
-  F_BF16 = MOE8__CPU_BF16,
-  F_VNNI = MOE8__CPU_VNNI,
-  F_AMX_TILE = MOE8__CPU_AMX_TILE,
-  F_AMX_BF16 = MOE8__CPU_AMX_BF16,
-  F_AMX_INT8 = MOE8__CPU_AMX_INT8,
-};
 
 static const char *const g_isa_names[MOE8_ISA_COUNT] = {
   "ref", "avx512", "avx512_bf16", "avx512_vnni", "amx_emu", "amx"
@@ -47,11 +39,11 @@ static void init_amx_hw(moe8__ktable *k) { init_avx512_family(k); moe8__gmm_init
 
 static const family g_families[] = {
 #ifdef MOE8_HAVE_AVX512
-  {MOE8_ISA_AVX512, F_AVX512, true, init_avx512_family},
-  {MOE8_ISA_AVX512_BF16, F_AVX512 | F_BF16, true, init_avx512_family},
-  {MOE8_ISA_AVX512_VNNI, F_AVX512 | F_VNNI, true, init_avx512_family},
-  {MOE8_ISA_AMX_EMU, F_AVX512 | F_VNNI, false, init_amx_emu},
-  {MOE8_ISA_AMX, F_AVX512 | F_VNNI | F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8, true, init_amx_hw},
+  {MOE8_ISA_AVX512, MOE8__CPU_AVX512, true, init_avx512_family},
+  {MOE8_ISA_AVX512_BF16, MOE8__CPU_AVX512 | MOE8__CPU_BF16, true, init_avx512_family},
+  {MOE8_ISA_AVX512_VNNI, MOE8__CPU_AVX512 | MOE8__CPU_VNNI, true, init_avx512_family},
+  {MOE8_ISA_AMX_EMU, MOE8__CPU_AVX512 | MOE8__CPU_VNNI, false, init_amx_emu},
+  {MOE8_ISA_AMX, MOE8__CPU_AVX512 | MOE8__CPU_VNNI | MOE8__CPU_AMX_TILE | MOE8__CPU_AMX_BF16 | MOE8__CPU_AMX_INT8, true, init_amx_hw},
 #endif
   {MOE8_ISA_REF, 0, true, NULL},
 };
@@ -86,8 +78,8 @@ static void init_tables(void) {
     moe8__ktable *t = &g_tables[fm->isa];
     moe8__kernels_init_ref(t);
     t->isa = fm->isa;
-    t->has_bf16 = fm->isa > MOE8_ISA_AVX512 && (features & F_BF16);
-    t->has_vnni = (fm->needs & F_VNNI) != 0;
+    t->has_bf16 = fm->isa > MOE8_ISA_AVX512 && (features & MOE8__CPU_BF16);
+    t->has_vnni = (fm->needs & MOE8__CPU_VNNI) != 0;
     if (fm->init) fm->init(t);
     g_supported[fm->isa] = true;
     if (fm->auto_pick && (best < 0 || fm->isa > (moe8_isa)best)) best = fm->isa;
