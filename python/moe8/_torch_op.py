@@ -156,7 +156,7 @@ def _register_op():
     if fake is not None:  # newer torch: the fake kernel torch.compile traces with
         fake("moe8::experts", _experts_fake, lib=lib)
         fake("moe8::experts.out", _experts_out_fake, lib=lib)
-    else:  # torch 1.13: a Meta kernel (and at AutogradMeta, which 1.13 does not fall through)
+    else:  # torch 1.13 (no torch.library.custom_op or register_fake): a Meta kernel, and at AutogradMeta, which 1.13 does not fall through
         for key in ("Meta", "AutogradMeta"):
             lib.impl("experts", _experts_fake, key)
             lib.impl("experts.out", _experts_out_fake, key)
