@@ -213,7 +213,10 @@ def _experts_layer(module, k):
     and [E, F, D]), made on its first call and again when its weights
     change (another tensor, or an in-place write)."""
     gu, dn = module.gate_up_proj, module.down_proj
-    key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
+    try:
+        key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
+    except RuntimeError:  # inference tensors keep no version counter (and cannot be written in place)
+        key = (k, gu.data_ptr(), None, dn.data_ptr(), None)
     cached = module.__dict__.get("_moe8_experts")
     if cached is not None and cached[0] == key:
         return cached[1]

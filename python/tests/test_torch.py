@@ -502,6 +502,9 @@ def test_patch_real_transformers_classes():
     cfg = Qwen2MoeConfig(hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=6,
                          num_experts_per_tok=2, norm_topk_prob=False)
     blk = HF(cfg).float().eval()
+    with torch.no_grad():  # transformers 5's experts start as torch.empty (from_pretrained fills them): fill every weight
+        for p in blk.parameters():
+            p.normal_(0, 0.2)
     x = torch.randn(1, 7, 32)
     with torch.no_grad():
         r = blk(x)
