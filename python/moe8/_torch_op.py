@@ -182,10 +182,23 @@ def experts(layer, hidden, topk_ids, topk_weights, out=None, shared=True):
     return torch.ops.moe8.experts(hidden, topk_ids, topk_weights, h, shared, out=out)
 
 
-def fused_experts(layer, hidden_states, topk_weights, topk_ids, inplace=False, shared=True):
+def fused_experts(layer, hidden_states, topk_weights, topk_ids, inplace=False, shared=True, activation="silu",
+                  apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None):
     """vLLM's fused_experts(hidden_states, w1, w2, topk_weights, topk_ids,
-    inplace=...) with the moe8 layer in the weights' place: inplace=True
-    writes the result into hidden_states and returns it."""
+    inplace=..., activation=..., global_num_experts=..., expert_map=...)
+    with the moe8 layer (a Layer, a MoE8Block or a handle) in the weights'
+    place: inplace=True writes the result into hidden_states and returns
+    it.  expert_map [global_num_experts] maps the ids to the layer's own
+    experts (-1: not here, skipped), as vLLM's expert parallelism gives it.
+    moe8 runs SwiGLU with the weights on the output: other activations
+    and apply_router_weight_on_input=True are refused."""
+    if activation not in ("silu", "swiglu"):
+        raise ValueError("moe8: fused_experts runs SwiGLU (activation=\"silu\"), not %r" % (activation,))
+    if apply_router_weight_on_input:
+        raise ValueError("moe8: fused_experts applies the router weights to the experts' outputs "
+                         "(apply_router_weight_on_input=True is not supported)")
+    if expert_map is not None:
+        topk_ids = expert_map.to(torch.int64)[topk_ids.to(torch.int64)]
     if inplace:
         return experts(layer, hidden_states, topk_ids, topk_weights, out=hidden_states, shared=shared)
     return experts(layer, hidden_states, topk_ids, topk_weights, shared=shared)

@@ -109,6 +109,17 @@ def test_out_is_written():
     xi = x.clone()
     assert fused_experts(L, xi, w, ids, inplace=True) is xi and torch.equal(xi, ref)
     assert torch.equal(fused_experts(h, x, w, ids), ref)
+    # vLLM's expert_map: global ids (16 experts, this rank holds 8..15) to the layer's own, -1 skipped
+    emap = torch.full((2 * E,), -1, dtype=torch.int32)
+    emap[E:] = torch.arange(E, dtype=torch.int32)
+    gids = ids + E
+    gids[0, 0] = 1  # another rank's expert
+    skip = ids.clone()
+    skip[0, 0] = -1
+    got = fused_experts(L, x, w, gids, global_num_experts=2 * E, expert_map=emap)
+    assert torch.equal(got, torch.ops.moe8.experts(x, skip, w, h))
+    with pytest.raises(ValueError):
+        fused_experts(L, x, w, ids, activation="gelu")
 
 
 def test_shared_expert_left_out():
