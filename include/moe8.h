@@ -918,6 +918,28 @@ typedef struct moe8_quantize_options {
 MOE8_API moe8_status moe8_model_quantize(const char *in_dir, const char *out_dir, const moe8_rules *rules,
                                          const moe8_quantize_options *options);
 
+/* An inference layer from weights in memory: what moe8_model_load's
+** inference mode builds from a checkpoint, with the caller as the file
+** (a PyTorch module, a serving stack's own loader).  The experts come one
+** at a time in f32 and are kept only as the rule makes them (FP8 or int8
+** codes and scales, packed; MXFP4 under weight_qtype mxfp4; f32 without a
+** weight rule), so no f32 copy of all the experts is ever held:
+**   moe8_layer_create_inference(cfg, rules, module_path, &L);
+**   the router, its biases and the shared gate through moe8_layer_weight;
+**   moe8_layer_put_expert(L, 0, e, gate_up, down) for every e < E, and
+**   (with shared_ffn > 0) moe8_layer_put_expert(L, 1, 0, ...) for the
+**   shared expert;
+**   moe8_layer_finish_load(L): refused while an expert is missing.
+** gate_up is [D, 2F] (x · W layout: the gate's F columns, then the up's),
+** down [F, D] (shared: F = shared_ffn); non-finite values are refused,
+** naming the expert.  The layer then runs moe8_layer_forward_fused and
+** moe8_layer_experts (no backward; moe8_layer_init_random refused), with
+** the same bytes as a training layer given the same weights and prepared. */
+MOE8_API moe8_status moe8_layer_create_inference(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
+                                                 moe8_layer **out);
+MOE8_API moe8_status moe8_layer_put_expert(moe8_layer *layer, int set, int64_t e, const float *gate_up, const float *down);
+MOE8_API moe8_status moe8_layer_finish_load(moe8_layer *layer);
+
 /* Installs already-quantized expert weights as a layer's prepared weights
 ** (copied); the masters become their dequantized values. */
 MOE8_API moe8_status moe8_layer_load_prepared(moe8_layer *layer, const moe8_prepared *p);

@@ -537,6 +537,101 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
   }
 }
 
+/* An inference layer built from weights in memory (moe8_layer_create_
+** inference, put_expert, finish_load) gives the bytes of a training layer
+** holding the same weights, prepared: no rule, FP8 (tiled), int8 and FP8
+** weight-only, with and without a gated shared expert, T = 29 and 3; the
+** calls refuse a missing, repeated-after-finish, out-of-range or
+** non-finite expert. */
+static void test_inference_from_memory(void **state) {
+  (void)state;
+  const char *rules_txt[] = {
+    NULL,
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\"}]}",
+  };
+  const size_t nr = sizeof rules_txt / sizeof rules_txt[0];
+  for (size_t it = 0; it < 4 * nr; it++) {
+    const size_t i = it % nr;
+    const bool shared = (it / nr) & 1;
+    const int64_t T = it < 2 * nr ? 29 : 3, E = 6, D = 48, F = 40, Fs = shared ? 24 : 0;
+    const moe8_layer_config c = {.num_experts = E, .top_k = 2, .hidden = D, .ffn = F, .score = MOE8_SCORE_SOFTMAX,
+                                 .norm_topk_prob = true, .shared_ffn = Fs, .shared_gate = shared};
+    moe8_rules *rs = NULL;
+    if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
+    moe8_layer *A = NULL, *B = NULL;
+    assert_int_equal(moe8_layer_create(&c, rs, "experts", &A), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(A, 70 + it), MOE8_OK);
+    assert_int_equal(moe8_layer_prepare(A), MOE8_OK);
+    assert_int_equal(moe8_layer_create_inference(&c, rs, "experts", &B), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(B, 1), MOE8_ERR_UNSUPPORTED);
+    /* the router and the shared gate as for any layer */
+    const moe8_weight_id small[] = {MOE8_W_ROUTER, MOE8_W_SHARED_GATE_W};
+    for (size_t w = 0; w < 2; w++) {
+      size_t na = 0, nb = 0;
+      const float *src = moe8_layer_weight_read(A, small[w], &na);
+      float *dst = moe8_layer_weight(B, small[w], &nb);
+      assert_int_equal(na, nb);
+      if (na) memcpy(dst, src, sizeof(float) * na);
+    }
+    float *gu = malloc(sizeof(float) * (size_t)(D * 2 * F)), *dn = malloc(sizeof(float) * (size_t)(F * D));
+    const float *wg = moe8_layer_weight_read(A, MOE8_W_GATE, NULL), *wu = moe8_layer_weight_read(A, MOE8_W_UP, NULL);
+    const float *wd = moe8_layer_weight_read(A, MOE8_W_DOWN, NULL);
+    assert_int_equal(moe8_layer_put_expert(B, 0, E, gu, dn), MOE8_ERR_SHAPE);
+    if (!shared) assert_int_equal(moe8_layer_put_expert(B, 1, 0, gu, dn), MOE8_ERR_SHAPE);
+    for (int64_t e = E - 1; e >= 0; e--) { /* any order */
+      for (int64_t d = 0; d < D; d++)
+        for (int64_t f = 0; f < F; f++) {
+          gu[d * 2 * F + f] = wg[(e * D + d) * F + f];
+          gu[d * 2 * F + F + f] = wu[(e * D + d) * F + f];
+        }
+      memcpy(dn, wd + e * F * D, sizeof(float) * (size_t)(F * D));
+      if (e == 2) { /* a bad expert is refused by name, and can be given again */
+        const float keep = dn[5];
+        dn[5] = NAN;
+        assert_int_equal(moe8_layer_put_expert(B, 0, e, gu, dn), MOE8_ERR_NONFINITE);
+        if (!strstr(moe8_last_error(), "expert 2")) TU_FAIL("the non-finite expert is not named: %s", moe8_last_error());
+        dn[5] = keep;
+      }
+      assert_int_equal(moe8_layer_put_expert(B, 0, e, gu, dn), MOE8_OK);
+      if (e == 1) assert_int_equal(moe8_layer_finish_load(B), MOE8_ERR_INVALID_ARG); /* expert 0 missing */
+    }
+    if (shared) {
+      assert_int_equal(moe8_layer_finish_load(B), MOE8_ERR_INVALID_ARG); /* the shared one missing */
+      const float *sg = moe8_layer_weight_read(A, MOE8_W_SHARED_GATE, NULL), *su = moe8_layer_weight_read(A, MOE8_W_SHARED_UP, NULL);
+      for (int64_t d = 0; d < D; d++)
+        for (int64_t f = 0; f < Fs; f++) {
+          gu[d * 2 * Fs + f] = sg[d * Fs + f];
+          gu[d * 2 * Fs + Fs + f] = su[d * Fs + f];
+        }
+      assert_int_equal(moe8_layer_put_expert(B, 1, 0, gu, moe8_layer_weight_read(A, MOE8_W_SHARED_DOWN, NULL)), MOE8_OK);
+    }
+    assert_int_equal(moe8_layer_finish_load(B), MOE8_OK);
+    assert_int_equal(moe8_layer_put_expert(B, 0, 0, gu, dn), MOE8_ERR_INVALID_ARG); /* after the finish */
+    assert_int_equal(moe8_layer_finish_load(B), MOE8_ERR_INVALID_ARG);
+    /* a training layer's weights are its masters: no put_expert */
+    assert_int_equal(moe8_layer_put_expert(A, 0, 0, gu, dn), MOE8_ERR_INVALID_ARG);
+    float *x = malloc(sizeof(float) * (size_t)(T * D)), *ya = malloc(sizeof(float) * (size_t)(T * D)), *yb = malloc(sizeof(float) * (size_t)(T * D));
+    tu_rng_reset(900 + it);
+    tu_fill_normal(x, (size_t)(T * D), 1.0f);
+    const size_t wa = moe8_layer_workspace_size(A, T), wb = moe8_layer_workspace_size(B, T);
+    void *wsa = NULL, *wsb = NULL;
+    assert_int_equal(posix_memalign(&wsa, 64, wa), 0);
+    assert_int_equal(posix_memalign(&wsb, 64, wb), 0);
+    assert_int_equal(moe8_layer_forward_fused(A, x, T, ya, wsa, wa), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(B, x, T, yb, wsb, wb), MOE8_OK);
+    if (memcmp(ya, yb, sizeof(float) * (size_t)(T * D)) != 0)
+      TU_FAIL("rules %zu, shared %d, T = %lld: the layer built from memory differs from the training layer's bytes", i, (int)shared,
+              (long long)T);
+    free(wsa); free(wsb);
+    free(x); free(ya); free(yb); free(gu); free(dn);
+    moe8_layer_destroy(A);
+    moe8_layer_destroy(B);
+    moe8_rules_destroy(rs);
+  }
+}
+
 static moe8_layer *layer_with(const char *rule_json, int64_t D, int64_t F) {
   moe8_rules *rs = NULL;
   if (rule_json) assert_int_equal(moe8_rules_parse(rule_json, strlen(rule_json), "inline", &rs), MOE8_OK);
@@ -966,6 +1061,7 @@ int main(void) {
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_seed_b_table),
     cmocka_unit_test(test_fused_equals_unfused_no_alloc),
+    cmocka_unit_test(test_inference_from_memory),
     cmocka_unit_test(test_experts_entry),
     cmocka_unit_test(test_out_aliases_x),
     cmocka_unit_test(test_seed_a_quantize_before_sort),

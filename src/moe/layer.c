@@ -203,6 +203,7 @@ void moe8_layer_destroy(moe8_layer *L) {
   for (int s = 0; s < 2; s++) free_set(&L->xs[s]);
   for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
   if (L->release) L->release(L->keep);
+  free(L->given);
   pthread_rwlock_destroy(&L->lock);
   free(L);
 }
@@ -784,6 +785,55 @@ moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, ui
   mx4_describe(L, "loaded for inference, as the file holds them");
   L->prepared = true;
   return MOE8_OK;
+}
+
+/* ---- an inference layer from weights in memory (moe8.h) --------------------- */
+/* What the inference load of a model directory does, with the caller as
+** the file: the layer is made for inference, each expert comes in f32 and
+** is kept only as the rule makes it (moe8__layer_put_expert), and the
+** load ends once every expert has come. */
+moe8_status moe8_layer_create_inference(const moe8_layer_config *cfg, const moe8_rules *rules, const char *module_path,
+                                        moe8_layer **out) {
+  if (!out) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_create_inference: NULL out");
+  *out = NULL;
+  moe8_layer *L = NULL;
+  moe8_status st = moe8__layer_create(cfg, rules, module_path, true, &L);
+  if (st == MOE8_OK && !(L->given = calloc((size_t)(cfg->num_experts + 1), 1))) st = moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
+  if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
+  if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
+  *out = L;
+  return MOE8_OK;
+}
+
+moe8_status moe8_layer_put_expert(moe8_layer *L, int set, int64_t e, const float *gate_up, const float *down) {
+  if (!L || !gate_up || !down) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_put_expert: NULL argument");
+  if (!L->given)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s: put_expert is for a layer made by moe8_layer_create_inference, before "
+                      "moe8_layer_finish_load", L->module_path);
+  if (set < 0 || set >= L->nsets)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer %s: expert set %d is not 0 (routed)%s", L->module_path, set,
+                      L->nsets > 1 ? " or 1 (the shared expert)" : " (the layer has no shared expert)");
+  if (e < 0 || e >= L->xs[set].E)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer %s: %s expert %lld is not in [0, %lld)", L->module_path, set ? "shared" : "routed",
+                      (long long)e, (long long)L->xs[set].E);
+  const moe8_status st = moe8__layer_put_expert(L, set, e, gate_up, down, NULL, NULL, NULL, NULL);
+  if (st == MOE8_OK) L->given[set ? L->cfg.num_experts : e] = 1;
+  return st;
+}
+
+moe8_status moe8_layer_finish_load(moe8_layer *L) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer_finish_load: NULL layer");
+  if (!L->given)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s: finish_load is for a layer made by moe8_layer_create_inference, once",
+                      L->module_path);
+  const int64_t E = L->cfg.num_experts;
+  for (int64_t e = 0; e <= E; e++)
+    if (!L->given[e] && (e < E || L->nsets > 1))
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s: %s expert %lld was not given (moe8_layer_put_expert)", L->module_path,
+                        e < E ? "routed" : "shared", (long long)(e < E ? e : 0));
+  const moe8_status st = moe8__layer_end_load(L);
+  if (st == MOE8_OK) { free(L->given); L->given = NULL; }
+  return st;
 }
 
 moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {

@@ -52,6 +52,9 @@ struct moe8_layer {
   bool              inference;
   bool              from_codes;     /* the load put codes (a quantized file)   */
   bool              allow_nonfinite; /* the caller takes NaN/inf outputs        */
+  /* moe8_layer_create_inference until moe8_layer_finish_load: which experts
+  ** the caller has given (routed 0..E-1, then the shared one), else NULL. */
+  uint8_t          *given;
   /* The summation order of the expert gmms (moe8_layer_set_order): atomic,
   ** because another thread may set it while forwards run; a forward loads it
   ** once at its start (moe8__layer_order_now) and passes that value to every
