@@ -126,6 +126,9 @@ _rules_parse = _fn("moe8_rules_parse", C.c_int, C.c_char_p, C.c_size_t, C.c_char
 _rules_destroy = _fn("moe8_rules_destroy", None, _P)
 _layer_create = _fn("moe8_layer_create", C.c_int, C.POINTER(_LayerConfig), _P, C.c_char_p, C.POINTER(_P))
 _layer_destroy = _fn("moe8_layer_destroy", None, _P)
+_layer_create_inference = _fn("moe8_layer_create_inference", C.c_int, C.POINTER(_LayerConfig), _P, C.c_char_p, C.POINTER(_P))
+_layer_put_expert = _fn("moe8_layer_put_expert", C.c_int, _P, C.c_int, _i64, _P, _P)
+_layer_finish_load = _fn("moe8_layer_finish_load", C.c_int, _P)
 _layer_weight = _fn("moe8_layer_weight", C.POINTER(C.c_float), _P, C.c_int, C.POINTER(C.c_size_t))
 _layer_weight_read = _fn("moe8_layer_weight_read", C.POINTER(C.c_float), _P, C.c_int, C.POINTER(C.c_size_t))
 _layer_init_random = _fn("moe8_layer_init_random", C.c_int, _P, C.c_uint64)
@@ -426,6 +429,41 @@ class _Workspace:
         return C.c_void_p(self.view.ctypes.data)
 
 
+def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False, routed_scaling_factor=0.0,
+                  use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0, shared_ffn=0,
+                  shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
+                  expert_bias=False, weight_input=False):
+    """The moe8_layer_config of Layer()'s keyword arguments, checked."""
+    if score not in ("softmax", "sigmoid"):
+        raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
+    num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
+    top_k = _int_arg(top_k, "top_k", 1, num_experts)
+    hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
+    n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
+    shared_ffn = _int_arg(shared_ffn, "shared_ffn")
+    gscores = {"top2_sum": 0, "max": 1}
+    if group_score not in gscores:
+        raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
+    acts = {"swiglu": 0, "swiglu_clamp": 1}
+    if act not in acts:
+        raise Error(1, "act must be 'swiglu' or 'swiglu_clamp' (GPT-OSS), not %r" % (act,))
+    return _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
+                        use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
+                        gscores[group_score], acts[act], act_alpha, act_limit, router_bias, expert_bias, weight_input)
+
+
+def _f32_any(a, name, shape):
+    """a (a numpy array or a CPU torch tensor of any floating dtype) as a
+    C-contiguous float32 numpy array of `shape`: no copy when it already
+    is one, else exactly one."""
+    if hasattr(a, "detach") and hasattr(a, "numpy") and not isinstance(a, np.ndarray):  # a torch tensor (not imported here)
+        a = a.detach()
+        if str(a.dtype) != "torch.float32":
+            a = a.float()
+        a = a.contiguous().numpy()
+    return _f32(a, name, len(shape), shape)
+
+
 class Layer:
     """One MoE layer.  Layer(num_experts=, top_k=, hidden=, ffn=, ...) makes
     one with zero weights (fill them through weight() or init_random());
@@ -443,22 +481,9 @@ class Layer:
         if _handle is not None:
             self._h = _handle
         else:
-            if score not in ("softmax", "sigmoid"):
-                raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
-            num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
-            top_k = _int_arg(top_k, "top_k", 1, num_experts)
-            hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
-            n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
-            shared_ffn = _int_arg(shared_ffn, "shared_ffn")
-            gscores = {"top2_sum": 0, "max": 1}
-            if group_score not in gscores:
-                raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
-            acts = {"swiglu": 0, "swiglu_clamp": 1}
-            if act not in acts:
-                raise Error(1, "act must be 'swiglu' or 'swiglu_clamp' (GPT-OSS), not %r" % (act,))
-            cfg = _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
-                               use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
-                               gscores[group_score], acts[act], act_alpha, act_limit, router_bias, expert_bias, weight_input)
+            cfg = _layer_config(num_experts, top_k, hidden, ffn, score, norm_topk_prob, routed_scaling_factor, use_selection_bias,
+                                capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
+                                act_alpha, act_limit, router_bias, expert_bias, weight_input)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -502,6 +527,78 @@ class Layer:
         obj.layer_index = layer  # the model layer it is (the first MoE layer when not given)
         obj.module_path = prefix.value.decode() + "experts"  # what the rules were matched against
         obj.model_format = (fmt or b"").decode()  # the checkpoint's expert-weight format
+        return obj
+
+    @classmethod
+    def inference_from_experts(cls, experts, rules=None, module_path="experts", weights=None, shared=None, progress=None, **config):
+        """An inference layer (as from_model(mode="inference") builds: the
+        experts kept only as the rule makes them, quantized and packed; no
+        f32 masters, no backward) from weights in memory, with no file.
+
+        config: Layer()'s keyword arguments (num_experts, top_k, hidden,
+        ffn, score, shared_ffn, ...).  experts: for every expert e in
+        order, (gate_up [hidden, 2*ffn]: the gate's columns then the up's,
+        down [ffn, hidden]) in x @ W layout, as numpy arrays or CPU torch
+        tensors of any float dtype; an iterable of such pairs, or a
+        callable e -> pair.  Each pair is converted to float32 (one copy at
+        most) and handed over before the next is asked for, so at most one
+        expert's float32 copy is held beside the layer.  shared: with
+        shared_ffn > 0, the shared expert's (gate_up [hidden, 2*shared_ffn],
+        down [shared_ffn, hidden]).  weights: {name: array} for what the
+        layer keeps in f32 (router [hidden, E], and as the config has them
+        bias, router_bias, gate_up_bias, down_bias, shared_gate_w); the
+        router is required.  progress(done, total) after each expert."""
+        cfg = _layer_config(**config)
+        E, D, F, Fs = cfg.num_experts, cfg.hidden, cfg.ffn, cfg.shared_ffn
+        r = _as_rules(rules)
+        h = _P()
+        _check(_layer_create_inference(C.byref(cfg), r._h if r else None, module_path.encode(), C.byref(h)))
+        obj = cls(_handle=h)  # destroys the handle if anything below fails
+        obj._rules = r
+        obj.module_path = module_path
+        weights = dict(weights or {})
+        if "router" not in weights:
+            raise Error(1, "inference_from_experts: weights has no router [%d, %d]" % (D, E))
+        for name, w in weights.items():
+            if name not in _WEIGHTS or name in ("gate", "up", "down", "shared_gate", "shared_up", "shared_down"):
+                raise Error(1, "inference_from_experts: weights[%r]: not a weight the layer keeps in f32 (the experts come through "
+                            "experts= and shared=)" % (name,))
+            shape = obj._shape(name)
+            a = _f32_any(w, name, shape)
+            n = C.c_size_t(0)
+            p = _layer_weight(obj._h, _WEIGHTS[name], C.byref(n))
+            if not p:
+                raise Error(1, "inference_from_experts: the layer has no %s weight (its config does not use one)" % name)
+            C.memmove(p, a.ctypes.data, 4 * n.value)
+        if callable(experts):
+            src = (experts(e) for e in range(E))
+        else:
+            src = iter(experts)
+        for e in range(E):
+            try:
+                gu, dn = next(src)
+            except StopIteration:
+                raise Error(1, "inference_from_experts: experts gave %d experts, the layer has %d" % (e, E)) from None
+            gu = _f32_any(gu, "expert %d gate_up" % e, (D, 2 * F))
+            dn = _f32_any(dn, "expert %d down" % e, (F, D))
+            _check(_layer_put_expert(obj._h, 0, e, _ptr(gu), _ptr(dn)))
+            del gu, dn
+            if progress is not None:
+                progress(e + 1, E)
+        if not callable(experts):
+            for _ in src:
+                raise Error(1, "inference_from_experts: experts gave more than the layer's %d experts" % E)
+        if Fs:
+            if shared is None:
+                raise Error(1, "inference_from_experts: shared_ffn = %d needs shared=(gate_up, down)" % Fs)
+            gu = _f32_any(shared[0], "shared gate_up", (D, 2 * Fs))
+            dn = _f32_any(shared[1], "shared down", (Fs, D))
+            _check(_layer_put_expert(obj._h, 1, 0, _ptr(gu), _ptr(dn)))
+            del gu, dn
+        elif shared is not None:
+            raise Error(1, "inference_from_experts: shared= given but the config has no shared expert (shared_ffn = 0)")
+        _check(_layer_finish_load(obj._h))
+        obj._prepared = True
         return obj
 
     def __del__(self):

@@ -1,9 +1,7 @@
 """The implementation of moe8.torch (imported from there when PyTorch is present)."""
 import json
 import os
-import re
 import stat
-import tempfile
 import warnings
 
 import numpy as np
@@ -272,45 +270,42 @@ def _first(*vals):
     return None
 
 
-def _expert_weights(experts, family):
-    """(gate [E, D, F], up [E, D, F], down [E, F, D]) in x @ W layout."""
-    if hasattr(experts, "gate_up_proj"):  # fused 3-D: gate rows first
-        gu = experts.gate_up_proj.detach().float()
-        F = gu.shape[1] // 2
-        return gu[:, :F, :].transpose(1, 2), gu[:, F:, :].transpose(1, 2), experts.down_proj.detach().float().transpose(1, 2)
-    names = ("w1", "w3", "w2") if family in ("mixtral", "minimax_m2") else ("gate_proj", "up_proj", "down_proj")
-    st = [torch.stack([getattr(e, n).weight.detach().float().t() for e in experts]) for n in names]
-    return st[0], st[1], st[2]
+def _f32c(t):
+    """t (a CPU tensor) as a contiguous float32 tensor: t itself when it is
+    one, else one copy."""
+    t = t.detach()
+    if t.dtype == torch.float32 and t.is_contiguous():
+        return t
+    return torch.empty(t.shape, dtype=torch.float32).copy_(t)
 
 
-def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.experts", inference=False):
-    """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
-    Qwen3-MoE, Qwen3-Next, Mixtral, MiniMax, MiniMax-M2, OLMoE, DeepSeek-V2,
-    DeepSeek-V3, GLM-4.5, dots.llm1, GPT-OSS, Llama-4), its weights copied;
-    `config` is the model's config (for what the block does not hold);
-    `module_path` is the experts' path the rules are matched against (patch
-    gives each block its own: "<the block's name in the model>.experts").
-
-    inference=True: the block is loaded as moe8's inference load does
-    (Layer.from_model(mode="inference")): the experts are held only as the
-    kernels' packed weights (quantized by the rule), with no f32 masters
-    and no backward; this needs the model's config.  The same bytes as the
-    training path's inference forward."""
-    family = _HF_BLOCKS.get(type(block).__name__)
-    if family is None:
-        raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
-    cfg = config if config is not None else getattr(block, "config", None)
-    if inference:
-        return _from_hf_inference(block, family, cfg, rules, module_path)
+def _hf_spec(block, family, cfg):
+    """What moe8 needs of a transformers block, read without copying its
+    experts: {"config": Layer()'s keyword arguments, "router": [D, E],
+    "expert": e -> (gate_up [D, 2F] gate columns first, down [F, D]) in
+    x @ W layout as views (or one expert's copy) in the block's dtype,
+    "shared": None or () -> (gate_up [D, 2Fs], down [Fs, D]), "weights":
+    {name: tensor} of the other f32 weights (biases, the shared gate)}."""
     if family == "gpt_oss":
-        return _from_gpt_oss(block, cfg, rules, module_path)
+        return _gpt_oss_spec(block, cfg)
     if family == "llama4_text":
-        return _from_llama4(block, cfg, rules, module_path)
+        return _llama4_spec(block, cfg)
     gate = block.gate
-    wr = gate.weight.detach().float()  # [E, D]
+    wr = gate.weight.detach()  # [E, D]
     E, D = wr.shape
-    g, u, dn = _expert_weights(block.experts, family)
-    F = g.shape[2]
+    experts = block.experts
+    if hasattr(experts, "gate_up_proj"):  # fused 3-D (transformers 5): gate_up_proj [E, 2F, D] gate rows first, down_proj [E, D, F]
+        F = experts.gate_up_proj.shape[1] // 2
+
+        def expert(e):
+            return experts.gate_up_proj[e].detach().t(), experts.down_proj[e].detach().t()
+    else:
+        names = ("w1", "w3", "w2") if family in ("mixtral", "minimax_m2") else ("gate_proj", "up_proj", "down_proj")
+        F = getattr(experts[0], names[0]).weight.shape[0]
+
+        def expert(e):
+            g, u, d = (getattr(experts[e], n).weight.detach() for n in names)
+            return torch.cat([g.t(), u.t()], 1), d.t()
     top_k = _first(getattr(block, "top_k", None), getattr(gate, "top_k", None), getattr(cfg, "num_experts_per_tok", None))
     kw = {}
     def attr(name, default):
@@ -342,115 +337,141 @@ def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.expe
     else:
         kw["norm_topk_prob"] = bool(_first(getattr(block, "norm_topk_prob", None), getattr(gate, "norm_topk_prob", None),
                                            getattr(cfg, "norm_topk_prob", None), False))
+    weights = {}
     shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+    shared_fn = None
     if shared is not None:
         kw["shared_ffn"] = shared.gate_proj.weight.shape[0]
         kw["shared_gate"] = getattr(block, "shared_expert_gate", None) is not None
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=int(top_k), rules=rules, module_path=module_path, _init=False, **kw)
+
+        def shared_fn():
+            return (torch.cat([shared.gate_proj.weight.detach().t(), shared.up_proj.weight.detach().t()], 1),
+                    shared.down_proj.weight.detach().t())
+        if kw["shared_gate"]:
+            weights["shared_gate_w"] = block.shared_expert_gate.weight.detach().reshape(-1)
+    if family == "deepseek_v3":
+        weights["bias"] = gate.e_score_correction_bias.detach()
+    if family == "minimax_m2":  # the block holds MiniMax-M2's bias
+        weights["bias"] = block.e_score_correction_bias.detach()
+    kw.update(num_experts=E, top_k=int(top_k), hidden=D, ffn=F)
+    return {"config": kw, "router": wr.t(), "expert": expert, "shared": shared_fn, "weights": weights}
+
+
+def _gpt_oss_spec(block, cfg):
+    """transformers' GptOssMLP: router (weight [E, D], bias [E]) and experts
+    (gate_up_proj [E, D, 2F] with gate and up in alternate columns, its bias
+    [E, 2F], down_proj [E, F, D], its bias [E, D], alpha, limit)."""
+    r, ex = block.router, block.experts
+    wr = r.weight.detach()
+    E, D = wr.shape
+    F = ex.gate_up_proj.shape[2] // 2
+    top_k = int(_first(getattr(r, "top_k", None), getattr(cfg, "num_experts_per_tok", None)))
+    kw = dict(num_experts=E, top_k=top_k, hidden=D, ffn=F, norm_topk_prob=True, act="swiglu_clamp",
+              act_alpha=float(_first(getattr(ex, "alpha", None), 1.702)),
+              act_limit=float(_first(getattr(ex, "limit", None), getattr(cfg, "swiglu_limit", None), 7.0)),
+              router_bias=True, expert_bias=True)
+
+    def expert(e):
+        gu = ex.gate_up_proj[e].detach()
+        return torch.cat([gu[:, 0::2], gu[:, 1::2]], 1), ex.down_proj[e].detach()
+    gub = ex.gate_up_proj_bias.detach()
+    weights = {"router_bias": r.bias.detach(), "gate_up_bias": torch.cat([gub[:, 0::2], gub[:, 1::2]], dim=1),
+               "down_bias": ex.down_proj_bias.detach()}
+    return {"config": kw, "router": wr.t(), "expert": expert, "shared": None, "weights": weights}
+
+
+def _llama4_spec(block, cfg):
+    """transformers' Llama4TextMoe: router (Linear [E, D]), experts
+    (gate_up_proj [E, D, 2F], gate the first F columns, down_proj
+    [E, F, D]), shared_expert (gate/up/down Linear); the sigmoid of each
+    chosen logit scales that expert's input."""
+    wr = block.router.weight.detach()
+    E, D = wr.shape
+    ex = block.experts
+    F = ex.gate_up_proj.shape[2] // 2
+    sh = block.shared_expert
+    top_k = int(_first(getattr(block, "top_k", None), getattr(cfg, "num_experts_per_tok", None), 1))
+    kw = dict(num_experts=E, top_k=top_k, hidden=D, ffn=F, score="sigmoid", norm_topk_prob=False, weight_input=True,
+              shared_ffn=sh.gate_proj.weight.shape[0])
+
+    def expert(e):
+        return ex.gate_up_proj[e].detach(), ex.down_proj[e].detach()
+
+    def shared_fn():
+        return torch.cat([sh.gate_proj.weight.detach().t(), sh.up_proj.weight.detach().t()], 1), sh.down_proj.weight.detach().t()
+    return {"config": kw, "router": wr.t(), "expert": expert, "shared": shared_fn, "weights": {}}
+
+
+def from_hf(block, config=None, rules=None, module_path="model.layers.0.mlp.experts", inference=False):
+    """A MoE8Block computing transformers' MoE block `block` (Qwen2-MoE,
+    Qwen3-MoE, Qwen3-Next, Mixtral, MiniMax, MiniMax-M2, OLMoE, DeepSeek-V2,
+    DeepSeek-V3, GLM-4.5, dots.llm1, GPT-OSS, Llama-4), its weights copied;
+    `config` is the model's config (for what the block does not hold);
+    `module_path` is the experts' path the rules are matched against (patch
+    gives each block its own: "<the block's name in the model>.experts").
+
+    inference=True: the block is built as moe8's inference load builds a
+    layer (Layer.inference_from_experts, from the block's tensors in
+    memory, one expert converted at a time, no file written): the experts
+    are held only as the kernels' packed weights (quantized by the rule),
+    with no f32 masters and no backward; this needs the model's config.
+    The same bytes as the training path's inference forward."""
+    family = _HF_BLOCKS.get(type(block).__name__)
+    if family is None:
+        raise TypeError("moe8: %s is not a MoE block moe8 computes (%s)" % (type(block).__name__, ", ".join(sorted(_HF_BLOCKS))))
+    cfg = config if config is not None else getattr(block, "config", None)
+    if inference:
+        return _from_hf_inference(block, family, cfg, rules, module_path)
+    spec = _hf_spec(block, family, cfg)
+    kw = dict(spec["config"])
+    D, F, E, k = kw.pop("hidden"), kw.pop("ffn"), kw.pop("num_experts"), kw.pop("top_k")
+    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=k, rules=rules, module_path=module_path, _init=False, **kw)
     with torch.no_grad():
-        out.router.copy_(wr.t())
-        out.gate.copy_(g)
-        out.up.copy_(u)
-        out.down.copy_(dn)
-        if shared is not None:
-            out.shared_gate.copy_(shared.gate_proj.weight.detach().float().t())
-            out.shared_up.copy_(shared.up_proj.weight.detach().float().t())
-            out.shared_down.copy_(shared.down_proj.weight.detach().float().t())
-            if kw["shared_gate"]:
-                out.shared_gate_w.copy_(block.shared_expert_gate.weight.detach().float().reshape(-1))
-        if family == "deepseek_v3":
-            out.layer.weight("bias")[:] = gate.e_score_correction_bias.detach().float().numpy()
-        if family == "minimax_m2":  # the block holds MiniMax-M2's bias
-            out.layer.weight("bias")[:] = block.e_score_correction_bias.detach().float().numpy()
+        out.router.copy_(spec["router"])
+        for e in range(E):  # one expert at a time: no f32 copy of all of them beside the masters
+            gu, dn = spec["expert"](e)
+            out.gate[e].copy_(gu[:, :F])
+            out.up[e].copy_(gu[:, F:])
+            out.down[e].copy_(dn)
+            del gu, dn
+        if spec["shared"] is not None:
+            gu, dn = spec["shared"]()
+            Fs = dn.shape[0]
+            out.shared_gate.copy_(gu[:, :Fs])
+            out.shared_up.copy_(gu[:, Fs:])
+            out.shared_down.copy_(dn)
+        for name, w in spec["weights"].items():
+            if name == "bias":  # the selection bias: not a parameter (no gradient)
+                out.layer.weight("bias")[:] = w.float().numpy()
+            else:
+                getattr(out, name).copy_(w)
     out._hf_family = family
     return out
 
 
-# ---- the inference load of a transformers block ------------------------------------------------
-_ST_DTYPES = {torch.float32: ("F32", torch.int32), torch.bfloat16: ("BF16", torch.int16), torch.float16: ("F16", torch.int16)}
-
-
-def _write_safetensors(path, tensors):
-    """tensors ({name: tensor}) as one safetensors file, streamed tensor
-    by tensor (float32, bfloat16 and float16 as they are, other floats as
-    float32)."""
-    items, off = [], 0
-    for name, t in tensors.items():
-        t = t.detach()
-        if t.dtype not in _ST_DTYPES:
-            t = t.float()
-        n = t.numel() * t.element_size()
-        items.append((name, t, off, n))
-        off += n
-    head = {name: {"dtype": _ST_DTYPES[t.dtype][0], "shape": list(t.shape), "data_offsets": [o, o + n]} for name, t, o, n in items}
-    head["__metadata__"] = {"format": "pt"}
-    raw = json.dumps(head).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for name, t, o, n in items:
-            t = t.contiguous()
-            f.write(t.view(_ST_DTYPES[t.dtype][1]).numpy().tobytes() if t.dtype != torch.float32 else t.numpy().tobytes())
-
-
-def _config_dict(cfg):
-    if cfg is None:
-        return None
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    if hasattr(cfg, "to_dict"):
-        return cfg.to_dict()
-    return {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
-
-
-def _jsonable(v):
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return str(v)
-
-
-def _rule_for(rules, module_path):
-    """The rule `rules` gives module_path, as a rule set matching any path
-    (the loader matches its own tensor-name path), or None."""
-    from . import _lib, _P, _Rule
-    import ctypes as C
-    r = _as_rules(rules)
-    if r is None:
-        return None
-    f = _lib.moe8_rules_match
-    f.restype, f.argtypes = C.POINTER(_Rule), [_P, C.c_char_p]
-    hit = f(r._h, module_path.encode())
-    return None if not hit else json.dumps({"rules": [_rule_dict(hit.contents, ".*")]})
-
-
 def _from_hf_inference(block, family, cfg, rules, module_path):
-    """The block's tensors and the model's config written as a one-layer
-    checkpoint in a temporary directory, loaded by moe8's inference load
-    (each expert converted, quantized and packed one at a time), the
-    directory removed."""
-    d = _config_dict(cfg)
-    if d is None:
+    """The block as an inference layer built in memory
+    (Layer.inference_from_experts): each expert converted to float32,
+    quantized and packed one at a time; no file written."""
+    if cfg is None:
         raise ValueError("moe8: from_hf(inference=True) needs the model's config")
     text = _rules_text(rules)
-    if family == "llama4_text" and isinstance(d.get("text_config"), dict):
-        d = dict(d["text_config"], model_type="llama4_text")
-    m = re.search(r"(?:^|\.)layers\.(\d+)\.", module_path)
-    index = int(m.group(1)) if m else 0
-    prefix = "model.layers.%d.%s." % (index, "feed_forward" if family == "llama4_text" else "mlp")
-    with tempfile.TemporaryDirectory(prefix="moe8-") as tmp:
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(_jsonable(d), f)
-        _write_safetensors(os.path.join(tmp, "model.safetensors"), {prefix + k: v for k, v in block.state_dict().items()})
-        rule = _rule_for(text, module_path)
-        try:
-            lay = Layer.from_model(tmp, layer=index, mode="inference", rules=rule)
-        except Error:
-            lay = Layer.from_model(tmp, layer=index, mode="inference", rules=rule, arch=family)
+    spec = _hf_spec(block, family, cfg)
+    kw = dict(spec["config"])
+    kw.setdefault("norm_topk_prob", True)  # as MoE8Block
+    f = spec["expert"]
+
+    def expert(e):
+        gu, dn = f(e)
+        return _f32c(gu), _f32c(dn)
+    shared = None
+    if spec["shared"] is not None:
+        gu, dn = spec["shared"]()
+        shared = (_f32c(gu), _f32c(dn))
+    weights = {"router": _f32c(spec["router"])}
+    weights.update({n: _f32c(w) for n, w in spec["weights"].items()})
+    lay = Layer.inference_from_experts(expert, rules=text, module_path=module_path, weights=weights, shared=shared, **kw)
+    del shared, weights
     c = _cfg(lay)
     kw = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
           "act": "swiglu_clamp" if c.act == 1 else "swiglu"}
@@ -463,60 +484,6 @@ def _from_hf_inference(block, family, cfg, rules, module_path):
     out._attach(lay, inference=True)
     out._hf_family = family
     out.eval()
-    return out
-
-
-def _from_gpt_oss(block, cfg, rules, module_path):
-    """transformers' GptOssMLP: router (weight [E, D], bias [E]) and experts
-    (gate_up_proj [E, D, 2F] with gate and up in alternate columns, its bias
-    [E, 2F], down_proj [E, F, D], its bias [E, D], alpha, limit)."""
-    r, ex = block.router, block.experts
-    wr = r.weight.detach().float()
-    E, D = wr.shape
-    gu = ex.gate_up_proj.detach().float()
-    F = gu.shape[2] // 2
-    top_k = int(_first(getattr(r, "top_k", None), getattr(cfg, "num_experts_per_tok", None)))
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, _init=False, norm_topk_prob=True,
-                    act="swiglu_clamp",
-                    act_alpha=float(_first(getattr(ex, "alpha", None), 1.702)),
-                    act_limit=float(_first(getattr(ex, "limit", None), getattr(cfg, "swiglu_limit", None), 7.0)),
-                    router_bias=True, expert_bias=True)
-    gub = ex.gate_up_proj_bias.detach().float()
-    with torch.no_grad():
-        out.router.copy_(wr.t())
-        out.router_bias.copy_(r.bias.detach().float())
-        out.gate.copy_(gu[:, :, 0::2])
-        out.up.copy_(gu[:, :, 1::2])
-        out.down.copy_(ex.down_proj.detach().float())
-        out.gate_up_bias.copy_(torch.cat([gub[:, 0::2], gub[:, 1::2]], dim=1))
-        out.down_bias.copy_(ex.down_proj_bias.detach().float())
-    out._hf_family = "gpt_oss"
-    return out
-
-
-def _from_llama4(block, cfg, rules, module_path):
-    """transformers' Llama4TextMoe: router (Linear [E, D]), experts
-    (gate_up_proj [E, D, 2F], gate the first F columns, down_proj
-    [E, F, D]), shared_expert (gate/up/down Linear); the sigmoid of each
-    chosen logit scales that expert's input."""
-    wr = block.router.weight.detach().float()
-    E, D = wr.shape
-    gu = block.experts.gate_up_proj.detach().float()
-    F = gu.shape[2] // 2
-    sh = block.shared_expert
-    top_k = int(_first(getattr(block, "top_k", None), getattr(cfg, "num_experts_per_tok", None), 1))
-    out = MoE8Block(hidden=D, ffn=F, num_experts=E, top_k=top_k, rules=rules, module_path=module_path, _init=False, score="sigmoid",
-                    norm_topk_prob=False, weight_input=True,
-                    shared_ffn=sh.gate_proj.weight.shape[0])
-    with torch.no_grad():
-        out.router.copy_(wr.t())
-        out.gate.copy_(gu[:, :, :F])
-        out.up.copy_(gu[:, :, F:])
-        out.down.copy_(block.experts.down_proj.detach().float())
-        out.shared_gate.copy_(sh.gate_proj.weight.detach().float().t())
-        out.shared_up.copy_(sh.up_proj.weight.detach().float().t())
-        out.shared_down.copy_(sh.down_proj.weight.detach().float().t())
-    out._hf_family = "llama4_text"
     return out
 
 

@@ -1,0 +1,111 @@
+"""Layer.inference_from_experts: the lean inference layer from weights in
+memory (no file), the same bytes as a prepared training layer holding the
+same weights; and patch / from_hf(inference=True) built with it, writing
+no temporary files."""
+import gc
+import os
+import tempfile
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import moe8
+
+D, F, E, K, FS = 64, 32, 8, 2, 48
+RULES = {None: None,
+         "f8": {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 32}]},
+         "i8": {"rules": [{"module_path": r"layers\.1\.", "weight_qtype": "int8", "act_qtype": "int8", "tile_size": 32}]},
+         "f8w": {"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn"}]}}
+
+
+def _training(rules, shared, path):
+    cfg = dict(num_experts=E, top_k=K, hidden=D, ffn=F, norm_topk_prob=True)
+    if shared:
+        cfg.update(shared_ffn=FS, shared_gate=True)
+    lay = moe8.Layer(rules=rules, module_path=path, **cfg)
+    lay.init_random(3)
+    return lay, cfg
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["no_shared", "shared"])
+@pytest.mark.parametrize("rules", list(RULES), ids=[str(k) for k in RULES])
+def test_inference_from_experts_is_a_prepared_training_layers_bytes(rules, shared):
+    path = "model.layers.1.mlp.experts"
+    train, cfg = _training(RULES[rules], shared, path)
+    g, u, d = (train.weight_copy(n) for n in ("gate", "up", "down"))
+    weights = {"router": train.weight_copy("router")}
+    sh = None
+    if shared:
+        weights["shared_gate_w"] = train.weight_copy("shared_gate_w")
+        sh = (np.concatenate([train.weight_copy("shared_gate"), train.weight_copy("shared_up")], 1), train.weight_copy("shared_down"))
+    asked = []
+
+    def expert(e):  # one at a time: the previous expert's arrays are already released
+        assert all(r() is None for r in asked), "an earlier expert's arrays are still held"
+        gu, dn = np.concatenate([g[e], u[e]], 1), d[e].copy()
+        asked.append(weakref.ref(gu))
+        return gu, dn
+
+    got = moe8.Layer.inference_from_experts(expert, rules=RULES[rules], module_path=path, weights=weights, shared=sh, **cfg)
+    assert len(asked) == E
+    assert "inference" in got.describe()
+    assert got.weight_copy("gate") is None  # no expert masters
+    again = moe8.Layer.inference_from_experts([(np.concatenate([g[e], u[e]], 1), d[e]) for e in range(E)], rules=RULES[rules],
+                                              module_path=path, weights=weights, shared=sh, **cfg)
+    train.prepare()
+    rng = np.random.default_rng(0)
+    for T in (29, 3):
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        want = train.forward(x, fused=True)
+        assert np.array_equal(got.forward(x, fused=True).view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(again.forward(x, fused=True).view(np.uint32), want.view(np.uint32))
+
+
+def test_inference_from_experts_refusals():
+    cfg = dict(num_experts=E, top_k=K, hidden=D, ffn=F)
+    one = (np.zeros((D, 2 * F), np.float32), np.zeros((F, D), np.float32))
+    router = {"router": np.zeros((D, E), np.float32)}
+    with pytest.raises(moe8.Error, match="gave 3 experts"):
+        moe8.Layer.inference_from_experts([one] * 3, weights=router, **cfg)
+    with pytest.raises(moe8.Error, match="more than"):
+        moe8.Layer.inference_from_experts([one] * (E + 1), weights=router, **cfg)
+    with pytest.raises(moe8.Error, match="router"):
+        moe8.Layer.inference_from_experts([one] * E, **cfg)
+    with pytest.raises(moe8.Error, match="shape"):
+        moe8.Layer.inference_from_experts([(one[1], one[0])] * E, weights=router, **cfg)
+    with pytest.raises(moe8.Error, match="shared"):
+        moe8.Layer.inference_from_experts([one] * E, weights=router, shared_ffn=16, **cfg)
+    bad = (np.full((D, 2 * F), np.nan, np.float32), one[1])
+    with pytest.raises(moe8.Error, match="expert"):
+        moe8.Layer.inference_from_experts(lambda e: bad if e == 5 else one, weights=router, **cfg)
+
+
+def _no_temporary_files(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the inference path made a temporary file or directory")
+    for name in ("mkdtemp", "mkstemp", "TemporaryDirectory", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile"):
+        monkeypatch.setattr(tempfile, name, refuse)
+
+
+def test_patch_inference_writes_no_temporary_files(monkeypatch):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (apt-get install python3-torch): the torch tests are skipped")
+    from moe8.torch import patch
+    import test_torch_inference as ti
+    before = set(os.listdir(tempfile.gettempdir()))
+    train, infer = ti._models(torch.bfloat16)
+    patch(train, ti.F8, inference=False)
+    _no_temporary_files(monkeypatch)
+    infer.eval()
+    t0 = time.perf_counter()
+    assert patch(infer, ti.F8) == ti.LAYERS
+    dt = time.perf_counter() - t0
+    print("patch (inference, %d blocks of E=%d D=%d F=%d): %.4f s" % (ti.LAYERS, ti.E, ti.D, ti.F, dt))
+    assert all(layer["mlp"].moe.inference_only for layer in infer.layers)
+    assert ti._expert_sized(infer) == []
+    x = torch.randn(2, 7, ti.D).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(infer(x).view(torch.int16), train(x).view(torch.int16))
+    gc.collect()
+    assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("moe8-")]
