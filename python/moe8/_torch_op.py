@@ -9,6 +9,8 @@ takes it out.  The registry holds the layer alive until then."""
 import itertools
 import threading
 
+import numpy as np
+
 import torch
 
 from . import Error, Layer, _check, _layer_experts, _layer_weights_changed, _P
@@ -230,6 +232,10 @@ def _experts_layer(module, k):
         key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
     except RuntimeError:  # inference tensors keep no version counter (and cannot be written in place)
         key = (k, gu.data_ptr(), None, dn.data_ptr(), None)
+    # not training (no grad, or the module in eval mode): the lean inference
+    # layer, built one expert at a time (no f32 masters beside the codes)
+    lean = not torch.is_grad_enabled() or not module.training
+    key = key + (lean,)
     cached = module.__dict__.get("_moe8_experts")
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -247,21 +253,36 @@ def _experts_layer(module, k):
         why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(act).__name__)
     if why:
         raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
-    with torch.no_grad():
-        gu32, dn32 = gu.detach().float(), dn.detach().float()
-        if getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
-            E, D, F2 = gu32.shape
-            F = F2 // 2
-            g, u, d = gu32[:, :, :F], gu32[:, :, F:], dn32
-        else:
-            E, F2, D = gu32.shape
-            F = F2 // 2
-            g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
-        lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
-                    module_path=module.__dict__.get("_moe8_path", "experts"))
-        for name, t in (("gate", g), ("up", u), ("down", d)):
-            lay.weight(name)[:] = t.numpy()
-        lay.prepare()
+    if lean:
+        with torch.no_grad():
+            tr = getattr(module, "is_transposed", False)  # [E, D, 2F], [E, F, D]: already x @ W
+            E = gu.shape[0]
+            D, F = (gu.shape[1], gu.shape[2] // 2) if tr else (gu.shape[2], gu.shape[1] // 2)
+
+            def expert(e):
+                a, b = (gu[e], dn[e]) if tr else (gu[e].t(), dn[e].t())
+                return (torch.empty(a.shape, dtype=torch.float32).copy_(a.detach()),
+                        torch.empty(b.shape, dtype=torch.float32).copy_(b.detach()))
+            lay = Layer.inference_from_experts(expert, rules=module.__dict__.get("_moe8_rules"),
+                                               module_path=module.__dict__.get("_moe8_path", "experts"),
+                                               weights={"router": np.zeros((D, E), np.float32)},  # the caller routes
+                                               num_experts=E, top_k=k, hidden=D, ffn=F)
+    else:
+        with torch.no_grad():
+            gu32, dn32 = gu.detach().float(), dn.detach().float()
+            if getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
+                E, D, F2 = gu32.shape
+                F = F2 // 2
+                g, u, d = gu32[:, :, :F], gu32[:, :, F:], dn32
+            else:
+                E, F2, D = gu32.shape
+                F = F2 // 2
+                g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
+            lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
+                        module_path=module.__dict__.get("_moe8_path", "experts"))
+            for name, t in (("gate", g), ("up", u), ("down", d)):
+                lay.weight(name)[:] = t.numpy()
+            lay.prepare()
     old = cached[1] if cached is not None else None
     if old is not None:
         unregister_layer(getattr(old, "_op_handle", None))

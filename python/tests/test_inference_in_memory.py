@@ -109,3 +109,31 @@ def test_patch_inference_writes_no_temporary_files(monkeypatch):
         assert torch.equal(infer(x).view(torch.int16), train(x).view(torch.int16))
     gc.collect()
     assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("moe8-")]
+
+
+def test_experts_hook_builds_a_lean_layer_when_not_training():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (apt-get install python3-torch): the torch tests are skipped")
+    from moe8._torch_op import transformers_experts_forward
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.randn(E, 2 * F, D) * D ** -0.5)
+            self.down_proj = torch.nn.Parameter(torch.randn(E, D, F) * F ** -0.5)
+
+    torch.manual_seed(0)
+    m = Experts()
+    x = torch.randn(11, D)
+    ids = torch.randint(0, E, (11, K))
+    w = torch.rand(11, K)
+    with torch.no_grad():
+        m.train()
+        with torch.enable_grad():
+            want = transformers_experts_forward(m, x, ids, w)
+        full = m.__dict__["_moe8_experts"][1]
+        assert full.weight_copy("gate") is not None
+        m.eval()
+        got = transformers_experts_forward(m, x, ids, w)
+        lean = m.__dict__["_moe8_experts"][1]
+    assert lean is not full and lean.weight_copy("gate") is None  # no f32 masters
+    assert torch.equal(got, want)
