@@ -90,6 +90,7 @@ static void test_bad_files(void **state) {
     {"bad_second_rule.json",      {"rules[1].bwd_qtype", "float16", "bad_second_rule.json:2:"}},
     {"bad_duplicate.json",        {"rules[0].module_path", "duplicate field", NULL}},
     {"bad_regex_stacked.json",    {"rules[0].module_path", "stacked repetition", NULL}},
+    {"bad_regex_perl_digit.json", {"rules[0].module_path", "not POSIX", "[0-9]"}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     moe8_rules *rs = (moe8_rules *)0x1;

@@ -72,7 +72,14 @@ static const char *regex_problem(const char *re) {
   bool prev_quant = false;
   for (size_t i = 0; i < n; i++) {
     const char c = re[i];
-    if (c == '\\') { i++; prev_quant = false; continue; }
+    if (c == '\\') {
+      /* \d is Perl's, not POSIX's: regcomp reads it as a plain d, so
+      ** "layers\.\d+" would match nothing, silently. */
+      if (i + 1 < n && (re[i + 1] == 'd' || re[i + 1] == 'D')) return re[i + 1] == 'd' ? "\\d is not POSIX (write [0-9])" : "\\D is not POSIX (write [^0-9])";
+      i++;
+      prev_quant = false;
+      continue;
+    }
     const bool quant = c == '*' || c == '+' || c == '?' || c == '{';
     if (quant && prev_quant) return "stacked repetition operators";
     if (c == '{') {
