@@ -1,7 +1,8 @@
 /*
 ** ep_internal.h — the expert-parallel object and what its two modes share
-** (docs/parallelism.md), in ep.c: the ring of experts (ep_ring.c) and the
-** all-to-all dispatch (ep_a2a.c) call it, never each other.  Both call the layer's own phases
+** (docs/parallelism.md), in ep_common.c: the ring of experts (ep_ring.c) and
+** the all-to-all dispatch (ep_a2a.c) call it, never ep.c (the object, which
+** picks the mode) and never each other.  Both call the layer's own phases
 ** (moe/layer_internal.h) on the same rows in the same order as the single
 ** process, which is what makes their bytes equal to it.
 */
