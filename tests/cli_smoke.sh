@@ -61,4 +61,34 @@ printf '{"model_type": "llama4", "text_config": {"model_type": "llama4_text", %s
 "$moe8" run --model "$tmp/init-llama4" --input "$x" --output "$tmp/y-llama4.npy" --layer 1 >/dev/null 2>"$tmp/err" ||
   fail "run on init's llama4 model: $(cat "$tmp/err")"
 echo "init then run: every family ok"
+# examples/: every tiny config through init then run under every rules
+# file; the released-size configs with their widths and expert counts
+# shrunk (every other key as released) the same way.
+ex="$(dirname "$0")/../examples"
+for r in "$ex"/rules/*.json; do
+  for c in "$ex"/configs/*_tiny.json; do
+    n=$(basename "$c" .json)
+    [ -d "$tmp/ex-$n" ] || "$moe8" init --config "$c" --out "$tmp/ex-$n" >/dev/null 2>"$tmp/err" || fail "init $c: $(cat "$tmp/err")"
+    "$moe8" run --model "$tmp/ex-$n" --input "$x" --output "$tmp/y.npy" --rules "$r" >/dev/null 2>"$tmp/err" ||
+      fail "run on $c under $r: $(cat "$tmp/err")"
+  done
+done
+for c in "$ex"/configs/*.json; do
+  case "$c" in *_tiny.json) continue ;; esac
+  n=$(basename "$c" .json)
+  python3 - "$c" "$tmp/$n.json" <<'PY' || fail "shrink $c"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update({k: v for k, v in {"hidden_size": 64, "intermediate_size": 32, "moe_intermediate_size": 32}.items() if k in c})
+for k in ("num_experts", "num_local_experts", "n_routed_experts"):
+    if k in c:
+        c[k] = 16 if c.get("n_group", 1) > 1 else 8
+c["num_hidden_layers"] = c.get("first_k_dense_replace", 0) + 1
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$moe8" init --config "$tmp/$n.json" --out "$tmp/ex-$n" >/dev/null 2>"$tmp/err" || fail "init $c (shrunk): $(cat "$tmp/err")"
+  "$moe8" run --model "$tmp/ex-$n" --input "$x" --output "$tmp/y.npy" --rules "$ex/rules/fp8.json" >/dev/null 2>"$tmp/err" ||
+    fail "run on $c (shrunk): $(cat "$tmp/err")"
+done
+echo "examples: every config and rules file ok"
 echo "cli smoke: ok"
