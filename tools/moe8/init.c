@@ -12,7 +12,8 @@
 **   Llama-4 (llama4_text, llama4)   feed_forward.router.weight, feed_forward.experts.gate_up_proj
 **                                   [E, D, 2F], .down_proj [E, F, D], feed_forward.shared_expert.
 **                                   {gate,up,down}_proj.weight; llama4 (multimodal) under
-**                                   language_model.model.layers. and its text_config's layer count
+**                                   language_model.model.layers. and its text_config's layer count;
+**                                   the other multimodal wrappers under model.language_model.layers.
 **
 ** Each tensor is drawn straight into its file dtype, row by row from its
 ** own stream (seed, layer, tensor, row), on every thread: the memory is
@@ -113,10 +114,13 @@ int cmd_init(int argc, char **argv) {
   int rc = EXIT_OK;
   const double t0 = cli_now();
   const int64_t Fs = hc.layer.shared_ffn;
-  /* Llama-4's multimodal checkpoints keep the text layers under their
-  ** language model (the loader looks there first). */
-  const bool multimodal = !strcmp(hc.model_type, "llama4 (text_config)");
-  const char *lroot = multimodal ? "language_model.model.layers." : "model.layers.";
+  /* A multimodal model's text layers live under its language model (the
+  ** loader looks there first): Llama-4's checkpoints as
+  ** language_model.model.layers., transformers 5's other wrappers (Qwen3-VL-
+  ** MoE, Qwen3.5-MoE, GLM-4.5V, ...) as model.language_model.layers. */
+  const bool multimodal = strstr(hc.model_type, " (text_config)") != NULL;
+  const char *lroot = !multimodal ? "model.layers."
+                      : !strncmp(hc.model_type, "llama4 ", 7) ? "language_model.model.layers." : "model.language_model.layers.";
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
     char p[96];
