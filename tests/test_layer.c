@@ -490,23 +490,27 @@ static void test_experts_entry(void **state) {
   }
 }
 
+/* The rule sets the prepared-path tests run: none, FP8 (tiled), int8,
+** FP8 weight-only, int8 weights with FP8 activations. */
+static const char *const k_rules_txt[] = {
+  NULL,
+  "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
+  "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+  "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\"}]}",
+  "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"float8_e4m3fn\"}]}",
+};
+enum { NRULES = sizeof k_rules_txt / sizeof k_rules_txt[0] };
+
 static void test_fused_equals_unfused_no_alloc(void **state) {
   (void)state;
-  const char *rules_txt[] = {
-    NULL,
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\"}]}",
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"float8_e4m3fn\"}]}",
-  };
   const moe8_layer_config c = {6, 2, 48, 40, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  const size_t nr = sizeof rules_txt / sizeof rules_txt[0];
+  const size_t nr = NRULES;
   /* Every rule set at T = 29 (panel and small-M kernels), then at T = 3
   ** (decode: every expert has at most a few rows). */
   for (size_t it = 0; it < 2 * nr; it++) {
     const size_t i = it % nr;
     moe8_rules *rs = NULL;
-    if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
+    if (k_rules_txt[i]) assert_int_equal(moe8_rules_parse(k_rules_txt[i], strlen(k_rules_txt[i]), "inline", &rs), MOE8_OK);
     run u;
     run_init(&u, &c, rs, it < nr ? 29 : 3, 50 + it);
     assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size), MOE8_OK);
@@ -539,19 +543,13 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
 
 /* An inference layer built from weights in memory (moe8_layer_create_
 ** inference, put_expert, finish_load) gives the bytes of a training layer
-** holding the same weights, prepared: no rule, FP8 (tiled), int8 and FP8
-** weight-only, with and without a gated shared expert, T = 29 and 3; the
+** holding the same weights, prepared: every rule set of k_rules_txt, with
+** and without a gated shared expert, T = 29 and 3; the
 ** calls refuse a missing, repeated-after-finish, out-of-range or
 ** non-finite expert. */
 static void test_inference_from_memory(void **state) {
   (void)state;
-  const char *rules_txt[] = {
-    NULL,
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
-    "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\"}]}",
-  };
-  const size_t nr = sizeof rules_txt / sizeof rules_txt[0];
+  const size_t nr = NRULES;
   for (size_t it = 0; it < 4 * nr; it++) {
     const size_t i = it % nr;
     const bool shared = (it / nr) & 1;
@@ -559,7 +557,7 @@ static void test_inference_from_memory(void **state) {
     const moe8_layer_config c = {.num_experts = E, .top_k = 2, .hidden = D, .ffn = F, .score = MOE8_SCORE_SOFTMAX,
                                  .norm_topk_prob = true, .shared_ffn = Fs, .shared_gate = shared};
     moe8_rules *rs = NULL;
-    if (rules_txt[i]) assert_int_equal(moe8_rules_parse(rules_txt[i], strlen(rules_txt[i]), "inline", &rs), MOE8_OK);
+    if (k_rules_txt[i]) assert_int_equal(moe8_rules_parse(k_rules_txt[i], strlen(k_rules_txt[i]), "inline", &rs), MOE8_OK);
     moe8_layer *A = NULL, *B = NULL;
     assert_int_equal(moe8_layer_create(&c, rs, "experts", &A), MOE8_OK);
     assert_int_equal(moe8_layer_init_random(A, 70 + it), MOE8_OK);
