@@ -204,6 +204,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   const moe8_dtype l0 = a->lhs.dtype;
   const bool canon = (l0 == MOE8_DTYPE_BF16 || l0 == MOE8_DTYPE_F8E4M3 || l0 == MOE8_DTYPE_F8E5M2) &&
                      moe8_order_effective(a->order) == MOE8_ORDER_CANONICAL;
+  const bool stream = (size_t)(hi - lo) * (size_t)N * osz >= MOE8__GMM_STREAM_BYTES;
   /* Tasks: (group, row tile, column tile). */
   int64_t ntasks = 0;
   for (int64_t g = off; g < off + G; g++) ntasks += moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
@@ -273,7 +274,7 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
         .rs = rk == MOE8__SC_TENSOR ? a->rhs.scale
               : rk == MOE8__SC_ROW ? a->rhs.scale + (g - off) * N
               : rk == MOE8__SC_TILE ? a->rhs.scale + (g - off) * nbk * N : NULL,
-        .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = packed, .canon = canon,
+        .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = packed, .canon = canon, .out_stream = stream,
       };
       b.m1 = b.m0 + MT < row0 + a->group_sizes[g] ? b.m0 + MT : row0 + a->group_sizes[g];
       b.n1 = b.n0 + NT < N ? b.n0 + NT : N;

@@ -30,6 +30,11 @@
 #define MOE8__GMM_SCRATCH ((size_t)2 << 20)
 #define MOE8__GMM_MT 1024  /* rows of one task                  */
 #define MOE8__GMM_NT 128   /* columns of one task               */
+/* An output of this many bytes or more is written past the caches: it
+** does not fit in a core's L2, and reading each line before writing it
+** (what a plain store does) costs a third of an int8 prefill matmul on
+** AMX (docs/kernels.md "Output"). */
+#define MOE8__GMM_STREAM_BYTES ((size_t)4 << 20)
 
 typedef enum { MOE8__SC_NONE = 0, MOE8__SC_TENSOR, MOE8__SC_ROW, MOE8__SC_TILE } moe8__sc_kind;
 
@@ -51,6 +56,9 @@ typedef struct moe8__gmm_block {
   const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
   const uint8_t *rhs_pk;    /* this group's packed FP8 or i8 rhs (rhs is then NULL) */
   bool          canon;      /* the canonical order (below): lhs bf16 or FP8   */
+  bool          out_stream; /* the call's output is large (MOE8__GMM_STREAM_BYTES or more): a
+                            ** kernel may write it with streaming stores, and then ends its
+                            ** block with a store fence */
 } moe8__gmm_block;
 
 /* The canonical order (docs/determinism.md), for a bf16 or FP8 lhs (rhs

@@ -462,9 +462,12 @@ static int bench_layer(FILE *json, const peaks *pk) {
         if (tf > 0) snprintf(rf, sizeof rf, "%.2fx", tf / (t[0] * 1e3));
         if (tb > 0) snprintf(rb, sizeof rb, "%.2fx", tb / (t[0] * 1e3));
         snprintf(name, sizeof name, "moe8 %s", modes[mi].name);
-        /* i8 sums on vpdpbusd, FP8 on vdpbf16ps, f32 on FMAs; FP8 and i8
-        ** weights are a byte an element, f32 four. */
-        const double unit = mi == 2 ? pk->i8 : mi == 1 ? pk->bf16 : pk->f32, esz = mi == 0 ? 4.0 : 1.0;
+        /* i8 sums on vpdpbusd, FP8 on vdpbf16ps (on the amx table: the
+        ** tiles, tdpbssd and tdpbf16ps), f32 on FMAs; FP8 and i8 weights
+        ** are a byte an element, f32 four. */
+        const bool tiles = moe8_isa_active() == MOE8_ISA_AMX && pk->amx_bf16 > 0;
+        const double unit = mi == 2 ? (tiles ? pk->amx_i8 : pk->i8) : mi == 1 ? (tiles ? pk->amx_bf16 : pk->bf16) : pk->f32;
+        const double esz = mi == 0 ? 4.0 : 1.0;
         const double bw = th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2;
         char pct[16] = "-";
         if (!dec && unit > 0) snprintf(pct, sizeof pct, "%.0f%%", 100.0 * ops / t[0] / 1e9 / (unit * th));

@@ -84,6 +84,7 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define gmm_block_pk_small moe8__x86_gmm_block_pk_small
 #define gmm_block_bf16_small moe8__x86_gmm_block_bf16_small
 #define gmm_block_i8pk_small moe8__x86_gmm_block_i8pk_small
+#define gmm_block_i8pk_small_rows moe8__x86_gmm_block_i8pk_small_rows
 #define gmm_block_pk_canon moe8__x86_gmm_block_pk_canon
 #define gmm_block_i8pk_rows moe8__x86_gmm_block_i8pk_rows
 #define gmm_block_pk_rows moe8__x86_gmm_block_pk_rows
@@ -114,6 +115,7 @@ VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const u
 BF16_TARGET void gmm_block_bf16_small(const moe8__gmm_block *b);
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b);
 VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b);
+VNNI_TARGET void gmm_block_i8pk_small_rows(const moe8__gmm_block *b, int64_t words, int64_t bw, uint32_t flip);
 VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b); /* packed i8, any rows (prefill) */
 bool gmm_i8pk_rows_fits(const moe8__gmm_block *b);              /* its per-task tables fit the scratch */
 VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b);   /* packed FP8, any rows (prefill) */

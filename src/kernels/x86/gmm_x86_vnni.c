@@ -63,10 +63,9 @@ VNNI_TARGET void ukr_i8_prom_any(int mr, const uint32_t *A, int64_t lda, const u
 ** four rows over half the vectors read every 512-byte quad row in halves,
 ** 1.4x slower at 4 rows per expert (measured). */
 VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const bool sums, const moe8__gmm_block *b, const uint32_t *A,
-                              int64_t words, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv,
-                              int32_t *cst) {
+                              int64_t words, int64_t w0, uint32_t flip, int64_t blk, int64_t v0, int64_t nv, float *C,
+                              const float *ls, const float *rsv, int32_t *cst) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
-  const int64_t w0 = block_word(b, PATH_I8, blk);
   const uint8_t *r = pk_at(b, k0 / 4) + (size_t)v0 * 64;
   const size_t step = (size_t)nv * 64;
   const __m512i ones = _mm512_set1_epi8(1);
@@ -80,7 +79,7 @@ VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const bool sums, cons
   for (int64_t q = 0; q < kq; q++, r += step) {
     __m512i a[2];
 #pragma GCC unroll 2
-    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + q]);
+    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)(A[i * words + w0 + q] ^ flip));
 #pragma GCC unroll 8
     for (int v = 0; v < nvv; v++) {
       const __m512i x = _mm512_loadu_si512(r + 64 * v);
@@ -113,18 +112,23 @@ VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const bool sums, cons
   }
 
 VNNI_TARGET static void pk_i8_any(int mr, int nvv, bool sums, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                  int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls, const float *rsv, int32_t *cst) {
-  if (mr == 2 && sums) PK_NV(2, true, b, A, words, blk, v0, nv, C, ls, rsv, cst)
-  else if (mr == 2) PK_NV(2, false, b, A, words, blk, v0, nv, C, ls, rsv, cst)
-  else if (sums) PK_NV(1, true, b, A, words, blk, v0, nv, C, ls, rsv, cst)
-  else PK_NV(1, false, b, A, words, blk, v0, nv, C, ls, rsv, cst)
+                                  int64_t w0, uint32_t flip, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls,
+                                  const float *rsv, int32_t *cst) {
+  if (mr == 2 && sums) PK_NV(2, true, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, cst)
+  else if (mr == 2) PK_NV(2, false, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, cst)
+  else if (sums) PK_NV(1, true, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, cst)
+  else PK_NV(1, false, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, cst)
 }
 
-VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
+/* The small-M kernel over packed lhs rows of `words` words whose scale
+** blocks start bw words apart: the VNNI packing ((a + 128) quads, flip 0)
+** or the AMX tables' signed bytes with blocks padded to 64 (flip
+** 0x80808080: a ^ 0x80 is a + 128, and a zero pad byte becomes the 0x80
+** pad of the VNNI packing), so both give the same bytes. */
+VNNI_TARGET void gmm_block_i8pk_small_rows(const moe8__gmm_block *b, int64_t words, int64_t bw, uint32_t flip) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16);
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
   int32_t *cst = (int32_t *)(rsv + NT);
-  const int64_t words = packed_words(b, PATH_I8);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
@@ -137,12 +141,16 @@ VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
       for (int64_t v0 = 0; v0 < nv;) {
         const int64_t left = nv - v0;
         const int nvv = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        pk_i8_any(mr, nvv, i == 0, b, A + i * words, words, blk, v0, nv, C + i * NT, ls, rsv, cst);
+        pk_i8_any(mr, nvv, i == 0, b, A + i * words, words, blk * bw, flip, blk, v0, nv, C + i * NT, ls, rsv, cst);
         v0 += nvv;
       }
     }
   }
   write_out(b, C, mt);
+}
+
+VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
+  gmm_block_i8pk_small_rows(b, packed_words(b, PATH_I8), block_word(b, PATH_I8, 1), 0);
 }
 
 
