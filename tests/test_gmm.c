@@ -13,6 +13,7 @@
 */
 #include "testutil.h"
 #include "core/internal.h"
+#include "kernels/gmm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -330,6 +331,47 @@ static void test_gmm_chunks(void **state) {
   moe8_isa_set(tu_isa_best());
 }
 
+/* An output of MOE8__GMM_STREAM_BYTES or more is written with streaming
+** stores where a kernel can (whole aligned vectors; the others masked):
+** rows of aligned and unaligned length, rows past the groups zero, the
+** same bytes as the reference on every table, packed and plain. */
+static void test_gmm_large_output(void **state) {
+  (void)state;
+  static const cfg cs[] = {
+    {"i8*i8 row/chan",  MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32,  MOE8_GRAN_ROW, MOE8_GRAN_CHANNEL, 0, false},
+    {"e4m3 1x128",      MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32,  MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 128, false},
+    {"e4m3 1x128 bf16", MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_BF16, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 128, false},
+  };
+  static const int64_t Ns[] = {1040, 1037};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+    for (int ni = 0; ni < 2; ni++) {
+      const cfg *c = &cs[ci];
+      const int64_t K = 256, N = Ns[ni];
+      const int32_t gs[2] = {700, 400};
+      tu_rng_reset((uint64_t)(300 + ci * 2 + ni));
+      prob p;
+      prob_init(&p, c, K, N, gs, 2, 0, 2, 3);
+      assert_true((size_t)(p.M * N) * 4 >= MOE8__GMM_STREAM_BYTES);
+      g_order = MOE8_ORDER_CANONICAL;
+      float *want = run(&p, MOE8_ISA_REF);
+      compare(&p, c, NULL, want, "ref vs math", false, true);
+      const size_t nb = (size_t)(p.M * p.N) * moe8__dtype_size(c->ot);
+      for (int t = 1; t < nisa; t++) {
+        float *got = run(&p, isas[t]);
+        if (memcmp(want, got, nb) != 0)
+          TU_FAIL("%s on %s: a large output differs from the canonical reference's (K=%lld N=%lld M=%lld)", c->name,
+                  moe8_isa_name(isas[t]), (long long)K, (long long)N, (long long)p.M);
+        free(got);
+      }
+      free(want);
+      prob_free(&p);
+    }
+  g_order = MOE8_ORDER_NATIVE;
+  moe8_isa_set(tu_isa_best());
+}
+
 /* docs/determinism.md: 1 vs 2 threads, and a row alone / in full batch / among others. */
 static void test_gmm_determinism(void **state) {
   (void)state;
@@ -529,6 +571,7 @@ int main(void) {
     cmocka_unit_test(test_gmm_sweep),
     cmocka_unit_test(test_gmm_sweep_canonical),
     cmocka_unit_test(test_gmm_chunks),
+    cmocka_unit_test(test_gmm_large_output),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
