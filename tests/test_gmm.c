@@ -285,6 +285,20 @@ static void test_gmm_sweep_canonical(void **state) {
   sweep(MOE8_ORDER_CANONICAL);
 }
 
+/* Every table after the reference (isas[1..]) gives want's bytes (the
+** output's: f32 or bf16), packed and plain (run). */
+static void expect_tables_equal(prob *p, const cfg *c, const float *want, const moe8_isa *isas, int nisa) {
+  const size_t es = moe8__dtype_size(c->ot), nb = (size_t)(p->M * p->N) * es;
+  for (int t = 1; t < nisa; t++) {
+    float *got = run(p, isas[t]);
+    for (size_t e = 0; e < nb / es && memcmp(want, got, nb) != 0; e++)
+      if (memcmp((const char *)want + e * es, (const char *)got + e * es, es) != 0)
+        TU_FAIL("%s on %s: element %zu differs from the canonical reference's (K=%lld N=%lld M=%lld)", c->name,
+                moe8_isa_name(isas[t]), e, (long long)p->K, (long long)p->N, (long long)p->M);
+    free(got);
+  }
+}
+
 /* The tile kernels walk K in chunks: a long block in several stretches,
 ** several short blocks in one, a partial last block, row tiles with a
 ** zero-padded tail.  K past the sweep's sizes: every table, packed and
@@ -315,15 +329,7 @@ static void test_gmm_chunks(void **state) {
       g_order = MOE8_ORDER_CANONICAL;
       float *want = run(&p, MOE8_ISA_REF);
       compare(&p, c, NULL, want, "ref vs math", false, true);
-      for (int t = 1; t < nisa; t++) {
-        float *got = run(&p, isas[t]);
-        const size_t nb = (size_t)(p.M * p.N) * 4;
-        for (size_t e = 0; e < nb / 4 && memcmp(want, got, nb) != 0; e++)
-          if (memcmp(want + e, got + e, 4) != 0)
-            TU_FAIL("%s on %s: element %zu = %a, the canonical reference's %a (K=%lld N=%lld M=%lld)", c->name,
-                    moe8_isa_name(isas[t]), e, (double)got[e], (double)want[e], (long long)K, (long long)N, (long long)p.M);
-        free(got);
-      }
+      expect_tables_equal(&p, c, want, isas, nisa);
       free(want);
       prob_free(&p);
     }
@@ -357,14 +363,7 @@ static void test_gmm_large_output(void **state) {
       g_order = MOE8_ORDER_CANONICAL;
       float *want = run(&p, MOE8_ISA_REF);
       compare(&p, c, NULL, want, "ref vs math", false, true);
-      const size_t nb = (size_t)(p.M * p.N) * moe8__dtype_size(c->ot);
-      for (int t = 1; t < nisa; t++) {
-        float *got = run(&p, isas[t]);
-        if (memcmp(want, got, nb) != 0)
-          TU_FAIL("%s on %s: a large output differs from the canonical reference's (K=%lld N=%lld M=%lld)", c->name,
-                  moe8_isa_name(isas[t]), (long long)K, (long long)N, (long long)p.M);
-        free(got);
-      }
+      expect_tables_equal(&p, c, want, isas, nisa);
       free(want);
       prob_free(&p);
     }

@@ -204,6 +204,13 @@ static void free_ops(gmm_ops *o) {
 /* bw: one core's read bandwidth; bw2: two threads' (the machine's, here). */
 typedef struct peaks { double f32, bf16, i8, bw, bw2; bool have; double amx_bf16, amx_i8; } peaks;
 
+/* The peak of the units that run i8 (else bf16 / FP8) dot products: the
+** tiles on the amx table, vpdpbusd / vdpbf16ps elsewhere. */
+static double dot_peak(const peaks *pk, bool i8) {
+  const bool tiles = moe8_isa_active() == MOE8_ISA_AMX && pk->amx_bf16 > 0;
+  return i8 ? (tiles ? pk->amx_i8 : pk->i8) : (tiles ? pk->amx_bf16 : pk->bf16);
+}
+
 static peaks measure_peaks(void) {
   peaks p = {0, 0, 0, read_bandwidth(1), max_threads() >= 2 ? read_bandwidth(2) : 0,
              moe8_isa_supported(MOE8_ISA_AVX512_VNNI)};
@@ -329,10 +336,7 @@ static int bench_gmm(const peaks *pk) {
           if (st != MOE8_OK) return cli_report(st, "bench gmm");
         }
         qsort(t, (size_t)runs, sizeof t[0], cmp_double);
-        /* % of the peak of the units that run it: the tiles on the amx table */
-        const bool tiles = moe8_isa_active() == MOE8_ISA_AMX && pk->amx_bf16 > 0;
-        const double unit = cases[ci].peak == PEAK_F32_FMA ? pk->f32 : cases[ci].peak == PEAK_BF16_DP ? (tiles ? pk->amx_bf16 : pk->bf16)
-                                                                                                      : (tiles ? pk->amx_i8 : pk->i8);
+        const double unit = cases[ci].peak == PEAK_F32_FMA ? pk->f32 : dot_peak(pk, cases[ci].peak != PEAK_BF16_DP);
         const double gf = flop / t[0] / 1e9, pct = pk->have && unit > 0 ? 100.0 * gf / (unit * th) : 0.0;
         char c1[32] = "", c2[32] = "", c3[32] = "", name[32];
         if (cases[ci].order == MOE8_ORDER_NATIVE) native_ms = t[0];
@@ -462,11 +466,9 @@ static int bench_layer(FILE *json, const peaks *pk) {
         if (tf > 0) snprintf(rf, sizeof rf, "%.2fx", tf / (t[0] * 1e3));
         if (tb > 0) snprintf(rb, sizeof rb, "%.2fx", tb / (t[0] * 1e3));
         snprintf(name, sizeof name, "moe8 %s", modes[mi].name);
-        /* i8 sums on vpdpbusd, FP8 on vdpbf16ps (on the amx table: the
-        ** tiles, tdpbssd and tdpbf16ps), f32 on FMAs; FP8 and i8 weights
-        ** are a byte an element, f32 four. */
-        const bool tiles = moe8_isa_active() == MOE8_ISA_AMX && pk->amx_bf16 > 0;
-        const double unit = mi == 2 ? (tiles ? pk->amx_i8 : pk->i8) : mi == 1 ? (tiles ? pk->amx_bf16 : pk->bf16) : pk->f32;
+        /* i8 and FP8 on their dot units (dot_peak), f32 on FMAs; FP8 and i8
+        ** weights are a byte an element, f32 four. */
+        const double unit = mi == 0 ? pk->f32 : dot_peak(pk, mi == 2);
         const double esz = mi == 0 ? 4.0 : 1.0;
         const double bw = th == 1 || pk->bw2 <= 0 ? pk->bw : pk->bw2;
         char pct[16] = "-";

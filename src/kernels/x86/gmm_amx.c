@@ -18,15 +18,16 @@
 **   anything else   the AVX-512 table this one is built over.
 **
 ** A task walks K in chunks (amx_task): one stretch of a long scale block,
-** or several short blocks at once.  Per chunk the weights become strips
-** of 32 columns whose tile rows are consecutive lines (to_strips; packed
-** i8 weights are copied as they lie, FP8 and bf16 go through the bf16
-** pair panel); then for each strip, for each 32 rows, four C tiles run
+** or several short blocks at once.  Per chunk FP8 and bf16 weights become
+** strips of 32 columns whose tile rows are consecutive lines (to_strips,
+** or the packed FP8 converter straight into them; packed i8 weights are
+** read in place); then for each 32 rows, for each strip, four C tiles run
 ** through each block's pieces (two A and two B tile loads, four dot
 ** products a piece) and are stored to the block sums S (a block that goes
 ** on in the next chunk) or to a small buffer that is promoted into the
-** f32 accumulator one step later (acc + S · (ls · rs), a multiply then an
-** add, as the reference) while the tile unit works on the next tiles.
+** f32 accumulator, or for the last block of an f32 output into the output
+** rows, one step later (acc + S · (ls · rs), a multiply then an add, as
+** the reference) while the tile unit works on the next tiles.
 ** Packed lhs rows and strips are padded so that 16 tile rows never share
 ** an L1 set.  A row tile past the task's last row is loaded from a
 ** zero-padded copy of the rows.  Every tile is 16 rows × 64 bytes; the
@@ -99,8 +100,10 @@ typedef struct amx_cfg {
   uint8_t  rows[16];
 } amx_cfg;
 
-/* K per chunk: a 32-column strip of the chunk's B panel is 32 KiB, so it
-** stays in L1 while every row tile of the task runs against it. */
+/* K per chunk: one 1×128 FP8 block (or 512 i8), so a chunk's B strips
+** for the task's 128 columns (32 KiB, 64 KiB of packed i8 read in place)
+** and a row tile pair's A rows stay in L1 together while the row tiles
+** run over every strip (docs/kernels.md, "AMX"). */
 enum { KCB = 128 /* bf16 pairs: 64 */, KCI = 512 /* i8 quads: 128 */ };
 
 /* The chunk's B as strips of 32 columns: rows (pairs or quads) of 128
@@ -195,8 +198,9 @@ PIECES(AMX_NAME(pieces_ssd), T_SSD)
 ** K is walked in chunks: a chunk is a stretch of one scale block (blocks
 ** longer than KCB / KCI), or up to GB whole blocks (shorter blocks that
 ** are whole pieces), so the panel work and the loops are per enough k.
-** Per chunk the column strips run outside the row tiles, so a strip of
-** B is read from L1 by every row tile; a step (32 rows × 32 columns)
+** Per chunk the row tiles run outside the column strips, so a pair of
+** row tiles is read from L1 by every strip and the chunk's strips stay in
+** L1 for the next pair; a step (32 rows × 32 columns)
 ** runs each block of the chunk with its C tiles live from the block's
 ** first piece to its last (or the chunk's end: then S holds them).  A
 ** block's sums are stored to one of two small buffers and promoted one
@@ -292,7 +296,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
       /* Piece q's two B tiles: bq and bq + 64, rows bstr apart. */
       const uint8_t *bsrc = bdir ? bdir + 64 * ct : Bs + ct / 2 * 16 * npc * 128;
       const int64_t bstr = bdir ? nv * 64 : 128;
-      {
+      { /* the step's 32 rows */
         const bool down = i + 16 < mt;
         const uint8_t *a0 = i + 16 <= mt ? A + i * rowb + ac : tail, *a1 = i + 32 <= mt ? A + (i + 16) * rowb + ac : tail;
         const int64_t s0 = i + 16 <= mt ? rowb : ts, s1 = i + 32 <= mt ? rowb : ts;
