@@ -879,7 +879,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   ws_mark(ws, L, T, WS_NONE); /* holds no forward until this one succeeds */
   /* One order for the whole call, routed and shared experts alike. */
   const moe8_order order = moe8__layer_order_now(L);
-  const size_t bad = moe8__count_nonfinite(x, (size_t)(T * D));
+  const size_t bad = moe8__count_nonfinite_par(x, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
 
   /* 1. router (or the caller's routing: ids < 0 skipped) */
@@ -908,13 +908,19 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   }
   /* 3. expert input rows */
   const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 1;
+  /* Quantized before the gather: as the rule asks (change A), or on an
+  ** inference forward whenever the scales are per row (per token or
+  ** 1 x tile), where a gathered row's codes and scales are its token's:
+  ** the same bytes, each token quantized once and moved as codes. */
+  const bool per_row = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
+  const bool qfirst = L->aq && !L->cfg.weight_input && (L->before_sort || (kind == WS_FUSED && per_row));
   if (L->cfg.weight_input) {
     /* Llama-4: row p is its token scaled by its slot's weight, quantized
     ** after; the combine then adds the expert outputs unweighted. */
     st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK) moe8__scale_rows(w.xs, rows, D, w.token_of, w.slot_of, w.w, K);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
-  } else if (L->aq && L->before_sort) {
+  } else if (qfirst) {
     st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
     bool gathered;
     if (st == MOE8_OK)
@@ -929,15 +935,13 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   moe8__shared_buf sb = {0};
   if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
     moe8__shared_buf_carve(L, T, w.shared, &sb);
-    if (L->aq && (!L->before_sort || L->cfg.weight_input)) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
+    if (L->aq && !qfirst) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
     if (st == MOE8_OK) st = moe8__shared_forward(L, order, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
   }
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, order, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
-  if (st == MOE8_OK) st = moe8_combine(w.y, rows, w.pos_of, L->cfg.weight_input ? NULL : w.w, T, K, D, out);
-  if (st == MOE8_OK && L->cfg.shared_ffn > 0) moe8__shared_add(L, T, &sb, out);
-  if (st == MOE8_OK) st = moe8__check_output(L, out, T);
+  if (st == MOE8_OK) st = moe8__finish_output(L, T, w.y, w.pos_of, L->cfg.weight_input ? NULL : w.w, &sb, out);
   if (st == MOE8_OK) ws_mark(ws, L, T, kind);
   return st;
 }
@@ -1019,7 +1023,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   ws_layout w;
   layout(L, T, ws, &w);
   if (ws_size < w.total) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer backward: workspace too small");
-  const size_t bad = moe8__count_nonfinite(dout, (size_t)(T * D));
+  const size_t bad = moe8__count_nonfinite_par(dout, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
   const int64_t rows = w.offs[E];
   float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));

@@ -88,6 +88,7 @@ static inline bool moe8__mx4_acts_ok(const moe8_layer *L) {
   return !L->aq || (L->aspec.qtype == MOE8_DTYPE_I8 && L->aspec.tile % 32 == 0);
 }
 size_t moe8__count_nonfinite(const float *x, size_t n);
+size_t moe8__count_nonfinite_par(const float *x, size_t n);
 /* Activation and weight types that a quantized gmm kernel takes together. */
 static inline bool moe8__kernel_pair(moe8_dtype a, moe8_dtype w) {
   const bool a8 = a == MOE8_DTYPE_F8E4M3 || a == MOE8_DTYPE_F8E5M2;
@@ -228,6 +229,8 @@ void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, 
 /* MOE8_ERR_NONFINITE naming the layer and the first token when out[T, D]
 ** holds NaN or inf. */
 moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T);
+moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, const int32_t *pos_of, const float *w,
+                                const moe8__shared_buf *b, float *out);
 
 /* Quantizes the expert weights from the masters (unless prepared). */
 moe8_status moe8__layer_quantize_weights(moe8_layer *L);

@@ -36,6 +36,15 @@ size_t moe8__count_nonfinite(const float *x, size_t n) {
   return bad;
 }
 
+/* The same count over a large tensor, on the layer's threads. */
+size_t moe8__count_nonfinite_par(const float *x, size_t n) {
+  const size_t chunk = 1u << 16, nc = (n + chunk - 1) / chunk;
+  size_t bad = 0;
+  #pragma omp parallel for num_threads(moe8__nt((double)n)) schedule(static) reduction(+ : bad)
+  for (size_t c = 0; c < nc; c++) bad += moe8__count_nonfinite(x + c * chunk, c + 1 < nc ? chunk : n - c * chunk);
+  return bad;
+}
+
 static moe8_operand weight_operand(const moe8_layer *L, int s, bool down, int64_t g0) {
   const moe8__xset *X = &L->xs[s];
   const int64_t D = L->cfg.hidden, F = X->F;
@@ -242,6 +251,39 @@ void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b,
   #pragma omp parallel for num_threads(moe8__nt((double)T * (double)D)) schedule(static)
   for (int64_t t = 0; t < T; t++)
     for (int64_t c = 0; c < D; c++) out[t * D + c] = out[t * D + c] + (gated ? b->g[t] * b->y[t * D + c] : b->y[t * D + c]);
+}
+
+/* out = the combine of the expert rows y (slot weights w, NULL: 1), plus
+** the shared expert's rows (b, when the layer has one), then the output
+** scan: one pass over out instead of three.  The same operations in the
+** same order as moe8_combine, moe8__shared_add and moe8__check_output. */
+moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, const int32_t *pos_of, const float *w,
+                                const moe8__shared_buf *b, float *out) {
+  const int64_t D = L->cfg.hidden, K = L->cfg.top_k;
+  const bool shared = L->cfg.shared_ffn > 0 && b && b->y, gated = shared && L->cfg.shared_gate;
+  size_t bad = 0;
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static) reduction(+ : bad)
+  for (int64_t t = 0; t < T; t++) {
+    float *o = out + t * D;
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+      const int32_t p = pos_of[t * K + j];
+      if (p < 0) continue;
+      const float wj = w ? w[t * K + j] : 1.0f;
+      const float *yr = y + (int64_t)p * D;
+      for (int64_t d = 0; d < D; d++) o[d] += wj * yr[d];
+    }
+    if (shared) {
+      const float *ys = b->y + t * D;
+      if (gated) {
+        const float g = b->g[t];
+        for (int64_t d = 0; d < D; d++) o[d] = o[d] + g * ys[d];
+      } else
+        for (int64_t d = 0; d < D; d++) o[d] = o[d] + ys[d];
+    }
+    bad += moe8__count_nonfinite(o, (size_t)D);
+  }
+  return bad ? moe8__check_output(L, out, T) : MOE8_OK;
 }
 
 float moe8__aux_loss(const moe8_layer *L, int64_t T, const int32_t *ids, const float *scores, double *f) {
