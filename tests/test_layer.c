@@ -541,6 +541,56 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
   }
 }
 
+/* With a shared expert (plain and gated): the inference forward, which
+** quantizes each token before the gather (per-row rules), gives the
+** training forward's bytes (quantized after the gather); an output that
+** overflows only through the shared expert is named by token on both.
+** (The one pass that makes out, moe8__finish_output, is compared with the
+** expert-parallel forward's separate combine, add and scan in test_ep.) */
+static void test_fused_shared_expert_bytes(void **state) {
+  (void)state;
+  for (int gated = 0; gated < 2; gated++)
+    for (size_t i = 0; i < NRULES; i++) {
+      const moe8_layer_config c = {.num_experts = 6, .top_k = 2, .hidden = 48, .ffn = 40, .score = MOE8_SCORE_SOFTMAX,
+                                   .norm_topk_prob = true, .shared_ffn = 24, .shared_gate = gated != 0};
+      moe8_rules *rs = NULL;
+      if (k_rules_txt[i]) assert_int_equal(moe8_rules_parse(k_rules_txt[i], strlen(k_rules_txt[i]), "inline", &rs), MOE8_OK);
+      run u;
+      run_init(&u, &c, rs, 29, 90 + i + 10 * (size_t)gated);
+      assert_int_equal(moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size), MOE8_OK);
+      float *o2 = malloc(sizeof(float) * (size_t)(u.T * u.D));
+      assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
+      assert_int_equal(moe8_layer_forward_fused(u.L, u.x, u.T, o2, u.ws, u.ws_size), MOE8_OK);
+      if (memcmp(o2, u.out, sizeof(float) * (size_t)(u.T * u.D)) != 0) TU_FAIL("rules %zu, gated %d: fused bytes differ", i, gated);
+      free(o2);
+      run_free(&u);
+      moe8_rules_destroy(rs);
+    }
+  /* The shared expert's down weight scaled until out overflows. */
+  const moe8_layer_config c = {.num_experts = 4, .top_k = 2, .hidden = 8, .ffn = 6, .score = MOE8_SCORE_SOFTMAX,
+                               .norm_topk_prob = true, .shared_ffn = 6};
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, NULL, "model.layers.3.mlp.experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+  size_t n = 0;
+  float *sd = moe8_layer_weight(L, MOE8_W_SHARED_DOWN, &n);
+  assert_non_null(sd);
+  for (size_t j = 0; j < n; j++) sd[j] *= 1e36f;
+  float x[3 * 8], y[3 * 8];
+  for (int j = 0; j < 24; j++) x[j] = 1000.0f * (float)((j % 5) - 2);
+  const size_t wsz = moe8_layer_workspace_size(L, 3);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  assert_int_equal(moe8_layer_forward(L, x, 3, y, NULL, ws, wsz), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "layer model.layers.3.mlp.experts: the output has"));
+  assert_non_null(strstr(moe8_last_error(), "token 0"));
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(L, x, 3, y, ws, wsz), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "token 0"));
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 /* An inference layer built from weights in memory (moe8_layer_create_
 ** inference, put_expert, finish_load) gives the bytes of a training layer
 ** holding the same weights, prepared: every rule set of k_rules_txt, with
@@ -1059,6 +1109,7 @@ int main(void) {
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_seed_b_table),
     cmocka_unit_test(test_fused_equals_unfused_no_alloc),
+    cmocka_unit_test(test_fused_shared_expert_bytes),
     cmocka_unit_test(test_inference_from_memory),
     cmocka_unit_test(test_experts_entry),
     cmocka_unit_test(test_out_aliases_x),
