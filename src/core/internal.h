@@ -31,6 +31,10 @@ moe8_status moe8__fail(moe8_status status, const char *fmt, ...) MOE8__PRINTF(2,
 ** "#pragma omp parallel" says num_threads(moe8__nt(work)). */
 int moe8__nt(double work);
 
+/* One token's combine (moe8_combine's row): o[D] = 0 + w[0]·y[pos[0]] +
+** ... over the K slots in slot order, pos < 0 skipped, w NULL meaning 1. */
+void moe8__combine_row(float *o, const float *y, const int32_t *pos, const float *w, int64_t K, int64_t D);
+
 /* OCP MXFP4 of w[K, N] (x · W layout), column n a row of the result:
 ** blk [N, K/32, 16] (code of k = 32b + 2j in the low nibble of byte j,
 ** 32b + 2j + 1 in the high), sc [N, K/32] E8M0.  Per block: X =

@@ -109,16 +109,16 @@ moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *pos_of, co
       return moe8__fail(MOE8_ERR_SHAPE, "combine: pos_of[%lld] = %d is outside [0, %lld)", (long long)a, pos_of[a],
                         (long long)rows);
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static)
-  for (int64_t t = 0; t < T; t++) {
-    float *o = out + t * D;
-    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-    for (int64_t j = 0; j < K; j++) {
-      const int32_t p = pos_of[t * K + j];
-      if (p < 0) continue;
-      const float wj = w ? w[t * K + j] : 1.0f;
-      const float *yr = y + (int64_t)p * D;
-      for (int64_t d = 0; d < D; d++) o[d] += wj * yr[d];
-    }
-  }
+  for (int64_t t = 0; t < T; t++) moe8__combine_row(out + t * D, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
   return MOE8_OK;
+}
+
+void moe8__combine_row(float *o, const float *y, const int32_t *pos, const float *w, int64_t K, int64_t D) {
+  for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+  for (int64_t j = 0; j < K; j++) {
+    if (pos[j] < 0) continue;
+    const float wj = w ? w[j] : 1.0f;
+    const float *yr = y + (int64_t)pos[j] * D;
+    for (int64_t d = 0; d < D; d++) o[d] += wj * yr[d];
+  }
 }

@@ -265,14 +265,7 @@ moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, 
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static) reduction(+ : bad)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
-    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-    for (int64_t j = 0; j < K; j++) {
-      const int32_t p = pos_of[t * K + j];
-      if (p < 0) continue;
-      const float wj = w ? w[t * K + j] : 1.0f;
-      const float *yr = y + (int64_t)p * D;
-      for (int64_t d = 0; d < D; d++) o[d] += wj * yr[d];
-    }
+    moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
     if (shared) {
       const float *ys = b->y + t * D;
       if (gated) {
