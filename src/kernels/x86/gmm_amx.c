@@ -133,14 +133,40 @@ static void to_strips(const uint8_t *src, int64_t stride, int64_t have, int64_t 
 ** works on the next tiles. */
 typedef struct pending { bool on, first, fin; int64_t i, ct, rows, cols; const float *ls, *rs, *t; } pending;
 
-/* 16 results to acc (fin false) or to the output (the columns in k; a
-** streaming store when the call asked for it and the vector is whole and
-** aligned: a large output is written without being read first). */
-static inline void put(float *d, __m512 v, bool fin, __mmask16 k, bool stream) {
-  if (!fin) _mm512_storeu_ps(d, v);
-  else if (stream && k == 0xFFFF && !((uintptr_t)d & 63)) _mm512_stream_ps(d, v);
-  else _mm512_mask_storeu_ps(d, k, v);
+/* The promotion's rows, specialized on what is fixed for a tile (int8
+** sums, the first block, a second vector, where the rows go: the acc rows
+** NT apart, or the output masked or streamed), everything in locals: the
+** general loop reloaded the block's fields after every store (they might
+** alias) and took five branches a row, and with the tile unit this busy
+** it was instruction-bound.  The operations per element are the
+** reference's: o = a + t · (l · r). */
+enum { TO_ACC, TO_OUT, TO_STREAM };
+static inline __attribute__((always_inline)) void prom_rows(int64_t rows, const float *ls, const float *t, float *o, float *d, int64_t ldd,
+                                                            __m512 r0, __m512 r1, __mmask16 k0, __mmask16 k1, const bool i8, const bool first,
+                                                            const bool two, const int to) {
+  for (int64_t r = 0; r < rows; r++, t += 32, o += NT, d += ldd) {
+    const __m512 l = _mm512_set1_ps(ls[r]);
+    const __m512 t0 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t)) : _mm512_loadu_ps(t);
+    const __m512 v0 = _mm512_add_ps(first ? _mm512_setzero_ps() : _mm512_loadu_ps(o), _mm512_mul_ps(t0, _mm512_mul_ps(l, r0)));
+    if (to == TO_ACC) _mm512_storeu_ps(o, v0);
+    else if (to == TO_STREAM) _mm512_stream_ps(d, v0);
+    else _mm512_mask_storeu_ps(d, k0, v0);
+    if (two) {
+      const __m512 t1 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t + 16)) : _mm512_loadu_ps(t + 16);
+      const __m512 v1 = _mm512_add_ps(first ? _mm512_setzero_ps() : _mm512_loadu_ps(o + 16), _mm512_mul_ps(t1, _mm512_mul_ps(l, r1)));
+      if (to == TO_ACC) _mm512_storeu_ps(o + 16, v1);
+      else if (to == TO_STREAM) _mm512_stream_ps(d + 16, v1);
+      else _mm512_mask_storeu_ps(d + 16, k1, v1);
+    }
+  }
 }
+
+#define PROM_TO(i8, first, two)                                                                            \
+  do {                                                                                                   \
+    if (to == TO_ACC) prom_rows(rows, ls, t, o, o, NT, r0, r1, k0, k1, i8, first, two, TO_ACC);          \
+    else if (to == TO_STREAM) prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_STREAM); \
+    else prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_OUT);                      \
+  } while (0)
 
 /* first: the block is K's first, so acc is still zero (it is never
 ** cleared: 0 + x is added as the reference adds it, so -0 becomes +0).
@@ -149,26 +175,26 @@ static inline void put(float *d, __m512 v, bool fin, __mmask16 k, bool stream) {
 ** writes no acc copy of them. */
 static void promote_tile(const moe8__gmm_block *b, float *acc, const pending *p, bool i8) {
   const __m512 r0 = _mm512_loadu_ps(p->rs + 16 * p->ct), r1 = _mm512_loadu_ps(p->rs + 16 * p->ct + (p->cols > 16 ? 16 : 0));
-  const int64_t nt = b->n1 - b->n0, c0 = 16 * p->ct, left = nt - c0;
+  const int64_t nt = b->n1 - b->n0, c0 = 16 * p->ct, left = nt - c0, rows = p->rows, ldd = b->N;
   const __mmask16 k0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
   const __mmask16 k1 = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-  for (int64_t r = 0; r < p->rows; r++) {
-    const __m512 l = _mm512_set1_ps(p->ls[p->i + r]);
-    const float *t = p->t + r * 32;
-    float *o = acc + (p->i + r) * NT + c0;
-    float *d = p->fin ? (float *)b->out + (b->m0 + p->i + r) * b->N + b->n0 + c0 : o;
-    const __m512 t0 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t)) : _mm512_loadu_ps(t);
-    const __m512 a0 = p->first ? _mm512_setzero_ps() : _mm512_loadu_ps(o);
-    const __m512 v0 = _mm512_add_ps(a0, _mm512_mul_ps(t0, _mm512_mul_ps(l, r0)));
-    put(d, v0, p->fin, k0, b->out_stream);
-    if (p->cols > 16) {
-      const __m512 t1 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t + 16)) : _mm512_loadu_ps(t + 16);
-      const __m512 a1 = p->first ? _mm512_setzero_ps() : _mm512_loadu_ps(o + 16);
-      const __m512 v1 = _mm512_add_ps(a1, _mm512_mul_ps(t1, _mm512_mul_ps(l, r1)));
-      put(d + 16, v1, p->fin, k1, b->out_stream);
-    }
+  const bool two = p->cols > 16, first = p->first;
+  const float *ls = p->ls + p->i, *t = p->t;
+  float *o = acc + p->i * NT + c0;
+  float *d = p->fin ? (float *)b->out + (b->m0 + p->i) * b->N + b->n0 + c0 : o;
+  /* Streamed when the call asks for it and every vector is whole and
+  ** aligned (rows a multiple of 64 bytes apart), else masked stores. */
+  const bool whole = k0 == 0xFFFF && (!two || k1 == 0xFFFF) && !((uintptr_t)d & 63) && ldd % 16 == 0;
+  const int to = !p->fin ? TO_ACC : b->out_stream && whole ? TO_STREAM : TO_OUT;
+  if (i8) {
+    if (first) { if (two) PROM_TO(true, true, true); else PROM_TO(true, true, false); }
+    else { if (two) PROM_TO(true, false, true); else PROM_TO(true, false, false); }
+  } else {
+    if (first) { if (two) PROM_TO(false, true, true); else PROM_TO(false, true, false); }
+    else { if (two) PROM_TO(false, false, true); else PROM_TO(false, false, false); }
   }
 }
+#undef PROM_TO
 
 /* n pieces into C tiles 0-3 from the row tiles at a0 and a1 (rows sa
 ** bytes apart) and the B tile pairs at b, b + 16·sb, ... (rows sb apart).
