@@ -591,6 +591,34 @@ static void test_fused_shared_expert_bytes(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* A NaN or inf in x is named as the input's on every path: the inference
+** forward with per-row scales quantizes x first and takes the quantizer's
+** scan as the input's; nothing is written to out. */
+static void test_fused_input_nonfinite(void **state) {
+  (void)state;
+  const moe8_layer_config c = {6, 2, 48, 40, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
+  for (size_t i = 0; i < NRULES; i++) {
+    moe8_rules *rs = NULL;
+    if (k_rules_txt[i]) assert_int_equal(moe8_rules_parse(k_rules_txt[i], strlen(k_rules_txt[i]), "inline", &rs), MOE8_OK);
+    run u;
+    run_init(&u, &c, rs, 7, 300 + i);
+    assert_int_equal(moe8_layer_prepare(u.L), MOE8_OK);
+    u.x[50] = NAN; u.x[7 * 48 - 1] = -INFINITY;
+    for (int64_t j = 0; j < u.T * u.D; j++) u.out[j] = 123.0f;
+    for (int path = 0; path < 2; path++) {
+      const moe8_status st = path ? moe8_layer_forward_fused(u.L, u.x, u.T, u.out, u.ws, u.ws_size)
+                                  : moe8_layer_forward(u.L, u.x, u.T, u.out, NULL, u.ws, u.ws_size);
+      assert_int_equal(st, MOE8_ERR_NONFINITE);
+      if (!strstr(moe8_last_error(), "input x [7, 48] has 2 non-finite"))
+        TU_FAIL("rules %zu, path %d: %s", i, path, moe8_last_error());
+      for (int64_t j = 0; j < u.T * u.D; j++)
+        if (u.out[j] != 123.0f) TU_FAIL("rules %zu, path %d: out[%lld] was written", i, path, (long long)j);
+    }
+    run_free(&u);
+    moe8_rules_destroy(rs);
+  }
+}
+
 /* An inference layer built from weights in memory (moe8_layer_create_
 ** inference, put_expert, finish_load) gives the bytes of a training layer
 ** holding the same weights, prepared: every rule set of k_rules_txt, with
@@ -1110,6 +1138,7 @@ int main(void) {
     cmocka_unit_test(test_seed_b_table),
     cmocka_unit_test(test_fused_equals_unfused_no_alloc),
     cmocka_unit_test(test_fused_shared_expert_bytes),
+    cmocka_unit_test(test_fused_input_nonfinite),
     cmocka_unit_test(test_inference_from_memory),
     cmocka_unit_test(test_experts_entry),
     cmocka_unit_test(test_out_aliases_x),

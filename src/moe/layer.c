@@ -879,11 +879,23 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   ws_mark(ws, L, T, WS_NONE); /* holds no forward until this one succeeds */
   /* One order for the whole call, routed and shared experts alike. */
   const moe8_order order = moe8__layer_order_now(L);
-  const size_t bad = moe8__count_nonfinite_par(x, (size_t)(T * D));
-  if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
+  /* Quantized before the gather: as the rule asks (change A), or on an
+  ** inference forward whenever the scales are per row (per token or
+  ** 1 x tile), where a gathered row's codes and scales are its token's:
+  ** the same bytes, each token quantized once and moved as codes.  Then
+  ** x is quantized first, and the quantizer's scan for inf and NaN is the
+  ** input's (no pass of its own). */
+  const bool per_row = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
+  const bool qfirst = L->aq && !L->cfg.weight_input && (L->before_sort || (kind == WS_FUSED && per_row));
+  moe8_status st = qfirst ? moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL) : MOE8_OK;
+  if (st != MOE8_OK && st != MOE8_ERR_NONFINITE) return st;
+  if (!qfirst || st == MOE8_ERR_NONFINITE) {
+    const size_t bad = moe8__count_nonfinite_par(x, (size_t)(T * D));
+    if (bad || st != MOE8_OK)
+      return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
+  }
 
   /* 1. router (or the caller's routing: ids < 0 skipped) */
-  moe8_status st = MOE8_OK;
   if (ids_in) {
     memcpy(w.ids, ids_in, sizeof(int32_t) * (size_t)(T * K));
     for (int64_t a = 0; a < T * K; a++) {
@@ -908,12 +920,6 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   }
   /* 3. expert input rows */
   const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 1;
-  /* Quantized before the gather: as the rule asks (change A), or on an
-  ** inference forward whenever the scales are per row (per token or
-  ** 1 x tile), where a gathered row's codes and scales are its token's:
-  ** the same bytes, each token quantized once and moved as codes. */
-  const bool per_row = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
-  const bool qfirst = L->aq && !L->cfg.weight_input && (L->before_sort || (kind == WS_FUSED && per_row));
   if (L->cfg.weight_input) {
     /* Llama-4: row p is its token scaled by its slot's weight, quantized
     ** after; the combine then adds the expert outputs unweighted. */
@@ -921,10 +927,8 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     if (st == MOE8_OK) moe8__scale_rows(w.xs, rows, D, w.token_of, w.slot_of, w.w, K);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   } else if (qfirst) {
-    st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
-    bool gathered;
-    if (st == MOE8_OK)
-      st = moe8_gather_qrows(w.xsq, w.sxs, &gathered, w.xq, w.sx, T, D, T, nbD, w.token_of, rows);
+    bool gathered; /* x quantized at the start */
+    st = moe8_gather_qrows(w.xsq, w.sxs, &gathered, w.xq, w.sx, T, D, T, nbD, w.token_of, rows);
   } else {
     st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
