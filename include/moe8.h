@@ -811,6 +811,14 @@ typedef struct moe8_hf_config {
   int64_t           n_mlp_only;
   int64_t           mlp_only_layers[MOE8_MAX_MLP_ONLY];
   bool              mxfp4;          /* MXFP4 experts: quantization_config quant_method mxfp4 (GPT-OSS), or moe8_quantization weight_qtype mxfp4 (moe8 quantize) */
+  /* Jamba's placement: MoE where layer % expert_layer_period ==
+  ** expert_layer_offset (period 0: not this placement). */
+  int64_t           expert_layer_period, expert_layer_offset;
+  /* The MoE block's name in a decoder layer and its router's in the
+  ** block, as the family's files have them ("feed_forward.",
+  ** "router.weight"); empty: the block's own ("mlp." or Mixtral's
+  ** "block_sparse_moe.", "gate.weight"). */
+  char              block_prefix[24], router_name[24];
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

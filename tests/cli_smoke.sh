@@ -48,7 +48,8 @@ for fam in \
   "glm4_moe:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "olmoe:\"num_experts\": 8, \"intermediate_size\": 32" \
   "gpt_oss:\"num_local_experts\": 8, \"intermediate_size\": 32" \
-  "llama4_text:\"num_local_experts\": 8, \"intermediate_size\": 32, \"interleave_moe_layer_step\": 1"; do
+  "llama4_text:\"num_local_experts\": 8, \"intermediate_size\": 32, \"interleave_moe_layer_step\": 1" \
+  "jamba:\"num_experts\": 8, \"intermediate_size\": 32, \"expert_layer_period\": 1, \"expert_layer_offset\": 0"; do
   name=${fam%%:*}
   printf '{"model_type": "%s", %s, %s}\n' "$name" "$k" "${fam#*:}" > "$tmp/$name.json"
   "$moe8" init --config "$tmp/$name.json" --out "$tmp/init-$name" >/dev/null 2>"$tmp/err" || fail "init $name: $(cat "$tmp/err")"

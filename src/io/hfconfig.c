@@ -64,6 +64,7 @@ typedef struct family {
   const char *dense_key;      /* PLACE_FIRST's key: the count of first dense layers */
   bool        shared_ungated; /* Qwen2-MoE's block with its shared expert added in full (no shared_expert_gate) */
   int         place;          /* which layers are MoE: PLACE_*                          */
+  const char *block_prefix, *router_name; /* the files' names (moe8_hf_config), NULL: the block's own */
 } family;
 
 /* Placement of the MoE layers. */
@@ -75,6 +76,7 @@ enum {
   PLACE_TYPES_FKF, /* the same, the list built from first_k_dense_replace and moe_layer_freq */
   PLACE_TYPES_REQ, /* mlp_layer_types, required (the class has no default) */
   PLACE_FIRST,     /* the first .dense_key layers dense (default .first_dense): num_dense_layers */
+  PLACE_PERIOD,    /* MoE where layer % expert_layer_period (default 2) == expert_layer_offset (default 1): Jamba */
 };
 
 static const family k_families[] = {
@@ -216,6 +218,13 @@ static const family k_families[] = {
   {.name = "unlimited_ocr_text", .arch = MOE8_ARCH_DEEPSEEK_V2, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_experts", .hidden = 1280, .layers = 12, .experts = 64, .top_k = 6, .ffn = 896, .shared = 2, .norm = false, .scaling = 1.0,
    .first_dense = 1, .place = PLACE_TYPES_FK},
+  /* JambaConfig: Qwen3-MoE's block (softmax top-k, never renormalized: no
+  ** key) under feed_forward., its router feed_forward.router.weight;
+  ** experts of width intermediate_size; MoE where layer %
+  ** expert_layer_period == expert_layer_offset */
+  {.name = "jamba", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "intermediate_size", .hidden = 4096,
+   .layers = 32, .experts = 16, .top_k = 2, .ffn = 14336, .norm = false, .scaling = 1.0, .norm_key = "", .place = PLACE_PERIOD,
+   .block_prefix = "feed_forward.", .router_name = "router.weight"},
 };
 
 /* Multimodal models whose text model is a family: its keys are the
@@ -322,7 +331,16 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
   c->first_k_dense_from_default = false;
   c->moe_layer_freq = c->decoder_sparse_step = 1;
   c->n_mlp_only = 0;
+  c->expert_layer_period = c->expert_layer_offset = 0;
   if (fam->place == PLACE_ALL) return MOE8_OK;
+  if (fam->place == PLACE_PERIOD) {
+    moe8_status st = get_int(root, file, "expert_layer_period", 2, 1, 1 << 20, &c->expert_layer_period);
+    if (st == MOE8_OK) st = get_int(root, file, "expert_layer_offset", 1, 0, 1 << 20, &c->expert_layer_offset);
+    if (st == MOE8_OK && c->expert_layer_offset >= c->expert_layer_period) /* as JambaConfig refuses it */
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"expert_layer_offset\" = %lld must be smaller than \"expert_layer_period\" = %lld", file,
+                        (long long)c->expert_layer_offset, (long long)c->expert_layer_period);
+    return st;
+  }
   if (fam->place == PLACE_FIRST) { /* the first num_dense_layers layers dense (the class has no list) */
     int64_t n = 0;
     moe8_status st = get_int(root, file, fam->dense_key, fam->first_dense, 0, 1 << 20, &n);
@@ -675,6 +693,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     }
   }
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
+  if (fam->block_prefix) snprintf(c->block_prefix, sizeof c->block_prefix, "%s", fam->block_prefix);
+  if (fam->router_name) snprintf(c->router_name, sizeof c->router_name, "%s", fam->router_name);
   /* Weights quantization in the checkpoint. */
   const cJSON *q = item(root, "quantization_config");
   if (q) {
@@ -754,6 +774,11 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_freq = %lld)", (long long)layer,
                         (long long)c->moe_layer_freq);
   }
+  if (c->expert_layer_period > 0 && layer % c->expert_layer_period != c->expert_layer_offset)
+    return moe8__fail(MOE8_ERR_INVALID_ARG,
+                      "layer %lld is a dense MLP layer (expert_layer_period = %lld, expert_layer_offset = %lld: MoE where layer %% %lld == %lld)",
+                      (long long)layer, (long long)c->expert_layer_period, (long long)c->expert_layer_offset,
+                      (long long)c->expert_layer_period, (long long)c->expert_layer_offset);
   if (c->arch == MOE8_ARCH_LLAMA4) {
     /* Llama4TextConfig places its MoE layers by moe_layers (the list, when
     ** given) or interleave_moe_layer_step; it has neither mlp_only_layers
@@ -790,6 +815,7 @@ int64_t moe8_hf_config_first_moe_layer(const moe8_hf_config *c) {
   if (!c) return -1;
   for (int64_t l = 0; l < c->num_layers && l < (1 << 20); l++) {
     if (l < c->first_k_dense_replace || (c->moe_layer_freq > 1 && l % c->moe_layer_freq)) continue;
+    if (c->expert_layer_period > 0 && l % c->expert_layer_period != c->expert_layer_offset) continue;
     bool dense = c->decoder_sparse_step > 1 && (l + 1) % c->decoder_sparse_step;
     for (int64_t i = 0; i < c->n_mlp_only && !dense; i++) dense = c->mlp_only_layers[i] == l;
     if (!dense) return l;

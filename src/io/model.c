@@ -192,7 +192,8 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
   snprintf(buf, cap, "%s%lld.block_sparse_moe.gate.weight", root, (long long)layer);
   const bool bsm = m && m->cfg.arch != MOE8_ARCH_LLAMA4 && moe8_model_find(m, buf); /* Mixtral's, MiniMax's, Kimi's files */
   snprintf(buf, cap, "%s%lld.%s", root, (long long)layer,
-           bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
+           m && m->cfg.block_prefix[0] ? m->cfg.block_prefix
+           : bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
 }
 
 const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.layers."; }
@@ -908,7 +909,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   snprintf(mp, sizeof mp, "%sexperts", p);
   const moe8_tensor_view *t;
   /* Router and bias first: every format has them. */
-  snprintf(n, sizeof n, "%sgate.weight", p);
+  snprintf(n, sizeof n, "%s%s", p, c->router_name[0] ? c->router_name : "gate.weight"); /* the family's own (Jamba: router.weight) */
   static const char *const router_names[2] = {"router.gate.weight", "gate.wg.weight"}; /* AFMoE's, HY-V3's files; HunYuan's */
   for (int i = 0; i < 2 && !moe8_model_find(m, n); i++) {
     char n2[320];

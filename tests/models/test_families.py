@@ -948,8 +948,11 @@ ROWS = [
          place="types", types_required=True, layouts=("fused", "per")),
     dict(mt="unlimited_ocr", wrap="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0),
          shared=("n_shared_experts", 2), place="types", layouts=("per",)),
+    dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
+         prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
-PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers"}
+PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers",
+             "period": "expert_layer_period"}
 
 
 def row_case(tmp, rng, row, layout, absent=False, T=24):
@@ -976,9 +979,15 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         elif place == "qwen":
             cfg["mlp_only_layers"] = [0]
             cfg["decoder_sparse_step"] = 1
+        elif place == "period":  # MoE where layer % period == offset (the class's defaults: 2, 1)
+            cfg["expert_layer_period"] = 3
+            cfg["expert_layer_offset"] = 1
     if row.get("types_required"):  # written in both cases: layer 0 dense
         L, dflt = 3, 1
     moe_layers = list(range(dflt, L)) if absent else [0, 1, 2] if place == "all" else [1, 2]
+    if place == "period":
+        period, offset = (2, 1) if absent else (3, 1)
+        moe_layers = [l for l in range(L) if l % period == offset]
     norm_key, norm = row.get("norm", (None, False))
     scale_key, scale = row.get("scale", (None, 1.0))
     if not absent:
@@ -1081,6 +1090,14 @@ def test_rows(tmp, rng):
         if rc != 0 or row["mt"] not in out:
             FAILS.append(row["mt"] + " info")
             print("%s info (%d): %s" % (row["mt"], rc, out))
+        if row["place"] == "period":  # JambaConfig refuses an offset not below the period
+            cfg = json.load(open(os.path.join(d, "config.json")))
+            cfg["expert_layer_period"], cfg["expert_layer_offset"] = 2, 2
+            json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+            rc, out = info(d)
+            if rc == 0 or "expert_layer_offset" not in out:
+                FAILS.append(row["mt"] + " offset >= period")
+                print("%s with expert_layer_offset 2 >= period 2 (%d): %s" % (row["mt"], rc, out))
         if row.get("types_required"):  # the class has no default list: refused naming it
             cfg = json.load(open(os.path.join(d, "config.json")))
             del cfg["mlp_layer_types"]

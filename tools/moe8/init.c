@@ -125,7 +125,8 @@ int cmd_init(int argc, char **argv) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
     char p[96];
     snprintf(p, sizeof p, "%s%lld.%s", lroot, (long long)l,
-             hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : hc.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
+             hc.block_prefix[0] ? hc.block_prefix
+             : hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : hc.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
     if (hc.arch == MOE8_ARCH_GPT_OSS || hc.arch == MOE8_ARCH_LLAMA4) {
       /* Fused experts, x · W: [E, K, N] is E·K rows of N, fan-in K; a
       ** bias (fan_in 0) is zero, its dtype the file's. */
@@ -160,7 +161,7 @@ int cmd_init(int argc, char **argv) {
     for (int64_t e = -1; e < E + (Fs > 0 ? 2 : 0) && rc == EXIT_OK; e++)
       for (int w = 0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
         int64_t N, K;
-        if (e < 0) { N = E; K = D; snprintf(names[nt], 256, "%sgate.weight", p); }
+        if (e < 0) { N = E; K = D; snprintf(names[nt], 256, "%s%s", p, hc.router_name[0] ? hc.router_name : "gate.weight"); }
         else if (e == E + 1) {
           if (!hc.layer.shared_gate) continue;
           N = 1; K = D;
