@@ -49,7 +49,8 @@ for fam in \
   "olmoe:\"num_experts\": 8, \"intermediate_size\": 32" \
   "gpt_oss:\"num_local_experts\": 8, \"intermediate_size\": 32" \
   "llama4_text:\"num_local_experts\": 8, \"intermediate_size\": 32, \"interleave_moe_layer_step\": 1" \
-  "jamba:\"num_experts\": 8, \"intermediate_size\": 32, \"expert_layer_period\": 1, \"expert_layer_offset\": 0"; do
+  "jamba:\"num_experts\": 8, \"intermediate_size\": 32, \"expert_layer_period\": 1, \"expert_layer_offset\": 0" \
+  "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []"; do
   name=${fam%%:*}
   printf '{"model_type": "%s", %s, %s}\n' "$name" "$k" "${fam#*:}" > "$tmp/$name.json"
   "$moe8" init --config "$tmp/$name.json" --out "$tmp/init-$name" >/dev/null 2>"$tmp/err" || fail "init $name: $(cat "$tmp/err")"

@@ -48,6 +48,7 @@ typedef struct family {
   double      scaling;
   int64_t     n_group, topk_group, first_dense; /* the DeepSeek-V3 block's */
   bool        sigmoid_bias;   /* Mixtral's block routed by sigmoid + correction bias (MiniMax-M2) */
+  bool        sigmoid;        /* Qwen's blocks routed by sigmoid scores, no bias (Flint) */
   /* A family that computes one of the blocks above under other key names
   ** (docs/models.md, "Adding a family"): each key is "name" or
   ** "name|alias" (an alias the configuration class maps to it; both in the
@@ -225,6 +226,13 @@ static const family k_families[] = {
   {.name = "jamba", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "intermediate_size", .hidden = 4096,
    .layers = 32, .experts = 16, .top_k = 2, .ffn = 14336, .norm = false, .scaling = 1.0, .norm_key = "", .place = PLACE_PERIOD,
    .block_prefix = "feed_forward.", .router_name = "router.weight"},
+  /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
+  ** the chosen scores divided by their sum iff norm_topk_prob (default
+  ** true), its shared expert added in full (no gate); mlp_only_layers
+  ** defaults to [0, 1] */
+  {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
+   .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
+   .shared_ungated = true, .sigmoid = true},
 };
 
 /* Multimodal models whose text model is a family: its keys are the
@@ -543,7 +551,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld exceeds \"%s\" = %lld", file, kk, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
-  L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
+  L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias || fam->sigmoid ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
   if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
   else if (fam->norm_key && !*fam->norm_key) L->norm_topk_prob = fam->norm; /* the class has no key: always so */
   else {
@@ -690,6 +698,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
           return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_only_layers\" entry %lld must be a layer index", file, (long long)c->n_mlp_only);
         c->mlp_only_layers[c->n_mlp_only++] = (int64_t)e->valuedouble;
       }
+    } else {
+      /* the class's default list: its first .first_dense layers (Flint: [0, 1]) */
+      for (int64_t l = 0; l < fam->first_dense && l < c->num_layers; l++) c->mlp_only_layers[c->n_mlp_only++] = l;
+      c->first_k_dense_from_default = fam->first_dense > 0;
     }
   }
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
@@ -803,7 +815,8 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       if (c->decoder_sparse_step < 0)
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types, the family's default: config.json does "
                           "not set it, and the first %lld layer(s) are dense)", (long long)layer, (long long)c->n_mlp_only);
-      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (listed in mlp_only_layers)", (long long)layer);
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (listed in mlp_only_layers%s)", (long long)layer,
+                        c->first_k_dense_from_default ? ", the family's default: config.json does not set it" : "");
     }
   if (c->decoder_sparse_step > 1 && (layer + 1) % c->decoder_sparse_step)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (decoder_sparse_step = %lld: MoE where (layer + 1) %% %lld == 0)",

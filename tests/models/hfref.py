@@ -159,6 +159,17 @@ def route_softmax(x, wr, k, norm):
     return ids, w
 
 
+def route_sigmoid(x, wr, k, norm):
+    """Flint's router: top-k of the sigmoid scores (no bias), divided by
+    their sum when norm."""
+    s = 1.0 / (1.0 + np.exp(-(x @ wr.T)))
+    ids = np.array([topk_idx(r, k) for r in s])
+    w = np.take_along_axis(s, ids, axis=1)
+    if norm:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
 def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale):
     s = 1.0 / (1.0 + np.exp(-(x @ wr.T)))
     sel = s + bias[None, :]

@@ -948,6 +948,8 @@ ROWS = [
          place="types", types_required=True, layouts=("fused", "per")),
     dict(mt="unlimited_ocr", wrap="unlimited_ocr_text", block="ds2", ekey="n_routed_experts", scale=("routed_scaling_factor", 1.0),
          shared=("n_shared_experts", 2), place="types", layouts=("per",)),
+    dict(mt="flint", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="qwen",
+         dense=2, ungated=True, sigmoid=True, layouts=("per", "fused")),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
@@ -1052,7 +1054,9 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
                 g = rnd(rng, 1, D, scale=D ** -0.5)
                 t[p + "shared_expert_gate.weight"] = ("BF16", g.astype(np.float32))
                 sgate = store(g, "BF16")
-        if blk in ("qwen3", "qwen2"):
+        if row.get("sigmoid"):
+            routing = R.route_sigmoid(x, wr, k, norm)
+        elif blk in ("qwen3", "qwen2"):
             routing = R.route_softmax(x, wr, k, norm)
         elif blk == "ds2":
             routing = R.route_deepseek_v2(x, wr, k, 1, 1, scale, False)
