@@ -541,6 +541,29 @@ static void test_fused_equals_unfused_no_alloc(void **state) {
   }
 }
 
+/* A layer of 3 tokens of 8 whose weight `which` is scaled by 1e36 (finite
+** weights, an output that overflows): its forward is MOE8_ERR_NONFINITE
+** naming the layer and token 0.  o keeps the layer, x, y and the
+** workspace for the caller's further checks. */
+typedef struct overflow_run { moe8_layer *L; float x[3 * 8], y[3 * 8]; void *ws; size_t wsz; } overflow_run;
+
+static void overflow_forward(overflow_run *o, const moe8_layer_config *c, const char *path, moe8_weight_id which, uint64_t seed) {
+  assert_int_equal(moe8_layer_create(c, NULL, path, &o->L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(o->L, seed), MOE8_OK);
+  size_t n = 0;
+  float *w = moe8_layer_weight(o->L, which, &n);
+  assert_non_null(w);
+  for (size_t j = 0; j < n; j++) w[j] *= 1e36f;
+  for (int j = 0; j < 24; j++) o->x[j] = 1000.0f * (float)((j % 5) - 2);
+  o->wsz = moe8_layer_workspace_size(o->L, 3);
+  assert_int_equal(posix_memalign(&o->ws, 64, o->wsz), 0);
+  assert_int_equal(moe8_layer_forward(o->L, o->x, 3, o->y, NULL, o->ws, o->wsz), MOE8_ERR_NONFINITE);
+  char want[160];
+  snprintf(want, sizeof want, "layer %s: the output has", path);
+  assert_non_null(strstr(moe8_last_error(), want));
+  assert_non_null(strstr(moe8_last_error(), "token 0"));
+}
+
 /* With a shared expert (plain and gated): the inference forward, which
 ** quantizes each token before the gather (per-row rules), gives the
 ** training forward's bytes (quantized after the gather); an output that
@@ -569,21 +592,12 @@ static void test_fused_shared_expert_bytes(void **state) {
   /* The shared expert's down weight scaled until out overflows. */
   const moe8_layer_config c = {.num_experts = 4, .top_k = 2, .hidden = 8, .ffn = 6, .score = MOE8_SCORE_SOFTMAX,
                                .norm_topk_prob = true, .shared_ffn = 6};
-  moe8_layer *L;
-  assert_int_equal(moe8_layer_create(&c, NULL, "model.layers.3.mlp.experts", &L), MOE8_OK);
-  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
-  size_t n = 0;
-  float *sd = moe8_layer_weight(L, MOE8_W_SHARED_DOWN, &n);
-  assert_non_null(sd);
-  for (size_t j = 0; j < n; j++) sd[j] *= 1e36f;
-  float x[3 * 8], y[3 * 8];
-  for (int j = 0; j < 24; j++) x[j] = 1000.0f * (float)((j % 5) - 2);
-  const size_t wsz = moe8_layer_workspace_size(L, 3);
-  void *ws;
-  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
-  assert_int_equal(moe8_layer_forward(L, x, 3, y, NULL, ws, wsz), MOE8_ERR_NONFINITE);
-  assert_non_null(strstr(moe8_last_error(), "layer model.layers.3.mlp.experts: the output has"));
-  assert_non_null(strstr(moe8_last_error(), "token 0"));
+  overflow_run o;
+  overflow_forward(&o, &c, "model.layers.3.mlp.experts", MOE8_W_SHARED_DOWN, 5);
+  moe8_layer *L = o.L;
+  float *x = o.x, *y = o.y;
+  void *ws = o.ws;
+  const size_t wsz = o.wsz;
   assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
   assert_int_equal(moe8_layer_forward_fused(L, x, 3, y, ws, wsz), MOE8_ERR_NONFINITE);
   assert_non_null(strstr(moe8_last_error(), "token 0"));
@@ -841,19 +855,12 @@ static void test_bad_input(void **state) {
 static void test_nonfinite_output(void **state) {
   (void)state;
   const moe8_layer_config c = {4, 2, 8, 6, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  moe8_layer *L;
-  assert_int_equal(moe8_layer_create(&c, NULL, "model.layers.7.mlp.experts", &L), MOE8_OK);
-  assert_int_equal(moe8_layer_init_random(L, 3), MOE8_OK);
-  float *wd = moe8_layer_weight(L, MOE8_W_DOWN, NULL);
-  for (int i = 0; i < 4 * 6 * 8; i++) wd[i] *= 1e36f; /* finite weights, an output that overflows */
-  float x[3 * 8], y[3 * 8];
-  for (int i = 0; i < 24; i++) x[i] = 1000.0f * (float)((i % 5) - 2);
-  const size_t wsz = moe8_layer_workspace_size(L, 3);
-  void *ws;
-  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
-  assert_int_equal(moe8_layer_forward(L, x, 3, y, NULL, ws, wsz), MOE8_ERR_NONFINITE);
-  assert_non_null(strstr(moe8_last_error(), "layer model.layers.7.mlp.experts: the output has"));
-  assert_non_null(strstr(moe8_last_error(), "token 0"));
+  overflow_run o;
+  overflow_forward(&o, &c, "model.layers.7.mlp.experts", MOE8_W_DOWN, 3); /* finite weights, an output that overflows */
+  moe8_layer *L = o.L;
+  float *x = o.x, *y = o.y;
+  void *ws = o.ws;
+  const size_t wsz = o.wsz;
   moe8_layer_set_allow_nonfinite(L, true);
   assert_int_equal(moe8_layer_forward(L, x, 3, y, NULL, ws, wsz), MOE8_OK);
   free(ws);

@@ -244,13 +244,22 @@ moe8_status moe8__shared_forward(const moe8_layer *L, moe8_order order, const fl
   return MOE8_OK;
 }
 
+/* Token t's row of out plus the shared expert's row (times its gate). */
+static void shared_add_row(const moe8_layer *L, const moe8__shared_buf *b, int64_t t, float *o) {
+  const int64_t D = L->cfg.hidden;
+  const float *ys = b->y + t * D;
+  if (L->cfg.shared_gate) {
+    const float g = b->g[t];
+    for (int64_t d = 0; d < D; d++) o[d] = o[d] + g * ys[d];
+  } else
+    for (int64_t d = 0; d < D; d++) o[d] = o[d] + ys[d];
+}
+
 void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b, float *out) {
   const int64_t D = L->cfg.hidden;
   if (L->cfg.shared_ffn <= 0) return;
-  const bool gated = L->cfg.shared_gate;
   #pragma omp parallel for num_threads(moe8__nt((double)T * (double)D)) schedule(static)
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t c = 0; c < D; c++) out[t * D + c] = out[t * D + c] + (gated ? b->g[t] * b->y[t * D + c] : b->y[t * D + c]);
+  for (int64_t t = 0; t < T; t++) shared_add_row(L, b, t, out + t * D);
 }
 
 /* out = the combine of the expert rows y (slot weights w, NULL: 1), plus
@@ -260,21 +269,14 @@ void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b,
 moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, const int32_t *pos_of, const float *w,
                                 const moe8__shared_buf *b, float *out) {
   const int64_t D = L->cfg.hidden, K = L->cfg.top_k;
-  const bool shared = L->cfg.shared_ffn > 0 && b && b->y, gated = shared && L->cfg.shared_gate;
+  const bool shared = L->cfg.shared_ffn > 0 && b && b->y, scan = !L->allow_nonfinite;
   size_t bad = 0;
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static) reduction(+ : bad)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
     moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
-    if (shared) {
-      const float *ys = b->y + t * D;
-      if (gated) {
-        const float g = b->g[t];
-        for (int64_t d = 0; d < D; d++) o[d] = o[d] + g * ys[d];
-      } else
-        for (int64_t d = 0; d < D; d++) o[d] = o[d] + ys[d];
-    }
-    bad += moe8__count_nonfinite(o, (size_t)D);
+    if (shared) shared_add_row(L, b, t, o);
+    if (scan) bad += moe8__count_nonfinite(o, (size_t)D);
   }
   return bad ? moe8__check_output(L, out, T) : MOE8_OK;
 }
