@@ -222,23 +222,9 @@ class KExperts(torch.nn.Module):
 
 
 # ---- transformers 5: experts_implementation="moe8" ------------------------------------------------
-def _experts_layer(module, k):
-    """The moe8 layer of a transformers experts module (gate_up_proj
-    [E, 2F, D] gate rows first, down_proj [E, D, F]; transposed: [E, D, 2F]
-    and [E, F, D]), made on its first call and again when its weights
-    change (another tensor, or an in-place write)."""
-    gu, dn = module.gate_up_proj, module.down_proj
-    try:
-        key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
-    except RuntimeError:  # inference tensors keep no version counter (and cannot be written in place)
-        key = (k, gu.data_ptr(), None, dn.data_ptr(), None)
-    # not training (no grad, or the module in eval mode): the lean inference
-    # layer, built one expert at a time (no f32 masters beside the codes)
-    lean = not torch.is_grad_enabled() or not module.training
-    key = key + (lean,)
-    cached = module.__dict__.get("_moe8_experts")
-    if cached is not None and cached[0] == key:
-        return cached[1]
+def _why_not(module):
+    """What of a transformers experts module moe8 cannot run (a list of
+    reasons, empty when it can)."""
     why = []
     if not getattr(module, "has_gate", True):
         why.append("no gate projection")
@@ -251,22 +237,68 @@ def _experts_layer(module, k):
     act = getattr(module, "act_fn", None)
     if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
         why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(act).__name__)
+    return why
+
+
+def _lean_layer(gu, dn, transposed, k, rules, path):
+    """The lean inference layer of fused expert weights (gate_up_proj
+    [E, 2F, D] gate rows first and down_proj [E, D, F]; transposed:
+    [E, D, 2F] and [E, F, D]), built one expert at a time (one expert's
+    float32 copy at most beside the codes); the caller routes."""
+    with torch.no_grad():
+        E = gu.shape[0]
+        D, F = (gu.shape[1], gu.shape[2] // 2) if transposed else (gu.shape[2], gu.shape[1] // 2)
+        want = (E, F, D) if transposed else (E, D, F)
+        if tuple(dn.shape) != want or gu.shape[0] != dn.shape[0]:
+            raise ValueError("moe8: %s: down_proj is %s, gate_up_proj %s needs %s" % (path, list(dn.shape), list(gu.shape), list(want)))
+
+        # One float32 pair for every expert: each is handed over before the
+        # next is asked for (new pages for each would be zeroed by the kernel).
+        bufs = torch.empty((D, 2 * F), dtype=torch.float32), torch.empty((F, D), dtype=torch.float32)
+
+        def expert(e):
+            a, b = (gu[e], dn[e]) if transposed else (gu[e].t(), dn[e].t())
+            return bufs[0].copy_(a.detach()), bufs[1].copy_(b.detach())
+        return Layer.inference_from_experts(expert, rules=rules, module_path=path,
+                                            weights={"router": np.zeros((D, E), np.float32)},  # the caller routes
+                                            num_experts=E, top_k=k, hidden=D, ffn=F)
+
+
+def _experts_layer(module, k):
+    """The moe8 layer of a transformers experts module (gate_up_proj
+    [E, 2F, D] gate rows first, down_proj [E, D, F]; transposed: [E, D, 2F]
+    and [E, F, D]), made on its first call and again when its weights
+    change (another tensor, or an in-place write).  A module loaded by
+    moe8's quantizer (moe8.torch.Moe8Config) has its layer already and no
+    other copy of its weights."""
+    loaded = module.__dict__.get("_moe8_loaded")
+    if loaded is not None:
+        if torch.is_grad_enabled() and module.training:
+            raise RuntimeError("moe8: %s was loaded for inference by moe8's quantizer (its experts are held only as moe8's "
+                               "codes): call it in eval mode or under torch.no_grad(), or load the model without "
+                               "quantization_config to train it" % module.__dict__.get("_moe8_path", "experts"))
+        if loaded.top_k != k:
+            raise ValueError("moe8: %s was loaded with top_k = %d (the config's), called with %d experts a token"
+                             % (module.__dict__.get("_moe8_path", "experts"), loaded.top_k, k))
+        return loaded
+    gu, dn = module.gate_up_proj, module.down_proj
+    try:
+        key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
+    except RuntimeError:  # inference tensors keep no version counter (and cannot be written in place)
+        key = (k, gu.data_ptr(), None, dn.data_ptr(), None)
+    # not training (no grad, or the module in eval mode): the lean inference
+    # layer, built one expert at a time (no f32 masters beside the codes)
+    lean = not torch.is_grad_enabled() or not module.training
+    key = key + (lean,)
+    cached = module.__dict__.get("_moe8_experts")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    why = _why_not(module)
     if why:
         raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
     if lean:
-        with torch.no_grad():
-            tr = getattr(module, "is_transposed", False)  # [E, D, 2F], [E, F, D]: already x @ W
-            E = gu.shape[0]
-            D, F = (gu.shape[1], gu.shape[2] // 2) if tr else (gu.shape[2], gu.shape[1] // 2)
-
-            def expert(e):
-                a, b = (gu[e], dn[e]) if tr else (gu[e].t(), dn[e].t())
-                return (torch.empty(a.shape, dtype=torch.float32).copy_(a.detach()),
-                        torch.empty(b.shape, dtype=torch.float32).copy_(b.detach()))
-            lay = Layer.inference_from_experts(expert, rules=module.__dict__.get("_moe8_rules"),
-                                               module_path=module.__dict__.get("_moe8_path", "experts"),
-                                               weights={"router": np.zeros((D, E), np.float32)},  # the caller routes
-                                               num_experts=E, top_k=k, hidden=D, ffn=F)
+        lay = _lean_layer(gu, dn, getattr(module, "is_transposed", False), k, module.__dict__.get("_moe8_rules"),
+                          module.__dict__.get("_moe8_path", "experts"))
     else:
         with torch.no_grad():
             gu32, dn32 = gu.detach().float(), dn.detach().float()
@@ -309,14 +341,19 @@ def register_transformers():
     """Registers "moe8" in transformers' ExpertsInterface, so that
     from_pretrained(..., experts_implementation="moe8") (or
     model.set_experts_implementation("moe8")) runs every
-    @use_experts_implementation experts module through moe8.  Returns
+    @use_experts_implementation experts module through moe8, and moe8's
+    quantizer under quant_method "moe8", so that from_pretrained(...,
+    quantization_config=moe8.torch.Moe8Config(rules)) loads the experts
+    straight into lean moe8 layers (no float copy kept).  Returns
     False when transformers (5.x, with transformers.integrations.moe) is
     not importable."""
     try:
         from transformers.integrations.moe import ExpertsInterface
+        from . import _hf_quant
     except ImportError:
         return False
     ExpertsInterface.register("moe8", transformers_experts_forward)
+    _hf_quant.register()
     return True
 
 
@@ -331,6 +368,9 @@ def set_experts_rules(model, rules):
     n = 0
     for name, m in model.named_modules():
         if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and isinstance(getattr(m, "down_proj", None), torch.Tensor):
+            if "_moe8_loaded" in m.__dict__:
+                raise ValueError("moe8: %s was loaded by moe8's quantizer under its rules (its float weights are gone): "
+                                 "load it again with Moe8Config(rules=...)" % (name or "experts"))
             m.__dict__["_moe8_rules"], m.__dict__["_moe8_path"] = text, name or "experts"
             old = m.__dict__.pop("_moe8_experts", None)
             if old is not None:

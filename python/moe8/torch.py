@@ -20,6 +20,9 @@ backward is straight-through (docs/layer.md).
   work (the state is the config, the rule the layer runs under, the
   format of expert codes loaded from an FP8 / int8 file, and the weights,
   the selection bias included): a copy computes the original's bytes.
+Loading a transformers model with moe8's experts and no float copy of
+them: register_transformers(), then from_pretrained(...,
+quantization_config=moe8.torch.Moe8Config(rules)) (docs/integration.md).
 The aux loss of the last forward is in `block.aux_loss` (a tensor that
 carries gradient when aux_loss_weight > 0, added by the caller)."""
 try:
@@ -37,6 +40,14 @@ else:
     from ._torch import MoE8Block, from_hf, patch, _HFBlock, _MoE8Function  # noqa: F401
     from ._torch_op import (experts, fused_experts, KExperts, register_layer, unregister_layer, register_transformers,  # noqa: F401
                             set_experts_rules, transformers_experts_forward)
+
+    def __getattr__(name):
+        # transformers' quantizer plug-in: importing it imports transformers
+        if name in ("Moe8Config", "Moe8HfQuantizer"):
+            from . import _hf_quant
+            _hf_quant.register()
+            return getattr(_hf_quant, name)
+        raise AttributeError("module 'moe8.torch' has no attribute %r" % name)
 
     __all__ = ["MoE8Block", "from_hf", "patch", "experts", "fused_experts", "KExperts", "register_layer", "unregister_layer",
                "register_transformers", "set_experts_rules"]

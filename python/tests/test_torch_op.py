@@ -224,3 +224,56 @@ def test_transformers_experts_implementation(tmp_path):
         m2 = cls.from_pretrained(d, experts_implementation="moe8", dtype=torch.float32).eval()
         with torch.no_grad():
             assert (m2(ids).logits - want).abs().max() <= 1e-5 * top
+
+
+def test_transformers_quantizer(tmp_path):
+    """transformers' quantizer plug-in: from_pretrained(...,
+    quantization_config=Moe8Config(rules)) on bf16 Qwen3-MoE and Mixtral
+    checkpoints keeps no float expert tensor (each experts module holds
+    empty tensors and its lean moe8 layer), gives the bytes of the same
+    checkpoint loaded by transformers then run through
+    experts_implementation="moe8" under the same rules, and refuses
+    training and a later change of rules by name."""
+    try:
+        import transformers
+        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+        from transformers.quantizers.base import HfQuantizer  # noqa: F401
+    except ImportError:
+        pytest.skip("transformers 5 is not installed: the moe8 quantizer is not tested")
+    from moe8.torch import register_transformers, set_experts_rules
+    assert register_transformers()
+    from moe8.torch import Moe8Config
+    torch.manual_seed(1)
+    rules = {"rules": [{"module_path": r"layers\.[0-9]+\.mlp\.experts", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn",
+                        "tile_size": 32}]}
+    models = [(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+                   vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
+              (transformers.MixtralForCausalLM, transformers.MixtralConfig(
+                   vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, num_local_experts=6, num_experts_per_tok=2))]
+    ids = torch.randint(0, 128, (2, 7))
+    for cls, cfg in models:
+        d = tmp_path / cls.__name__
+        cls(cfg).to(torch.bfloat16).save_pretrained(d)
+        for r in (None, rules):
+            ref = cls.from_pretrained(d, experts_implementation="moe8").eval()
+            set_experts_rules(ref, r)
+            q = transformers.AutoModelForCausalLM.from_pretrained(d, quantization_config=Moe8Config(rules=r))
+            assert not q.training
+            experts = [(n, m) for n, m in q.named_modules() if n.endswith("mlp.experts")]
+            assert len(experts) == 2
+            for n, m in experts:
+                assert m.gate_up_proj.numel() == 0 and m.down_proj.numel() == 0, n
+            big = [n for n, t in list(q.named_parameters()) + list(q.named_buffers())
+                   if ".experts." in n and t.is_floating_point() and t.numel() > 0]
+            assert big == []
+            with torch.no_grad():
+                want, got = ref(ids).logits, q(ids).logits
+            assert got.dtype == want.dtype == torch.bfloat16
+            assert torch.equal(got, want)
+            q.train()
+            with pytest.raises(RuntimeError, match="loaded for inference by moe8's quantizer"):
+                q(ids)
+            with pytest.raises(ValueError, match="loaded by moe8's quantizer"):
+                set_experts_rules(q, rules)
