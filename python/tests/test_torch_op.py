@@ -186,26 +186,41 @@ def test_torch_compile_fullgraph():
     assert torch.equal(got2, want)
 
 
+def _transformers_or_skip(what):
+    """transformers 5 (its ExpertsInterface and quantizer base), or a skip naming what is not tested."""
+    try:
+        import transformers
+        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+        from transformers.quantizers.base import HfQuantizer  # noqa: F401
+    except ImportError:
+        pytest.skip("transformers 5 is not installed: %s is not tested" % what)
+    return transformers
+
+
+_FP8_EXPERTS = {"rules": [{"module_path": r"layers\.[0-9]+\.mlp\.experts", "weight_qtype": "float8_e4m3fn",
+                           "act_qtype": "float8_e4m3fn", "tile_size": 32}]}
+
+
+def _tiny_models(transformers, mixtral_ffn=32, mixtral_experts=8):
+    """Tiny Qwen3-MoE and Mixtral (class, config) pairs."""
+    return [(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+                 vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
+            (transformers.MixtralForCausalLM, transformers.MixtralConfig(
+                 vocab_size=128, hidden_size=64, intermediate_size=mixtral_ffn, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_local_experts=mixtral_experts, num_experts_per_tok=2))]
+
+
 def test_transformers_experts_implementation(tmp_path):
     """transformers 5's ExpertsInterface: experts_implementation="moe8" on
     tiny Qwen3-MoE and Mixtral models gives eager's logits within f32 noise
     (with an FP8 rule, within FP8 noise), from_pretrained included."""
-    try:
-        import transformers
-        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
-    except ImportError:
-        pytest.skip("transformers 5 is not installed: experts_implementation=\"moe8\" is not tested")
+    transformers = _transformers_or_skip("experts_implementation=\"moe8\"")
     from moe8.torch import register_transformers, set_experts_rules
     assert register_transformers()
     torch.manual_seed(0)
-    rules = {"rules": [{"module_path": r"layers\.[0-9]+\.mlp\.experts", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn",
-                        "tile_size": 32}]}
-    models = [(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
-                   vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
-              (transformers.MixtralForCausalLM, transformers.MixtralConfig(
-                   vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2))]
+    rules = _FP8_EXPERTS
+    models = _tiny_models(transformers)
     ids = torch.randint(0, 128, (2, 9))
     for cls, cfg in models:
         model = cls(cfg).eval()
@@ -234,24 +249,13 @@ def test_transformers_quantizer(tmp_path):
     checkpoint loaded by transformers then run through
     experts_implementation="moe8" under the same rules, and refuses
     training and a later change of rules by name."""
-    try:
-        import transformers
-        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
-        from transformers.quantizers.base import HfQuantizer  # noqa: F401
-    except ImportError:
-        pytest.skip("transformers 5 is not installed: the moe8 quantizer is not tested")
+    transformers = _transformers_or_skip("the moe8 quantizer")
     from moe8.torch import register_transformers, set_experts_rules
     assert register_transformers()
     from moe8.torch import Moe8Config
     torch.manual_seed(1)
-    rules = {"rules": [{"module_path": r"layers\.[0-9]+\.mlp\.experts", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn",
-                        "tile_size": 32}]}
-    models = [(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
-                   vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
-              (transformers.MixtralForCausalLM, transformers.MixtralConfig(
-                   vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, num_local_experts=6, num_experts_per_tok=2))]
+    rules = _FP8_EXPERTS
+    models = _tiny_models(transformers, mixtral_ffn=48, mixtral_experts=6)
     ids = torch.randint(0, 128, (2, 7))
     for cls, cfg in models:
         d = tmp_path / cls.__name__
