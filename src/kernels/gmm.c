@@ -205,9 +205,13 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
   const bool canon = (l0 == MOE8_DTYPE_BF16 || l0 == MOE8_DTYPE_F8E4M3 || l0 == MOE8_DTYPE_F8E5M2) &&
                      moe8_order_effective(a->order) == MOE8_ORDER_CANONICAL;
   const bool stream = (size_t)(hi - lo) * (size_t)N * osz >= MOE8__GMM_STREAM_BYTES;
-  /* Tasks: (group, row tile, column tile). */
-  int64_t ntasks = 0;
-  for (int64_t g = off; g < off + G; g++) ntasks += moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
+  /* Tasks: (group, row tile, column tile), handed to the threads in chunks
+  ** of consecutive column tiles of one row tile, so that a task knows the
+  ** tile its thread reads next; at least 8 chunks a thread where the
+  ** columns allow it. */
+  const int64_t ncol = moe8__cdiv(N, NT);
+  int64_t nrt = 0;
+  for (int64_t g = off; g < off + G; g++) nrt += moe8__cdiv(a->group_sizes[g], MT);
   /* The lhs, packed once for the whole call when the table wants it. */
   const moe8__gmm_block proto = {
     .K = K, .N = N, .kb = kb, .nbk = nbk, .lt = a->lhs.dtype, .rt = a->rhs.dtype, .ot = a->out_dtype,
@@ -243,6 +247,10 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
     return moe8__fail(MOE8_ERR_INVALID_ARG, "gmm: workspace of %zu bytes is smaller than one thread's scratch", ws_bytes);
   }
   if (nth > fit) nth = fit;
+  int64_t per = ncol;
+  if (nth > 1 && nrt > 0 && nrt < 8 * nth) per = moe8__cdiv(ncol, moe8__cdiv(8 * nth, nrt));
+  if (per < 1) per = 1;
+  const int64_t parts = ncol > 0 ? moe8__cdiv(ncol, per) : 1, nchunks = ncol > 0 ? nrt * parts : 0;
   #pragma omp parallel num_threads(nth)
   {
 #ifdef _OPENMP
@@ -251,24 +259,25 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
     void *scratch = ws;
 #endif
     #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < ntasks; t++) {
-      /* Find the task's group by walking the local groups. */
-      int64_t rem = t, row0 = lo, g = off;
+    for (int64_t c = 0; c < nchunks; c++) {
+      /* Find the chunk's group and row tile by walking the local groups. */
+      int64_t rem = c / parts, row0 = lo, g = off;
       for (; g < off + G; g++) {
-        const int64_t n_t = moe8__cdiv(a->group_sizes[g], MT) * moe8__cdiv(N, NT);
-        if (rem < n_t) break;
-        rem -= n_t;
+        const int64_t n_r = moe8__cdiv(a->group_sizes[g], MT);
+        if (rem < n_r) break;
+        rem -= n_r;
         row0 += a->group_sizes[g];
       }
-      const int64_t ncol = moe8__cdiv(N, NT);
-      const int64_t mi = rem / ncol, ni = rem % ncol;
+      const int64_t mi = rem, c0 = c % parts * per, c1 = c0 + per < ncol ? c0 + per : ncol;
+      const uint8_t *pk = a->rhs_packed ? (const uint8_t *)a->rhs_packed + (size_t)(g - off) * pk_bytes : NULL;
+      for (int64_t ni = c0; ni < c1; ni++) {
       moe8__gmm_block b = {
         .K = K, .N = N, .kb = kb, .nbk = nbk,
         .m0 = row0 + mi * MT, .n0 = ni * NT,
         .lt = a->lhs.dtype, .rt = a->rhs.dtype, .ot = a->out_dtype,
         .lhs = a->lhs.data,
         .rhs = a->rhs_packed ? NULL : (const char *)a->rhs.data + (size_t)((g - off) * K * N) * rsz,
-        .rhs_pk = a->rhs_packed ? (const uint8_t *)a->rhs_packed + (size_t)(g - off) * pk_bytes : NULL,
+        .rhs_pk = pk,
         .rhs_t = a->rhs_transposed,
         .ls = a->lhs.scale, .lk = lk,
         .rs = rk == MOE8__SC_TENSOR ? a->rhs.scale
@@ -276,12 +285,18 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
               : rk == MOE8__SC_TILE ? a->rhs.scale + (g - off) * nbk * N : NULL,
         .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = packed, .canon = canon, .out_stream = stream,
       };
+      if (pk && ni + 1 < c1) {
+        /* The next task's tile follows this one in the packed group. */
+        b.pk_next = pk + moe8__pk_row(a->rhs.dtype, K, N, 0, (ni + 1) * NT);
+        b.pk_next_bytes = (ni + 2 < ncol ? pk + moe8__pk_row(a->rhs.dtype, K, N, 0, (ni + 2) * NT) : pk + pk_bytes) - b.pk_next;
+      }
       b.m1 = b.m0 + MT < row0 + a->group_sizes[g] ? b.m0 + MT : row0 + a->group_sizes[g];
       b.n1 = b.n0 + NT < N ? b.n0 + NT : N;
       if (K == 0) {
         for (int64_t m = b.m0; m < b.m1; m++) memset((char *)a->out + (size_t)(m * N + b.n0) * osz, 0, (size_t)(b.n1 - b.n0) * osz);
       } else {
         kt->gmm_block(&b);
+      }
       }
     }
   }

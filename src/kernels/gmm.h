@@ -56,6 +56,8 @@ typedef struct moe8__gmm_block {
   const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
   const uint8_t *rhs_pk;    /* this group's packed FP8 or i8 rhs (rhs is then NULL) */
   bool          canon;      /* the canonical order (below): lhs bf16 or FP8   */
+  const uint8_t *pk_next;   /* the packed tile of this thread's next task (a prefetch hint), or NULL */
+  size_t        pk_next_bytes;
   bool          out_stream; /* the call's output is large (MOE8__GMM_STREAM_BYTES or more): a
                             ** kernel may write it with streaming stores, and then ends its
                             ** block with a store fence */

@@ -137,18 +137,37 @@ static inline void panel_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, 
 
 /* Co[i] = Ci[i] + c[i] · (ls[i] · rs) for the rows of a microkernel (Ci
 ** NULL: + 0.0), both 16-column halves; unrolled so the sums stay in
-** registers. */
-INLINE void prom_store(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
-                       const float *ls, const float *rs) {
+** registers.  stream: full masks and 64-byte aligned rows, written past
+** the caches (a large output, moe8__gmm_block.out_stream; the kernel
+** fences at its end). */
+INLINE void prom_store_to(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
+                          const float *ls, const float *rs, const bool stream) {
   const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
 #pragma GCC unroll 8
   for (int i = 0; i < mr; i++) {
     const __m512 l = _mm512_set1_ps(ls[i]);
     const __m512 a0 = Ci ? _mm512_loadu_ps(Ci + i * NT) : _mm512_setzero_ps();
     const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(Co + i * ldo, m0, _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0))));
-    _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1))));
+    const __m512 v0 = _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0)));
+    const __m512 v1 = _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1)));
+    if (stream) {
+      _mm512_stream_ps(Co + i * ldo, v0);
+      _mm512_stream_ps(Co + i * ldo + 16, v1);
+    } else {
+      _mm512_mask_storeu_ps(Co + i * ldo, m0, v0);
+      _mm512_mask_storeu_ps(Co + i * ldo + 16, m1, v1);
+    }
   }
+}
+
+INLINE void prom_store(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
+                       const float *ls, const float *rs) {
+  prom_store_to(mr, c, Ci, Co, ldo, m0, m1, ls, rs, false);
+}
+
+/* Whether 32 output columns at co of rows ldo floats apart may be streamed. */
+static inline bool stream_ok(const moe8__gmm_block *b, const float *co, int64_t ldo, __mmask16 m0, __mmask16 m1) {
+  return b->out_stream && m0 == 0xFFFF && m1 == 0xFFFF && !((uintptr_t)co & 63) && !(ldo & 15);
 }
 
 /* BY_ROWS calls kern(literal mr, ...) for mr in 1..8: each tail gets its
