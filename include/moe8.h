@@ -513,8 +513,9 @@ MOE8_API moe8_status moe8_combine(const float *y, int64_t rows, const int32_t *p
 /* The experts' activation on g = x·Wg, u = x·Wu (plus biases). */
 typedef enum moe8_expert_act {
   MOE8_ACT_SWIGLU       = 0, /* h = silu(g) · u                                               */
-  MOE8_ACT_SWIGLU_CLAMP = 1  /* GPT-OSS: g' = min(g, limit), u' = clamp(u, ±limit),
+  MOE8_ACT_SWIGLU_CLAMP = 1, /* GPT-OSS: g' = min(g, limit), u' = clamp(u, ±limit),
                              ** h = g' · sigmoid(α g') · (u' + 1)                             */
+  MOE8_ACT_SWIGLU_LIMIT = 2  /* GLM-5, HY-V4: h = silu(min(g, limit)) · clamp(u, ±limit)     */
 } moe8_expert_act;
 
 typedef struct moe8_layer_config {
@@ -543,7 +544,7 @@ typedef struct moe8_layer_config {
   ** expert-parallel forward; backward and training are refused for a
   ** layer with any of them (MOE8_ERR_UNSUPPORTED). */
   moe8_expert_act act;
-  float           act_alpha, act_limit;   /* MOE8_ACT_SWIGLU_CLAMP: α > 0, limit > 0 */
+  float           act_alpha, act_limit;   /* CLAMP: α > 0, limit > 0; LIMIT: limit > 0 */
   bool            router_bias, expert_bias;
   /* Llama-4: each routed expert gets its token scaled by the routing weight
   ** (E_j(w_j · x)) and the outputs are summed unweighted, instead of
@@ -551,6 +552,10 @@ typedef struct moe8_layer_config {
   ** (quantize_before_ep_all_gather does not apply); expert parallelism and
   ** the backward are refused for now (MOE8_ERR_UNSUPPORTED). */
   bool            weight_input;
+  /* The shared expert's SwiGLU is the plain one even when act is not
+  ** (HY-V4 clamps only its routed experts); false: the shared expert uses
+  ** act as the routed ones do (GLM-5 clamps both). */
+  bool            shared_plain_act;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {

@@ -1001,6 +1001,53 @@ static void test_gpt_oss_form_grads(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* The limited SwiGLU (GLM-5, HY-V4): silu(min(g, L)) * clamp(u, +-L), in
+** the routed experts and, unless shared_plain_act (HY-V4), the shared
+** expert: every gradient against finite differences, with a limit that
+** binds (the forward differs from the plain SwiGLU's and from the other
+** shared form's). */
+static void test_limited_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static float out[3][T * D];
+  for (int plain = 0; plain < 2; plain++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_LIMIT,
+                           .act_limit = 0.35f, .shared_ffn = FS, .shared_plain_act = plain == 1};
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 71, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    form_fd_check(plain ? "limited SwiGLU, shared expert plain" : "limited SwiGLU", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[plain], &aux, ws, wsz), MOE8_OK);
+    if (!plain) { /* the same weights with the plain SwiGLU everywhere */
+      moe8_layer_config cp = c;
+      cp.act = MOE8_ACT_SWIGLU;
+      moe8_layer *P;
+      assert_int_equal(moe8_layer_create(&cp, NULL, "experts", &P), MOE8_OK);
+      assert_int_equal(moe8_layer_init_random(P, 9), MOE8_OK);
+      assert_int_equal(moe8_layer_forward(P, x, T, out[2], &aux, ws, wsz), MOE8_OK);
+      moe8_layer_destroy(P);
+    }
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  assert_true(memcmp(out[0], out[2], sizeof out[0]) != 0); /* the limit binds */
+  assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0); /* shared_plain_act changes the shared expert */
+}
+
 /* The trainer on GPT-OSS's form: its first step moves every bias by Adam's
 ** first step on moe8_layer_backward's gradient of the trainer's loss, to
 ** the byte; and 40 steps on a teacher's outputs lower the loss. */
@@ -1156,6 +1203,7 @@ int main(void) {
     cmocka_unit_test(test_nonfinite_output),
     cmocka_unit_test(test_training_reduces_loss),
     cmocka_unit_test(test_gpt_oss_form_grads),
+    cmocka_unit_test(test_limited_form_grads),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

@@ -246,6 +246,28 @@ static void test_swiglu_isas(void **state) {
                   (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]), (double)got[j], moe8__f32_bits(got[j]),
                   (double)want[j], moe8__f32_bits(want[j]));
     }
+    /* The limited form (GLM-5, HY-V4) on the same operands: the reference
+    ** is the plain SwiGLU of the clamped g and u, byte for byte (a NaN kept
+    ** as above), and every ISA gives the reference's bytes. */
+    ref->swiglu_limit(want, g, u, n, limit);
+    for (size_t j = 0; j < n; j++) {
+      const float gc = g[j] > limit ? limit : g[j], uc = u[j] < -limit ? -limit : u[j] > limit ? limit : u[j];
+      float plain;
+      ref->swiglu(&plain, &gc, &uc, 1);
+      if ((isnan(g[j]) || isnan(u[j])) ? !isnan(want[j]) : moe8__f32_bits(want[j]) != moe8__f32_bits(plain))
+        TU_FAIL("swiglu_limit (reference): g = %a (0x%08x), u = %a: %a, want %a", (double)g[j], moe8__f32_bits(g[j]), (double)u[j],
+                (double)want[j], (double)plain);
+    }
+    for (int i = 1; i < nisa; i++) {
+      const size_t len = round % 3 == 0 ? n - (size_t)(round % 16) : n;
+      memset(got, 0, sizeof(float) * N);
+      moe8__kernels_for(isas[i])->swiglu_limit(got, g, u, len, limit);
+      for (size_t j = 0; j < len; j++)
+        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]))
+          TU_FAIL("swiglu_limit on %s: g = %a (0x%08x), u = %a (0x%08x): %a (0x%08x), want %a (0x%08x)", moe8_isa_name(isas[i]),
+                  (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]), (double)got[j], moe8__f32_bits(got[j]),
+                  (double)want[j], moe8__f32_bits(want[j]));
+    }
   }
   free(g); free(u); free(want); free(got);
 }

@@ -78,13 +78,17 @@ def _check(st):
         raise Error(st, _last_error().decode("utf-8", "replace"))
 
 
+# The experts' activations by moe8_expert_act value (include/moe8.h).
+ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit")
+
+
 class _LayerConfig(C.Structure):
     _fields_ = [("num_experts", _i64), ("top_k", _i64), ("hidden", _i64), ("ffn", _i64), ("score", C.c_int),
                 ("norm_topk_prob", C.c_bool), ("routed_scaling_factor", C.c_float), ("use_selection_bias", C.c_bool),
                 ("capacity_factor", C.c_float), ("aux_loss_weight", C.c_float), ("n_group", _i64), ("topk_group", _i64),
                 ("shared_ffn", _i64), ("shared_gate", C.c_bool), ("group_score", C.c_int), ("act", C.c_int),
                 ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool),
-                ("weight_input", C.c_bool)]
+                ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -432,7 +436,7 @@ class _Workspace:
 def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False, routed_scaling_factor=0.0,
                   use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0, shared_ffn=0,
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
-                  expert_bias=False, weight_input=False):
+                  expert_bias=False, weight_input=False, shared_plain_act=False):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in ("softmax", "sigmoid"):
         raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
@@ -444,12 +448,12 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
     gscores = {"top2_sum": 0, "max": 1}
     if group_score not in gscores:
         raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
-    acts = {"swiglu": 0, "swiglu_clamp": 1}
-    if act not in acts:
-        raise Error(1, "act must be 'swiglu' or 'swiglu_clamp' (GPT-OSS), not %r" % (act,))
+    if act not in ACTS:
+        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS) or 'swiglu_limit' (GLM-5, HY-V4), not %r" % (act,))
     return _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
-                        gscores[group_score], acts[act], act_alpha, act_limit, router_bias, expert_bias, weight_input)
+                        gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
+                        bool(shared_plain_act))
 
 
 def _f32_any(a, name, shape):
@@ -472,7 +476,8 @@ class Layer:
     def __init__(self, num_experts=None, top_k=None, hidden=None, ffn=None, score="softmax", norm_topk_prob=False,
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
-                 expert_bias=False, weight_input=False, rules=None, module_path="experts", _handle=None, _keep=None):
+                 expert_bias=False, weight_input=False, shared_plain_act=False, rules=None, module_path="experts", _handle=None,
+                 _keep=None):
         self._keep = _keep
         self.module_path = module_path  # the path the rules were matched against
         self._tls = threading.local()  # each thread's default workspace and last forward
@@ -483,7 +488,7 @@ class Layer:
         else:
             cfg = _layer_config(num_experts, top_k, hidden, ffn, score, norm_topk_prob, routed_scaling_factor, use_selection_bias,
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
-                                act_alpha, act_limit, router_bias, expert_bias, weight_input)
+                                act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))

@@ -28,7 +28,7 @@ from transformers.quantizers.auto import register_quantization_config, register_
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ._torch_op import _lean_layer, _why_not, register_layer
+from ._torch_op import _act_of, _lean_layer, _why_not, register_layer
 
 METHOD = "moe8"
 
@@ -199,7 +199,7 @@ class Moe8HfQuantizer(HfQuantizer):
 
     def _build(self, path, gu, dn):
         m = self._targets[path]
-        lay = _lean_layer(gu, dn, getattr(m, "is_transposed", False), self._k, m.__dict__.get("_moe8_rules"), path)
+        lay = _lean_layer(gu, dn, getattr(m, "is_transposed", False), self._k, m.__dict__.get("_moe8_rules"), path, _act_of(m))
         register_layer(lay)
         m.__dict__["_moe8_loaded"] = lay
         del gu, dn

@@ -7,7 +7,8 @@ import warnings
 import numpy as np
 import torch
 
-from . import Error, Layer, Rules, _as_rules, _rule_dict
+from . import ACTS, Error, Layer, Rules, _as_rules, _rule_dict
+from ._torch_op import _act_of
 
 _RULES_MAX = 64 << 20  # the library's bound on a rules file
 
@@ -152,9 +153,10 @@ class MoE8Block(torch.nn.Module):
         codes = lay._prepared_spec() if "(loaded pre-quantized)" in lay.describe() else None
         c = _cfg(lay)
         cfg = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
-               "act": "swiglu_clamp" if c.act == 1 else "swiglu"}
+               "act": ACTS[c.act]}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
-                  "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input"):
+                  "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
+                  "shared_plain_act"):
             cfg[k] = getattr(_cfg(lay), k)
         block = cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay, module_path=lay.module_path, **cfg)
         block._codes = codes
@@ -260,6 +262,7 @@ _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "
               "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3",
               "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2",
               "GptOssMLP": "gpt_oss", "Llama4TextMoe": "llama4_text", "Dots1MoE": "deepseek_v3",
+              "Glm5NextTextMoE": "deepseek_v3", "HYV4MoE": "deepseek_v3", "HYV4VLMoE": "deepseek_v3",
               "MiniMaxSparseMoeBlock": "mixtral", "MiniMaxM2SparseMoeBlock": "minimax_m2"}
 
 
@@ -323,6 +326,10 @@ def _hf_spec(block, family, cfg):
                   norm_topk_prob=bool(attr("norm_topk_prob", not dots)),
                   routed_scaling_factor=float(attr("routed_scaling_factor", 1.0 if dots else 2.5)),
                   n_group=int(attr("n_group", 1)), topk_group=int(attr("topk_group", 1)))
+        # GLM-5 and HY-V4: the limited SwiGLU (HY-V4's shared experts unclamped)
+        kw.update(_act_of(experts))
+        if kw.get("act") and type(block).__name__ in ("HYV4MoE", "HYV4VLMoE"):
+            kw["shared_plain_act"] = True
     elif family == "deepseek_v2":
         method = _first(getattr(block, "topk_method", None), getattr(cfg, "topk_method", None), "greedy")
         if method not in ("greedy", "group_limited_greedy"):
@@ -474,9 +481,10 @@ def _from_hf_inference(block, family, cfg, rules, module_path):
     del shared, weights
     c = _cfg(lay)
     kw = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
-          "act": "swiglu_clamp" if c.act == 1 else "swiglu"}
+          "act": ACTS[c.act]}
     for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
-              "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input"):
+              "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
+                  "shared_plain_act"):
         kw[k] = getattr(c, k)
     out = MoE8Block.__new__(MoE8Block)
     torch.nn.Module.__init__(out)

@@ -222,10 +222,28 @@ class KExperts(torch.nn.Module):
 
 
 # ---- transformers 5: experts_implementation="moe8" ------------------------------------------------
+# Experts classes whose own _apply_gate is the limited SwiGLU
+# F.silu(gate.clamp(max=L)) * up.clamp(-L, L), L = module.swiglu_limit.
+_LIMITED = ("Glm5NextTextExperts", "HYV4Experts", "HYV4VLExperts")
+
+
+def _act_of(module):
+    """The Layer keywords of an experts module's activation ({} for the
+    plain SwiGLU)."""
+    if type(module).__name__ in _LIMITED:
+        return {"act": "swiglu_limit", "act_limit": float(module.swiglu_limit)}
+    return {}
+
+
 def _why_not(module):
     """What of a transformers experts module moe8 cannot run (a list of
     reasons, empty when it can)."""
     why = []
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is not None and gate.__name__ != "_default_apply_gate" and type(module).__name__ not in _LIMITED:
+        why.append("its own gate function (%s._apply_gate)" % type(module).__name__)
+    if type(module).__name__ in _LIMITED and not (float(getattr(module, "swiglu_limit", 0) or 0) > 0):
+        why.append("swiglu_limit %r (moe8 clamps at a positive limit)" % (getattr(module, "swiglu_limit", None),))
     if not getattr(module, "has_gate", True):
         why.append("no gate projection")
     if getattr(module, "has_bias", False):
@@ -240,7 +258,7 @@ def _why_not(module):
     return why
 
 
-def _lean_layer(gu, dn, transposed, k, rules, path):
+def _lean_layer(gu, dn, transposed, k, rules, path, act=None):
     """The lean inference layer of fused expert weights (gate_up_proj
     [E, 2F, D] gate rows first and down_proj [E, D, F]; transposed:
     [E, D, 2F] and [E, F, D]), built one expert at a time (one expert's
@@ -261,7 +279,7 @@ def _lean_layer(gu, dn, transposed, k, rules, path):
             return bufs[0].copy_(a.detach()), bufs[1].copy_(b.detach())
         return Layer.inference_from_experts(expert, rules=rules, module_path=path,
                                             weights={"router": np.zeros((D, E), np.float32)},  # the caller routes
-                                            num_experts=E, top_k=k, hidden=D, ffn=F)
+                                            num_experts=E, top_k=k, hidden=D, ffn=F, **(act or {}))
 
 
 def _experts_layer(module, k):
@@ -298,7 +316,7 @@ def _experts_layer(module, k):
         raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
     if lean:
         lay = _lean_layer(gu, dn, getattr(module, "is_transposed", False), k, module.__dict__.get("_moe8_rules"),
-                          module.__dict__.get("_moe8_path", "experts"))
+                          module.__dict__.get("_moe8_path", "experts"), _act_of(module))
     else:
         with torch.no_grad():
             gu32, dn32 = gu.detach().float(), dn.detach().float()
@@ -311,7 +329,7 @@ def _experts_layer(module, k):
                 F = F2 // 2
                 g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
             lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
-                        module_path=module.__dict__.get("_moe8_path", "experts"))
+                        module_path=module.__dict__.get("_moe8_path", "experts"), **_act_of(module))
             for name, t in (("gate", g), ("up", u), ("down", d)):
                 lay.weight(name)[:] = t.numpy()
             lay.prepare()

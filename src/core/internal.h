@@ -117,6 +117,9 @@ typedef struct moe8__ktable {
   ** to [-limit, limit] (a NaN g or u kept, as torch.clamp keeps it),
   ** h = gc · (1 / (1 + moe8__expf(-alpha · gc))) · (uc + 1), in that order. */
   void (*swiglu_clamp)(float *h, const float *g, const float *u, size_t n, float alpha, float limit);
+  /* The limited SwiGLU (GLM-5, HY-V4): gc and uc as above, h = silu(gc) · uc
+  ** with swiglu's silu. */
+  void (*swiglu_limit)(float *h, const float *g, const float *u, size_t n, float limit);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of

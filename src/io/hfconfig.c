@@ -66,6 +66,11 @@ typedef struct family {
   bool        shared_ungated; /* Qwen2-MoE's block with its shared expert added in full (no shared_expert_gate) */
   int         place;          /* which layers are MoE: PLACE_*                          */
   const char *block_prefix, *router_name; /* the files' names (moe8_hf_config), NULL: the block's own */
+  /* The limited SwiGLU silu(min(g, L)) · clamp(u, ±L) (MOE8_ACT_SWIGLU_LIMIT)
+  ** with L = swiglu_limit (default .limit); shared_plain: the shared
+  ** experts keep the plain SwiGLU. */
+  bool        limited, shared_plain;
+  double      limit;
 } family;
 
 /* Placement of the MoE layers. */
@@ -226,6 +231,20 @@ static const family k_families[] = {
   {.name = "jamba", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "intermediate_size", .hidden = 4096,
    .layers = 32, .experts = 16, .top_k = 2, .ffn = 14336, .norm = false, .scaling = 1.0, .norm_key = "", .place = PLACE_PERIOD,
    .block_prefix = "feed_forward.", .router_name = "router.weight"},
+  /* Glm5NextTextConfig (GLM-5, the text model of glm5_next): DeepSeek-V3's
+  ** block with the limited SwiGLU in the routed and the shared experts */
+  {.name = "glm5_next_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 45, .experts = 288, .top_k = 8, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 1, .topk_group = 1, .first_dense = 3, .place = PLACE_TYPES, .limited = true, .limit = 10.0},
+  /* HYV4Config and HYV4VLTextConfig (HY-V4): the same, the shared experts unclamped */
+  {.name = "hy_v4", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2816, .layers = 34, .experts = 256, .top_k = 8, .ffn = 768, .shared = 1, .norm = true,
+   .scaling = 2.827, .n_group = 1, .topk_group = 1, .first_dense = 1, .place = PLACE_TYPES, .limited = true, .limit = 10.0,
+   .shared_plain = true},
+  {.name = "hy_v4_vl_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 6144, .layers = 78, .experts = 256, .top_k = 8, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 2.827, .n_group = 1, .topk_group = 1, .first_dense = 1, .place = PLACE_TYPES, .limited = true, .limit = 10.0,
+   .shared_plain = true},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -244,6 +263,8 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"qwen3_5_moe", "qwen3_5_moe_text"},
   {"glm4v_moe", "glm4v_moe_text"},
   {"unlimited_ocr", "unlimited_ocr_text"},
+  {"glm5_next", "glm5_next_text"},
+  {"hy_v4_vl", "hy_v4_vl_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -441,9 +462,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
     {"gemma4", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
     {"diffusion_gemma", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
-    {"glm5_next", "its SwiGLU is clamped (swiglu_limit)"},
-    {"hy_v4", "its routed experts' SwiGLU is clamped (swiglu_limit)"},
-    {"hy_v4_vl", "its routed experts' SwiGLU is clamped (swiglu_limit)"},
+    {"glm5_next", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"hy_v4_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling_text", "its shared experts are weighted by their router scores"},
     {"inkling2_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
     {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
@@ -679,6 +699,16 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number", file);
     L->act_limit = (float)(v ? v->valuedouble : 7.0);
+  }
+  if (fam->limited) {
+    /* transformers' classes clamp at the value they are given; HY-V4's
+    ** docstring calls a value <= 0 "disabled", which its code does not do */
+    const cJSON *v = item(root, "swiglu_limit");
+    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number (the experts' clamp)", file);
+    L->act = MOE8_ACT_SWIGLU_LIMIT;
+    L->act_limit = (float)(v ? v->valuedouble : fam->limit);
+    L->shared_plain_act = fam->shared_plain;
   }
   if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
     TRY(pick_key(root, file, fam->shared_width_key, "shared_expert_intermediate_size", kk));

@@ -174,6 +174,11 @@ bool moe8__layer_packable(const moe8_layer *L, int set);
 ** rows (gsz[G] of them, consecutive) are the inputs xs (f32) and, when the
 ** rule quantizes activations, xsq/sxs.  Writes gu [rows, 2F], h [rows, F],
 ** hq/sh (quantized h) and y [rows, D]. */
+/* The activation of expert set `set` (0 routed, 1 shared). */
+static inline moe8_expert_act moe8__set_act(const moe8_layer *L, int set) {
+  return set && L->cfg.shared_plain_act ? MOE8_ACT_SWIGLU : L->cfg.act;
+}
+
 moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set, int64_t rows, const int32_t *gsz, int64_t g0,
                                   int64_t G, float *xs, const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq,
                                   float *sh, float *y, void *scratch, size_t scratch_bytes);

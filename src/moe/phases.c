@@ -189,7 +189,8 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
                      scratch_bytes);
   else if ((st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs)) == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
-  const bool xb = set == 0 && L->cfg.expert_bias, clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
+  const bool xb = set == 0 && L->cfg.expert_bias;
+  const moe8_expert_act act = moe8__set_act(L, set);
   if (xb) add_group_bias(gu, 2 * F, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
   /* h = silu(g)·u, and (per-row scales) its quantization, a few rows at a
   ** time while they are in cache; a per-row quantizer gives the same bytes
@@ -202,7 +203,8 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   for (int64_t p0 = 0; p0 < rows; p0 += 8) {
     const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
     for (int64_t p = p0; p < p1; p++)
-      if (clampd) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      if (act == MOE8_ACT_SWIGLU_CLAMP) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      else if (act == MOE8_ACT_SWIGLU_LIMIT) kt->swiglu_limit(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_limit);
       else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }
@@ -465,8 +467,11 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   ** Clamped (GPT-OSS): h = g'·σ(αg')·(u'+1), g' = min(g, L), u' = clamp(u, ±L)
   ** (a NaN kept, as in the forward):
   ** dg = dh·(u'+1)·σ(αg')(1 + αg'(1-σ(αg'))) where g <= L, du = dh·g'σ(αg')
-  ** where |u| <= L (torch.clamp's gradient: 1 inside the bounds, ends included). */
-  const bool clampd = L->cfg.act == MOE8_ACT_SWIGLU_CLAMP;
+  ** where |u| <= L (torch.clamp's gradient: 1 inside the bounds, ends included).
+  ** Limited (GLM-5, HY-V4): h = silu(g')·u', the plain SwiGLU's gradients at
+  ** g', u', each zero where its clamp holds the value (the same ends). */
+  const moe8_expert_act act = moe8__set_act(L, set);
+  const bool clampd = act == MOE8_ACT_SWIGLU_CLAMP, limd = act == MOE8_ACT_SWIGLU_LIMIT;
   const float al = L->cfg.act_alpha, lim = L->cfg.act_limit;
   #pragma omp parallel for num_threads(moe8__nt(10.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t p = 0; p < rows; p++)
@@ -476,6 +481,13 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
         const float gc = gv > lim ? lim : gv, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
         const float sg = 1.0f / (1.0f + moe8__expf(-al * gc));
         dgu[p * 2 * F + f] = gv <= lim ? d * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg)) : 0.0f;
+        dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
+        continue;
+      }
+      if (limd) {
+        const float gc = gv > lim ? lim : gv, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
+        const float sg = 1.0f / (1.0f + moe8__expf(-gc));
+        dgu[p * 2 * F + f] = gv <= lim ? d * uc * sg * (1.0f + gc * (1.0f - sg)) : 0.0f;
         dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
         continue;
       }

@@ -950,6 +950,17 @@ ROWS = [
          shared=("n_shared_experts", 2), place="types", layouts=("per",)),
     dict(mt="flint", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="qwen",
          dense=2, ungated=True, sigmoid=True, layouts=("per", "fused")),
+    # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
+    dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
+         shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
+    dict(mt="glm5_next", wrap="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
+         scale=("routed_scaling_factor", 2.5), shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0),
+         layouts=("fused",)),
+    dict(mt="hy_v4", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.827),
+         shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0), shared_plain=True, layouts=("per", "fused")),
+    dict(mt="hy_v4_vl", wrap="hy_v4_vl_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
+         scale=("routed_scaling_factor", 2.827), shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0),
+         shared_plain=True, layouts=("fused",)),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
@@ -1002,6 +1013,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     sh_key, nsh = row.get("shared") or (None, 0)
     if sh_key:
         cfg[sh_key] = nsh
+    limit = None
+    if row.get("limit"):
+        limit = row["limit"][1]
+        if not absent:
+            limit = cfg[row["limit"][0]] = 0.05  # small enough to clamp many of the test's pre-activations
     n_group = row.get("groups_default", (1, 1))
     if blk == "ds3" and row.get("group", "n_group"):
         if absent:
@@ -1064,7 +1080,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
             routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale)
-        refs[l] = R.moe_block(x, routing, experts, shared, sgate)
+        refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit)
+        if limit is not None and not absent:  # the clamp must be doing something in this case
+            plain = R.moe_block(x, routing, experts, shared, sgate)
+            if rel(plain, refs[l]) < 1e-2:
+                FAILS.append("%s: swiglu_limit %g does not clamp the test's values" % (row["mt"], limit))
     d = os.path.join(tmp, "%s_%d" % (row["mt"], len(os.listdir(tmp))))
     write_model(d, cfg, t)
     return d, x, refs

@@ -50,6 +50,10 @@ int cmd_info(int argc, char **argv) {
   if (c->layer.act == MOE8_ACT_SWIGLU_CLAMP)
     printf("experts: clamped SwiGLU (gate <= %g, |up| <= %g, alpha %g, (up + 1) * gate * sigmoid(alpha gate))%s\n", (double)c->layer.act_limit,
            (double)c->layer.act_limit, (double)c->layer.act_alpha, c->layer.expert_bias ? ", gate/up and down biases" : "");
+  else if (c->layer.act == MOE8_ACT_SWIGLU_LIMIT)
+    printf("experts: limited SwiGLU, down(silu(min(gate(x), %g)) * clamp(up(x), -%g, %g))%s\n", (double)c->layer.act_limit,
+           (double)c->layer.act_limit, (double)c->layer.act_limit,
+           c->layer.shared_ffn > 0 ? (c->layer.shared_plain_act ? "; the shared expert unclamped" : "; the shared expert too") : "");
   else
     printf("experts: SwiGLU, down(silu(gate(x)) * up(x))\n");
   if (c->layer.shared_ffn > 0)

@@ -26,6 +26,16 @@ void moe8__ref_swiglu_clamp(float *h, const float *g, const float *u, size_t n, 
   }
 }
 
+/* GLM-5's and HY-V4's: the same clamps, then the plain SwiGLU's silu
+** (transformers: F.silu(gate.clamp(max=L)) * up.clamp(-L, L)). */
+void moe8__ref_swiglu_limit(float *h, const float *g, const float *u, size_t n, float limit) {
+  for (size_t i = 0; i < n; i++) {
+    const float gc = g[i] > limit ? limit : g[i];
+    const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+    h[i] = silu(gc) * uc;
+  }
+}
+
 void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
   for (int64_t t = 0; t < T; t++) {
     float *l = logits + t * E;

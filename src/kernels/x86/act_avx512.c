@@ -47,14 +47,37 @@ static void swiglu(float *h, const float *g, const float *u, size_t n) {
 
 /* The reference's clamps by compare and blend (a NaN g or u kept: an
 ** ordered compare is false on NaN, so the lane keeps its input, as the
-** scalar comparisons and torch.clamp do), then its operations. */
+** scalar comparisons and torch.clamp do). */
+static inline void clamp_gu(__m512 *g, __m512 *u, __m512 limit) {
+  const __m512 nl = _mm512_xor_ps(limit, _mm512_set1_ps(-0.0f));
+  *g = _mm512_mask_mov_ps(*g, _mm512_cmp_ps_mask(*g, limit, _CMP_GT_OQ), limit);
+  const __m512 u0 = *u;
+  *u = _mm512_mask_mov_ps(u0, _mm512_cmp_ps_mask(u0, limit, _CMP_GT_OQ), limit);
+  *u = _mm512_mask_mov_ps(*u, _mm512_cmp_ps_mask(u0, nl, _CMP_LT_OQ), nl);
+}
+
+/* The clamps, then the reference's operations. */
 static inline __m512 swiglu_clamp16(__m512 g, __m512 u, __m512 alpha, __m512 limit) {
-  const __m512 one = _mm512_set1_ps(1.0f), nl = _mm512_xor_ps(limit, _mm512_set1_ps(-0.0f));
-  const __m512 gc = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(g, limit, _CMP_GT_OQ), limit);
-  __m512 uc = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(u, limit, _CMP_GT_OQ), limit);
-  uc = _mm512_mask_mov_ps(uc, _mm512_cmp_ps_mask(u, nl, _CMP_LT_OQ), nl);
-  const __m512 e = expf16(_mm512_mul_ps(_mm512_xor_ps(alpha, _mm512_set1_ps(-0.0f)), gc));
-  return _mm512_mul_ps(_mm512_mul_ps(gc, _mm512_div_ps(one, _mm512_add_ps(one, e))), _mm512_add_ps(uc, one));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  clamp_gu(&g, &u, limit);
+  const __m512 e = expf16(_mm512_mul_ps(_mm512_xor_ps(alpha, _mm512_set1_ps(-0.0f)), g));
+  return _mm512_mul_ps(_mm512_mul_ps(g, _mm512_div_ps(one, _mm512_add_ps(one, e))), _mm512_add_ps(u, one));
+}
+
+/* The same clamps, then swiglu16: the reference's swiglu_limit. */
+static inline __m512 swiglu_limit16(__m512 g, __m512 u, __m512 limit) {
+  clamp_gu(&g, &u, limit);
+  return swiglu16(g, u);
+}
+
+static void swiglu_limit(float *h, const float *g, const float *u, size_t n, float limit) {
+  const __m512 l = _mm512_set1_ps(limit);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, swiglu_limit16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i), l));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, swiglu_limit16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), l));
+  }
 }
 
 static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
@@ -317,5 +340,6 @@ void moe8__act_init_avx512(moe8__ktable *k) {
   k->mx4_rows      = mx4_rows;
   k->swiglu        = swiglu;
   k->swiglu_clamp  = swiglu_clamp;
+  k->swiglu_limit  = swiglu_limit;
   k->router_logits = router_logits;
 }
