@@ -374,17 +374,19 @@ static void test_ep_failures(void **state) {
   g_mode = MOE8_EP_RING;
 }
 
-/* GPT-OSS's expert form (router bias, expert biases, clamped SwiGLU): the
-** forward of both modes gives the single-process bytes (f32, FP8 1x16
-** quantize-before, i8); the backward is refused on every rank by name. */
+/* GPT-OSS's expert form (router bias, expert biases, clamped SwiGLU), and
+** the limited SwiGLU (GLM-5, HY-V4): the forward of both modes gives the
+** single-process bytes (f32, FP8 1x16 quantize-before, i8), and so does
+** every gradient of the backward. */
 static void test_ep_gpt_oss_form(void **state) {
   (void)state;
   const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
+  for (int form = 0; form < 2; form++) {
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  cfg.act = MOE8_ACT_SWIGLU_CLAMP;
+  cfg.act = form ? MOE8_ACT_SWIGLU_LIMIT : MOE8_ACT_SWIGLU_CLAMP;
   cfg.act_alpha = 1.702f;
   cfg.act_limit = 0.4f; /* binds on many rows of these weights */
-  cfg.router_bias = cfg.expert_bias = true;
+  cfg.router_bias = cfg.expert_bias = !form;
   float *x = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(777);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
@@ -400,7 +402,7 @@ static void test_ep_gpt_oss_form(void **state) {
       assert_int_equal(moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L), MOE8_OK);
       assert_int_equal(moe8_layer_init_random(L, 31), MOE8_OK);
       const moe8_weight_id bids[3] = {MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS};
-      for (int b = 0; b < 3; b++) {
+      for (int b = 0; b < 3 && !form; b++) {
         size_t n = 0;
         float *w = moe8_layer_weight(L, bids[b], &n);
         assert_non_null(w);
@@ -416,7 +418,7 @@ static void test_ep_gpt_oss_form(void **state) {
       assert_int_equal(ep_create(L, &ep), MOE8_OK);
       float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
       moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
-      if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep forward: %s", moe8_last_error());
+      if (st != MOE8_OK) TU_FAIL("%s form: ep forward: %s", form ? "limited" : "gpt_oss", moe8_last_error());
       if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
         TU_FAIL("gpt_oss form (mode %d, %s, P=%d): output differs", mode, m ? "all-to-all" : "ring", g_size);
       /* the backward: every gradient, the biases' included, the single process's bytes */
@@ -424,10 +426,14 @@ static void test_ep_gpt_oss_form(void **state) {
       grads_alloc(&g, T, D, E, F);
       grads_alloc(&eg, Tl, D, E, F);
       float *b1 = malloc(sizeof(float) * (size_t)(E + E * 2 * F + E * D)), *b2 = malloc(sizeof(float) * (size_t)(E + E * 2 * F + E * D));
-      const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, NULL, NULL, NULL, NULL, b1, b1 + E, b1 + E + E * 2 * F};
+      memset(b1, 0, sizeof(float) * (size_t)(E + E * 2 * F + E * D));
+      memset(b2, 0, sizeof(float) * (size_t)(E + E * 2 * F + E * D));
+      const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, NULL, NULL, NULL, NULL, form ? NULL : b1, form ? NULL : b1 + E,
+                                   form ? NULL : b1 + E + E * 2 * F};
       assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
       assert_int_equal(moe8_layer_backward(L, x, T, x, ws, wsz, &lg), MOE8_OK);
-      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL, b2, b2 + E, b2 + E + E * 2 * F};
+      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL, form ? NULL : b2, form ? NULL : b2 + E,
+                                   form ? NULL : b2 + E + E * 2 * F};
       st = moe8_ep_backward(ep, x + T0 * D, Tl, x + T0 * D, &el);
       if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep backward: %s", moe8_last_error());
       const char *what = m ? "all-to-all" : "ring";
@@ -450,8 +456,9 @@ static void test_ep_gpt_oss_form(void **state) {
       moe8_rules_destroy(rules);
     }
   }
-  g_mode = MOE8_EP_RING;
   free(x);
+  }
+  g_mode = MOE8_EP_RING;
 }
 
 int main(int argc, char **argv) {
