@@ -262,7 +262,7 @@ _HF_BLOCKS = {"Qwen2MoeSparseMoeBlock": "qwen2_moe", "Qwen3MoeSparseMoeBlock": "
               "DeepseekV3MoE": "deepseek_v3", "OlmoeSparseMoeBlock": "olmoe", "Glm4MoeMoE": "deepseek_v3",
               "Qwen3NextSparseMoeBlock": "qwen2_moe", "DeepseekV2Moe": "deepseek_v2", "DeepseekV2MoE": "deepseek_v2",
               "GptOssMLP": "gpt_oss", "Llama4TextMoe": "llama4_text", "Dots1MoE": "deepseek_v3",
-              "Glm5NextTextMoE": "deepseek_v3", "HYV4MoE": "deepseek_v3", "HYV4VLMoE": "deepseek_v3",
+              "Glm5NextTextMoE": "deepseek_v3", "HYV4MoE": "deepseek_v3", "HYV4VLMoE": "deepseek_v3", "Mistral4MoE": "deepseek_v3",
               "MiniMaxSparseMoeBlock": "mixtral", "MiniMaxM2SparseMoeBlock": "minimax_m2"}
 
 
@@ -322,7 +322,8 @@ def _hf_spec(block, family, cfg):
         kw.update(score="sigmoid", use_selection_bias=True, norm_topk_prob=True)
     elif family == "deepseek_v3":
         dots = type(block).__name__ == "Dots1MoE"  # Dots1Config's defaults: no renormalization, scaling 1.0
-        kw.update(score="sigmoid", use_selection_bias=True,
+        softmax = type(block).__name__ == "Mistral4MoE"  # DeepSeek-V3's groups on softmax scores, no bias
+        kw.update(score="softmax" if softmax else "sigmoid", use_selection_bias=not softmax,
                   norm_topk_prob=bool(attr("norm_topk_prob", not dots)),
                   routed_scaling_factor=float(attr("routed_scaling_factor", 1.0 if dots else 2.5)),
                   n_group=int(attr("n_group", 1)), topk_group=int(attr("topk_group", 1)))
@@ -356,7 +357,7 @@ def _hf_spec(block, family, cfg):
                     shared.down_proj.weight.detach().t())
         if kw["shared_gate"]:
             weights["shared_gate_w"] = block.shared_expert_gate.weight.detach().reshape(-1)
-    if family == "deepseek_v3":
+    if family == "deepseek_v3" and kw.get("use_selection_bias"):
         weights["bias"] = gate.e_score_correction_bias.detach()
     if family == "minimax_m2":  # the block holds MiniMax-M2's bias
         weights["bias"] = block.e_score_correction_bias.detach()

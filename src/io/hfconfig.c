@@ -71,6 +71,9 @@ typedef struct family {
   ** experts keep the plain SwiGLU. */
   bool        limited, shared_plain;
   double      limit;
+  /* DeepSeek-V3's block routed by softmax scores, no correction bias
+  ** (Mistral-4): the groups' top-2 sums and the top-k on the scores */
+  bool        softmax_groups;
 } family;
 
 /* Placement of the MoE layers. */
@@ -245,6 +248,12 @@ static const family k_families[] = {
    .alias = "num_local_experts", .hidden = 6144, .layers = 78, .experts = 256, .top_k = 8, .ffn = 2048, .shared = 1, .norm = true,
    .scaling = 2.827, .n_group = 1, .topk_group = 1, .first_dense = 1, .place = PLACE_TYPES, .limited = true, .limit = 10.0,
    .shared_plain = true},
+  /* Mistral4Config: DeepSeek-V3's block on softmax scores without a bias;
+  ** the dropped groups' scores masked with 0.0, which selects as -inf does
+  ** (softmax scores are positive, and the kept groups hold top_k experts) */
+  {.name = "mistral4", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 36, .experts = 128, .top_k = 4, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 0, .softmax_groups = true},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -472,8 +481,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"laguna", "its router logits can be softcapped (moe_router_logit_softcapping)"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
-    {"mistral4", "it selects DeepSeek-style groups on softmax scores with 0.0 masking"},
-    {"mistral_large4", "it selects DeepSeek-style groups on softmax scores with 0.0 masking"},
+    {"mistral_large4", "its files hold Mistral's own tensor names (layers.L.experts.N.w1/w3/w2, layers.L.gate.weight), which moe8 "
+                       "does not read yet (its block is mistral4's)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
     {"nemotron_h", "its experts are relu-squared MLPs, not SwiGLU"},
     {"step3p5", "its SwiGLU is clamped per layer after the activation (swiglu_limits)"},
@@ -571,7 +580,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld exceeds \"%s\" = %lld", file, kk, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
-  L->score = ds || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias || fam->sigmoid ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SOFTMAX;
+  L->score = (ds && !fam->softmax_groups) || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias || fam->sigmoid ? MOE8_SCORE_SIGMOID
+                                                                                                                : MOE8_SCORE_SOFTMAX;
   if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
   else if (fam->norm_key && !*fam->norm_key) L->norm_topk_prob = fam->norm; /* the class has no key: always so */
   else {
@@ -584,8 +594,11 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(get_scaling(root, file, kk, fam->scaling, &L->routed_scaling_factor));
     /* dots.llm1's released configs write scoring_func "noaux_tc" (its
     ** block, DeepSeek-V3's, is sigmoid scores with noaux_tc selection) */
-    TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
-                 "DeepSeek-V3's block routes by sigmoid scores"));
+    if (fam->softmax_groups)
+      TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax scores"));
+    else
+      TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
+                   "DeepSeek-V3's block routes by sigmoid scores"));
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
     if (fam->group_key && !*fam->group_key) { /* the class has no groups */
       L->n_group = fam->n_group;
@@ -596,7 +609,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
     }
     TRY(check_groups(L, file));
-    c->has_bias = L->use_selection_bias = true;
+    c->has_bias = L->use_selection_bias = !fam->softmax_groups;
     int64_t nsh = fam->shared;
     if (!fam->shared_key || *fam->shared_key) {
       TRY(pick_key(root, file, fam->shared_key, "n_shared_experts", kk));

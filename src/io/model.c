@@ -199,16 +199,21 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
 const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.layers."; }
 
 /* The projection names of the expert whose tensors are named base + ...:
-** {gate,up,down}_proj or w1/w3/w2 (Mixtral's, Kimi's files), whichever
-** the file holds there (the family's own when neither). */
+** {gate,up,down}_proj, w1/w3/w2 (Mixtral's, Kimi's files) or HY-V4's
+** linear_gate/up_proj/down_proj (transformers renames its linear_gate to
+** gate_proj at load and back at save), whichever the file holds there
+** (the family's own when none). */
 static const char *proj_name(const moe8_model *m, const char *base, int which) {
   static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const mx[3] = {"w1", "w3", "w2"};
+  static const char *const hy[3] = {"linear_gate", "up_proj", "down_proj"};
   const char *const *a = m->cfg.arch == MOE8_ARCH_MIXTRAL ? mx : hf, *const *b = a == mx ? hf : mx;
   char n[400];
   snprintf(n, sizeof n, "%s%s.weight", base, a[0]);
   if (moe8_model_find(m, n)) return a[which];
   snprintf(n, sizeof n, "%s%s.weight", base, b[0]);
-  return moe8_model_find(m, n) ? b[which] : a[which];
+  if (moe8_model_find(m, n)) return b[which];
+  snprintf(n, sizeof n, "%s%s.weight", base, hy[0]);
+  return moe8_model_find(m, n) ? hy[which] : a[which];
 }
 
 /* The names a selection bias has in the families' files (DeepSeek-V3's

@@ -174,11 +174,20 @@ def route_sigmoid(x, wr, k, norm):
     return ids, w
 
 
-def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale):
-    s = 1.0 / (1.0 + np.exp(-(x @ wr.T)))
-    sel = s + bias[None, :]
+def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_scores=False, zero_mask=False):
+    """DeepSeek-V3's router; softmax_scores, no bias and zero_mask: Mistral-4's
+    (softmax scores, the dropped groups' scores set to 0.0)."""
+    s = softmax(x @ wr.T) if softmax_scores else 1.0 / (1.0 + np.exp(-(x @ wr.T)))
+    sel = s + (bias[None, :] if bias is not None else 0.0)
     T, E = sel.shape
-    if n_group > 1:
+    if n_group > 1 and zero_mask:
+        g = sel.reshape(T, n_group, E // n_group)
+        gs = np.sort(g, axis=2)[:, :, -2:].sum(axis=2)
+        mask = np.zeros((T, n_group), dtype=bool)
+        for t in range(T):
+            mask[t, topk_idx(gs[t], topk_group)] = True
+        sel = np.where(np.repeat(mask, E // n_group, axis=1), sel, 0.0)
+    elif n_group > 1:
         g = sel.reshape(T, n_group, E // n_group)
         gs = np.sort(g, axis=2)[:, :, -2:].sum(axis=2)
         mask = np.zeros((T, n_group), dtype=bool)

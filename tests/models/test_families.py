@@ -950,6 +950,9 @@ ROWS = [
          shared=("n_shared_experts", 2), place="types", layouts=("per",)),
     dict(mt="flint", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="qwen",
          dense=2, ungated=True, sigmoid=True, layouts=("per", "fused")),
+    # Mistral-4: DeepSeek-V3's groups on softmax scores, no bias
+    dict(mt="mistral4", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("n_shared_experts", 1), place="fk", dense=0, softmax=True, layouts=("per", "fused")),
     # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
     dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
@@ -957,7 +960,8 @@ ROWS = [
          scale=("routed_scaling_factor", 2.5), shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0),
          layouts=("fused",)),
     dict(mt="hy_v4", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.827),
-         shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0), shared_plain=True, layouts=("per", "fused")),
+         shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0), shared_plain=True, layouts=("per", "fused"),
+         shared_names=("linear_gate", "up_proj", "down_proj")),  # as transformers saves HY-V4's shared experts
     dict(mt="hy_v4_vl", wrap="hy_v4_vl_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
          scale=("routed_scaling_factor", 2.827), shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0),
          shared_plain=True, layouts=("fused",)),
@@ -1063,7 +1067,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             sw = make_experts(rng, 1, D, Fs)[0]
             sp = p + row.get("shared_name", "shared_expert." if blk == "qwen2" else "shared_experts.")
             shared = []
-            for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")), sw):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
             if blk == "qwen2" and not row.get("ungated"):
@@ -1076,6 +1080,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             routing = R.route_softmax(x, wr, k, norm)
         elif blk == "ds2":
             routing = R.route_deepseek_v2(x, wr, k, 1, 1, scale, False)
+        elif row.get("softmax"):
+            routing = R.route_deepseek(x, wr, None, k, n_group[0], n_group[1], norm, scale, softmax_scores=True, zero_mask=True)
         else:
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
