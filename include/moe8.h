@@ -374,6 +374,9 @@ typedef struct moe8_router_config {
   int64_t          n_group;
   int64_t          topk_group;
   moe8_group_score group_score;
+  /* With norm_topk_prob: the weights are divided by max(Σ, norm_min)
+  ** (ERNIE-4.5's moe_norm_min); 0: by Σ. */
+  float            norm_min;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -556,6 +559,10 @@ typedef struct moe8_layer_config {
   ** (HY-V4 clamps only its routed experts); false: the shared expert uses
   ** act as the routed ones do (GLM-5 clamps both). */
   bool            shared_plain_act;
+  /* With norm_topk_prob: the weights are divided by max(Σ, norm_min)
+  ** (ERNIE-4.5's moe_norm_min, its gradient then that of a constant
+  ** denominator); 0: by Σ. */
+  float           norm_min;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {

@@ -1048,6 +1048,57 @@ static void test_limited_form_grads(void **state) {
   assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0); /* shared_plain_act changes the shared expert */
 }
 
+/* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
+** weights to the byte (both sides of the clamp occur), and the layer's
+** gradients against finite differences of its forward. */
+static void test_norm_min(void **state) {
+  (void)state;
+  enum { E = 8, K = 2, D = 16, F = 12, T = 24 };
+  static float logits[T * E], sc[T * E], w[T * K];
+  static int32_t ids[T * K];
+  tu_rng_reset(91);
+  tu_fill_normal(logits, T * E, 0.6f);
+  const float nm = 0.45f;
+  const moe8_router_config rc = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SOFTMAX, .norm_topk_prob = true, .norm_min = nm};
+  assert_int_equal(moe8_route(&rc, logits, T, sc, ids, w), MOE8_OK);
+  int below = 0;
+  for (int t = 0; t < T; t++) {
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += sc[t * E + ids[t * K + j]];
+    below += sum < nm;
+    const float den = sum < nm ? nm : sum;
+    for (int j = 0; j < K; j++) {
+      const float want = sc[t * E + ids[t * K + j]] / den;
+      if (moe8__f32_bits(w[t * K + j]) != moe8__f32_bits(want)) TU_FAIL("norm_min: token %d weight %d is %a, want %a", t, j, (double)w[t * K + j], (double)want);
+    }
+  }
+  if (below == 0 || below == T) TU_FAIL("norm_min: %d of %d tokens below the clamp (want both sides)", below, T);
+  moe8_router_config bad = rc;
+  bad.norm_min = -1.0f;
+  assert_int_equal(moe8_route(&bad, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  /* the layer's backward */
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .use_selection_bias = true,
+                         .norm_min = 0.45f};
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+  {
+    float *wr = moe8_layer_weight(L, MOE8_W_ROUTER, NULL);
+    tu_rng_reset(92);
+    tu_fill_normal(wr, D * E, 0.15f);
+  }
+  static float x[T * D], dout[T * D], dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D];
+  const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd};
+  void *ws;
+  size_t wsz;
+  form_backward(L, x, dout, T, D, 93, &g, &ws, &wsz);
+  const form_grad t[] = {{"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+                         {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}};
+  form_fd_check("norm_min", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 /* The trainer on GPT-OSS's form: its first step moves every bias by Adam's
 ** first step on moe8_layer_backward's gradient of the trainer's loss, to
 ** the byte; and 40 steps on a teacher's outputs lower the loss. */
@@ -1204,6 +1255,7 @@ int main(void) {
     cmocka_unit_test(test_training_reduces_loss),
     cmocka_unit_test(test_gpt_oss_form_grads),
     cmocka_unit_test(test_limited_form_grads),
+    cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

@@ -71,9 +71,12 @@ typedef struct family {
   ** experts keep the plain SwiGLU. */
   bool        limited, shared_plain;
   double      limit;
-  /* DeepSeek-V3's block routed by softmax scores, no correction bias
-  ** (Mistral-4): the groups' top-2 sums and the top-k on the scores */
-  bool        softmax_groups;
+  /* DeepSeek-V3's block routed by softmax scores (Mistral-4, ERNIE-4.5):
+  ** the groups' top-2 sums and the top-k on score + bias; no_bias: the
+  ** family has no correction bias (Mistral-4) */
+  bool        softmax_scores, no_bias;
+  /* ERNIE-4.5: the weights divided by max(Σ, moe_norm_min (default .norm_min)) */
+  double      norm_min;
 } family;
 
 /* Placement of the MoE layers. */
@@ -86,6 +89,8 @@ enum {
   PLACE_TYPES_REQ, /* mlp_layer_types, required (the class has no default) */
   PLACE_FIRST,     /* the first .dense_key layers dense (default .first_dense): num_dense_layers */
   PLACE_PERIOD,    /* MoE where layer % expert_layer_period (default 2) == expert_layer_offset (default 1): Jamba */
+  PLACE_INTERVAL,  /* MoE where (layer + 1) % moe_layer_interval (1) == 0 and moe_layer_start_index (1) <= layer <=
+                   ** moe_layer_end_index (-1: the last): ERNIE-4.5 */
 };
 
 static const family k_families[] = {
@@ -253,7 +258,15 @@ static const family k_families[] = {
   ** (softmax scores are positive, and the kept groups hold top_k experts) */
   {.name = "mistral4", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_local_experts", .hidden = 4096, .layers = 36, .experts = 128, .top_k = 4, .ffn = 2048, .shared = 1, .norm = true,
-   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 0, .softmax_groups = true},
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 0, .softmax_scores = true, .no_bias = true},
+  /* Ernie4_5_MoeConfig (ERNIE-4.5): softmax scores, the top-k of score +
+  ** moe_statics.e_score_correction_bias, always renormalized by
+  ** max(Σ, moe_norm_min); moe_num_shared_experts ungated shared experts;
+  ** MoE where (l + 1) % moe_layer_interval == 0 and start <= l <= end */
+  {.name = "ernie4_5_moe", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "moe_num_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 2560, .layers = 28, .experts = 64, .top_k = 6, .ffn = 1536, .shared = 2, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_k|num_experts_per_tok", .norm_key = "", .group_key = "",
+   .shared_key = "moe_num_shared_experts", .place = PLACE_INTERVAL, .softmax_scores = true, .norm_min = 1e-12},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -379,6 +392,22 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
                         (long long)c->expert_layer_offset, (long long)c->expert_layer_period);
     return st;
   }
+  if (fam->place == PLACE_INTERVAL) {
+    int64_t iv = 1, lo = 1, hi = -1;
+    moe8_status st = get_int(root, file, "moe_layer_interval", 1, 1, 1 << 20, &iv);
+    if (st == MOE8_OK) st = get_int(root, file, "moe_layer_start_index", 1, 0, 1 << 20, &lo);
+    if (st == MOE8_OK) st = get_int(root, file, "moe_layer_end_index", -1, -1, 1 << 20, &hi);
+    if (hi == -1) hi = c->num_layers - 1; /* as the class's __post_init__ */
+    for (int64_t l = 0; st == MOE8_OK && l < c->num_layers; l++) {
+      if ((l + 1) % iv == 0 && l >= lo && l <= hi) continue;
+      if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: moe_layer_interval, moe_layer_start_index and moe_layer_end_index leave more than %d "
+                          "dense layers", file, MOE8_MAX_MLP_ONLY);
+      c->mlp_only_layers[c->n_mlp_only++] = l;
+    }
+    c->decoder_sparse_step = -3;
+    return st;
+  }
   if (fam->place == PLACE_FIRST) { /* the first num_dense_layers layers dense (the class has no list) */
     int64_t n = 0;
     moe8_status st = get_int(root, file, fam->dense_key, fam->first_dense, 0, 1 << 20, &n);
@@ -466,7 +495,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"dbrx", "its weights are divided by their p-norm (moe_normalize_expert_weights) and its experts are stacked x.W tensors"},
     {"deepseek_v4", "its scores are sqrt(softplus(logits)), its hash layers route by token id (tid2eid) and its SwiGLU is clamped"},
     {"doge", "its experts are single neurons chosen by product keys"},
-    {"ernie4_5_moe", "its selection adds the correction bias to softmax probabilities and divides by max(sum, moe_norm_min)"},
     {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
     {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
     {"gemma4", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
@@ -580,7 +608,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld exceeds \"%s\" = %lld", file, kk, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
-  L->score = (ds && !fam->softmax_groups) || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias || fam->sigmoid ? MOE8_SCORE_SIGMOID
+  L->score = (ds && !fam->softmax_scores) || fam->arch == MOE8_ARCH_LLAMA4 || fam->sigmoid_bias || fam->sigmoid ? MOE8_SCORE_SIGMOID
                                                                                                                 : MOE8_SCORE_SOFTMAX;
   if (fam->arch == MOE8_ARCH_MIXTRAL || fam->arch == MOE8_ARCH_GPT_OSS) L->norm_topk_prob = true; /* the reference always renormalizes */
   else if (fam->norm_key && !*fam->norm_key) L->norm_topk_prob = fam->norm; /* the class has no key: always so */
@@ -594,7 +622,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(get_scaling(root, file, kk, fam->scaling, &L->routed_scaling_factor));
     /* dots.llm1's released configs write scoring_func "noaux_tc" (its
     ** block, DeepSeek-V3's, is sigmoid scores with noaux_tc selection) */
-    if (fam->softmax_groups)
+    if (fam->softmax_scores)
       TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax scores"));
     else
       TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
@@ -609,7 +637,18 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
     }
     TRY(check_groups(L, file));
-    c->has_bias = L->use_selection_bias = !fam->softmax_groups;
+    c->has_bias = L->use_selection_bias = !fam->no_bias;
+    if (fam->norm_min > 0) {
+      const cJSON *v = item(root, "moe_norm_min");
+      if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1e30)))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_norm_min\" must be a number in [0, 1e30)", file);
+      L->norm_min = (float)(v ? v->valuedouble : fam->norm_min);
+      const cJSON *ub = item(root, "use_bias");
+      if (ub && !cJSON_IsBool(ub)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"use_bias\" must be true or false", file);
+      if (ub && cJSON_IsTrue(ub))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"use_bias\" is true: the shared experts' linear layers then have biases, "
+                          "which moe8 does not hold", file);
+    }
     int64_t nsh = fam->shared;
     if (!fam->shared_key || *fam->shared_key) {
       TRY(pick_key(root, file, fam->shared_key, "n_shared_experts", kk));
@@ -852,6 +891,9 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       if (c->decoder_sparse_step == 0)
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types[%lld] is \"dense\")", (long long)layer,
                           (long long)layer);
+      if (c->decoder_sparse_step == -3) /* PLACE_INTERVAL (ERNIE-4.5) */
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_interval, moe_layer_start_index and "
+                          "moe_layer_end_index: MoE where (layer + 1) %% interval == 0 and start <= layer <= end)", (long long)layer);
       if (c->decoder_sparse_step == -2) /* PLACE_FIRST, whose one key is num_dense_layers */
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (num_dense_layers = %lld%s)", (long long)layer,
                           (long long)c->n_mlp_only, c->first_k_dense_from_default ? ", the family's default: config.json does not set it" : "");

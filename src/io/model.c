@@ -219,7 +219,8 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
 /* The names a selection bias has in the families' files (DeepSeek-V3's
 ** router holds it; MiniMax-M2's and EXAONE's blocks do; Sarvam's files
 ** name it expert_bias); the first the file holds. */
-static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias"};
+static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias",
+                                           "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;
@@ -930,8 +931,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       snprintf(n, sizeof n, "%s%s", p, k_bias_names[i]);
       bias = moe8_model_find(m, n);
     }
-    if (bias && (bias->ndim != 1 || bias->shape[0] != E || !is_float_file(bias->dtype)))
-      return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld", n, (long long)E);
+    if (bias && (!(bias->ndim == 1 || (bias->ndim == 2 && bias->shape[0] == 1)) || bias->shape[bias->ndim - 1] != E ||
+                 !is_float_file(bias->dtype)))
+      return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld])", n, (long long)E, (long long)E);
   }
   if (Fs > 0 && c->layer.shared_gate) {
     snprintf(n, sizeof n, "%sshared_expert_gate.weight", p);

@@ -77,7 +77,8 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
 moe8_router_config moe8__router_config(const moe8_layer *L) {
   const moe8_layer_config *c = &L->cfg;
   return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
-                              c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score};
+                              c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
+                              c->norm_min};
 }
 
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {
@@ -545,11 +546,16 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
     if (L->cfg.norm_topk_prob) {
       float S = 0.0f, dot = 0.0f;
       for (int64_t j = 0; j < K; j++) S += s[ids[t * K + j]];
+      if (S < L->cfg.norm_min) { /* the forward divided by norm_min: a constant */
+        for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / L->cfg.norm_min);
+        goto scored;
+      }
       for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[ids[t * K + j]];
       for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
     } else {
       for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * dw[t * K + j];
     }
+  scored:
     if (use_aux)
       for (int64_t e = 0; e < E; e++)
         dst[e] += (float)((double)L->cfg.aux_loss_weight * (double)E * f[e] / (double)T_total);

@@ -953,6 +953,9 @@ ROWS = [
     # Mistral-4: DeepSeek-V3's groups on softmax scores, no bias
     dict(mt="mistral4", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
          shared=("n_shared_experts", 1), place="fk", dense=0, softmax=True, layouts=("per", "fused")),
+    # ERNIE-4.5: softmax scores, the top-k of score + bias [1, E], always renormalized (max(sum, moe_norm_min))
+    dict(mt="ernie4_5_moe", block="ds3", ekey="moe_num_experts", kkey="moe_k", norm=(None, True), shared=("moe_num_shared_experts", 1),
+         group="", place="interval", softmax=True, bias="moe_statics.e_score_correction_bias", bias_2d=True, layouts=("per", "fused")),
     # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
     dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
@@ -969,7 +972,7 @@ ROWS = [
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
 PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers",
-             "period": "expert_layer_period"}
+             "period": "expert_layer_period", "interval": "moe_layer_interval"}
 
 
 def row_case(tmp, rng, row, layout, absent=False, T=24):
@@ -996,6 +999,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         elif place == "qwen":
             cfg["mlp_only_layers"] = [0]
             cfg["decoder_sparse_step"] = 1
+        elif place == "interval":  # MoE where (layer + 1) % interval == 0 and start <= layer <= end
+            cfg.update(moe_layer_interval=1, moe_layer_start_index=1, moe_layer_end_index=-1)
         elif place == "period":  # MoE where layer % period == offset (the class's defaults: 2, 1)
             cfg["expert_layer_period"] = 3
             cfg["expert_layer_offset"] = 1
@@ -1080,6 +1085,10 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             routing = R.route_softmax(x, wr, k, norm)
         elif blk == "ds2":
             routing = R.route_deepseek_v2(x, wr, k, 1, 1, scale, False)
+        elif row.get("softmax") and row.get("bias"):
+            bias = rnd(rng, E, scale=0.05)
+            t[p + row["bias"]] = ("F32", bias.reshape(1, E) if row.get("bias_2d") else bias)
+            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, softmax_scores=True)
         elif row.get("softmax"):
             routing = R.route_deepseek(x, wr, None, k, n_group[0], n_group[1], norm, scale, softmax_scores=True, zero_mask=True)
         else:
