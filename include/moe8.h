@@ -831,6 +831,15 @@ typedef struct moe8_hf_config {
   ** "router.weight"); empty: the block's own ("mlp." or Mixtral's
   ** "block_sparse_moe.", "gate.weight"). */
   char              block_prefix[24], router_name[24];
+  /* The fused experts' names in the block ([E, 2F, D] gate rows first,
+  ** [E, D, F]); empty: "experts.gate_up_proj", "experts.down_proj"
+  ** (Granite: "input_linear.weight", "output_linear.weight"). */
+  char              fused_gu[32], fused_dn[32];
+  /* A shared expert held beside the block, in the decoder layer, as one
+  ** fused pair (Granite's "shared_mlp.": input_linear.weight [2Fs, D]
+  ** gate rows first, output_linear.weight [D, Fs]); empty: in the block,
+  ** per projection. */
+  char              shared_beside[24];
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -77,6 +77,8 @@ typedef struct family {
   bool        softmax_scores, no_bias;
   /* ERNIE-4.5: the weights divided by max(Σ, moe_norm_min (default .norm_min)) */
   double      norm_min;
+  /* the fused experts' and a shared expert beside the block (moe8_hf_config) */
+  const char *fused_gu, *fused_dn, *shared_beside;
 } family;
 
 /* Placement of the MoE layers. */
@@ -267,6 +269,31 @@ static const family k_families[] = {
    .alias = "num_experts", .hidden = 2560, .layers = 28, .experts = 64, .top_k = 6, .ffn = 1536, .shared = 2, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_k|num_experts_per_tok", .norm_key = "", .group_key = "",
    .shared_key = "moe_num_shared_experts", .place = PLACE_INTERVAL, .softmax_scores = true, .norm_min = 1e-12},
+  /* GraniteMoe*Config (IBM Granite 3 / 4): Mixtral's routing (softmax over
+  ** the top-k logits = the top-k scores renormalized) under
+  ** block_sparse_moe., experts fused as input_linear [E, 2F, D] and
+  ** output_linear [E, D, F] (GraniteMoeSWA: experts.gate_up_proj /
+  ** down_proj), router router.layer.weight (SWA: router.weight); the shared
+  ** variants' ungated shared MLP of width shared_intermediate_size beside
+  ** the block (shared_mlp.input_linear / output_linear) */
+  {.name = "granitemoe", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_local_experts", .ffn_key = "intermediate_size", .hidden = 4096,
+   .layers = 32, .experts = 8, .top_k = 2, .ffn = 11008, .shared = 0, .norm = true, .scaling = 1.0, .norm_key = "", .shared_width_key = "",
+   .shared_ungated = true, .place = PLACE_ALL, .block_prefix = "block_sparse_moe.", .router_name = "router.layer.weight",
+   .fused_gu = "input_linear.weight", .fused_dn = "output_linear.weight"},
+  {.name = "granitemoeshared", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_local_experts", .ffn_key = "intermediate_size",
+   .hidden = 4096, .layers = 32, .experts = 8, .top_k = 2, .ffn = 11008, .shared = 0, .norm = true, .scaling = 1.0, .norm_key = "",
+   .shared_width_key = "shared_intermediate_size", .shared_ungated = true, .place = PLACE_ALL, .block_prefix = "block_sparse_moe.",
+   .router_name = "router.layer.weight", .fused_gu = "input_linear.weight", .fused_dn = "output_linear.weight",
+   .shared_beside = "shared_mlp."},
+  {.name = "granitemoehybrid", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_local_experts", .ffn_key = "intermediate_size",
+   .hidden = 4096, .layers = 32, .experts = 8, .top_k = 2, .ffn = 11008, .shared = 1024, .norm = true, .scaling = 1.0, .norm_key = "",
+   .shared_width_key = "shared_intermediate_size", .shared_ungated = true, .place = PLACE_ALL, .block_prefix = "block_sparse_moe.",
+   .router_name = "router.layer.weight", .fused_gu = "input_linear.weight", .fused_dn = "output_linear.weight",
+   .shared_beside = "shared_mlp."},
+  {.name = "granitemoe_swa", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_local_experts", .ffn_key = "intermediate_size",
+   .hidden = 4096, .layers = 32, .experts = 8, .top_k = 2, .ffn = 11008, .shared = 0, .norm = true, .scaling = 1.0, .norm_key = "",
+   .shared_width_key = "shared_intermediate_size", .shared_ungated = true, .place = PLACE_ALL, .block_prefix = "block_sparse_moe.",
+   .router_name = "router.weight", .shared_beside = "shared_mlp."},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -762,7 +789,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     L->act_limit = (float)(v ? v->valuedouble : fam->limit);
     L->shared_plain_act = fam->shared_plain;
   }
-  if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
+  if (fam->arch == MOE8_ARCH_QWEN2_MOE && fam->shared_width_key && !*fam->shared_width_key) {
+    L->shared_ffn = fam->shared; /* the class has no shared expert key */
+  } else if (fam->arch == MOE8_ARCH_QWEN2_MOE) {
     TRY(pick_key(root, file, fam->shared_width_key, "shared_expert_intermediate_size", kk));
     TRY(get_int(root, file, kk, fam->shared, 0, BIG, &L->shared_ffn));
     L->shared_gate = L->shared_ffn > 0 && !fam->shared_ungated;
@@ -789,6 +818,9 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
   if (fam->block_prefix) snprintf(c->block_prefix, sizeof c->block_prefix, "%s", fam->block_prefix);
   if (fam->router_name) snprintf(c->router_name, sizeof c->router_name, "%s", fam->router_name);
+  if (fam->fused_gu) snprintf(c->fused_gu, sizeof c->fused_gu, "%s", fam->fused_gu);
+  if (fam->fused_dn) snprintf(c->fused_dn, sizeof c->fused_dn, "%s", fam->fused_dn);
+  if (fam->shared_beside) snprintf(c->shared_beside, sizeof c->shared_beside, "%s", fam->shared_beside);
   /* Weights quantization in the checkpoint. */
   const cJSON *q = item(root, "quantization_config");
   if (q) {

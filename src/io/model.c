@@ -198,6 +198,13 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
 
 const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.layers."; }
 
+/* The block's fused float experts, gate_up (which 0) or down (1): the
+** family's names (Granite's input_linear / output_linear) or transformers'. */
+static void fused_name(const moe8_model *m, const char *p, int which, char *buf, size_t cap) {
+  const char *own = which ? m->cfg.fused_dn : m->cfg.fused_gu;
+  snprintf(buf, cap, "%s%s", p, own[0] ? own : which ? "experts.down_proj" : "experts.gate_up_proj");
+}
+
 /* The projection names of the expert whose tensors are named base + ...:
 ** {gate,up,down}_proj, w1/w3/w2 (Mixtral's, Kimi's files) or HY-V4's
 ** linear_gate/up_proj/down_proj (transformers renames its linear_gate to
@@ -274,7 +281,7 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
     snprintf(mm->fmt, sizeof mm->fmt, "%smxfp4 (E2M1 values, E8M0 scales per 32 along K)", m->cfg.arch == MOE8_ARCH_GPT_OSS ? "" : "moe8 ");
     return mm->fmt;
   }
-  snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
+  fused_name(m, p, 0, n, sizeof n);
   if ((t = moe8_model_find(m, n))) {
     snprintf(mm->fmt, sizeof mm->fmt, "%s fused 3-D (unquantized)", moe8_file_dtype_name(t->dtype));
     return mm->fmt;
@@ -945,8 +952,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   lc.use_selection_bias = bias != NULL;
   const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
-  /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D]. */
-  const int64_t rows_max = 2 * F > big ? (2 * F > E ? 2 * F : E) : (big > E ? big : E);
+  /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D] or fused [2Fs, D]. */
+  int64_t rows_max = 2 * F > big ? (2 * F > E ? 2 * F : E) : (big > E ? big : E);
+  if (2 * Fs > rows_max) rows_max = 2 * Fs;
   ld.tmp = malloc(sizeof(float) * (size_t)(rows_max * big + 16));
   if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   moe8_layer *L = NULL;
@@ -964,7 +972,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     char per[256], fused[256], q[256], base[200];
     snprintf(base, sizeof base, "%sexperts.0.", p);
     snprintf(per, sizeof per, "%s%s.weight", base, proj_name(m, base, 0));
-    snprintf(fused, sizeof fused, "%sexperts.gate_up_proj", p);
+    fused_name(m, p, 0, fused, sizeof fused);
     snprintf(q, sizeof q, "%sexperts.gate_up_proj.scale", p);
     const char *other = moe8_model_find(m, q) ? q : moe8_model_find(m, fused) ? fused : NULL;
     if (other && moe8_model_find(m, per)) {
@@ -1007,7 +1015,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     routed_done = true;
     ld.fp8 = L->wq;
   }
-  snprintf(n, sizeof n, "%sexperts.gate_up_proj", p);
+  fused_name(m, p, 0, n, sizeof n);
   const moe8_tensor_view *fgu = routed_done ? NULL : moe8_model_find(m, n), *fdn = NULL;
   if (!routed_done && fgu) {
     /* Fused 3-D: gate_up_proj [E, 2F, D] (gate rows, then up rows), down_proj [E, D, F];
@@ -1015,7 +1023,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     ** [E, F, D] (Qwen3-VL-MoE's released files).  The shapes tell which:
     ** both fit only if D = 2F and D = F. */
     char dname[320];
-    snprintf(dname, sizeof dname, "%sexperts.down_proj", p);
+    fused_name(m, p, 1, dname, sizeof dname);
     const moe8_tensor_view *dv = moe8_model_find(m, dname);
     const bool xw = fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
                     dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
@@ -1066,8 +1074,30 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
   }
+  /* The shared expert beside the block, fused (Granite's shared_mlp). */
+  if (Fs > 0 && c->shared_beside[0]) {
+    char sg[320], sd[320];
+    snprintf(sg, sizeof sg, "%s%lld.%sinput_linear.weight", m->root, (long long)layer, c->shared_beside);
+    snprintf(sd, sizeof sd, "%s%lld.%soutput_linear.weight", m->root, (long long)layer, c->shared_beside);
+    const int64_t s1[2] = {2 * Fs, D}, s2[2] = {D, Fs};
+    const moe8_tensor_view *tg, *td;
+    if ((st = need(m, sg, 2, s1, &tg)) != MOE8_OK || (st = need(m, sd, 2, s2, &td)) != MOE8_OK) goto fail;
+    if (!is_float_file(tg->dtype) || !is_float_file(td->dtype)) {
+      st = moe8__fail(MOE8_ERR_DTYPE, "model: the shared expert '%s' (%s) and '%s' (%s) must be F32, BF16 or F16", sg,
+                      moe8_file_dtype_name(tg->dtype), sd, moe8_file_dtype_name(td->dtype));
+      goto fail;
+    }
+    if ((st = xbuf_alloc(&b, D, Fs, false, 1)) == MOE8_OK && (st = put_float(tg, tg->data, 2 * Fs, D, b.gu, 2 * Fs, 0, ld.tmp)) == MOE8_OK &&
+        (st = put_float(td, td->data, D, Fs, b.dn, D, 0, ld.tmp)) == MOE8_OK && mx_file && !L->wmx &&
+        (st = mx4_round_trip(b.gu, D, 2 * Fs)) == MOE8_OK)
+      st = mx4_round_trip(b.dn, Fs, D);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, b.gu, b.dn, NULL, NULL, NULL, NULL);
+    xbuf_free(&b);
+    b = (xbuf){0};
+    if (st != MOE8_OK) goto fail;
+  }
   /* The shared expert, in the family's names, as the routed ones are stored. */
-  if (Fs > 0) {
+  if (Fs > 0 && !c->shared_beside[0]) {
     /* the family's name first (DeepSeek shared_experts, Qwen shared_expert), then the others' files' (HY-V3 shared_mlp) */
     static const char *const sn[3] = {"shared_experts", "shared_expert", "shared_mlp"};
     const int first = c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? 0 : 1;

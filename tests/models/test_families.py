@@ -956,6 +956,20 @@ ROWS = [
     # ERNIE-4.5: softmax scores, the top-k of score + bias [1, E], always renormalized (max(sum, moe_norm_min))
     dict(mt="ernie4_5_moe", block="ds3", ekey="moe_num_experts", kkey="moe_k", norm=(None, True), shared=("moe_num_shared_experts", 1),
          group="", place="interval", softmax=True, bias="moe_statics.e_score_correction_bias", bias_2d=True, layouts=("per", "fused")),
+    # Granite: the block under block_sparse_moe., fused experts input_linear / output_linear, router router.layer.weight; the
+    # shared variants' MLP beside the block (shared_mlp.input_linear [2Fs, D] / output_linear [D, Fs])
+    dict(mt="granitemoe", block="qwen3", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True), place="all",
+         prefix="block_sparse_moe.", router="router.layer.weight", fused_names=("input_linear.weight", "output_linear.weight"),
+         layouts=("fused",)),
+    dict(mt="granitemoeshared", block="qwen2", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True), place="all",
+         prefix="block_sparse_moe.", router="router.layer.weight", fused_names=("input_linear.weight", "output_linear.weight"),
+         ungated=True, shared_key="shared_intermediate_size", shared_beside="shared_mlp.", layouts=("fused",)),
+    dict(mt="granitemoehybrid", block="qwen2", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True), place="all",
+         prefix="block_sparse_moe.", router="router.layer.weight", fused_names=("input_linear.weight", "output_linear.weight"),
+         ungated=True, shared_key="shared_intermediate_size", shared_beside="shared_mlp.", layouts=("fused",)),
+    dict(mt="granitemoe_swa", block="qwen2", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True), place="all",
+         prefix="block_sparse_moe.", router="router.weight", ungated=True, shared_key="shared_intermediate_size", shared_beside="shared_mlp.",
+         layouts=("fused",)),
     # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
     dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
@@ -1040,7 +1054,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         cfg[row["shared_width"][0]] = width = row["shared_width"][1]
     Fs = (F if row.get("shared_same_width") else 64) if blk == "qwen2" else width * nsh
     if blk == "qwen2" and not row.get("shared_same_width"):
-        cfg["shared_expert_intermediate_size"] = Fs
+        cfg[row.get("shared_key", "shared_expert_intermediate_size")] = Fs
     if row.get("wrap"):
         text = dict(cfg, model_type=row["wrap"])
         cfg = {"model_type": row["mt"], "text_config": text, "vision_config": {"hidden_size": 8}}
@@ -1064,15 +1078,21 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             dn = np.stack([w for _, _, w in ex])
             if layout == "fused_xw":  # Qwen3-VL-MoE's released files: x . W
                 gu, dn = gu.transpose(0, 2, 1), dn.transpose(0, 2, 1)
-            t[p + "experts.gate_up_proj"] = ("BF16", gu.astype(np.float32))
-            t[p + "experts.down_proj"] = ("BF16", dn.astype(np.float32))
+            fgu, fdn = row.get("fused_names", ("experts.gate_up_proj", "experts.down_proj"))
+            t[p + fgu] = ("BF16", gu.astype(np.float32))
+            t[p + fdn] = ("BF16", dn.astype(np.float32))
             experts = [tuple(store(w, "BF16") for w in e) for e in ex]
         shared = sgate = None
         if Fs:
             sw = make_experts(rng, 1, D, Fs)[0]
             sp = p + row.get("shared_name", "shared_expert." if blk == "qwen2" else "shared_experts.")
             shared = []
-            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")), sw):
+            if row.get("shared_beside"):  # one fused pair beside the block, in the decoder layer
+                sb = "%s%d.%s" % (root, l, row["shared_beside"])
+                t[sb + "input_linear.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
+                t[sb + "output_linear.weight"] = ("BF16", sw[2].astype(np.float32))
+                shared = [store(w, "BF16") for w in sw]
+            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")), sw if not row.get("shared_beside") else ()):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
             if blk == "qwen2" and not row.get("ungated"):
