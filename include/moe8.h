@@ -374,9 +374,9 @@ typedef struct moe8_router_config {
   int64_t          n_group;
   int64_t          topk_group;
   moe8_group_score group_score;
-  /* With norm_topk_prob: the weights are divided by max(Σ, norm_min)
-  ** (ERNIE-4.5's moe_norm_min); 0: by Σ. */
-  float            norm_min;
+  /* With norm_topk_prob: the weights are divided by max(Σ + norm_eps,
+  ** norm_min) (ERNIE-4.5's moe_norm_min; LFM2-MoE's 1e-6); 0, 0: by Σ. */
+  float            norm_min, norm_eps;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -559,10 +559,10 @@ typedef struct moe8_layer_config {
   ** (HY-V4 clamps only its routed experts); false: the shared expert uses
   ** act as the routed ones do (GLM-5 clamps both). */
   bool            shared_plain_act;
-  /* With norm_topk_prob: the weights are divided by max(Σ, norm_min)
-  ** (ERNIE-4.5's moe_norm_min, its gradient then that of a constant
-  ** denominator); 0: by Σ. */
-  float           norm_min;
+  /* With norm_topk_prob: the weights are divided by max(Σ + norm_eps,
+  ** norm_min) (ERNIE-4.5's moe_norm_min, where it holds the gradient is a
+  ** constant denominator's; LFM2-MoE's norm_eps 1e-6); 0, 0: by Σ. */
+  float           norm_min, norm_eps;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {

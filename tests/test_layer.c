@@ -1076,9 +1076,19 @@ static void test_norm_min(void **state) {
   moe8_router_config bad = rc;
   bad.norm_min = -1.0f;
   assert_int_equal(moe8_route(&bad, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  /* LFM2-MoE's epsilon: w / (sum + norm_eps), the sum first */
+  const moe8_router_config re = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true, .norm_eps = 0.25f};
+  assert_int_equal(moe8_route(&re, logits, T, sc, ids, w), MOE8_OK);
+  for (int t = 0; t < T; t++) {
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += sc[t * E + ids[t * K + j]];
+    sum += 0.25f;
+    for (int j = 0; j < K; j++)
+      if (moe8__f32_bits(w[t * K + j]) != moe8__f32_bits(sc[t * E + ids[t * K + j]] / sum)) TU_FAIL("norm_eps: token %d weight %d", t, j);
+  }
   /* the layer's backward */
   moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .use_selection_bias = true,
-                         .norm_min = 0.45f};
+                         .norm_min = 0.45f, .norm_eps = 0.05f};
   moe8_layer *L;
   assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
   assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);

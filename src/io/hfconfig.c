@@ -79,6 +79,11 @@ typedef struct family {
   double      norm_min;
   /* the fused experts' and a shared expert beside the block (moe8_hf_config) */
   const char *fused_gu, *fused_dn, *shared_beside;
+  /* DeepSeek-V3's block: the boolean key that turns its correction bias on
+  ** (default true; LFM2-MoE's use_expert_bias), and the renormalization's
+  ** epsilon (w / (Σ + norm_eps): LFM2-MoE's 1e-6) */
+  const char *bias_flag;
+  double      norm_eps;
 } family;
 
 /* Placement of the MoE layers. */
@@ -294,6 +299,14 @@ static const family k_families[] = {
    .hidden = 4096, .layers = 32, .experts = 8, .top_k = 2, .ffn = 11008, .shared = 0, .norm = true, .scaling = 1.0, .norm_key = "",
    .shared_width_key = "shared_intermediate_size", .shared_ungated = true, .place = PLACE_ALL, .block_prefix = "block_sparse_moe.",
    .router_name = "router.weight", .shared_beside = "shared_mlp."},
+  /* Lfm2MoeConfig (LFM2-MoE): DeepSeek-V3's block without groups or shared
+  ** experts, under feed_forward.; the bias (feed_forward.expert_bias) iff
+  ** use_expert_bias; weights / (Σ + 1e-6) iff norm_topk_prob; the first
+  ** num_dense_layers layers dense */
+  {.name = "lfm2_moe", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
+   .layers = 32, .experts = 32, .top_k = 4, .ffn = 1792, .shared = 0, .norm = true, .scaling = 1.0, .n_group = 1, .topk_group = 1,
+   .first_dense = 2, .group_key = "", .shared_key = "", .dense_key = "num_dense_layers", .place = PLACE_FIRST,
+   .block_prefix = "feed_forward.", .bias_flag = "use_expert_bias", .norm_eps = 1e-6},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -664,7 +677,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
     }
     TRY(check_groups(L, file));
-    c->has_bias = L->use_selection_bias = !fam->no_bias;
+    bool with_bias = !fam->no_bias;
+    if (fam->bias_flag) TRY(get_bool(root, file, fam->bias_flag, true, &with_bias));
+    c->has_bias = L->use_selection_bias = with_bias;
+    L->norm_eps = (float)fam->norm_eps;
     if (fam->norm_min > 0) {
       const cJSON *v = item(root, "moe_norm_min");
       if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1e30)))

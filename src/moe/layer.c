@@ -95,8 +95,9 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                       (long long)E, (long long)D, (long long)F, (long long)Fs);
   if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d", (int)cfg->score);
-  if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f))
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: norm_min %g must be in [0, 1e30)", (double)cfg->norm_min);
+  if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
+                      (double)cfg->norm_eps);
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
   if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT)

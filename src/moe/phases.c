@@ -78,7 +78,7 @@ moe8_router_config moe8__router_config(const moe8_layer *L) {
   const moe8_layer_config *c = &L->cfg;
   return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
-                              c->norm_min};
+                              c->norm_min, c->norm_eps};
 }
 
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {
@@ -546,6 +546,7 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
     if (L->cfg.norm_topk_prob) {
       float S = 0.0f, dot = 0.0f;
       for (int64_t j = 0; j < K; j++) S += s[ids[t * K + j]];
+      S += L->cfg.norm_eps;
       if (S < L->cfg.norm_min) { /* the forward divided by norm_min: a constant */
         for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / L->cfg.norm_min);
         goto scored;

@@ -34,8 +34,9 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     return moe8__fail(MOE8_ERR_SHAPE, "route: top_k %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
   if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "route: unknown score function %d", (int)cfg->score);
-  if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f))
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: norm_min %g must be in [0, 1e30)", (double)cfg->norm_min);
+  if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
+                      (double)cfg->norm_eps);
   if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "route: T = %lld", (long long)T);
   if (T > 0 && (!logits || !expert_ids || !weights)) return moe8__fail(MOE8_ERR_INVALID_ARG, "route: NULL buffer");
   size_t bad = 0;
@@ -118,7 +119,8 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     if (cfg->norm_topk_prob) {
       float sum = 0.0f;
       for (int64_t j = 0; j < K; j++) sum += weights[t * K + j];
-      if (sum < cfg->norm_min) sum = cfg->norm_min; /* torch.clamp(min=norm_min) */
+      sum += cfg->norm_eps;                         /* LFM2-MoE: Σ + 1e-6 */
+      if (sum < cfg->norm_min) sum = cfg->norm_min; /* ERNIE-4.5: torch.clamp(min=norm_min) */
       if (sum > 0.0f)
         for (int64_t j = 0; j < K; j++) weights[t * K + j] /= sum;
     }

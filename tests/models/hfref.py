@@ -174,7 +174,7 @@ def route_sigmoid(x, wr, k, norm):
     return ids, w
 
 
-def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_scores=False, zero_mask=False):
+def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_scores=False, zero_mask=False, eps=1e-20):
     """DeepSeek-V3's router; softmax_scores, no bias and zero_mask: Mistral-4's
     (softmax scores, the dropped groups' scores set to 0.0)."""
     s = softmax(x @ wr.T) if softmax_scores else 1.0 / (1.0 + np.exp(-(x @ wr.T)))
@@ -197,7 +197,7 @@ def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_sco
     ids = np.array([topk_idx(r, k) for r in sel])
     w = np.take_along_axis(s, ids, axis=1)
     if norm:
-        w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
+        w = w / (w.sum(axis=1, keepdims=True) + eps)
     return ids, w * scale
 
 

@@ -970,6 +970,10 @@ ROWS = [
     dict(mt="granitemoe_swa", block="qwen2", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True), place="all",
          prefix="block_sparse_moe.", router="router.weight", ungated=True, shared_key="shared_intermediate_size", shared_beside="shared_mlp.",
          layouts=("fused",)),
+    # LFM2-MoE: DeepSeek-V3's block under feed_forward. (w1/w3/w2, bias feed_forward.expert_bias), weights / (sum + 1e-6)
+    dict(mt="lfm2_moe", block="ds3", ekey="num_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0), shared=None,
+         group="", place="first", dense=2, prefix="feed_forward.", names=("w1", "w3", "w2"), bias="expert_bias", norm_eps=1e-6,
+         layouts=("per", "fused")),
     # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
     dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
@@ -1114,7 +1118,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         else:
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
-            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale)
+            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20))
         refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit)
         if limit is not None and not absent:  # the clamp must be doing something in this case
             plain = R.moe_block(x, routing, experts, shared, sgate)
