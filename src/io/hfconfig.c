@@ -84,6 +84,9 @@ typedef struct family {
   ** epsilon (w / (Σ + norm_eps): LFM2-MoE's 1e-6) */
   const char *bias_flag;
   double      norm_eps;
+  /* A numeric key moe8 computes only at 0 (absent or 0: the class's
+  ** default), refused otherwise with .zero_why */
+  const char *zero_key, *zero_why;
 } family;
 
 /* Placement of the MoE layers. */
@@ -307,6 +310,14 @@ static const family k_families[] = {
    .layers = 32, .experts = 32, .top_k = 4, .ffn = 1792, .shared = 0, .norm = true, .scaling = 1.0, .n_group = 1, .topk_group = 1,
    .first_dense = 2, .group_key = "", .shared_key = "", .dense_key = "num_dense_layers", .place = PLACE_FIRST,
    .block_prefix = "feed_forward.", .bias_flag = "use_expert_bias", .norm_eps = 1e-6},
+  /* LagunaConfig: DeepSeek-V3's block without groups, always renormalized,
+  ** the routed sum times moe_routed_scaling_factor, one ungated shared
+  ** expert of width shared_expert_intermediate_size */
+  {.name = "laguna", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
+   .layers = 40, .experts = 256, .top_k = 8, .ffn = 512, .shared = 1, .norm = true, .scaling = 1.0, .n_group = 1, .topk_group = 1,
+   .first_dense = 1, .norm_key = "", .scale_key = "moe_routed_scaling_factor", .group_key = "", .shared_key = "",
+   .shared_width_key = "shared_expert_intermediate_size", .shared_width = 512, .place = PLACE_TYPES,
+   .zero_key = "moe_router_logit_softcapping", .zero_why = "the router logits are then softcapped (tanh), which moe8 does not compute"},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -546,7 +557,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
     {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
     {"kolibri1", "it selects by router logits plus a bias and weights by sigmoid of the logits"},
-    {"laguna", "its router logits can be softcapped (moe_router_logit_softcapping)"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
     {"mistral_large4", "its files hold Mistral's own tensor names (layers.L.experts.N.w1/w3/w2, layers.L.gate.weight), which moe8 "
@@ -794,6 +804,12 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number", file);
     L->act_limit = (float)(v ? v->valuedouble : 7.0);
+  }
+  if (fam->zero_key) {
+    const cJSON *v = item(root, fam->zero_key);
+    if (v && !cJSON_IsNumber(v)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a number", file, fam->zero_key);
+    if (v && v->valuedouble != 0.0)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is %g: %s", file, fam->zero_key, v->valuedouble, fam->zero_why);
   }
   if (fam->limited) {
     /* transformers' classes clamp at the value they are given; HY-V4's

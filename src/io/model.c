@@ -227,7 +227,8 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
 ** router holds it; MiniMax-M2's and EXAONE's blocks do; Sarvam's files
 ** name it expert_bias); the first the file holds. */
 static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias",
-                                           "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */};
+                                           "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */,
+                                           "experts.e_score_correction_bias" /* Laguna's files */};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;

@@ -974,6 +974,10 @@ ROWS = [
     dict(mt="lfm2_moe", block="ds3", ekey="num_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0), shared=None,
          group="", place="first", dense=2, prefix="feed_forward.", names=("w1", "w3", "w2"), bias="expert_bias", norm_eps=1e-6,
          layouts=("per", "fused")),
+    # Laguna: one ungated shared expert (no count key) of width shared_expert_intermediate_size, bias as its files name it
+    dict(mt="laguna", block="ds3", ekey="num_experts", norm=(None, True), scale=("moe_routed_scaling_factor", 1.0), shared=("", 1),
+         shared_width=("shared_expert_intermediate_size", 40), group="", place="types", bias="experts.e_score_correction_bias",
+         shared_name="shared_expert.", layouts=("per", "fused")),
     # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
     dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
