@@ -377,6 +377,9 @@ typedef struct moe8_router_config {
   /* With norm_topk_prob: the weights are divided by max(Σ + norm_eps,
   ** norm_min) (ERNIE-4.5's moe_norm_min; LFM2-MoE's 1e-6); 0, 0: by Σ. */
   float            norm_min, norm_eps;
+  /* The top-k of logit + bias instead of score + bias (Kolibri-1); the
+  ** weights are still the scores. */
+  bool             select_logits;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -563,6 +566,9 @@ typedef struct moe8_layer_config {
   ** norm_min) (ERNIE-4.5's moe_norm_min, where it holds the gradient is a
   ** constant denominator's; LFM2-MoE's norm_eps 1e-6); 0, 0: by Σ. */
   float           norm_min, norm_eps;
+  /* The router selects by logit + bias instead of score + bias (Kolibri-1:
+  ** the top-k of l + b, weighted by sigmoid(l)). */
+  bool            select_logits;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {

@@ -1086,6 +1086,28 @@ static void test_norm_min(void **state) {
     for (int j = 0; j < K; j++)
       if (moe8__f32_bits(w[t * K + j]) != moe8__f32_bits(sc[t * E + ids[t * K + j]] / sum)) TU_FAIL("norm_eps: token %d weight %d", t, j);
   }
+  /* Kolibri-1's selection: the top-k of logit + bias (a bias that reorders
+  ** the logits), the weights the chosen sigmoid scores */
+  float bias[E];
+  for (int e = 0; e < E; e++) bias[e] = 0.4f * (float)((e * 5) % 7) - 1.2f;
+  const moe8_router_config rl = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SIGMOID, .selection_bias = bias, .select_logits = true};
+  assert_int_equal(moe8_route(&rl, logits, T, sc, ids, w), MOE8_OK);
+  int differs = 0;
+  for (int t = 0; t < T; t++) {
+    bool used[E] = {false};
+    for (int j = 0; j < K; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++)
+        if (!used[e] && (best < 0 || logits[t * E + e] + bias[e] > logits[t * E + best] + bias[best])) best = e;
+      used[best] = true;
+      if (ids[t * K + j] != best) TU_FAIL("select_logits: token %d choice %d is %d, want %d", t, j, ids[t * K + j], best);
+      if (moe8__f32_bits(w[t * K + j]) != moe8__f32_bits(sc[t * E + best])) TU_FAIL("select_logits: token %d weight %d", t, j);
+      int bs = -1; /* what score + bias would choose */
+      for (int e = 0; e < E; e++) if (bs < 0 || sc[t * E + e] + bias[e] > sc[t * E + bs] + bias[bs]) bs = e;
+      differs += j == 0 && bs != ids[t * K];
+    }
+  }
+  if (!differs) TU_FAIL("select_logits: the test's bias never changes the choice");
   /* the layer's backward */
   moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .use_selection_bias = true,
                          .norm_min = 0.45f, .norm_eps = 0.05f};

@@ -87,6 +87,9 @@ typedef struct family {
   /* A numeric key moe8 computes only at 0 (absent or 0: the class's
   ** default), refused otherwise with .zero_why */
   const char *zero_key, *zero_why;
+  /* Kolibri-1: the top-k of logit + the router's correction bias, weighted
+  ** by the sigmoid scores */
+  bool        select_logits;
 } family;
 
 /* Placement of the MoE layers. */
@@ -318,6 +321,13 @@ static const family k_families[] = {
    .first_dense = 1, .norm_key = "", .scale_key = "moe_routed_scaling_factor", .group_key = "", .shared_key = "",
    .shared_width_key = "shared_expert_intermediate_size", .shared_width = 512, .place = PLACE_TYPES,
    .zero_key = "moe_router_logit_softcapping", .zero_why = "the router logits are then softcapped (tanh), which moe8 does not compute"},
+  /* Kolibri1Config: Qwen2-MoE's block with the shared expert ungated, every
+  ** layer MoE; the top-k of logit + gate.e_score_correction_bias, weighted
+  ** by the sigmoid of the chosen logits, divided by their sum iff
+  ** norm_topk_prob (default false) */
+  {.name = "kolibri1", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2560, .layers = 50, .experts = 384, .top_k = 6, .ffn = 512, .shared = 512, .norm = false,
+   .scaling = 1.0, .shared_ungated = true, .sigmoid = true, .place = PLACE_ALL, .select_logits = true},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -556,7 +566,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"inkling2_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
     {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
     {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
-    {"kolibri1", "it selects by router logits plus a bias and weights by sigmoid of the logits"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
     {"mistral_large4", "its files hold Mistral's own tensor names (layers.L.experts.N.w1/w3/w2, layers.L.gate.weight), which moe8 "
@@ -805,6 +814,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number", file);
     L->act_limit = (float)(v ? v->valuedouble : 7.0);
   }
+  if (fam->select_logits) c->has_bias = L->use_selection_bias = L->select_logits = true;
   if (fam->zero_key) {
     const cJSON *v = item(root, fam->zero_key);
     if (v && !cJSON_IsNumber(v)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a number", file, fam->zero_key);

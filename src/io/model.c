@@ -939,6 +939,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       snprintf(n, sizeof n, "%s%s", p, k_bias_names[i]);
       bias = moe8_model_find(m, n);
     }
+    if (!bias) { /* Kolibri-1's files hold it beside the block, in the decoder layer */
+      snprintf(n, sizeof n, "%s%lld.moe.router.expert_bias", m->root, (long long)layer);
+      bias = moe8_model_find(m, n);
+    }
     if (bias && (!(bias->ndim == 1 || (bias->ndim == 2 && bias->shape[0] == 1)) || bias->shape[bias->ndim - 1] != E ||
                  !is_float_file(bias->dtype)))
       return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld])", n, (long long)E, (long long)E);

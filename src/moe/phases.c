@@ -78,7 +78,7 @@ moe8_router_config moe8__router_config(const moe8_layer *L) {
   const moe8_layer_config *c = &L->cfg;
   return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
-                              c->norm_min, c->norm_eps};
+                              c->norm_min, c->norm_eps, c->select_logits};
 }
 
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {

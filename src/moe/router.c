@@ -75,7 +75,8 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     } else {
       for (int64_t e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-l[e]));
     }
-    for (int64_t e = 0; e < E; e++) sel[e] = sc[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
+    const float *sv = cfg->select_logits ? l : sc; /* Kolibri-1 selects by logit + bias */
+    for (int64_t e = 0; e < E; e++) sel[e] = sv[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
     if (NG > 1) {
       /* Group score: its best selection value plus its second best (or
       ** the best alone, MOE8_GROUP_MAX); the KG best groups stay, ties to

@@ -174,6 +174,17 @@ def route_sigmoid(x, wr, k, norm):
     return ids, w
 
 
+def route_logits_bias(x, wr, bias, k, norm):
+    """Kolibri-1's router: the top-k of logit + bias, weighted by the sigmoid
+    of the chosen logits, divided by their sum iff norm."""
+    lg = x @ wr.T
+    ids = np.array([topk_idx(r, k) for r in lg + bias[None, :]])
+    w = 1.0 / (1.0 + np.exp(-np.take_along_axis(lg, ids, axis=1)))
+    if norm:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
 def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_scores=False, zero_mask=False, eps=1e-20):
     """DeepSeek-V3's router; softmax_scores, no bias and zero_mask: Mistral-4's
     (softmax scores, the dropped groups' scores set to 0.0)."""

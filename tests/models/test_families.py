@@ -978,6 +978,9 @@ ROWS = [
     dict(mt="laguna", block="ds3", ekey="num_experts", norm=(None, True), scale=("moe_routed_scaling_factor", 1.0), shared=("", 1),
          shared_width=("shared_expert_intermediate_size", 40), group="", place="types", bias="experts.e_score_correction_bias",
          shared_name="shared_expert.", layouts=("per", "fused")),
+    # Kolibri-1: the top-k of logit + bias (the bias beside the block, moe.router.expert_bias), sigmoid weights
+    dict(mt="kolibri1", block="qwen2", ekey="num_local_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", False), place="all",
+         ungated=True, sigmoid=True, logits_bias="moe.router.expert_bias", shared_name="shared_experts.", layouts=("per", "fused")),
     # the limited SwiGLU: swiglu_limit (written small, so that it clamps), HY-V4's shared experts unclamped
     dict(mt="glm5_next_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, limit=("swiglu_limit", 10.0), layouts=("per", "fused")),
@@ -1107,7 +1110,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
                 g = rnd(rng, 1, D, scale=D ** -0.5)
                 t[p + "shared_expert_gate.weight"] = ("BF16", g.astype(np.float32))
                 sgate = store(g, "BF16")
-        if row.get("sigmoid"):
+        if row.get("logits_bias"):
+            bias = rnd(rng, E, scale=0.5)
+            t["%s%d.%s" % (root, l, row["logits_bias"])] = ("F32", bias)
+            routing = R.route_logits_bias(x, wr, store(bias, "F32"), k, norm)
+        elif row.get("sigmoid"):
             routing = R.route_sigmoid(x, wr, k, norm)
         elif blk in ("qwen3", "qwen2"):
             routing = R.route_softmax(x, wr, k, norm)
