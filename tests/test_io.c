@@ -1241,9 +1241,25 @@ static void test_family_rows(void **state) {
   assert_true(c.layer.num_experts == 8 && !strcmp(c.model_type, "qwen3_vl_moe (text_config)"));
   assert_int_equal(PARSE("{\"model_type\":\"glm4v_moe\"}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "text_config"));
+  /* ERNIE-4.5: softmax scores with the bias, max(sum, moe_norm_min), MoE by interval / start / end */
+  assert_int_equal(PARSE("{\"model_type\":\"ernie4_5_moe\",\"num_hidden_layers\":6,\"moe_layer_interval\":2,\"moe_norm_min\":0.25}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.score == MOE8_SCORE_SOFTMAX && c.layer.use_selection_bias && c.layer.norm_min == 0.25f &&
+              c.layer.shared_ffn == 2 * 1536 && c.layer.n_group == 1);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 1);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 2), MOE8_ERR_INVALID_ARG); /* (2 + 1) % 2 != 0 */
+  assert_non_null(strstr(moe8_last_error(), "moe_layer_interval"));
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 5), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"ernie4_5_moe\",\"use_bias\":true}"), MOE8_ERR_UNSUPPORTED);
+  /* the limited SwiGLU: GLM-5 clamps its shared experts too, HY-V4 does not */
+  assert_int_equal(PARSE("{\"model_type\":\"hy_v4\",\"swiglu_limit\":3.5}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_LIMIT && c.layer.act_limit == 3.5f && c.layer.shared_plain_act);
+  assert_int_equal(PARSE("{\"model_type\":\"glm5_next_text\"}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_LIMIT && c.layer.act_limit == 10.0f && !c.layer.shared_plain_act);
+  assert_int_equal(PARSE("{\"model_type\":\"hy_v4\",\"swiglu_limit\":0}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "swiglu_limit"));
   /* a family whose block differs: refused with the reason */
-  assert_int_equal(PARSE("{\"model_type\":\"ernie4_5_moe\"}"), MOE8_ERR_UNSUPPORTED);
-  assert_non_null(strstr(moe8_last_error(), "softmax probabilities"));
+  assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "sparsemixer"));
 #undef PARSE
 }
 
