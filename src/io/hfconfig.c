@@ -401,6 +401,15 @@ static moe8_status pick_key(const cJSON *o, const char *file, const char *spec, 
   return MOE8_OK;
 }
 
+/* A number key in (0, 1e30) (lo_incl: [0, 1e30)), or def when absent. */
+static moe8_status get_pos(const cJSON *root, const char *file, const char *key, double def, bool lo_incl, const char *what, float *out) {
+  const cJSON *v = item(root, key);
+  if (v && (!cJSON_IsNumber(v) || !((lo_incl ? v->valuedouble >= 0 : v->valuedouble > 0) && v->valuedouble < 1e30)))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a %s number%s", file, key, lo_incl ? "non-negative" : "positive", what);
+  *out = (float)(v ? v->valuedouble : def);
+  return MOE8_OK;
+}
+
 /* routed_scaling_factor (or the family's key) in (0, 1e6), or the family's default. */
 static moe8_status get_scaling(const cJSON *root, const char *file, const char *key, double def, float *out) {
   const cJSON *v = item(root, key);
@@ -701,10 +710,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     c->has_bias = L->use_selection_bias = with_bias;
     L->norm_eps = (float)fam->norm_eps;
     if (fam->norm_min > 0) {
-      const cJSON *v = item(root, "moe_norm_min");
-      if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1e30)))
-        return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_norm_min\" must be a number in [0, 1e30)", file);
-      L->norm_min = (float)(v ? v->valuedouble : fam->norm_min);
+      TRY(get_pos(root, file, "moe_norm_min", fam->norm_min, true, "", &L->norm_min));
       const cJSON *ub = item(root, "use_bias");
       if (ub && !cJSON_IsBool(ub)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"use_bias\" must be true or false", file);
       if (ub && cJSON_IsTrue(ub))
@@ -809,10 +815,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     if (a && (!cJSON_IsNumber(a) || !(a->valuedouble > 0 && a->valuedouble < 1e30 && (float)a->valuedouble > 0)))
       return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_alpha\" must be a positive finite number", file);
     L->act_alpha = (float)(a ? a->valuedouble : 1.702);
-    const cJSON *v = item(root, "swiglu_limit");
-    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number", file);
-    L->act_limit = (float)(v ? v->valuedouble : 7.0);
+    TRY(get_pos(root, file, "swiglu_limit", 7.0, false, "", &L->act_limit));
   }
   if (fam->select_logits) c->has_bias = L->use_selection_bias = L->select_logits = true;
   if (fam->zero_key) {
@@ -824,11 +827,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (fam->limited) {
     /* transformers' classes clamp at the value they are given; HY-V4's
     ** docstring calls a value <= 0 "disabled", which its code does not do */
-    const cJSON *v = item(root, "swiglu_limit");
-    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble < 1e30)))
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_limit\" must be a positive number (the experts' clamp)", file);
+    TRY(get_pos(root, file, "swiglu_limit", fam->limit, false, " (the experts' clamp)", &L->act_limit));
     L->act = MOE8_ACT_SWIGLU_LIMIT;
-    L->act_limit = (float)(v ? v->valuedouble : fam->limit);
     L->shared_plain_act = fam->shared_plain;
   }
   if (fam->arch == MOE8_ARCH_QWEN2_MOE && fam->shared_width_key && !*fam->shared_width_key) {

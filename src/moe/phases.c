@@ -485,16 +485,12 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
         dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
         continue;
       }
-      if (limd) {
-        const float gc = gv > lim ? lim : gv, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
-        const float sg = 1.0f / (1.0f + moe8__expf(-gc));
-        dgu[p * 2 * F + f] = gv <= lim ? d * uc * sg * (1.0f + gc * (1.0f - sg)) : 0.0f;
-        dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
-        continue;
-      }
-      const float sg = 1.0f / (1.0f + moe8__expf(-gv));
-      dgu[p * 2 * F + f] = d * uv * sg * (1.0f + gv * (1.0f - sg));
-      dgu[p * 2 * F + F + f] = d * gv * sg;
+      /* the plain SwiGLU's gradients, at the clamped g and u when limited */
+      const float gc = limd && gv > lim ? lim : gv, uc = limd ? (uv < -lim ? -lim : uv > lim ? lim : uv) : uv;
+      const bool gin = !limd || gv <= lim, uin = !limd || (uv >= -lim && uv <= lim);
+      const float sg = 1.0f / (1.0f + moe8__expf(-gc));
+      dgu[p * 2 * F + f] = gin ? d * uc * sg * (1.0f + gc * (1.0f - sg)) : 0.0f;
+      dgu[p * 2 * F + F + f] = uin ? d * gc * sg : 0.0f;
     }
   /* the biases' gradients: their rows summed per expert, in row order */
   if (dbgu || dbd) {
@@ -549,14 +545,13 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
       S += L->cfg.norm_eps;
       if (S < L->cfg.norm_min) { /* the forward divided by norm_min: a constant */
         for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / L->cfg.norm_min);
-        goto scored;
+      } else {
+        for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[ids[t * K + j]];
+        for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
       }
-      for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[ids[t * K + j]];
-      for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * (dw[t * K + j] / S - dot / (S * S));
     } else {
       for (int64_t j = 0; j < K; j++) dst[ids[t * K + j]] += c * dw[t * K + j];
     }
-  scored:
     if (use_aux)
       for (int64_t e = 0; e < E; e++)
         dst[e] += (float)((double)L->cfg.aux_loss_weight * (double)E * f[e] / (double)T_total);
