@@ -371,6 +371,70 @@ static void test_gmm_large_output(void **state) {
   moe8_isa_set(tu_isa_best());
 }
 
+/* A large output whose rows are off the 64-byte lines (a malloc'd
+** buffer, or one at any 4-byte offset): the kernels realign the rows in
+** registers to stream them (gmm_x86.h, out_how).  Every table gives the
+** reference's bytes at every offset, and the bytes before and after the
+** output are not touched. */
+static void test_gmm_output_offsets(void **state) {
+  (void)state;
+  static const cfg cs[] = {
+    {"i8*i8 row/chan", MOE8_DTYPE_I8,     MOE8_DTYPE_I8,     MOE8_DTYPE_F32, MOE8_GRAN_ROW, MOE8_GRAN_CHANNEL, 0, false},
+    {"e4m3 1x128",     MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F8E4M3, MOE8_DTYPE_F32, MOE8_GRAN_ROW_TILE, MOE8_GRAN_CHANNEL_TILE, 128, false},
+  };
+  /* 1040: a last task of 16 columns; 1037: a masked last vector. */
+  static const int64_t Ns[] = {1040, 1037};
+  static const size_t offs[] = {20, 0, 4, 60};
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+    for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+      const cfg *c = &cs[ci];
+      const int64_t K = 256, N = Ns[ni];
+      const int32_t gs[2] = {700, 401};
+      tu_rng_reset((uint64_t)(400 + ci * 4 + ni));
+      prob p;
+      prob_init(&p, c, K, N, gs, 2, 0, 2, 3);
+      const size_t nb = (size_t)(p.M * N) * 4;
+      assert_true(nb >= MOE8__GMM_STREAM_BYTES);
+      g_order = MOE8_ORDER_CANONICAL;
+      float *want = run(&p, MOE8_ISA_REF);
+      unsigned char *buf = NULL;
+      assert_int_equal(posix_memalign((void **)&buf, 64, nb + 192), 0);
+      /* Plain and packed weights (the packed prefill kernels write the
+      ** output themselves). */
+      void *pk = malloc(moe8_gmm_packed_size(c->rt, 2, K, N));
+      assert_int_equal(moe8_gmm_pack_rhs(c->rt, p.rhs, 2, K, N, pk), MOE8_OK);
+      for (int t = 1; t < nisa; t++)
+        for (size_t oi = 0; oi < 2 * (sizeof offs / sizeof offs[0]); oi++) {
+          if (isas[t] == MOE8_ISA_AMX_EMU && oi >= 2) break; /* the model is slow: one offset, plain and packed */
+          memset(buf, 0xA5, nb + 192);
+          void *out = buf + 64 + offs[oi / 2];
+          assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
+          moe8_gmm_args a = p.a;
+          if (oi % 2) { a.rhs.data = NULL; a.rhs_packed = pk; }
+          a.out = out;
+          if (moe8_gmm(&a) != MOE8_OK) TU_FAIL("gmm: %s", moe8_last_error());
+          for (size_t x = 0; x < 64 + offs[oi / 2]; x++)
+            if (buf[x] != 0xA5) TU_FAIL("%s on %s, offset %zu: byte %zu before the output written", c->name, moe8_isa_name(isas[t]), offs[oi / 2], x);
+          for (size_t x = 64 + offs[oi / 2] + nb; x < nb + 192; x++)
+            if (buf[x] != 0xA5) TU_FAIL("%s on %s, offset %zu: byte %zu past the output written", c->name, moe8_isa_name(isas[t]), offs[oi / 2], x);
+          if (memcmp(out, want, nb) != 0)
+            for (size_t e = 0; e < nb / 4; e++)
+              if (memcmp((const char *)out + 4 * e, (const char *)want + 4 * e, 4) != 0)
+                TU_FAIL("%s on %s (%s weights), N=%lld, output at offset %zu: element %zu (row %zu, column %zu) differs from the "
+                        "reference's", c->name, moe8_isa_name(isas[t]), oi % 2 ? "packed" : "plain", (long long)N, offs[oi / 2], e,
+                        e / (size_t)N, e % (size_t)N);
+        }
+      free(pk);
+      free(buf);
+      free(want);
+      prob_free(&p);
+    }
+  g_order = MOE8_ORDER_NATIVE;
+  moe8_isa_set(tu_isa_best());
+}
+
 /* docs/determinism.md: 1 vs 2 threads, and a row alone / in full batch / among others. */
 static void test_gmm_determinism(void **state) {
   (void)state;
@@ -571,6 +635,7 @@ int main(void) {
     cmocka_unit_test(test_gmm_sweep_canonical),
     cmocka_unit_test(test_gmm_chunks),
     cmocka_unit_test(test_gmm_large_output),
+    cmocka_unit_test(test_gmm_output_offsets),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

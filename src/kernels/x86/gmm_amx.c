@@ -140,20 +140,24 @@ typedef struct pending { bool on, first, fin; int64_t i, ct, rows, cols; const f
 ** alias) and took five branches a row, and with the tile unit this busy
 ** it was instruction-bound.  The operations per element are the
 ** reference's: o = a + t · (l · r). */
-enum { TO_ACC, TO_OUT, TO_STREAM };
+enum { TO_ACC, TO_OUT, TO_STREAM, TO_SHIFT };
 static inline __attribute__((always_inline)) void prom_rows(int64_t rows, const float *ls, const float *t, float *o, float *d, int64_t ldd,
                                                             __m512 r0, __m512 r1, __mmask16 k0, __mmask16 k1, const bool i8, const bool first,
-                                                            const bool two, const int to) {
+                                                            const bool two, const int to, const moe8__shifted *sh, float *carry) {
   for (int64_t r = 0; r < rows; r++, t += 32, o += NT, d += ldd) {
     const __m512 l = _mm512_set1_ps(ls[r]);
     const __m512 t0 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t)) : _mm512_loadu_ps(t);
     const __m512 v0 = _mm512_add_ps(first ? _mm512_setzero_ps() : _mm512_loadu_ps(o), _mm512_mul_ps(t0, _mm512_mul_ps(l, r0)));
+    __m512 v1 = v0;
+    if (two) {
+      const __m512 t1 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t + 16)) : _mm512_loadu_ps(t + 16);
+      v1 = _mm512_add_ps(first ? _mm512_setzero_ps() : _mm512_loadu_ps(o + 16), _mm512_mul_ps(t1, _mm512_mul_ps(l, r1)));
+    }
+    if (to == TO_SHIFT) { shifted_put(sh, d, carry + 16 * r, v0, v1, two); continue; }
     if (to == TO_ACC) _mm512_storeu_ps(o, v0);
     else if (to == TO_STREAM) _mm512_stream_ps(d, v0);
     else _mm512_mask_storeu_ps(d, k0, v0);
     if (two) {
-      const __m512 t1 = i8 ? _mm512_cvtepi32_ps(_mm512_loadu_si512(t + 16)) : _mm512_loadu_ps(t + 16);
-      const __m512 v1 = _mm512_add_ps(first ? _mm512_setzero_ps() : _mm512_loadu_ps(o + 16), _mm512_mul_ps(t1, _mm512_mul_ps(l, r1)));
       if (to == TO_ACC) _mm512_storeu_ps(o + 16, v1);
       else if (to == TO_STREAM) _mm512_stream_ps(d + 16, v1);
       else _mm512_mask_storeu_ps(d + 16, k1, v1);
@@ -163,9 +167,10 @@ static inline __attribute__((always_inline)) void prom_rows(int64_t rows, const 
 
 #define PROM_TO(i8, first, two)                                                                            \
   do {                                                                                                   \
-    if (to == TO_ACC) prom_rows(rows, ls, t, o, o, NT, r0, r1, k0, k1, i8, first, two, TO_ACC);          \
-    else if (to == TO_STREAM) prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_STREAM); \
-    else prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_OUT);                      \
+    if (to == TO_ACC) prom_rows(rows, ls, t, o, o, NT, r0, r1, k0, k1, i8, first, two, TO_ACC, &sh, carry);          \
+    else if (to == TO_STREAM) prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_STREAM, &sh, carry); \
+    else if (to == TO_SHIFT) prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_SHIFT, &sh, carry); \
+    else prom_rows(rows, ls, t, o, d, ldd, r0, r1, k0, k1, i8, first, two, TO_OUT, &sh, carry);                      \
   } while (0)
 
 /* first: the block is K's first, so acc is still zero (it is never
@@ -173,7 +178,7 @@ static inline __attribute__((always_inline)) void prom_rows(int64_t rows, const 
 ** fin: the last block with an f32 output: the sums go straight to the
 ** output rows (columns past the task's last masked off), and the task
 ** writes no acc copy of them. */
-static void promote_tile(const moe8__gmm_block *b, float *acc, const pending *p, bool i8) {
+static void promote_tile(const moe8__gmm_block *b, float *acc, float *carry, const pending *p, bool i8) {
   const __m512 r0 = _mm512_loadu_ps(p->rs + 16 * p->ct), r1 = _mm512_loadu_ps(p->rs + 16 * p->ct + (p->cols > 16 ? 16 : 0));
   const int64_t nt = b->n1 - b->n0, c0 = 16 * p->ct, left = nt - c0, rows = p->rows, ldd = b->N;
   const __mmask16 k0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -182,10 +187,11 @@ static void promote_tile(const moe8__gmm_block *b, float *acc, const pending *p,
   const float *ls = p->ls + p->i, *t = p->t;
   float *o = acc + p->i * NT + c0;
   float *d = p->fin ? (float *)b->out + (b->m0 + p->i) * b->N + b->n0 + c0 : o;
-  /* Streamed when the call asks for it and every vector is whole and
-  ** aligned (rows a multiple of 64 bytes apart), else masked stores. */
-  const bool whole = k0 == 0xFFFF && (!two || k1 == 0xFFFF) && !((uintptr_t)d & 63) && ldd % 16 == 0;
-  const int to = !p->fin ? TO_ACC : b->out_stream && whole ? TO_STREAM : TO_OUT;
+  /* The last block's sums to a large output: streamed, realigned first
+  ** where the rows are off the lines (out_how, gmm_x86.h). */
+  moe8__shifted sh = {0};
+  const int how = p->fin ? out_how(b, d, ldd, k0, two ? k1 : 0, c0, rows, carry, &sh) : OUT_PLAIN;
+  const int to = !p->fin ? TO_ACC : how == OUT_STREAM ? TO_STREAM : how == OUT_SHIFT ? TO_SHIFT : TO_OUT;
   if (i8) {
     if (first) { if (two) PROM_TO(true, true, true); else PROM_TO(true, true, false); }
     else { if (two) PROM_TO(true, false, true); else PROM_TO(true, false, false); }
@@ -242,6 +248,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   int32_t *colsum = (int32_t *)(Bp + (size_t)16 * pmax * NT);
   float *tmp = (float *)(colsum + NT), *T = tmp + 2 * NT, *rsv = T + 2 * 32 * 32, *lsv = rsv + 2 * GB * NT;
   uint8_t *tail = (uint8_t *)(lsv + 2 * GB * MT), *Bs = tail + 16 * 64 * (pmax + 1); /* strips: 16·pmax·NT words */
+  float *carry = (float *)(Bs + (size_t)64 * pmax * NT);                           /* 32 rows × 16 */
   const int64_t rowb = i8 ? i8_row_bytes(b) : moe8__canon_row_words(b) * 4;
   const int64_t blkb = i8 ? i8_block_bytes(b) : moe8__canon_block_words(b) * 4;
   const uint8_t *A = (const uint8_t *)b->lhs_packed + b->m0 * rowb;
@@ -365,7 +372,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
               if (down && two) T_BF16(3, 5, 7);
             }
           }
-          if (pend.on) promote_tile(b, acc, &pend, i8), pend.on = false;
+          if (pend.on) promote_tile(b, acc, carry, &pend, i8), pend.on = false;
           if (!last) {
             T_STORE(0, Sij, NT * 4);
             if (two) T_STORE(1, Sij + 16, NT * 4);
@@ -387,7 +394,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     }
     c0 = c1;
   }
-  if (pend.on) promote_tile(b, acc, &pend, i8);
+  if (pend.on) promote_tile(b, acc, carry, &pend, i8);
   if (b->out_stream) _mm_sfence(); /* the streamed rows before the driver's barrier */
   T_RELEASE();
   if (b->ot != MOE8_DTYPE_F32) write_out(b, acc, mt);

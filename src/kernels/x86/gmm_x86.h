@@ -135,13 +135,62 @@ static inline void panel_bf16(const moe8__gmm_block *b, int64_t c0, int64_t kc, 
   else pack_b_bf16(b, c0, kc, ntp, Bp, tmp);
 }
 
+/* Streaming an output whose rows do not start on a 64-byte line (a
+** malloc'd buffer is 16 bytes past one): s floats past the line, each
+** row's vectors are realigned in registers (vpermt2ps) so that every
+** whole line is written with one streaming store.  A row segment's tiles
+** are written in column order; the last vector of one waits in carry (16
+** floats a row) for the next one's first.  The segment's first and last
+** partial lines, which it shares with its neighbours, are masked stores
+** at the line's own address: a masked store that spans a line being
+** streamed costs more than the rest of the kernel (the int8 prefill
+** matmul 11.6 → 26.9 ms on an AMX Xeon).  Measured there (E=8, 512 rows
+** an expert, one thread): a row 16 bytes off the lines 16-18 ms with
+** masked stores, 13.4-14.5 ms so, 11.4-11.9 ms on lines; the two partial
+** lines a task's row ends on cost the difference (prefetching them for
+** writing did not help).  s = 0: the rows are on lines (plain
+** streaming); s < 0: not even 4-byte aligned (no streaming). */
+typedef struct moe8__shifted {
+  int       s;
+  bool      head, tail; /* the segment's first tile / last tile */
+  __mmask16 lo;         /* lanes 0 .. s-1 of a line                    */
+  __m512i   idx;        /* lane j of a line: j + 16 - s of (prev : next) */
+} moe8__shifted;
+
+static inline moe8__shifted shifted_at(const float *d, bool head, bool tail) {
+  moe8__shifted sh = {.s = (uintptr_t)d & 3 ? -1 : (int)(((uintptr_t)d >> 2) & 15), .head = head, .tail = tail};
+  if (sh.s > 0) {
+    sh.lo = (__mmask16)((1u << sh.s) - 1);
+    sh.idx = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16 - sh.s));
+  }
+  return sh;
+}
+
+/* One row's 16 or 32 columns (v0, v1 when two) at d. */
+INLINE void shifted_put(const moe8__shifted *sh, float *d, float *cr, __m512 v0, __m512 v1, const bool two) {
+  float *line = d - sh->s;
+  if (sh->head) _mm512_mask_storeu_ps(line, (__mmask16)~sh->lo, _mm512_permutex2var_ps(v0, sh->idx, v0));
+  else _mm512_stream_ps(line, _mm512_permutex2var_ps(_mm512_load_ps(cr), sh->idx, v0));
+  __m512 last = v0;
+  if (two) { _mm512_stream_ps(line + 16, _mm512_permutex2var_ps(v0, sh->idx, v1)); last = v1; line += 16; }
+  if (sh->tail) _mm512_mask_storeu_ps(line + 16, sh->lo, _mm512_permutex2var_ps(last, sh->idx, last));
+  else _mm512_store_ps(cr, last);
+}
+
+/* The carried vector's lanes into their partial line before d, when the
+** tile at d is written otherwise (a masked tail). */
+INLINE void shifted_flush(const moe8__shifted *sh, float *d, const float *cr) {
+  const __m512 c = _mm512_load_ps(cr);
+  _mm512_mask_storeu_ps(d - sh->s, sh->lo, _mm512_permutex2var_ps(c, sh->idx, c));
+}
+
 /* Co[i] = Ci[i] + c[i] · (ls[i] · rs) for the rows of a microkernel (Ci
 ** NULL: + 0.0), both 16-column halves; unrolled so the sums stay in
 ** registers.  stream: full masks and 64-byte aligned rows, written past
 ** the caches (a large output, moe8__gmm_block.out_stream; the kernel
 ** fences at its end). */
 INLINE void prom_store_to(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
-                          const float *ls, const float *rs, const bool stream) {
+                          const float *ls, const float *rs, const bool stream, const moe8__shifted *sh, float *carry) {
   const __m512 r0 = _mm512_loadu_ps(rs), r1 = _mm512_loadu_ps(rs + 16);
 #pragma GCC unroll 8
   for (int i = 0; i < mr; i++) {
@@ -150,7 +199,8 @@ INLINE void prom_store_to(const int mr, __m512 c[MR][2], const float *Ci, float 
     const __m512 a1 = Ci ? _mm512_loadu_ps(Ci + i * NT + 16) : _mm512_setzero_ps();
     const __m512 v0 = _mm512_add_ps(a0, _mm512_mul_ps(c[i][0], _mm512_mul_ps(l, r0)));
     const __m512 v1 = _mm512_add_ps(a1, _mm512_mul_ps(c[i][1], _mm512_mul_ps(l, r1)));
-    if (stream) {
+    if (sh) shifted_put(sh, Co + i * ldo, carry + 16 * i, v0, v1, m1 != 0);
+    else if (stream) {
       _mm512_stream_ps(Co + i * ldo, v0);
       _mm512_stream_ps(Co + i * ldo + 16, v1);
     } else {
@@ -162,12 +212,26 @@ INLINE void prom_store_to(const int mr, __m512 c[MR][2], const float *Ci, float 
 
 INLINE void prom_store(const int mr, __m512 c[MR][2], const float *Ci, float *Co, int64_t ldo, __mmask16 m0, __mmask16 m1,
                        const float *ls, const float *rs) {
-  prom_store_to(mr, c, Ci, Co, ldo, m0, m1, ls, rs, false);
+  prom_store_to(mr, c, Ci, Co, ldo, m0, m1, ls, rs, false, NULL, NULL);
 }
 
-/* Whether 32 output columns at co of rows ldo floats apart may be streamed. */
-static inline bool stream_ok(const moe8__gmm_block *b, const float *co, int64_t ldo, __mmask16 m0, __mmask16 m1) {
-  return b->out_stream && m0 == 0xFFFF && m1 == 0xFFFF && !((uintptr_t)co & 63) && !(ldo & 15);
+/* How the last block's columns j .. j+31 of a task (masks m0, m1; m1 = 0
+** for 16 columns) go to the output rows at co, ldo floats apart, in a
+** large output: OUT_STREAM on lines, OUT_SHIFT through the shifted
+** writer (*sh filled; the rows' tiles in column order, carry 16 floats a
+** row), else OUT_PLAIN masked stores, after the carry that shifted tiles
+** before them left (rows mr) is written. */
+enum { OUT_PLAIN, OUT_STREAM, OUT_SHIFT };
+static inline int out_how(const moe8__gmm_block *b, float *co, int64_t ldo, __mmask16 m0, __mmask16 m1, int64_t j, int64_t mr,
+                          const float *carry, moe8__shifted *sh) {
+  if (!b->out_stream || (ldo & 15)) return OUT_PLAIN;
+  const int64_t nt = b->n1 - b->n0;
+  *sh = shifted_at(co, j == 0, j + 32 >= nt);
+  if (sh->s < 0) return OUT_PLAIN;
+  if (sh->s == 0) return m0 == 0xFFFF && m1 == 0xFFFF ? OUT_STREAM : OUT_PLAIN;
+  if (m0 == 0xFFFF && (m1 == 0xFFFF || (m1 == 0 && j + 16 >= nt))) return OUT_SHIFT;
+  for (int64_t r = 0; j > 0 && r < mr; r++) shifted_flush(sh, co + r * ldo, carry + 16 * r);
+  return OUT_PLAIN;
 }
 
 /* BY_ROWS calls kern(literal mr, ...) for mr in 1..8: each tail gets its

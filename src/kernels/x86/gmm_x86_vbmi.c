@@ -363,7 +363,8 @@ VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
 enum { RF = 6 }; /* 12 sums + 12 outputs + 2 weight vectors + a broadcast */
 
 VBMI_TARGET INLINE void rows_f8_strip(const int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                      const uint32_t *Bs, const float *rsv, int64_t ntp, int64_t i, int64_t j, const uint8_t *pfb) {
+                                      const uint32_t *Bs, const float *rsv, int64_t ntp, int64_t i, int64_t j, const uint8_t *pfb,
+                                      float *carry) {
   __m512 c[RF][2];
 #pragma GCC unroll 6
   for (int r = 0; r < mr; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
@@ -396,12 +397,19 @@ VBMI_TARGET INLINE void rows_f8_strip(const int mr, const moe8__gmm_block *b, co
   const __mmask16 m1 = w1 >= 16 ? 0xFFFF : w1 > 0 ? (__mmask16)((1u << w1) - 1) : 0;
   if (b->ot == MOE8_DTYPE_F32) {
     float *o = (float *)b->out + (b->m0 + i) * b->N + b->n0 + j;
-    if (stream_ok(b, o, b->N, m0, m1)) {
+    moe8__shifted sh;
+    const int how = out_how(b, o, b->N, m0, m1, j, mr, carry, &sh);
+    if (how == OUT_STREAM) {
 #pragma GCC unroll 6
       for (int r = 0; r < mr; r++) {
         _mm512_stream_ps(o + r * b->N, c[r][0]);
         _mm512_stream_ps(o + r * b->N + 16, c[r][1]);
       }
+      return;
+    }
+    if (how == OUT_SHIFT) {
+#pragma GCC unroll 6
+      for (int r = 0; r < mr; r++) shifted_put(&sh, o + r * b->N, carry + 16 * r, c[r][0], c[r][1], m1 != 0);
       return;
     }
 #pragma GCC unroll 6
@@ -422,14 +430,14 @@ VBMI_TARGET INLINE void rows_f8_strip(const int mr, const moe8__gmm_block *b, co
 }
 
 VBMI_TARGET static void rows_f8_strip_any(int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, const uint32_t *Bs,
-                                          const float *rsv, int64_t ntp, int64_t i, int64_t j, const uint8_t *pfb) {
+                                          const float *rsv, int64_t ntp, int64_t i, int64_t j, const uint8_t *pfb, float *carry) {
   switch (mr) {
-    case 6: rows_f8_strip(6, b, A, words, Bs, rsv, ntp, i, j, pfb); break;
-    case 5: rows_f8_strip(5, b, A, words, Bs, rsv, ntp, i, j, pfb); break;
-    case 4: rows_f8_strip(4, b, A, words, Bs, rsv, ntp, i, j, pfb); break;
-    case 3: rows_f8_strip(3, b, A, words, Bs, rsv, ntp, i, j, pfb); break;
-    case 2: rows_f8_strip(2, b, A, words, Bs, rsv, ntp, i, j, pfb); break;
-    default: rows_f8_strip(1, b, A, words, Bs, rsv, ntp, i, j, pfb); break;
+    case 6: rows_f8_strip(6, b, A, words, Bs, rsv, ntp, i, j, pfb, carry); break;
+    case 5: rows_f8_strip(5, b, A, words, Bs, rsv, ntp, i, j, pfb, carry); break;
+    case 4: rows_f8_strip(4, b, A, words, Bs, rsv, ntp, i, j, pfb, carry); break;
+    case 3: rows_f8_strip(3, b, A, words, Bs, rsv, ntp, i, j, pfb, carry); break;
+    case 2: rows_f8_strip(2, b, A, words, Bs, rsv, ntp, i, j, pfb, carry); break;
+    default: rows_f8_strip(1, b, A, words, Bs, rsv, ntp, i, j, pfb, carry); break;
   }
 }
 
@@ -437,13 +445,13 @@ VBMI_TARGET static void rows_f8_strip_any(int mr, const moe8__gmm_block *b, cons
 ** weight scales of every block. */
 bool gmm_pk_rows_fits(const moe8__gmm_block *b) {
   const int64_t ntp = moe8__cdiv(b->n1 - b->n0, 32) * 32, kp = (b->K + 1) / 2;
-  return (size_t)(kp * ntp) * 4 + (size_t)(b->nbk * ntp) * 4 <= MOE8__GMM_SCRATCH;
+  return (size_t)(kp * ntp) * 4 + (size_t)(b->nbk * ntp) * 4 + sizeof(float) * RF * 16 <= MOE8__GMM_SCRATCH;
 }
 
 VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nst = moe8__cdiv(b->n1 - b->n0, 32), ntp = nst * 32, kp = (b->K + 1) / 2;
   uint32_t *Bp = b->scratch;
-  float *rsv = (float *)(Bp + kp * ntp);
+  float *rsv = (float *)(Bp + kp * ntp), *carry = rsv + b->nbk * ntp; /* RF rows × 16 (out_how) */
   const int64_t words = packed_words(b, PATH_BF16);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
   pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32);
@@ -454,7 +462,7 @@ VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
     for (int64_t s = 0; s < nst; s++) {
       const uint8_t *pfb = pf < pf_end ? pf : NULL;
       pf += (size_t)(kp + 7) / 8 * 64;
-      rows_f8_strip_any(mr, b, A + i * words, words, Bp + s * kp * 32, rsv, ntp, i, 32 * s, pfb);
+      rows_f8_strip_any(mr, b, A + i * words, words, Bp + s * kp * 32, rsv, ntp, i, 32 * s, pfb, carry);
     }
   }
   if (b->out_stream) _mm_sfence(); /* the streamed rows before the driver's barrier */

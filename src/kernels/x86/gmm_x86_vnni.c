@@ -207,7 +207,7 @@ VNNI_TARGET INLINE void rows_i8(const int mr, const int nvv, const bool sums, co
 ** rows, on the last block when direct) += S · (ls · rs). */
 VNNI_TARGET INLINE void rows_i8_pair(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
                                      int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
-                                     int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end) {
+                                     int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end, float *carry) {
   const int64_t nt = b->n1 - b->n0, j = 16 * v0;
   const uint8_t *B = pk_at(b, 0) + (size_t)v0 * 64;
   const size_t step = (size_t)nv * 64;
@@ -239,7 +239,9 @@ VNNI_TARGET INLINE void rows_i8_pair(const int mr, const int nvv, const moe8__gm
     const __mmask16 m1 = w1 >= 16 ? 0xFFFF : w1 > 0 ? (__mmask16)((1u << w1) - 1) : 0;
     float *co = last ? (float *)b->out + (b->m0 + i) * b->N + b->n0 + j : C + i * NT + j;
     const float *ci = blk ? C + i * NT + j : NULL, *rs = rsv + blk * ntp + j;
-    if (last && stream_ok(b, co, b->N, m0, m1)) prom_store_to(mr, f, ci, co, b->N, m0, m1, ls, rs, true);
+    moe8__shifted sh;
+    const int how = last ? out_how(b, co, b->N, m0, m1, j, mr, carry, &sh) : OUT_PLAIN;
+    if (how != OUT_PLAIN) prom_store_to(mr, f, ci, co, b->N, m0, m1, ls, rs, true, how == OUT_SHIFT ? &sh : NULL, carry);
     else prom_store(mr, f, ci, co, last ? b->N : NT, m0, m1, ls, rs);
   }
 }
@@ -252,28 +254,29 @@ VNNI_TARGET INLINE void rows_i8_pair(const int mr, const int nvv, const moe8__gm
 
 VNNI_TARGET static void rows_i8_pair_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
                                          int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
-                                         int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end) {
+                                         int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end, float *carry) {
   switch (mr) {
-    case 8: RP_NV(8, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    case 7: RP_NV(7, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    case 6: RP_NV(6, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    case 5: RP_NV(5, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    case 4: RP_NV(4, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    case 3: RP_NV(3, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    case 2: RP_NV(2, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
-    default: RP_NV(1, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end); break;
+    case 8: RP_NV(8, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 7: RP_NV(7, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 6: RP_NV(6, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 5: RP_NV(5, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 4: RP_NV(4, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 3: RP_NV(3, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 2: RP_NV(2, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    default: RP_NV(1, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
   }
 }
 
 bool gmm_i8pk_rows_fits(const moe8__gmm_block *b) {
   const int64_t ntp = moe8__cdiv(b->n1 - b->n0, 16) * 16;
-  return sizeof(float) * (size_t)(MOE8__GMM_MT * NT) + (size_t)(b->nbk * ntp) * 8 <= MOE8__GMM_SCRATCH;
+  return sizeof(float) * (size_t)(MOE8__GMM_MT * NT) + (size_t)(b->nbk * ntp) * 8 + sizeof(float) * RI * 16 <= MOE8__GMM_SCRATCH;
 }
 
 VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16), ntp = nv * 16;
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
   int32_t *cs = (int32_t *)(rsv + b->nbk * ntp);
+  float *carry = (float *)(cs + b->nbk * ntp); /* RI rows × 16 (out_how) */
   const int64_t words = packed_words(b, PATH_I8);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
   for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
@@ -282,7 +285,7 @@ VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
   for (int64_t i = 0; i < mt; i += RI) {
     const int mr = mt - i < RI ? (int)(mt - i) : RI;
     for (int64_t v0 = 0; v0 < nv; v0 += 2)
-      rows_i8_pair_any(mr, nv - v0 >= 2 ? 2 : 1, b, A + i * words, words, i, v0, nv, C, cs, rsv, ntp, direct, &pf, pf_end);
+      rows_i8_pair_any(mr, nv - v0 >= 2 ? 2 : 1, b, A + i * words, words, i, v0, nv, C, cs, rsv, ntp, direct, &pf, pf_end, carry);
   }
   if (!direct) write_out(b, C, mt);
   if (direct && b->out_stream) _mm_sfence(); /* the streamed rows before the driver's barrier */
