@@ -19,8 +19,11 @@
 ** MOE8__GMM_SCRATCH bytes; they never read lhs/rhs outside the given rows,
 ** columns and K, and never write outside out[m0:m1, n0:n1].
 **
-** A table may also pack the lhs once per call (gmm_pack_size/gmm_pack):
-** the driver then gives every block the packed rows in lhs_packed.
+** A table may also pack the lhs (gmm_pack_size/gmm_pack): the driver then
+** gives every block the packed rows in lhs_packed, either the whole call's
+** rows packed once (small calls) or, at prefill, the rows of the block's
+** row tile packed by the thread that runs it into its own workspace slice
+** (pk_row0 says which row is first), so they stay in that core's L2.
 */
 #ifndef MOE8_GMM_H
 #define MOE8_GMM_H
@@ -54,6 +57,10 @@ typedef struct moe8__gmm_block {
   void         *out;        /* [M, N] base                                  */
   void         *scratch;    /* MOE8__GMM_SCRATCH bytes, 64-byte aligned     */
   const void   *lhs_packed; /* the lhs as the table's gmm_pack wrote it, or NULL */
+  int64_t       pk_row0;    /* the call's row whose packed copy is at lhs_packed (0: the
+                            ** whole call's rows; the driver may pack a row tile's rows per
+                            ** thread, then its first row); gmm_pack writes row m at
+                            ** dst + (m - pk_row0) rows                                    */
   const uint8_t *rhs_pk;    /* this group's packed FP8 or i8 rhs (rhs is then NULL) */
   bool          canon;      /* the canonical order (below): lhs bf16 or FP8   */
   const uint8_t *pk_next;   /* the packed tile of this thread's next task (a prefetch hint), or NULL */

@@ -84,7 +84,7 @@ static int64_t i8_row_bytes(const moe8__gmm_block *b) {
 static void pack_i8(const moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst) {
   const int64_t rb = i8_row_bytes(b), bb = i8_block_bytes(b);
   for (int64_t m = m0; m < m1; m++) {
-    uint8_t *d = (uint8_t *)dst + m * rb;
+    uint8_t *d = (uint8_t *)dst + (m - b->pk_row0) * rb;
     const uint8_t *s = (const uint8_t *)b->lhs + m * b->K;
     memset(d, 0, (size_t)rb);
     for (int64_t blk = 0; blk < b->nbk; blk++) {
@@ -251,7 +251,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   float *carry = (float *)(Bs + (size_t)64 * pmax * NT);                           /* 32 rows × 16 */
   const int64_t rowb = i8 ? i8_row_bytes(b) : moe8__canon_row_words(b) * 4;
   const int64_t blkb = i8 ? i8_block_bytes(b) : moe8__canon_block_words(b) * 4;
-  const uint8_t *A = (const uint8_t *)b->lhs_packed + b->m0 * rowb;
+  const uint8_t *A = (const uint8_t *)b->lhs_packed + (b->m0 - b->pk_row0) * rowb;
   const bool direct = i8 && b->rhs_pk; /* B straight from the packed i8 weights */
   const int64_t nv = moe8__cdiv(nt, 16), kq_all = moe8__cdiv(b->K, 4);
   const int64_t full = mt / 16 * 16; /* rows in whole row tiles */

@@ -47,7 +47,7 @@ static void gmm_block(const moe8__gmm_block *b, gmm_path path) {
   float *rsv = (float *)(colsum + NT), *tmp = rsv + NT;
   const int64_t words = packed_words(b, path);
   /* The lhs: packed once per call by the driver (NULL for f32 rows). */
-  const uint32_t *A = b->lhs_packed ? (const uint32_t *)b->lhs_packed + b->m0 * words : NULL;
+  const uint32_t *A = b->lhs_packed ? (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words : NULL;
   /* When every block is one chunk the first block's promotion starts from
   ** zero (no fill of C) and the last one writes f32 output rows directly. */
   const bool all_prom = path != PATH_F32 && b->kb <= KC, direct = all_prom && b->ot == MOE8_DTYPE_F32;
@@ -132,7 +132,7 @@ static void pack_rows_for(const moe8__gmm_block *b, bool bf16, int64_t m0, int64
   float tmp[KC + 64];
   float *big = NULL;
   if (p == PATH_BF16 && b->lt != MOE8_DTYPE_BF16 && b->kb + 32 > KC + 64) big = malloc(sizeof(float) * (size_t)(b->kb + 32));
-  for (int64_t m = m0; m < m1; m++) pack_row(b, p, m, (uint32_t *)dst + m * words, big ? big : tmp);
+  for (int64_t m = m0; m < m1; m++) pack_row(b, p, m, (uint32_t *)dst + (m - b->pk_row0) * words, big ? big : tmp);
   free(big);
 }
 

@@ -113,7 +113,7 @@ BF16_TARGET void gmm_block_bf16_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, NR) * NR;
   float *C = b->scratch, *S = C + MOE8__GMM_MT * NT, *rsv = S + MOE8__GMM_MT * NT;
   const int64_t words = packed_words(b, PATH_BF16);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   const bool fp8 = b->rt != MOE8_DTYPE_BF16;
   __m512i lut[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
   if (fp8) {

@@ -71,7 +71,7 @@ void moe8__gmm_canon_avx512(const moe8__gmm_block *b) {
   uint32_t *Bp = (uint32_t *)(S + MOE8__GMM_MT * NT);
   float *rsv = (float *)(Bp + KC / 2 * NT), *tmp = rsv + NT;
   const int64_t words = moe8__canon_row_words(b);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   const int fused = is_fp8(b->lt) && (is_fp8(b->rt) || b->rt == MOE8_DTYPE_I8);
   /* Few rows on packed FP8 weights: the weights streamed once, no panel. */
   if (mt <= 8 && is_fp8(b->lt) && is_fp8(b->rt) && b->rhs_pk && moe8__cpu_has_vbmi()) { gmm_block_pk_canon(b); return; }
@@ -100,6 +100,6 @@ void moe8__gmm_canon_avx512(const moe8__gmm_block *b) {
 void moe8__gmm_canon_pack(const moe8__gmm_block *b, int64_t m0, int64_t m1, void *dst) {
   const int64_t words = moe8__canon_row_words(b);
   float tmp[KC + 64];
-  for (int64_t m = m0; m < m1; m++) pack_row(b, PATH_BF16, m, (uint32_t *)dst + m * words, tmp);
+  for (int64_t m = m0; m < m1; m++) pack_row(b, PATH_BF16, m, (uint32_t *)dst + (m - b->pk_row0) * words, tmp);
 }
 

@@ -211,7 +211,7 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
   const int64_t words = packed_words(b, PATH_BF16);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
   byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
@@ -328,7 +328,7 @@ VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
   const int64_t words = moe8__canon_row_words(b);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
   byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
@@ -453,7 +453,7 @@ VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
   uint32_t *Bp = b->scratch;
   float *rsv = (float *)(Bp + kp * ntp), *carry = rsv + b->nbk * ntp; /* RF rows × 16 (out_how) */
   const int64_t words = packed_words(b, PATH_BF16);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32);
   for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;

@@ -129,7 +129,7 @@ VNNI_TARGET void gmm_block_i8pk_small_rows(const moe8__gmm_block *b, int64_t wor
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16);
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
   int32_t *cst = (int32_t *)(rsv + NT);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     rhs_scales(b, blk, nv * 16, rsv);
@@ -278,7 +278,7 @@ VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
   int32_t *cs = (int32_t *)(rsv + b->nbk * ntp);
   float *carry = (float *)(cs + b->nbk * ntp); /* RI rows × 16 (out_how) */
   const int64_t words = packed_words(b, PATH_I8);
-  const uint32_t *A = (const uint32_t *)b->lhs_packed + b->m0 * words;
+  const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
   const bool direct = b->ot == MOE8_DTYPE_F32;
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;
