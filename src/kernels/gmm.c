@@ -285,24 +285,19 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
       }
       const int64_t mi = rem, c0 = c % parts * per, c1 = c0 + per < ncol ? c0 + per : ncol;
       const uint8_t *pk = a->rhs_packed ? (const uint8_t *)a->rhs_packed + (size_t)(g - off) * pk_bytes : NULL;
-      const void *lhs_pk = packed;
-      int64_t pk_row0 = 0;
-      if (local) {
-        /* The tile's rows r0 .. r1 at mine (pk_row0 = r0). */
-        const int64_t r1 = row0 + mi * MT + MT < row0 + a->group_sizes[g] ? row0 + mi * MT + MT : row0 + a->group_sizes[g];
-        pk_row0 = row0 + mi * MT;
-        if (c / parts != held) {
-          moe8__gmm_block pp = proto;
-          pp.pk_row0 = pk_row0;
-          for (int64_t m = pk_row0; m < r1; m += 64) kt->gmm_pack(&pp, m, m + 64 < r1 ? m + 64 : r1, mine);
-        }
+      /* The chunk's row tile: rows r0 .. r1 of the call. */
+      const int64_t r0 = row0 + mi * MT, r1 = r0 + MT < row0 + a->group_sizes[g] ? r0 + MT : row0 + a->group_sizes[g];
+      const void *lhs_pk = local ? mine : packed;
+      if (local && c / parts != held) { /* the tile's rows at mine, pk_row0 = r0 */
+        moe8__gmm_block pp = proto;
+        pp.pk_row0 = r0;
+        for (int64_t m = r0; m < r1; m += 64) kt->gmm_pack(&pp, m, m + 64 < r1 ? m + 64 : r1, mine);
         held = c / parts;
-        lhs_pk = mine;
       }
       for (int64_t ni = c0; ni < c1; ni++) {
         moe8__gmm_block b = {
           .K = K, .N = N, .kb = kb, .nbk = nbk,
-          .m0 = row0 + mi * MT, .n0 = ni * NT,
+          .m0 = r0, .m1 = r1, .n0 = ni * NT,
           .lt = a->lhs.dtype, .rt = a->rhs.dtype, .ot = a->out_dtype,
           .lhs = a->lhs.data,
           .rhs = a->rhs_packed ? NULL : (const char *)a->rhs.data + (size_t)((g - off) * K * N) * rsz,
@@ -312,14 +307,13 @@ moe8_status moe8__gmm(const moe8_gmm_args *a, void *ws, size_t ws_bytes) {
           .rs = rk == MOE8__SC_TENSOR ? a->rhs.scale
                 : rk == MOE8__SC_ROW ? a->rhs.scale + (g - off) * N
                 : rk == MOE8__SC_TILE ? a->rhs.scale + (g - off) * nbk * N : NULL,
-          .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = lhs_pk, .pk_row0 = pk_row0, .canon = canon, .out_stream = stream,
+          .rk = rk, .out = a->out, .scratch = scratch, .lhs_packed = lhs_pk, .pk_row0 = local ? r0 : 0, .canon = canon, .out_stream = stream,
         };
         if (pk && ni + 1 < c1) {
           /* The next task's tile follows this one in the packed group. */
           b.pk_next = pk + moe8__pk_row(a->rhs.dtype, K, N, 0, (ni + 1) * NT);
           b.pk_next_bytes = (ni + 2 < ncol ? pk + moe8__pk_row(a->rhs.dtype, K, N, 0, (ni + 2) * NT) : pk + pk_bytes) - b.pk_next;
         }
-        b.m1 = b.m0 + MT < row0 + a->group_sizes[g] ? b.m0 + MT : row0 + a->group_sizes[g];
         b.n1 = b.n0 + NT < N ? b.n0 + NT : N;
         if (K == 0) {
           for (int64_t m = b.m0; m < b.m1; m++) memset((char *)a->out + (size_t)(m * N + b.n0) * osz, 0, (size_t)(b.n1 - b.n0) * osz);
