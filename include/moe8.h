@@ -637,6 +637,12 @@ MOE8_API void moe8_layer_set_allow_nonfinite(moe8_layer *layer, bool allow);
 ** no forward for a backward. */
 MOE8_API moe8_status moe8_layer_experts(moe8_layer *layer, const float *x, int64_t T, const int32_t *topk_ids,
                                         const float *topk_weights, float *out, void *ws, size_t ws_size);
+/* moe8_layer_experts without the layer's shared expert (for a caller that
+** runs its own, as transformers' blocks and serving stacks do): the routed
+** experts' weighted sum alone, the bytes moe8_layer_experts gives a layer
+** that has no shared expert. */
+MOE8_API moe8_status moe8_layer_experts_routed(moe8_layer *layer, const float *x, int64_t T, const int32_t *topk_ids,
+                                               const float *topk_weights, float *out, void *ws, size_t ws_size);
 
 /* The summation order of the layer's expert matmuls (section 5; default:
 ** the process setting).  Under expert parallelism every rank's layer must

@@ -146,6 +146,7 @@ _layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_
 _layer_prepare = _fn("moe8_layer_prepare", C.c_int, _P)
 _layer_weights_changed = _fn("moe8_layer_weights_changed", None, _P)
 _layer_experts = _fn("moe8_layer_experts", C.c_int, _P, _P, _i64, _P, _P, _P, _P, C.c_size_t)
+_layer_experts_routed = _fn("moe8_layer_experts_routed", C.c_int, _P, _P, _i64, _P, _P, _P, _P, C.c_size_t)
 _rules_load = _fn("moe8_rules_load", C.c_int, C.c_char_p, C.POINTER(_P))
 _model_open_as = _fn("moe8_model_open_as", C.c_int, C.c_char_p, C.c_char_p, C.POINTER(_P))
 _model_close = _fn("moe8_model_close", None, _P)
@@ -166,6 +167,8 @@ class _Rule(C.Structure):
 
 _layer_rule = _fn("moe8_layer_rule", C.POINTER(_Rule), _P)
 _rules_at = _fn("moe8_rules_at", C.POINTER(_Rule), _P, C.c_size_t)
+_rules_match = _fn("moe8_rules_match", C.c_void_p, _P, C.c_char_p)
+_rules_count = _fn("moe8_rules_count", C.c_size_t, _P)
 _layer_prepared = _fn("moe8_layer_prepared", C.c_int, _P, C.POINTER(_Prepared))
 _layer_load_prepared = _fn("moe8_layer_load_prepared", C.c_int, _P, C.POINTER(_Prepared))
 _quantize = _fn("moe8_quantize", C.c_int, C.POINTER(_QuantSpec), _P, _i64, _i64, _i64, _P, _P, C.POINTER(C.c_size_t))
@@ -251,6 +254,17 @@ class Rules:
         else:
             raise Error(1, "rules must be a dict, JSON text or a path, not %s" % type(rules).__name__)
         self._h = h
+
+    def match(self, module_path):
+        """The index of the rule that applies to module_path (the first
+        whose pattern matches, as a layer picks its rule), or None."""
+        hit = _rules_match(self._h, module_path.encode())
+        if not hit:
+            return None
+        for i in range(_rules_count(self._h)):
+            if C.addressof(_rules_at(self._h, i).contents) == hit:
+                return i
+        return None
 
     def __del__(self):
         if getattr(self, "_h", None):

@@ -19,6 +19,7 @@ import ctypes
 import json
 import mmap
 import os
+import re
 import struct
 
 import torch
@@ -28,6 +29,7 @@ from transformers.quantizers.auto import register_quantization_config, register_
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
+from . import Layer, Rules
 from ._torch_op import _act_of, _lean_layer, _why_not, register_layer
 
 METHOD = "moe8"
@@ -45,14 +47,20 @@ class Moe8Config(QuantizationConfigMixin):
     model.layers.3.mlp.experts); modules_to_not_convert lists module-path
     prefixes left to transformers."""
 
-    def __init__(self, rules=None, modules_to_not_convert=None, **kwargs):
+    def __init__(self, rules=None, modules_to_not_convert=None, experts_from_files=False, **kwargs):
         from ._torch import _rules_text
         self.quant_method = METHOD
         self.rules = _rules_text(rules)
         self.modules_to_not_convert = list(modules_to_not_convert or [])
+        # True: moe8's own loader reads each experts module's tensors from
+        # the checkpoint's files (any file `moe8 run` reads: float, moe8's
+        # FP8 / int8 / MXFP4, GPT-OSS's MXFP4); transformers reads the rest
+        # (moe8.torch.from_pretrained)
+        self.experts_from_files = bool(experts_from_files)
 
     def to_dict(self):
-        return {"quant_method": METHOD, "rules": self.rules, "modules_to_not_convert": list(self.modules_to_not_convert)}
+        return {"quant_method": METHOD, "rules": self.rules, "modules_to_not_convert": list(self.modules_to_not_convert),
+                "experts_from_files": self.experts_from_files}
 
 
 def _expert_ranges(files):
@@ -119,6 +127,32 @@ def _release(ranges, model):
             _libc.madvise(a0, a1 - a0, _MADV_DONTNEED)
 
 
+def _experts_modules(model):
+    """(name, module) of each experts module (transformers' experts
+    classes: fused gate_up_proj and down_proj tensors)."""
+    for name, m in model.named_modules():
+        gu, dn = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        if isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and hasattr(m, "is_concatenated"):
+            yield name, m
+
+
+def _rule_for(text, name):
+    """The rule set that gives the rule `name` (the experts module's path
+    in the transformers model) matches, for a layer the files may name
+    otherwise (Mixtral's block_sparse_moe.): that rule alone, matching any
+    path; None when no rule matches (the file's own format)."""
+    if text is None:
+        return None
+    i = Rules(text).match(name)
+    if i is None:
+        return None
+    spec = json.loads(text)
+    spec = {"rules": spec} if isinstance(spec, list) else dict(spec)
+    rule = dict(spec["rules"][i], module_path=".*")
+    spec["rules"] = [rule]
+    return spec
+
+
 def _top_k(config):
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     for key in _TOP_K_KEYS:
@@ -174,12 +208,11 @@ class Moe8HfQuantizer(HfQuantizer):
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
         self._k = _top_k(model.config)
         self._model = model
+        if self.quantization_config.experts_from_files:
+            return self._load_from_files(model, checkpoint_files)
         self._ranges = _expert_ranges(checkpoint_files)
         skip = tuple(self.quantization_config.modules_to_not_convert)
-        for name, m in model.named_modules():
-            gu, dn = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
-            if not (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor)) or not hasattr(m, "is_concatenated"):
-                continue
+        for name, m in _experts_modules(model):
             if skip and name.startswith(skip):
                 continue
             if _why_not(m):
@@ -190,7 +223,47 @@ class Moe8HfQuantizer(HfQuantizer):
             raise ValueError("moe8: %s has no experts module moe8 runs (gate_up_proj and down_proj, SwiGLU, no expert biases)"
                              % type(model).__name__)
 
+    def _load_from_files(self, model, checkpoint_files):
+        """Every experts module of a MoE layer: its moe8 inference layer
+        read from the checkpoint by moe8's loader (as `moe8 run` reads
+        it), its parameters replaced by empty ones, and the checkpoint's
+        tensors under it left unread by transformers."""
+        files = [str(f) for f in checkpoint_files or ()]
+        if not files:
+            raise ValueError("moe8: experts_from_files needs the checkpoint's files (a local model directory)")
+        model_dir = os.path.dirname(os.path.abspath(files[0]))
+        skip = tuple(self.quantization_config.modules_to_not_convert)
+        rules = self.quantization_config.rules
+        for name, m in _experts_modules(model):
+            if skip and name.startswith(skip):
+                continue
+            found = re.search(r"(?:^|\.)layers\.([0-9]+)\.", name + ".")
+            if not found:
+                raise ValueError("moe8: experts module %s names no layer (layers.N.)" % name)
+            lay = Layer.from_model(model_dir, layer=int(found.group(1)), rules=_rule_for(rules, name))
+            # (the files may name the block otherwise: Mixtral's block_sparse_moe., which transformers renames)
+            gu = m.gate_up_proj
+            E = gu.shape[0]
+            if lay.num_experts != E or lay.top_k != self._k or lay.hidden not in gu.shape[1:]:
+                raise ValueError("moe8: %s is %d experts of hidden %s, top-%d; the checkpoint's layer has %d of hidden %d, top-%d"
+                                 % (name, E, list(gu.shape[1:]), self._k, lay.num_experts, lay.hidden, lay.top_k))
+            for pname, p in list(m.named_parameters(recurse=False)):  # out of the state dict: not loaded, not missing
+                del m._parameters[pname]
+                m.__dict__[pname] = torch.empty(0, dtype=p.dtype)
+            register_layer(lay)
+            m.__dict__["_moe8_loaded"], m.__dict__["_moe8_path"] = lay, name
+            self._targets[name] = m
+        if not self._targets:
+            raise ValueError("moe8: %s has no experts module" % type(model).__name__)
+        # the experts' tensors in the files are moe8's: neither read by
+        # transformers nor reported missing or unexpected
+        pats = {r"(^|\.)%s\." % re.escape(n) for n in self._targets}
+        for attr in ("_keys_to_ignore_on_load_unexpected", "_keys_to_ignore_on_load_missing"):
+            setattr(model, attr, set(getattr(model, attr, None) or ()) | pats)
+
     def param_needs_quantization(self, model, param_name, **kwargs):
+        if self.quantization_config.experts_from_files:
+            return False
         path, _, name = param_name.rpartition(".")
         return name in ("gate_up_proj", "down_proj") and path in self._targets
 
@@ -220,6 +293,36 @@ class Moe8HfQuantizer(HfQuantizer):
     @property
     def is_trainable(self):
         return False
+
+
+def from_pretrained(model_dir, rules=None, model_class=None, **kwargs):
+    """A transformers model loaded from a local checkpoint directory with
+    its experts read by moe8's own loader (Moe8Config(experts_from_files=
+    True)): each experts module holds only what moe8's inference load
+    keeps (GPT-OSS's MXFP4 codes as they are, moe8's FP8 / int8 / MXFP4
+    files' codes, a float checkpoint quantized as `rules` say), and no
+    float copy of an expert weight is made.  The rest of the model is
+    loaded by transformers (kwargs go to model_class.from_pretrained,
+    default AutoModelForCausalLM; e.g. dtype=torch.bfloat16).  A config
+    whose quantization_config is MXFP4 (GPT-OSS: only the experts are
+    quantized) is loaded so; other quantized checkpoints are refused."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    register()
+    from ._torch_op import register_transformers
+    register_transformers()
+    config = kwargs.pop("config", None) or AutoConfig.from_pretrained(model_dir)
+    qc = getattr(config, "quantization_config", None)
+    if qc is not None:
+        method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+        method = getattr(method, "value", method)
+        if method != "mxfp4":
+            raise ValueError("moe8: %s: config.json's quantization_config is %r; moe8.torch.from_pretrained reads float "
+                             "checkpoints, moe8's own files and MXFP4 experts (GPT-OSS)" % (model_dir, method))
+        del config.quantization_config  # only the experts are MXFP4: moe8 reads them, transformers the rest
+    if "quantization_config" in kwargs:
+        raise ValueError("moe8: from_pretrained sets quantization_config itself (give rules=...)")
+    cls = model_class or AutoModelForCausalLM
+    return cls.from_pretrained(model_dir, config=config, quantization_config=Moe8Config(rules, experts_from_files=True), **kwargs)
 
 
 def register():

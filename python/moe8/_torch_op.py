@@ -13,7 +13,7 @@ import numpy as np
 
 import torch
 
-from . import Error, Layer, _check, _layer_experts, _layer_weights_changed, _P
+from . import Error, Layer, _check, _layer_experts, _layer_experts_routed, _layer_weights_changed, _P
 
 # ---- the layer registry -------------------------------------------------------------------------
 _LAYERS = {}
@@ -92,14 +92,8 @@ def _run(lay, hidden, topk_ids, topk_weights, out, shared):
     if lay._views_out and not lay._prepared:
         _layer_weights_changed(lay._h)
     ws = lay._workspace(T)
-    _check(_layer_experts(lay._h, _P(x.data_ptr()), T, _P(ids.data_ptr()), _P(w.data_ptr()), _P(out.data_ptr()), ws.ptr, ws.n))
-    if not shared and lay.shared_ffn > 0:
-        # The shared expert alone (every slot skipped gives 0 + shared, the
-        # bytes it adds in the full call), taken off again.
-        s = torch.empty_like(out)
-        skip = torch.full_like(ids, -1)
-        _check(_layer_experts(lay._h, _P(x.data_ptr()), T, _P(skip.data_ptr()), _P(w.data_ptr()), _P(s.data_ptr()), ws.ptr, ws.n))
-        out.sub_(s)
+    fn = _layer_experts if shared else _layer_experts_routed  # routed: the shared expert left out (the caller runs its own)
+    _check(fn(lay._h, _P(x.data_ptr()), T, _P(ids.data_ptr()), _P(w.data_ptr()), _P(out.data_ptr()), ws.ptr, ws.n))
 
 
 def _experts_cpu(hidden, topk_ids, topk_weights, layer, shared=True):
@@ -352,7 +346,8 @@ def transformers_experts_forward(self, hidden_states, top_k_index, top_k_weights
         ids = torch.where(ids >= lay.num_experts, torch.full_like(ids, -1), ids)
     x = hidden_states if hidden_states.dtype in (torch.float32, torch.bfloat16) else hidden_states.float()
     w = top_k_weights if top_k_weights.dtype in (torch.float32, torch.bfloat16) else top_k_weights.float()
-    return torch.ops.moe8.experts(x, ids, w, lay._op_handle).to(hidden_states.dtype)
+    # transformers runs a block's shared experts itself: the routed experts alone
+    return torch.ops.moe8.experts(x, ids, w, lay._op_handle, False).to(hidden_states.dtype)
 
 
 def register_transformers():

@@ -43,7 +43,7 @@ else:
 
     def __getattr__(name):
         # transformers' quantizer plug-in: importing it imports transformers
-        if name in ("Moe8Config", "Moe8HfQuantizer"):
+        if name in ("Moe8Config", "Moe8HfQuantizer", "from_pretrained"):
             from . import _hf_quant
             _hf_quant.register()
             return getattr(_hf_quant, name)

@@ -2,6 +2,9 @@
 serving stack"): the layer's experts on tokens the caller routed, as a
 PyTorch operator; the vLLM and KTransformers call shapes; torch.compile.
 Skipped with a notice where torch is absent."""
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -130,15 +133,19 @@ def test_shared_expert_left_out():
     shared = torch.ops.moe8.experts(x, torch.full_like(ids, -1), w, h)  # every slot skipped: the shared expert alone
     routed = torch.ops.moe8.experts(x, ids, w, h, False)
     assert shared.abs().max() > 0
-    assert torch.equal(routed, full - shared)
-    # a layer without a shared expert, same routed experts: the same within f32 noise
+    assert (routed - (full - shared)).abs().max() <= 1e-5 * full.abs().max()
+    # a layer without a shared expert, same routed experts: the same bytes
+    # (the shared expert is not computed, not taken off)
     N = _layer(shared_ffn=0)
     for n in ("router", "gate", "up", "down"):
         N.weight(n)[:] = L.weight_copy(n)
     N.prepare()
     want = torch.ops.moe8.experts(x, ids, w, register_layer(N))
-    assert (routed - want).abs().max() <= 1e-5 * full.abs().max()
+    assert torch.equal(routed, want)
     assert torch.equal(torch.ops.moe8.experts(x, ids, w, register_layer(N), False), want)  # nothing to leave out
+    out = torch.empty_like(want)
+    torch.ops.moe8.experts(x.bfloat16(), ids, w, h, False, out=out)
+    assert torch.equal(out, torch.ops.moe8.experts(x.bfloat16().float(), ids, w, register_layer(N)))  # out= f32: not rounded
 
 
 def test_ktransformers_shape_and_registry():
@@ -281,3 +288,75 @@ def test_transformers_quantizer(tmp_path):
                 q(ids)
             with pytest.raises(ValueError, match="loaded by moe8's quantizer"):
                 set_experts_rules(q, rules)
+
+
+def _gpt_oss_mxfp4(transformers, d, layers=2, experts=4, k=2, hidden=64, ffn=64, vocab=128, seed=0):
+    """A tiny GPT-OSS checkpoint in its released MXFP4 layout (random E2M1
+    codes and E8M0 scales for the experts, bf16 for the rest)."""
+    import json
+    from safetensors.torch import save_file
+    cfg = transformers.GptOssConfig(hidden_size=hidden, num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=k,
+                                    experts_per_token=k, intermediate_size=ffn, vocab_size=vocab, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in transformers.GptOssForCausalLM(cfg).state_dict().items() if ".mlp.experts." not in n}
+    g = torch.Generator().manual_seed(seed)
+    sd = {n: (torch.ones(s) if "norm" in n else torch.randn(s, generator=g) * 0.05).to(torch.bfloat16) for n, s in shapes.items()}
+    for layer in range(layers):
+        pre = "model.layers.%d.mlp.experts." % layer
+        for proj, n, kk in (("gate_up_proj", 2 * ffn, hidden), ("down_proj", hidden, ffn)):
+            sd[pre + proj + "_blocks"] = torch.randint(0, 256, (experts, n, kk // 32, 16), generator=g, dtype=torch.uint8)
+            sd[pre + proj + "_scales"] = torch.randint(118, 124, (experts, n, kk // 32), generator=g, dtype=torch.uint8)
+            sd[pre + proj + "_bias"] = (torch.randn((experts, n), generator=g) * 0.05).to(torch.bfloat16)
+    os.makedirs(d, exist_ok=True)
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    c = cfg.to_dict()
+    c["architectures"] = ["GptOssForCausalLM"]
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f)
+
+
+def test_transformers_experts_from_files(tmp_path):
+    """moe8.torch.from_pretrained: moe8's loader reads each experts module
+    from the checkpoint's files. On bf16 Qwen3-MoE and Mixtral checkpoints
+    the logits are the bytes of the quantizer path under the same rules;
+    on a GPT-OSS checkpoint in its MXFP4 layout the MXFP4 codes are kept
+    (no float expert tensor anywhere) and the logits are transformers' own
+    (its experts dequantized) within f32 noise; other quantized configs
+    are refused by name."""
+    transformers = _transformers_or_skip("moe8.torch.from_pretrained")
+    import moe8.torch as mt
+    assert mt.register_transformers()
+    from moe8.torch import Moe8Config
+    torch.manual_seed(2)
+    ids = torch.randint(0, 128, (2, 7))
+    for cls, cfg in _tiny_models(transformers):
+        d = tmp_path / cls.__name__
+        cls(cfg).to(torch.bfloat16).save_pretrained(d)
+        for r in (None, _FP8_EXPERTS):
+            want = transformers.AutoModelForCausalLM.from_pretrained(d, quantization_config=Moe8Config(rules=r)).eval()
+            got = mt.from_pretrained(d, rules=r).eval()
+            assert [n for n, t in got.state_dict().items() if ".experts." in n and t.numel() > 0] == []
+            with torch.no_grad():
+                assert torch.equal(got(ids).logits, want(ids).logits)
+    d = tmp_path / "gpt_oss"
+    _gpt_oss_mxfp4(transformers, d)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+    got = mt.from_pretrained(d, dtype=torch.float32).eval()
+    experts = [m for n, m in got.named_modules() if n.endswith("mlp.experts")]
+    assert len(experts) == 2 and all("mxfp4" in m._moe8_loaded.model_format for m in experts)
+    assert [n for n, t in list(got.named_parameters()) + list(got.named_buffers()) if ".experts." in n] == []
+    with torch.no_grad():
+        want, out = ref(ids).logits, got(ids).logits
+    assert (out - want).abs().max() <= 1e-5 * want.abs().max()
+    with open(d / "config.json") as f:
+        c = json.load(f)
+    c["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with open(d / "config.json", "w") as f:
+        json.dump(c, f)
+    with pytest.raises(ValueError, match="quantization_config is 'fp8'"):
+        mt.from_pretrained(d)

@@ -867,7 +867,7 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
 
 /* ---- forward ---------------------------------------------------------------------- */
 static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size,
-                           uint64_t kind, const int32_t *ids_in, const float *w_in) {
+                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
   if (T < 0 || T > max_tokens(L))
@@ -943,7 +943,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   ** may be x, or overlap it: nothing reads x after the combine writes
   ** out) and added after the combine */
   moe8__shared_buf sb = {0};
-  if (st == MOE8_OK && L->cfg.shared_ffn > 0) {
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && with_shared) {
     moe8__shared_buf_carve(L, T, w.shared, &sb);
     if (L->aq && !qfirst) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
     if (st == MOE8_OK) st = moe8__shared_forward(L, order, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
@@ -964,7 +964,7 @@ moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *
   moe8_status st = ensure_quantized(L); /* inference layers: fixed at load */
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
-  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
@@ -973,22 +973,32 @@ moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, f
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   pthread_rwlock_rdlock(&L->lock);
   const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
-                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL);
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
 
-moe8_status moe8_layer_experts(moe8_layer *L, const float *x, int64_t T, const int32_t *topk_ids, const float *topk_weights, float *out,
-                               void *ws, size_t ws_size) {
+static moe8_status layer_experts(moe8_layer *L, const float *x, int64_t T, const int32_t *topk_ids, const float *topk_weights,
+                                 float *out, void *ws, size_t ws_size, bool with_shared) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer experts: NULL layer");
   if (T > 0 && (!topk_ids || !topk_weights)) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer experts: NULL topk_ids or topk_weights");
   moe8_status st = ensure_quantized(L);
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
   /* no backward from here: the workspace is marked as an inference forward's */
-  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights);
+  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared);
   pthread_rwlock_unlock(&L->lock);
   return st;
+}
+
+moe8_status moe8_layer_experts(moe8_layer *L, const float *x, int64_t T, const int32_t *topk_ids, const float *topk_weights, float *out,
+                               void *ws, size_t ws_size) {
+  return layer_experts(L, x, T, topk_ids, topk_weights, out, ws, ws_size, true);
+}
+
+moe8_status moe8_layer_experts_routed(moe8_layer *L, const float *x, int64_t T, const int32_t *topk_ids, const float *topk_weights,
+                                      float *out, void *ws, size_t ws_size) {
+  return layer_experts(L, x, T, topk_ids, topk_weights, out, ws, ws_size, false);
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
