@@ -8,6 +8,8 @@ shape is set by the options) once, then loads it in a fresh process per
 way of loading:
   transformers   from_pretrained(dir, dtype=bfloat16): transformers alone
   moe8-quantizer from_pretrained(dir, quantization_config=moe8.torch.Moe8Config(rules))
+  moe8-files     moe8.torch.from_pretrained(dir, rules): moe8's loader reads the experts from the files
+  moe8-files-fp8 the same on moe8's FP8 file of the checkpoint (moe8.quantize_model, made once)
   moe8-patch     from_pretrained(dir) then moe8.torch.patch(model, rules)
 and prints, per way: the load's wall time, the resident bytes it added
 (after the load, garbage collected) and its peak (VmHWM, reset before the
@@ -79,6 +81,10 @@ def child(args):
     elif args.child == "moe8-quantizer":
         model = transformers.AutoModelForCausalLM.from_pretrained(args.dir, dtype=torch.bfloat16,
                                                                   quantization_config=mt.Moe8Config(rules=RULES))
+    elif args.child == "moe8-files":
+        model = mt.from_pretrained(args.dir, rules=RULES, dtype=torch.bfloat16)
+    elif args.child == "moe8-files-fp8":
+        model = mt.from_pretrained(args.dir + "-fp8", dtype=torch.bfloat16)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(args.dir, dtype=torch.bfloat16)
         mt.patch(model, RULES)
@@ -144,7 +150,10 @@ def main():
     print("checkpoint: %.1f MB (experts %.1f MB bf16, the rest %.1f MB); ideal with FP8 experts: %.1f MB"
           % ((expert_file + other) / 1e6, expert_file / 1e6, other / 1e6, ideal / 1e6))
     rows = []
-    for way in ("transformers", "moe8-quantizer", "moe8-patch"):
+    if not os.path.exists(os.path.join(args.dir + "-fp8", "config.json")):
+        import moe8
+        moe8.quantize_model(args.dir, args.dir + "-fp8", RULES)  # moe8's FP8 file of the same checkpoint
+    for way in ("transformers", "moe8-quantizer", "moe8-files", "moe8-files-fp8", "moe8-patch"):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--dir", args.dir, "--child", way], capture_output=True,
                              text=True)
         line = [x for x in out.stdout.splitlines() if x.startswith("{")]
