@@ -555,11 +555,13 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   if (st != MOE8_OK) { oldset_free(&old); return st; }
   const moe8_hf_config *hc = moe8_model_config(m);
   if (hc->arch == MOE8_ARCH_GPT_OSS) {
+    /* the message first: hc is the model's, freed by the close */
+    st = moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet (its own files hold "
+                    "MXFP4 already); run it with the rules instead (moe8 run --rules R: the experts are quantized once at load)", in,
+                    moe8_arch_name(hc->arch));
     moe8_model_close(m);
     oldset_free(&old);
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet (its own files hold "
-                      "MXFP4 already); run it with the rules instead (moe8 run --rules R: the experts are quantized once at load)", in,
-                      moe8_arch_name(hc->arch));
+    return st;
   }
   const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};
