@@ -852,6 +852,12 @@ typedef struct moe8_hf_config {
   ** gate rows first, output_linear.weight [D, Fs]); empty: in the block,
   ** per projection. */
   char              shared_beside[24];
+  /* Mistral's own files (Mistral-Large-4): the layers may lie under
+  ** "layers." (no "model." root) and the block's tensors in the decoder
+  ** layer itself (layers.L.gate.weight, layers.L.experts.N.w1.weight,
+  ** layers.L.shared_experts.*), which the loader takes when the file holds
+  ** the router there. */
+  bool              mistral_names;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -90,6 +90,8 @@ typedef struct family {
   /* Kolibri-1: the top-k of logit + the router's correction bias, weighted
   ** by the sigmoid scores */
   bool        select_logits;
+  /* Mistral's own tensor names (moe8_hf_config.mistral_names) */
+  bool        mistral_names;
 } family;
 
 /* Placement of the MoE layers. */
@@ -328,6 +330,15 @@ static const family k_families[] = {
   {.name = "kolibri1", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_local_experts", .hidden = 2560, .layers = 50, .experts = 384, .top_k = 6, .ffn = 512, .shared = 512, .norm = false,
    .scaling = 1.0, .shared_ungated = true, .sigmoid = true, .place = PLACE_ALL, .select_logits = true},
+  /* MistralLarge4TextConfig (Mistral-Large-4, the text model of
+  ** mistral_large4): Mistral-4's block (softmax scores, no bias, the 0.0
+  ** group mask selecting as -inf does), always renormalized (no key); its
+  ** files hold Mistral's own names (layers.L.gate.weight,
+  ** layers.L.experts.N.w1/w3/w2, layers.L.shared_experts.*) */
+  {.name = "mistral_large4_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 6144, .layers = 72, .experts = 128, .top_k = 4, .ffn = 6144, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 1, .norm_key = "", .place = PLACE_TYPES_FK, .softmax_scores = true,
+   .no_bias = true, .mistral_names = true},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -348,6 +359,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"unlimited_ocr", "unlimited_ocr_text"},
   {"glm5_next", "glm5_next_text"},
   {"hy_v4_vl", "hy_v4_vl_text"},
+  {"mistral_large4", "mistral_large4_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -577,8 +589,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
-    {"mistral_large4", "its files hold Mistral's own tensor names (layers.L.experts.N.w1/w3/w2, layers.L.gate.weight), which moe8 "
-                       "does not read yet (its block is mistral4's)"},
+    {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
     {"nemotron_h", "its experts are relu-squared MLPs, not SwiGLU"},
     {"step3p5", "its SwiGLU is clamped per layer after the activation (swiglu_limits)"},
@@ -863,6 +874,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   if (fam->fused_gu) snprintf(c->fused_gu, sizeof c->fused_gu, "%s", fam->fused_gu);
   if (fam->fused_dn) snprintf(c->fused_dn, sizeof c->fused_dn, "%s", fam->fused_dn);
   if (fam->shared_beside) snprintf(c->shared_beside, sizeof c->shared_beside, "%s", fam->shared_beside);
+  c->mistral_names = fam->mistral_names;
   /* Weights quantization in the checkpoint. */
   const cJSON *q = item(root, "quantization_config");
   if (q) {

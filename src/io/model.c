@@ -164,11 +164,17 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
     }
   /* The layers' root: a text model's, or a multimodal model's language
   ** model (Llama-4 as released; transformers 5 names it the other way). */
-  static const char *const roots[3] = {"language_model.model.layers.", "model.language_model.layers.", "model.layers."};
+  static const char *const roots[4] = {"language_model.model.layers.", "model.language_model.layers.", "model.layers.", "layers."};
   int ri = 2;
   for (size_t i = 0; i < m->count && ri == 2; i++)
     for (int r = 0; r < 2; r++)
       if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
+  /* Mistral's own files (Mistral-Large-4 as released and as transformers
+  ** saves it): the layers at the top, "layers.L.", when no other root is there */
+  bool other = false;
+  for (size_t i = 0; i < m->count && ri == 2 && !other; i++) other = !strncmp(m->all[i]->name, roots[2], strlen(roots[2]));
+  for (size_t i = 0; i < m->count && ri == 2 && !other && m->cfg.mistral_names; i++)
+    if (!strncmp(m->all[i]->name, roots[3], strlen(roots[3]))) ri = 3;
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   *out = m;
   return MOE8_OK;
@@ -191,6 +197,11 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
   const char *root = m ? m->root : "model.layers.";
   snprintf(buf, cap, "%s%lld.block_sparse_moe.gate.weight", root, (long long)layer);
   const bool bsm = m && m->cfg.arch != MOE8_ARCH_LLAMA4 && moe8_model_find(m, buf); /* Mixtral's, MiniMax's, Kimi's files */
+  snprintf(buf, cap, "%s%lld.gate.weight", root, (long long)layer);
+  if (m && m->cfg.mistral_names && moe8_model_find(m, buf)) { /* Mistral's files: the block's tensors in the decoder layer */
+    snprintf(buf, cap, "%s%lld.", root, (long long)layer);
+    return;
+  }
   snprintf(buf, cap, "%s%lld.%s", root, (long long)layer,
            m && m->cfg.block_prefix[0] ? m->cfg.block_prefix
            : bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");

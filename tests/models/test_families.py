@@ -993,6 +993,14 @@ ROWS = [
     dict(mt="hy_v4_vl", wrap="hy_v4_vl_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
          scale=("routed_scaling_factor", 2.827), shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0),
          shared_plain=True, layouts=("fused",)),
+    # Mistral-Large-4: Mistral-4's block, always renormalized, in Mistral's own names (layers.L.gate.weight,
+    # layers.L.experts.N.w1/w3/w2, layers.L.shared_experts.w1/w3/w2: as its files and transformers' save_pretrained write them)
+    dict(mt="mistral_large4_text", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("routed_scaling_factor", 1.0),
+         shared=("n_shared_experts", 1), place="fk", softmax=True, root="layers.", prefix="", names=("w1", "w3", "w2"),
+         shared_names=("w1", "w3", "w2"), shared_name="shared_experts.", layouts=("per", "fused")),
+    dict(mt="mistral_large4", wrap="mistral_large4_text", block="ds3", ekey="n_routed_experts", norm=(None, True),
+         scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2), place="types", softmax=True, root="layers.", prefix="",
+         names=("w1", "w3", "w2"), shared_name="shared_experts.", layouts=("per",)),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
@@ -1069,7 +1077,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     if row.get("wrap"):
         text = dict(cfg, model_type=row["wrap"])
         cfg = {"model_type": row["mt"], "text_config": text, "vision_config": {"hidden_size": 8}}
-    root = "model.language_model.layers." if row.get("wrap") else "model.layers."
+    root = row.get("root") or ("model.language_model.layers." if row.get("wrap") else "model.layers.")
     pre = row.get("prefix", "mlp.")
     names = row.get("names", ("gate_proj", "up_proj", "down_proj"))
     t, refs = {}, {}
