@@ -569,6 +569,11 @@ typedef struct moe8_layer_config {
   /* The router selects by logit + bias instead of score + bias (Kolibri-1:
   ** the top-k of l + b, weighted by sigmoid(l)). */
   bool            select_logits;
+  /* JetMoE: the block's output plus a bias b [D] (MOE8_W_OUT_BIAS), added
+  ** to every token's row after the routed sum and the shared expert;
+  ** forward, fused, backward (its gradient: dout summed over the tokens)
+  ** and both expert-parallel modes. */
+  bool            out_bias;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -584,6 +589,7 @@ typedef enum moe8_weight_id {
   MOE8_W_ROUTER_BIAS, /* [E]       router_bias */
   MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
   MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
+  MOE8_W_OUT_BIAS,    /* [D]       out_bias */
   MOE8_W_COUNT
 } moe8_weight_id;
 
@@ -679,6 +685,8 @@ typedef struct moe8_layer_grads {
   /* With router_bias / expert_bias: [E], [E, 2F] (gate columns, then up),
   ** [E, D] (NULL: not wanted). */
   float *dwrb, *dwgub, *dwdb;
+  /* With out_bias: [D] (NULL: not wanted). */
+  float *dwob;
 } moe8_layer_grads;
 
 MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,

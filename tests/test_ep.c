@@ -381,9 +381,11 @@ static void test_ep_failures(void **state) {
 static void test_ep_gpt_oss_form(void **state) {
   (void)state;
   const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
-  for (int form = 0; form < 2; form++) {
+  for (int form = 0; form < 3; form++) { /* GPT-OSS's, the limited SwiGLU, JetMoE's output bias (with a shared expert) */
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  cfg.act = form ? MOE8_ACT_SWIGLU_LIMIT : MOE8_ACT_SWIGLU_CLAMP;
+  cfg.act = form == 1 ? MOE8_ACT_SWIGLU_LIMIT : form == 0 ? MOE8_ACT_SWIGLU_CLAMP : MOE8_ACT_SWIGLU;
+  cfg.out_bias = form == 2;
+  cfg.shared_ffn = form == 2 ? 32 : 0;
   cfg.act_alpha = 1.702f;
   cfg.act_limit = 0.4f; /* binds on many rows of these weights */
   cfg.router_bias = cfg.expert_bias = !form;
@@ -409,6 +411,12 @@ static void test_ep_gpt_oss_form(void **state) {
         tu_rng_reset(900 + (uint64_t)b);
         tu_fill_normal(w, n, 0.5f);
       }
+      if (form == 2) {
+        float *ob = moe8_layer_weight(L, MOE8_W_OUT_BIAS, NULL);
+        assert_non_null(ob);
+        tu_rng_reset(903);
+        tu_fill_normal(ob, (size_t)D, 0.5f);
+      }
       const size_t wsz = moe8_layer_workspace_size(L, T);
       void *ws;
       assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
@@ -418,7 +426,7 @@ static void test_ep_gpt_oss_form(void **state) {
       assert_int_equal(ep_create(L, &ep), MOE8_OK);
       float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
       moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
-      if (st != MOE8_OK) TU_FAIL("%s form: ep forward: %s", form ? "limited" : "gpt_oss", moe8_last_error());
+      if (st != MOE8_OK) TU_FAIL("%s form: ep forward: %s", form == 2 ? "out_bias" : form ? "limited" : "gpt_oss", moe8_last_error());
       if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
         TU_FAIL("gpt_oss form (mode %d, %s, P=%d): output differs", mode, m ? "all-to-all" : "ring", g_size);
       /* the backward: every gradient, the biases' included, the single process's bytes */
@@ -428,18 +436,23 @@ static void test_ep_gpt_oss_form(void **state) {
       float *b1 = malloc(sizeof(float) * (size_t)(E + E * 2 * F + E * D)), *b2 = malloc(sizeof(float) * (size_t)(E + E * 2 * F + E * D));
       memset(b1, 0, sizeof(float) * (size_t)(E + E * 2 * F + E * D));
       memset(b2, 0, sizeof(float) * (size_t)(E + E * 2 * F + E * D));
+      static float ob1[64], ob2[64];
+      memset(ob1, 0, sizeof ob1);
+      memset(ob2, 0xFF, sizeof ob2); /* NaN: the relay must write every element */
       const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, NULL, NULL, NULL, NULL, form ? NULL : b1, form ? NULL : b1 + E,
-                                   form ? NULL : b1 + E + E * 2 * F};
+                                   form ? NULL : b1 + E + E * 2 * F, form == 2 ? ob1 : NULL};
       assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
       assert_int_equal(moe8_layer_backward(L, x, T, x, ws, wsz, &lg), MOE8_OK);
       const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL, form ? NULL : b2, form ? NULL : b2 + E,
-                                   form ? NULL : b2 + E + E * 2 * F};
+                                   form ? NULL : b2 + E + E * 2 * F, form == 2 ? ob2 : NULL};
       st = moe8_ep_backward(ep, x + T0 * D, Tl, x + T0 * D, &el);
       if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep backward: %s", moe8_last_error());
       const char *what = m ? "all-to-all" : "ring";
       if (memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("gpt_oss form (%s, P=%d): dx differs", what, g_size);
       if (memcmp(eg.dwr, g.dwr, sizeof(float) * (size_t)(D * E)) != 0) TU_FAIL("gpt_oss form (%s, P=%d): dWr differs", what, g_size);
       if (memcmp(b2, b1, sizeof(float) * (size_t)E) != 0) TU_FAIL("gpt_oss form (%s, P=%d): router bias gradient differs", what, g_size);
+      if (form == 2 && memcmp(ob2, ob1, sizeof(float) * (size_t)D) != 0)
+        TU_FAIL("out_bias form (%s, P=%d): output bias gradient differs", what, g_size);
       const int64_t Eloc = E / g_size, e0 = g_rank * Eloc;
       if (memcmp(b2 + E + e0 * 2 * F, b1 + E + e0 * 2 * F, sizeof(float) * (size_t)(Eloc * 2 * F)) != 0 ||
           memcmp(b2 + E + E * 2 * F + e0 * D, b1 + E + E * 2 * F + e0 * D, sizeof(float) * (size_t)(Eloc * D)) != 0)

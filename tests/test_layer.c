@@ -1048,6 +1048,57 @@ static void test_limited_form_grads(void **state) {
   assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0); /* shared_plain_act changes the shared expert */
 }
 
+/* The output forms: JetMoE's output bias (out + b [D], after the routed
+** sum and the shared expert).  The forward is the layer without it plus
+** b, to the byte; the fused forward gives the same bytes; every gradient,
+** the bias's included, against finite differences. */
+static void test_output_forms(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static float x[T * D], dout[T * D], y0[T * D], y1[T * D], y2[T * D];
+  static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D], dob[D];
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .shared_ffn = FS, .out_bias = true};
+  moe8_layer_config c0 = c;
+  c0.out_bias = false;
+  moe8_layer *L, *L0;
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_create(&c0, NULL, "experts", &L0), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 12), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L0, 12), MOE8_OK);
+  assert_null(moe8_layer_weight_read(L0, MOE8_W_OUT_BIAS, NULL));
+  size_t nb = 0;
+  float *b = moe8_layer_weight(L, MOE8_W_OUT_BIAS, &nb);
+  assert_non_null(b);
+  assert_int_equal(nb, D);
+  tu_rng_reset(13);
+  tu_fill_normal(b, D, 0.5f);
+  const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd, .dwob = dob};
+  void *ws;
+  size_t wsz;
+  form_backward(L, x, dout, T, D, 14, &g, &ws, &wsz);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y1, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_forward(L0, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  for (int i = 0; i < T * D; i++)
+    if (moe8__f32_bits(y1[i]) != moe8__f32_bits(y0[i] + b[i % D])) TU_FAIL("out_bias: element %d is %a, want %a", i, (double)y1[i], (double)(y0[i] + b[i % D]));
+  for (int d = 0; d < D; d++) { /* its gradient: dout summed over the tokens, in order */
+    float s = 0.0f;
+    for (int t = 0; t < T; t++) s += dout[t * D + d];
+    if (moe8__f32_bits(dob[d]) != moe8__f32_bits(s)) TU_FAIL("out_bias gradient %d is %a, want %a", d, (double)dob[d], (double)s);
+  }
+  const form_grad t[] = {
+    {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+    {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+    {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}, {"output bias", b, D, dob}};
+  form_fd_check("out_bias", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(L, x, T, y2, ws, wsz), MOE8_OK);
+  assert_memory_equal(y1, y2, sizeof y1);
+  free(ws);
+  moe8_layer_destroy(L);
+  moe8_layer_destroy(L0);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -1288,6 +1339,7 @@ int main(void) {
     cmocka_unit_test(test_gpt_oss_form_grads),
     cmocka_unit_test(test_limited_form_grads),
     cmocka_unit_test(test_norm_min),
+    cmocka_unit_test(test_output_forms),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

@@ -89,7 +89,7 @@ class _LayerConfig(C.Structure):
                 ("shared_ffn", _i64), ("shared_gate", C.c_bool), ("group_score", C.c_int), ("act", C.c_int),
                 ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool),
                 ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool), ("norm_min", C.c_float),
-                ("norm_eps", C.c_float), ("select_logits", C.c_bool)]
+                ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -98,7 +98,7 @@ class _QuantSpec(C.Structure):
 
 
 class _Grads(C.Structure):
-    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb")]
+    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb", "dwob")]
 
 
 _PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_int64, C.c_int64)
@@ -370,7 +370,8 @@ def convert(x, dst="f8e4m3", src="f32", saturate=True):
 
 # ---- the layer ---------------------------------------------------------------------------
 _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
-            "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11}
+            "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11,
+            "out_bias": 12}
 
 
 _QT_JSON = {0: None, 3: "float8_e4m3fn", 4: "float8_e5m2", 5: "int8"}
@@ -452,7 +453,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0, shared_ffn=0,
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                  select_logits=False):
+                  select_logits=False, out_bias=False):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in ("softmax", "sigmoid"):
         raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
@@ -469,7 +470,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
     return _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
-                        bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits))
+                        bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
+                        bool(out_bias))
 
 
 def _f32_any(a, name, shape):
@@ -493,7 +495,7 @@ class Layer:
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                 select_logits=False, rules=None,
+                 select_logits=False, out_bias=False, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -507,7 +509,7 @@ class Layer:
             cfg = _layer_config(num_experts, top_k, hidden, ffn, score, norm_topk_prob, routed_scaling_factor, use_selection_bias,
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
-                                norm_eps, select_logits)
+                                norm_eps, select_logits, out_bias)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -516,6 +518,7 @@ class Layer:
         self.num_experts, self.top_k, self.hidden, self.ffn = c.num_experts, c.top_k, c.hidden, c.ffn
         self.shared_ffn, self.shared_gate = c.shared_ffn, bool(c.shared_gate)
         self.router_bias, self.expert_bias = bool(c.router_bias), bool(c.expert_bias)
+        self.out_bias = bool(c.out_bias)
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -637,7 +640,7 @@ class Layer:
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
         return {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (E,), "gate_up_bias": (E, 2 * F),
-                "down_bias": (E, D)}[name]
+                "down_bias": (E, D), "out_bias": (D,)}[name]
 
     def weight(self, name):
         """The f32 master weight `name` (router [D, E], gate/up [E, D, F],
@@ -791,7 +794,10 @@ class Layer:
         if self.expert_bias:
             g["gate_up_bias"] = np.empty((E, 2 * F), np.float32)
             g["down_bias"] = np.empty((E, D), np.float32)
+        if self.out_bias:
+            g["out_bias"] = np.empty((D,), np.float32)
         cg = _Grads(*[_ptr(g.get(k)) for k in ("dx", "router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
-                                                  "shared_gate_w", "router_bias", "gate_up_bias", "down_bias")])
+                                                  "shared_gate_w", "router_bias", "gate_up_bias", "down_bias",
+                                                  "out_bias")])
         _check(_layer_backward(self._h, _ptr(x), T, _ptr(dout), ws.ptr, ws.n, C.byref(cg)))
         return g

@@ -25,7 +25,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 29
+#define NFP 30
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -36,7 +36,7 @@ static const char *const k_fp_names[NFP] = {
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
   "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases, input scaling)",
   "activation alpha and limit", "expert-parallel mode",
-  "summation order", "weights (checksum)"};
+  "output form (out_bias, shared_scale, norm_p)", "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
@@ -67,7 +67,8 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score,
                     c->act + 4 * c->router_bias + 8 * c->expert_bias + 16 * c->weight_input + 32 * c->shared_plain_act + 64 * c->select_logits +
                         ((int64_t)moe8__f32_bits(c->norm_min) << 8) + ((int64_t)moe8__f32_bits(c->norm_eps) << 40),
-                    (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit)), ep->mode, order_code(L), 0}};
+                    (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit)), ep->mode, c->out_bias,
+                    order_code(L), 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);

@@ -341,6 +341,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   free(rx);
   /* 7. the shared expert, the output check, the aux loss */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
+  if (st == MOE8_OK) moe8__out_bias_add(L, Tl, out); /* JetMoE: after the shared expert, as the single process */
   if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   float a = 0.0f;
@@ -408,7 +409,7 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
     if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);
   }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
-  st = moe8__ep_router_tail(ep, x, Tl, dl, gr);
+  st = moe8__ep_router_tail(ep, x, Tl, dl, dout, gr);
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, NULL, gr);
   st = moe8__ep_agree(ep, st);
 done:

@@ -142,11 +142,13 @@ moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, con
   return MOE8_OK;
 }
 
-moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr) {
+moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
-  /* dWr [D, E], and the router bias's [E] after it when the layer has one */
-  const int64_t nb = L->cfg.router_bias ? E : 0, na = D * E + nb;
+  /* dWr [D, E], the router bias's [E] after it when the layer has one, and
+  ** JetMoE's output bias's [D] last (the same relay: one chain per element
+  ** over the global token order, as the single process sums it) */
+  const int64_t nb = L->cfg.router_bias ? E : 0, no = L->cfg.out_bias ? D : 0, na = D * E + nb + no;
   float *acc = calloc((size_t)na + 1, sizeof(float));
   moe8_status st = acc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(acc); return st; }
@@ -157,12 +159,14 @@ moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const 
   if (st == MOE8_OK) moe8__router_wgrad(acc, x, dl, Tl, D, E);
   for (int64_t t = 0; st == MOE8_OK && nb && t < Tl; t++)
     for (int64_t e = 0; e < E; e++) acc[D * E + e] += dl[t * E + e];
+  if (st == MOE8_OK && no) moe8__out_bias_grad(L, dout, Tl, acc + D * E + nb);
   if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)na);
   if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)na);
   ep->st.router_s = moe8__ep_now() - t0;
   ep->st.router_bytes = (uint64_t)na * sizeof(float) * (ep->P > 1 ? 2u : 0u);
   if (st == MOE8_OK && gr->dwr) memcpy(gr->dwr, acc, sizeof(float) * (size_t)(D * E));
   if (st == MOE8_OK && nb && gr->dwrb) memcpy(gr->dwrb, acc + D * E, sizeof(float) * (size_t)E);
+  if (st == MOE8_OK && no && gr->dwob) memcpy(gr->dwob, acc + D * E + nb, sizeof(float) * (size_t)D);
   if (st == MOE8_OK && gr->dx) st = moe8__router_dx(L, dl, Tl, gr->dx);
   free(acc);
   return st;

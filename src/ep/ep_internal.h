@@ -55,7 +55,7 @@ moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, cons
 ** and dout's when Dg is NULL; the single-process shared backward on
 ** them; this rank's dx rows added). */
 moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
-moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const moe8_layer_grads *gr);
+moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, const moe8_layer_grads *gr);
 moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
                                      const moe8_layer_grads *gr);
 /* The ring of experts (ep_ring.c). */

@@ -239,6 +239,7 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *o
   /* The shared expert: the owner's tokens, on the owner (rows are
   ** independent, so the bytes are the single-process layer's). */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = shared_local(ep, x, Tl, out);
+  if (st == MOE8_OK) moe8__out_bias_add(L, Tl, out); /* JetMoE: after the shared expert, as the single process */
   if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
   if (st == MOE8_OK) {
     const float a = moe8__aux_loss(L, T, s->ids_g, s->scores_g, s->f);
@@ -301,7 +302,7 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores_g + T0 * E, s->ids_g + T0 * K, dw_l, s->f, T, dl);
 agreed:
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
-  st = moe8__ep_router_tail(ep, x, Tl, dl, gr);
+  st = moe8__ep_router_tail(ep, x, Tl, dl, dout, gr);
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, Dg, gr);
   st = moe8__ep_agree(ep, st);
 done:

@@ -92,6 +92,10 @@ typedef struct family {
   bool        select_logits;
   /* Mistral's own tensor names (moe8_hf_config.mistral_names) */
   bool        mistral_names;
+  /* JetMoE: the block's output bias (moe8_layer_config.out_bias, the
+  ** block's tensor "bias" [D]); act_key: the activation's key (NULL: hidden_act) */
+  bool        out_bias;
+  const char *act_key;
 } family;
 
 /* Placement of the MoE layers. */
@@ -339,6 +343,16 @@ static const family k_families[] = {
    .alias = "num_local_experts", .hidden = 6144, .layers = 72, .experts = 128, .top_k = 4, .ffn = 6144, .shared = 1, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 1, .norm_key = "", .place = PLACE_TYPES_FK, .softmax_scores = true,
    .no_bias = true, .mistral_names = true},
+  /* JetMoeConfig: Mixtral's routing (softmax over the top-k logits), the
+  ** experts fused as mlp.input_linear.weight [E, 2F, D] (gate rows, then
+  ** up) and mlp.output_linear.weight [E, D, F], the router
+  ** mlp.router.layer.weight, and the output bias mlp.bias [D] added to the
+  ** block's output; its activation under activation_function; every layer
+  ** MoE (its mixture of attention heads is outside the block) */
+  {.name = "jetmoe", .arch = MOE8_ARCH_MIXTRAL, .experts_key = "num_local_experts", .ffn_key = "intermediate_size", .hidden = 2048,
+   .layers = 12, .experts = 8, .top_k = 2, .ffn = 5632, .norm = true, .scaling = 1.0, .place = PLACE_ALL, .block_prefix = "mlp.",
+   .router_name = "router.layer.weight", .fused_gu = "input_linear.weight", .fused_dn = "output_linear.weight", .out_bias = true,
+   .act_key = "activation_function"},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -586,7 +600,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"inkling_text", "its shared experts are weighted by their router scores"},
     {"inkling2_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
     {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
-    {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
@@ -657,7 +670,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   const bool qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
   const int64_t BIG = (int64_t)1 << 30;
   moe8_layer_config *L = &c->layer;
-  TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
+  TRY(want_str(root, file, fam->act_key ? fam->act_key : "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
+  L->out_bias = fam->out_bias;
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
   TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
   /* The expert count under the family's key or its alias: transformers 5

@@ -964,6 +964,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if ((st = need(m, n, 2, gshape, &sgate)) != MOE8_OK) return st;
     if (!is_float_file(sgate->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sgate->dtype));
   }
+  const moe8_tensor_view *obias = NULL;
+  if (c->layer.out_bias) { /* JetMoE's output bias: the block's "bias" [D] */
+    snprintf(n, sizeof n, "%sbias", p);
+    const int64_t bshape[1] = {D};
+    if ((st = need(m, n, 1, bshape, &obias)) != MOE8_OK) return st;
+    if (!is_float_file(obias->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(obias->dtype));
+  }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
   const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
@@ -980,6 +987,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if ((st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp)) != MOE8_OK) goto fail;
   if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
+  if (obias && (st = moe8_file_to_f32(L->w[MOE8_W_OUT_BIAS], obias->data, obias->dtype, (size_t)D)) != MOE8_OK) goto fail;
 
   /* The routed experts' format: one of them, never a guess between two. */
   double t0 = now_s(), last = t0;

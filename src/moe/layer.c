@@ -160,6 +160,7 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)E : 0;
   L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * 2 * F) : 0;
   L->n[MOE8_W_DOWN_BIAS] = cfg->expert_bias ? (size_t)(E * D) : 0;
+  L->n[MOE8_W_OUT_BIAS] = cfg->out_bias ? (size_t)D : 0;
   if (!inference)
     for (int s = 0; s < L->nsets; s++) {
       const moe8__xset *X = &L->xs[s];
@@ -259,9 +260,10 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
   if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: loaded for inference (no f32 masters): nothing to initialize");
   uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
   const float D = (float)L->cfg.hidden, F = (float)L->cfg.ffn, Fs = (float)L->cfg.shared_ffn;
-  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f};
+  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
-    if (i == MOE8_W_BIAS || i == MOE8_W_ROUTER_BIAS || i == MOE8_W_GU_BIAS || i == MOE8_W_DOWN_BIAS) continue; /* biases start at 0 */
+    if (i == MOE8_W_BIAS || i == MOE8_W_ROUTER_BIAS || i == MOE8_W_GU_BIAS || i == MOE8_W_DOWN_BIAS || i == MOE8_W_OUT_BIAS)
+      continue; /* biases start at 0 */
     const float sd = 1.0f / sqrtf(fan[i]);
     for (size_t j = 0; j < L->n[i]; j++) {
       /* Box-Muller on a splitmix64 stream. */
@@ -431,7 +433,7 @@ static moe8_status check_weights(const moe8_layer *L) {
   static const char *const names[MOE8_W_COUNT] = {"router weight Wr", "gate weight Wg", "up weight Wu", "down weight Wd",
                                                   "selection bias", "shared expert gate weight", "shared expert up weight",
                                                   "shared expert down weight", "shared expert gate", "router bias",
-                                                  "expert gate/up bias", "expert down bias"};
+                                                  "expert gate/up bias", "expert down bias", "output bias"};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     const size_t bad = L->n[i] ? moe8__count_nonfinite(L->w[i], L->n[i]) : 0;
     if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s has %zu non-finite value(s)", L->module_path, names[i], bad);
@@ -1079,6 +1081,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     moe8__shared_buf_carve(L, T, w.shared, &sb);
     st = moe8__shared_backward(L, x, w.xq, w.sx, T, dout, &sb, gr->dx, gr);
   }
+  if (st == MOE8_OK && L->cfg.out_bias && gr->dwob) moe8__out_bias_grad(L, dout, T, gr->dwob);
 done:
   free(dy); free(dxs); free(dwrow); free(dw); free(dl);
   return st;

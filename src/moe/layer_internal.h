@@ -127,6 +127,8 @@ moe8_status moe8__shared_forward(const moe8_layer *L, moe8_order order, const fl
                                  int64_t T, moe8__shared_buf *b, void *scratch, size_t scratch_bytes);
 /* out[t] = out[t] + g_t · y[t] (or + y[t] without a gate). */
 void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b, float *out);
+void moe8__out_bias_add(const moe8_layer *L, int64_t T, float *out);
+void moe8__out_bias_grad(const moe8_layer *L, const float *dout, int64_t T, float *acc);
 /* Its backward from dout [T, D]: dx (may be NULL) += the shared expert's
 ** part (the MLP's, then the gate's), and the grads' shared fields. */
 moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T,

@@ -273,15 +273,37 @@ moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, 
                                 const moe8__shared_buf *b, float *out) {
   const int64_t D = L->cfg.hidden, K = L->cfg.top_k;
   const bool shared = L->cfg.shared_ffn > 0 && b && b->y, scan = !L->allow_nonfinite;
+  const float *ob = L->cfg.out_bias ? L->w[MOE8_W_OUT_BIAS] : NULL;
   size_t bad = 0;
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static) reduction(+ : bad)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
     moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
     if (shared) shared_add_row(L, b, t, o);
+    if (ob)
+      for (int64_t d = 0; d < D; d++) o[d] = o[d] + ob[d];
     if (scan) bad += moe8__count_nonfinite(o, (size_t)D);
   }
   return bad ? moe8__check_output(L, out, T) : MOE8_OK;
+}
+
+/* JetMoE's output bias on rows already combined (the expert-parallel
+** owners): out[t, :] += b, as moe8__finish_output adds it. */
+void moe8__out_bias_add(const moe8_layer *L, int64_t T, float *out) {
+  const int64_t D = L->cfg.hidden;
+  if (!L->cfg.out_bias) return;
+  const float *ob = L->w[MOE8_W_OUT_BIAS];
+  #pragma omp parallel for num_threads(moe8__nt((double)T * (double)D)) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t d = 0; d < D; d++) out[t * D + d] = out[t * D + d] + ob[d];
+}
+
+/* Its gradient: acc[d] += dout[t, d] over the tokens in order. */
+void moe8__out_bias_grad(const moe8_layer *L, const float *dout, int64_t T, float *acc) {
+  const int64_t D = L->cfg.hidden;
+  #pragma omp parallel for num_threads(moe8__nt((double)T * (double)D)) schedule(static)
+  for (int64_t d = 0; d < D; d++)
+    for (int64_t t = 0; t < T; t++) acc[d] += dout[t * D + d];
 }
 
 float moe8__aux_loss(const moe8_layer *L, int64_t T, const int32_t *ids, const float *scores, double *f) {
@@ -356,6 +378,7 @@ void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr
   if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)E);
   if (gr->dwgub && L->cfg.expert_bias) memset(gr->dwgub, 0, sizeof(float) * (size_t)(E * 2 * F));
   if (gr->dwdb && L->cfg.expert_bias) memset(gr->dwdb, 0, sizeof(float) * (size_t)(E * D));
+  if (gr->dwob && L->cfg.out_bias) memset(gr->dwob, 0, sizeof(float) * (size_t)D);
 }
 
 moe8_status moe8__router_dx(const moe8_layer *L, const float *dl, int64_t T, float *dx) {

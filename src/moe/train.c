@@ -4,7 +4,7 @@
 ** One step: forward, the mean-squared-error loss against the target plus
 ** the auxiliary loss, backward, then Adam (β1 0.9, β2 0.999, ε 1e-8, bias
 ** corrected) on Wr, Wg, Wu, Wd, the shared expert's weights and gate, and
-** GPT-OSS's router and expert biases.  The selection bias is not trained:
+** GPT-OSS's router and expert biases, JetMoE's output bias.  The selection bias is not trained:
 ** it does not enter the weights, so it has no gradient.
 */
 #include "../core/internal.h"
@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NTRAIN = 11 };
+enum { NTRAIN = 12 };
 static const moe8_weight_id k_ids[NTRAIN] = {MOE8_W_ROUTER, MOE8_W_GATE, MOE8_W_UP, MOE8_W_DOWN,
                                              MOE8_W_SHARED_GATE, MOE8_W_SHARED_UP, MOE8_W_SHARED_DOWN, MOE8_W_SHARED_GATE_W,
-                                             MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS};
+                                             MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS, MOE8_W_OUT_BIAS};
 
 struct moe8_trainer {
   moe8_layer *layer;
@@ -91,7 +91,7 @@ moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *tar
   }
   if (loss) *loss = (float)(sse / (double)TD) + aux;
   const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3], tr->g[4], tr->g[5], tr->g[6], tr->g[7], tr->g[8], tr->g[9],
-                              tr->g[10]};
+                              tr->g[10], tr->g[11]};
   st = moe8_layer_backward(tr->layer, x, T, tr->dout, ws, ws_size, &g);
   if (st != MOE8_OK) return st;
   tr->step++;

@@ -1001,6 +1001,10 @@ ROWS = [
     dict(mt="mistral_large4", wrap="mistral_large4_text", block="ds3", ekey="n_routed_experts", norm=(None, True),
          scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 2), place="types", softmax=True, root="layers.", prefix="",
          names=("w1", "w3", "w2"), shared_name="shared_experts.", layouts=("per",)),
+    # JetMoE: Mixtral's routing, experts fused as mlp.input_linear / output_linear, router mlp.router.layer.weight, and the
+    # block's output bias mlp.bias [D] (as transformers' save_pretrained writes them)
+    dict(mt="jetmoe", block="qwen3", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True), place="all",
+         router="router.layer.weight", fused_names=("input_linear.weight", "output_linear.weight"), out_bias="bias", layouts=("fused",)),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
@@ -1138,7 +1142,13 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
             routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20))
-        refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit)
+        ob = None
+        if row.get("out_bias"):  # JetMoE: the block's output bias [D]
+            ob = rnd(rng, D, scale=0.5)
+            t[p + row["out_bias"]] = ("BF16", ob.astype(np.float32))
+            ob = store(ob, "BF16")
+        refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit,
+                              out_bias=ob)
         if limit is not None and not absent:  # the clamp must be doing something in this case
             plain = R.moe_block(x, routing, experts, shared, sgate)
             if rel(plain, refs[l]) < 1e-2:
@@ -1180,6 +1190,14 @@ def test_rows(tmp, rng):
             if rc == 0 or "expert_layer_offset" not in out:
                 FAILS.append(row["mt"] + " offset >= period")
                 print("%s with expert_layer_offset 2 >= period 2 (%d): %s" % (row["mt"], rc, out))
+        if row.get("out_bias"):  # JetMoeConfig's activation key: another activation refused naming it
+            cfg = json.load(open(os.path.join(d, "config.json")))
+            cfg["activation_function"] = "gelu"
+            json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+            rc, out = info(d)
+            if rc == 0 or "activation_function" not in out:
+                FAILS.append(row["mt"] + " activation_function gelu")
+                print("%s with activation_function gelu (%d): %s" % (row["mt"], rc, out))
         if row.get("types_required"):  # the class has no default list: refused naming it
             cfg = json.load(open(os.path.join(d, "config.json")))
             del cfg["mlp_layer_types"]

@@ -61,6 +61,7 @@ int cmd_info(int argc, char **argv) {
            c->layer.shared_gate ? "scaled by sigmoid(x . shared_expert_gate)" : "added ungated");
   else
     printf("shared expert: none\n");
+  if (c->layer.out_bias) printf("output bias: the block's bias [%lld] added to its output\n", (long long)c->layer.hidden);
   /* Which layers are MoE: runs of consecutive indices. */
   printf("moe layers:");
   int64_t nmoe = 0, run0 = -1;

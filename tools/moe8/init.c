@@ -105,7 +105,7 @@ int cmd_init(int argc, char **argv) {
   const bool bf = !strcmp(dtype, "bf16");
   const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
   const size_t es = bf ? 2 : 4;
-  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 4;
+  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 5;
   moe8_tensor_view *tv = calloc(per_layer * (size_t)NL, sizeof *tv);
   char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
   void **bufs = calloc(per_layer * (size_t)NL, sizeof *bufs);
@@ -180,6 +180,13 @@ int cmd_init(int argc, char **argv) {
         bytes += tv[nt].nbytes;
         nt++;
       }
+    if (hc.layer.out_bias && rc == EXIT_OK) { /* JetMoE's output bias, zeros */
+      snprintf(names[nt], 256, "%sbias", p);
+      bufs[nt] = calloc((size_t)D, 4);
+      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {D}, bufs[nt], 4 * (size_t)D, 0};
+      bytes += tv[nt].nbytes;
+      nt++;
+    }
     if (hc.has_bias && rc == EXIT_OK) {
       snprintf(names[nt], 256, "%sgate.e_score_correction_bias", p);
       bufs[nt] = calloc((size_t)E, 4);
