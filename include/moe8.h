@@ -380,6 +380,11 @@ typedef struct moe8_router_config {
   /* The top-k of logit + bias instead of score + bias (Kolibri-1); the
   ** weights are still the scores. */
   bool             select_logits;
+  /* With norm_topk_prob: the weights divided by their p-norm
+  ** (Σ w^p)^(1/p) with p = norm_p (DBRX's moe_normalize_expert_weights);
+  ** 0 or 1: by their sum (norm_min and norm_eps then apply); another p
+  ** must be positive and finite, with norm_min and norm_eps 0. */
+  float            norm_p;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -574,6 +579,9 @@ typedef struct moe8_layer_config {
   ** forward, fused, backward (its gradient: dout summed over the tokens)
   ** and both expert-parallel modes. */
   bool            out_bias;
+  /* With norm_topk_prob: the weights divided by their p-norm, p = norm_p
+  ** (moe8_router_config.norm_p; DBRX); 0 or 1: by their sum. */
+  float           norm_p;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -866,6 +874,13 @@ typedef struct moe8_hf_config {
   ** layers.L.shared_experts.*), which the loader takes when the file holds
   ** the router there. */
   bool              mistral_names;
+  /* DBRX: the layers under this root when the file holds it
+  ** ("transformer.blocks."; empty: none of its own), and its experts
+  ** stacked as three 2-D tensors of the block, experts.mlp.w1 (gate) and
+  ** experts.mlp.v1 (up) [E·F, D] (out x in per expert) and experts.mlp.w2
+  ** [E·F, D] (x·W per expert: h · w2_e). */
+  char              layers_root[24];
+  bool              stacked_experts;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

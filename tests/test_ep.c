@@ -385,6 +385,7 @@ static void test_ep_gpt_oss_form(void **state) {
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
   cfg.act = form == 1 ? MOE8_ACT_SWIGLU_LIMIT : form == 0 ? MOE8_ACT_SWIGLU_CLAMP : MOE8_ACT_SWIGLU;
   cfg.out_bias = form == 2;
+  cfg.norm_p = form == 2 ? 2.5f : 0.0f; /* DBRX's p-norm too */
   cfg.shared_ffn = form == 2 ? 32 : 0;
   cfg.act_alpha = 1.702f;
   cfg.act_limit = 0.4f; /* binds on many rows of these weights */

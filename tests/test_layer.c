@@ -1097,6 +1097,47 @@ static void test_output_forms(void **state) {
   free(ws);
   moe8_layer_destroy(L);
   moe8_layer_destroy(L0);
+  /* DBRX's p-norm (norm_p): the router's weights to the byte, the refusals,
+  ** and the gradients against finite differences for p = 2.5 and 0.5 */
+  {
+    enum { TR = 16, KR = 3 };
+    static float logits[TR * E * 2], sc[TR * E * 2], wt[TR * KR];
+    static int32_t ids[TR * KR];
+    tu_rng_reset(15);
+    tu_fill_normal(logits, TR * 2 * E, 0.8f);
+    const moe8_router_config rc = {.num_experts = 2 * E, .top_k = KR, .score = MOE8_SCORE_SOFTMAX, .norm_topk_prob = true, .norm_p = 2.5f};
+    assert_int_equal(moe8_route(&rc, logits, TR, sc, ids, wt), MOE8_OK);
+    for (int tk = 0; tk < TR; tk++) {
+      float sp = 0.0f, sum = 0.0f;
+      for (int j = 0; j < KR; j++) { sp += powf(sc[tk * 2 * E + ids[tk * KR + j]], 2.5f); sum += wt[tk * KR + j]; }
+      const float nrm = powf(sp, 1.0f / 2.5f);
+      for (int j = 0; j < KR; j++)
+        if (moe8__f32_bits(wt[tk * KR + j]) != moe8__f32_bits(sc[tk * 2 * E + ids[tk * KR + j]] / nrm)) TU_FAIL("norm_p: token %d weight %d", tk, j);
+      if (!(sum > 1.0f)) TU_FAIL("norm_p 2.5: token %d's weights sum to %g (a p-norm above 1 leaves them above 1)", tk, (double)sum);
+    }
+    moe8_router_config bad = rc;
+    bad.norm_p = -2.0f;
+    assert_int_equal(moe8_route(&bad, logits, TR, sc, ids, wt), MOE8_ERR_INVALID_ARG);
+    bad.norm_p = 2.0f;
+    bad.norm_eps = 1e-6f;
+    assert_int_equal(moe8_route(&bad, logits, TR, sc, ids, wt), MOE8_ERR_INVALID_ARG);
+    moe8_layer_config cb = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .norm_p = -1.0f};
+    moe8_layer *B = NULL;
+    assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+    for (int v = 0; v < 2; v++) {
+      moe8_layer_config cp = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .norm_p = v ? 0.5f : 2.5f};
+      moe8_layer *P;
+      assert_int_equal(moe8_layer_create(&cp, NULL, "experts", &P), MOE8_OK);
+      assert_int_equal(moe8_layer_init_random(P, 16), MOE8_OK);
+      const moe8_layer_grads gp = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwd = dwd};
+      form_backward(P, x, dout, T, D, 17, &gp, &ws, &wsz);
+      const form_grad tp[] = {{"x", x, T * D, dx}, {"router", moe8_layer_weight(P, MOE8_W_ROUTER, NULL), D * E, dwr},
+                              {"gate", moe8_layer_weight(P, MOE8_W_GATE, NULL), E * D * F, dwg}};
+      form_fd_check(v ? "norm_p 0.5" : "norm_p 2.5", P, x, dout, T, D, ws, wsz, tp, sizeof tp / sizeof tp[0]);
+      free(ws);
+      moe8_layer_destroy(P);
+    }
+  }
 }
 
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's

@@ -96,6 +96,9 @@ typedef struct family {
   ** block's tensor "bias" [D]); act_key: the activation's key (NULL: hidden_act) */
   bool        out_bias;
   const char *act_key;
+  /* DBRX: its keys under ffn_config (parse_dbrx), its layers and experts
+  ** in its own names (moe8_hf_config.layers_root, stacked_experts) */
+  bool        dbrx;
 } family;
 
 /* Placement of the MoE layers. */
@@ -353,6 +356,14 @@ static const family k_families[] = {
    .layers = 12, .experts = 8, .top_k = 2, .ffn = 5632, .norm = true, .scaling = 1.0, .place = PLACE_ALL, .block_prefix = "mlp.",
    .router_name = "router.layer.weight", .fused_gu = "input_linear.weight", .fused_dn = "output_linear.weight", .out_bias = true,
    .act_key = "activation_function"},
+  /* DbrxConfig: softmax over all, top-k, the weights divided by their
+  ** p-norm (ffn_config.moe_normalize_expert_weights: 1 the sum, null none);
+  ** the keys under ffn_config, d_model and n_layers at the top; layers at
+  ** transformer.blocks.L.ffn., the experts stacked 2-D (experts.mlp.w1,
+  ** v1, w2), router router.layer.weight; every layer MoE */
+  {.name = "dbrx", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "moe_num_experts", .ffn_key = "ffn_hidden_size", .hidden = 2048,
+   .layers = 24, .experts = 4, .top_k = 1, .ffn = 3584, .norm = true, .scaling = 1.0, .place = PLACE_ALL, .block_prefix = "ffn.",
+   .router_name = "router.layer.weight", .dbrx = true},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -568,6 +579,51 @@ static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, 
   return MOE8_OK;
 }
 
+/* DBRX's keys: d_model and n_layers at the top, the MoE's under
+** ffn_config (DbrxFFNConfig's defaults when absent). */
+static moe8_status parse_dbrx(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
+  moe8_status st;
+  moe8_layer_config *L = &c->layer;
+  char kk[64], fn[600];
+#define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
+  TRY(pick_key(root, file, "d_model|hidden_size", "", kk));
+  TRY(get_int(root, file, kk, fam->hidden, 1, (int64_t)1 << 30, &L->hidden));
+  TRY(pick_key(root, file, "n_layers|num_hidden_layers", "", kk));
+  TRY(get_int(root, file, kk, fam->layers, 1, 1 << 20, &c->num_layers));
+  const cJSON *fc = cJSON_GetObjectItemCaseSensitive(root, "ffn_config");
+  if (fc && !cJSON_IsNull(fc) && !cJSON_IsObject(fc)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"ffn_config\" must be an object", file);
+  if (fc && cJSON_IsNull(fc)) fc = NULL;
+  snprintf(fn, sizeof fn, "%s ffn_config", file);
+  TRY(get_int(fc, fn, "moe_num_experts", fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
+  TRY(get_int(fc, fn, "moe_top_k", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
+  TRY(get_int(fc, fn, "ffn_hidden_size", fam->ffn, 1, (int64_t)1 << 30, &L->ffn));
+  if (L->top_k > L->num_experts)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_top_k\" = %lld exceeds \"moe_num_experts\" = %lld", fn, (long long)L->top_k,
+                      (long long)L->num_experts);
+  const cJSON *act = fc ? item(fc, "ffn_act_fn") : NULL;
+  if (act && !cJSON_IsObject(act)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"ffn_act_fn\" must be an object {\"name\": ...}", fn);
+  snprintf(fn, sizeof fn, "%s ffn_config.ffn_act_fn", file);
+  if (act) TRY(want_str(act, fn, "name", "silu", "moe8's experts are SwiGLU with silu"));
+  /* moe_normalize_expert_weights: absent 1.0 (the sum), null none, else the p of the p-norm */
+  snprintf(fn, sizeof fn, "%s ffn_config", file);
+  const cJSON *p = fc ? cJSON_GetObjectItemCaseSensitive(fc, "moe_normalize_expert_weights") : NULL;
+  L->score = MOE8_SCORE_SOFTMAX;
+  L->routed_scaling_factor = 1.0f;
+  L->norm_topk_prob = !(p && cJSON_IsNull(p));
+  if (p && !cJSON_IsNull(p)) {
+    if (!cJSON_IsNumber(p) || !(p->valuedouble > 0 && p->valuedouble < 1e30))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_normalize_expert_weights\" must be a positive finite number (the p of the "
+                        "p-norm) or null", fn);
+    L->norm_p = (float)p->valuedouble == 1.0f ? 0.0f : (float)p->valuedouble;
+  }
+  /* moe_jitter_eps scales the router's input by noise in training only (DbrxRouter): not read */
+  snprintf(c->layers_root, sizeof c->layers_root, "transformer.blocks.");
+  c->stacked_experts = true;
+  c->moe_layer_freq = c->decoder_sparse_step = 1;
+#undef TRY
+  return MOE8_OK;
+}
+
 static moe8_status parse_root(const cJSON *root, const char *file, const char *override, moe8_hf_config *c) {
   moe8_status st;
 #define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
@@ -588,7 +644,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
     {"axk2", "its dropped expert groups are masked with 0.0, not -inf, which selects differently once selection values are negative"},
     {"cohere2_moe", "its shared experts are averaged with the routed sum (shared_expert_combination_strategy) and it can select by sigmoid"},
-    {"dbrx", "its weights are divided by their p-norm (moe_normalize_expert_weights) and its experts are stacked x.W tensors"},
     {"deepseek_v4", "its scores are sqrt(softplus(logits)), its hash layers route by token id (tid2eid) and its SwiGLU is clamped"},
     {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
@@ -670,6 +725,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   const bool qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
   const int64_t BIG = (int64_t)1 << 30;
   moe8_layer_config *L = &c->layer;
+  if (fam->dbrx) {
+    TRY(parse_dbrx(root, file, fam, c));
+    goto tail;
+  }
   TRY(want_str(root, file, fam->act_key ? fam->act_key : "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   L->out_bias = fam->out_bias;
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
@@ -882,6 +941,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       c->first_k_dense_from_default = fam->first_dense > 0;
     }
   }
+tail:
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
   if (fam->block_prefix) snprintf(c->block_prefix, sizeof c->block_prefix, "%s", fam->block_prefix);
   if (fam->router_name) snprintf(c->router_name, sizeof c->router_name, "%s", fam->router_name);

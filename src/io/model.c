@@ -176,6 +176,10 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
   for (size_t i = 0; i < m->count && ri == 2 && !other && m->cfg.mistral_names; i++)
     if (!strncmp(m->all[i]->name, roots[3], strlen(roots[3]))) ri = 3;
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
+  /* a family's own root (DBRX's transformer.blocks.), when the file has no other */
+  const size_t lr = strlen(m->cfg.layers_root);
+  for (size_t i = 0; i < m->count && lr && ri == 2 && !other; i++)
+    if (!strncmp(m->all[i]->name, m->cfg.layers_root, lr)) { snprintf(m->root, sizeof m->root, "%s", m->cfg.layers_root); break; }
   *out = m;
   return MOE8_OK;
 }
@@ -296,6 +300,11 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   fused_name(m, p, 0, n, sizeof n);
   if ((t = moe8_model_find(m, n))) {
     snprintf(mm->fmt, sizeof mm->fmt, "%s fused 3-D (unquantized)", moe8_file_dtype_name(t->dtype));
+    return mm->fmt;
+  }
+  snprintf(n, sizeof n, "%sexperts.mlp.w1", p);
+  if (m->cfg.stacked_experts && (t = moe8_model_find(m, n))) {
+    snprintf(mm->fmt, sizeof mm->fmt, "%s stacked 2-D (unquantized)", moe8_file_dtype_name(t->dtype));
     return mm->fmt;
   }
   char base[200];
@@ -1038,6 +1047,38 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       L->wspec = rspec;
     routed_done = true;
     ld.fp8 = L->wq;
+  }
+  snprintf(n, sizeof n, "%sexperts.mlp.w1", p);
+  if (!routed_done && c->stacked_experts && moe8_model_find(m, n)) {
+    /* DBRX: experts.mlp.w1 (gate), v1 (up) [E·F, D], each expert's F rows
+    ** out x in; experts.mlp.w2 [E·F, D], each expert's [F, D] already the
+    ** layer's x·W down weight */
+    static const char *const sn[3] = {"w1", "v1", "w2"};
+    const moe8_tensor_view *sv[3];
+    const int64_t s2[2] = {E * F, D};
+    for (int i = 0; i < 3; i++) {
+      snprintf(n, sizeof n, "%sexperts.mlp.%s", p, sn[i]);
+      if ((st = need(m, n, 2, s2, &sv[i])) != MOE8_OK) goto fail;
+      if (!is_float_file(sv[i]->dtype)) {
+        st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sv[i]->dtype));
+        goto fail;
+      }
+    }
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      const size_t off = (size_t)(e * F * D);
+      st = put_float(sv[0], (const char *)sv[0]->data + off * moe8_file_dtype_size(sv[0]->dtype), F, D, b.gu, 2 * F, 0, ld.tmp);
+      if (st == MOE8_OK)
+        st = put_float(sv[1], (const char *)sv[1]->data + off * moe8_file_dtype_size(sv[1]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
+      if (st == MOE8_OK)
+        st = moe8_file_to_f32(b.dn, (const char *)sv[2]->data + off * moe8_file_dtype_size(sv[2]->dtype), sv[2]->dtype, (size_t)(F * D));
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
+      if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
+    }
+    xbuf_free(&b);
+    b = (xbuf){0};
+    if (st != MOE8_OK) goto fail;
+    routed_done = true;
   }
   fused_name(m, p, 0, n, sizeof n);
   const moe8_tensor_view *fgu = routed_done ? NULL : moe8_model_find(m, n), *fdn = NULL;

@@ -78,7 +78,7 @@ moe8_router_config moe8__router_config(const moe8_layer *L) {
   const moe8_layer_config *c = &L->cfg;
   return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
-                              c->norm_min, c->norm_eps, c->select_logits};
+                              c->norm_min, c->norm_eps, c->select_logits, c->norm_p};
 }
 
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {
@@ -562,7 +562,21 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
     const float *s = scores + t * E;
     float *dst = dl + t * E;
     for (int64_t e = 0; e < E; e++) dst[e] = 0.0f;
-    if (L->cfg.norm_topk_prob) {
+    const float np = L->cfg.norm_p;
+    if (L->cfg.norm_topk_prob && np != 0.0f && np != 1.0f) {
+      /* w_j = s_j / N, N = (Σ s^p)^(1/p): dL/ds_i = dw_i / N - (Σ_j dw_j s_j) s_i^(p-1) N^(-1-p) */
+      float sp = 0.0f, dot = 0.0f;
+      for (int64_t j = 0; j < K; j++) sp += powf(s[ids[t * K + j]], np);
+      const float N = powf(sp, 1.0f / np);
+      if (N > 0.0f) {
+        for (int64_t j = 0; j < K; j++) dot += dw[t * K + j] * s[ids[t * K + j]];
+        const float q = dot * powf(N, -1.0f - np);
+        for (int64_t j = 0; j < K; j++) {
+          const float si = s[ids[t * K + j]];
+          dst[ids[t * K + j]] += c * (dw[t * K + j] / N - q * powf(si, np - 1.0f));
+        }
+      }
+    } else if (L->cfg.norm_topk_prob) {
       float S = 0.0f, dot = 0.0f;
       for (int64_t j = 0; j < K; j++) S += s[ids[t * K + j]];
       S += L->cfg.norm_eps;

@@ -37,6 +37,11 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
   if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "route: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
                       (double)cfg->norm_eps);
+  const bool pnorm = cfg->norm_p != 0.0f && cfg->norm_p != 1.0f;
+  if (pnorm && !(cfg->norm_p > 0.0f && cfg->norm_p < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: norm_p %g must be 0 (the sum) or a positive finite p", (double)cfg->norm_p);
+  if (pnorm && (cfg->norm_min != 0.0f || cfg->norm_eps != 0.0f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: norm_p %g with norm_min or norm_eps: the p-norm takes neither", (double)cfg->norm_p);
   if (T < 0) return moe8__fail(MOE8_ERR_SHAPE, "route: T = %lld", (long long)T);
   if (T > 0 && (!logits || !expert_ids || !weights)) return moe8__fail(MOE8_ERR_INVALID_ARG, "route: NULL buffer");
   size_t bad = 0;
@@ -117,7 +122,13 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
       expert_ids[t * K + j] = (int32_t)best;
       weights[t * K + j] = sc[best];
     }
-    if (cfg->norm_topk_prob) {
+    if (cfg->norm_topk_prob && pnorm) { /* DBRX: the p-norm (Σ w^p)^(1/p), j in order */
+      float sp = 0.0f;
+      for (int64_t j = 0; j < K; j++) sp += powf(weights[t * K + j], cfg->norm_p);
+      const float nrm = powf(sp, 1.0f / cfg->norm_p);
+      if (nrm > 0.0f)
+        for (int64_t j = 0; j < K; j++) weights[t * K + j] /= nrm;
+    } else if (cfg->norm_topk_prob) {
       float sum = 0.0f;
       for (int64_t j = 0; j < K; j++) sum += weights[t * K + j];
       sum += cfg->norm_eps;                         /* LFM2-MoE: Σ + 1e-6 */

@@ -163,6 +163,17 @@ def route_softmax(x, wr, k, norm):
     return ids, w
 
 
+def route_pnorm(x, wr, k, p):
+    """DBRX's router: softmax over all, top-k, the weights divided by their
+    p-norm (p None: not divided; 1: the sum)."""
+    s = softmax(x @ wr.T)
+    ids = np.array([topk_idx(r, k) for r in s])
+    w = np.take_along_axis(s, ids, axis=1)
+    if p is not None:
+        w = w / (np.abs(w) ** p).sum(axis=1, keepdims=True) ** (1.0 / p)
+    return ids, w
+
+
 def route_sigmoid(x, wr, k, norm):
     """Flint's router: top-k of the sigmoid scores (no bias), divided by
     their sum when norm."""

@@ -1158,6 +1158,44 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     return d, x, refs
 
 
+def test_dbrx(tmp, rng):
+    """DBRX: the keys under ffn_config, d_model and n_layers at the top, the
+    layers at transformer.blocks.L.ffn., the experts stacked 2-D (w1 gate and
+    v1 up [E*F, D] out x in, w2 [E*F, D] used as h . w2_e), weights divided
+    by their p-norm (moe_normalize_expert_weights; null: none)."""
+    E, k, D, F, T = 16, 4, 128, 96, 24
+    for p in (1.0, None, 2.5, 0.5, "absent"):
+        fc = {"moe_num_experts": E, "moe_top_k": k, "ffn_hidden_size": F, "ffn_act_fn": {"name": "silu"}}
+        if p != "absent":
+            fc["moe_normalize_expert_weights"] = p
+        cfg = {"model_type": "dbrx", "d_model": D, "n_layers": 2, "ffn_config": fc}
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        for l in range(2):
+            pre = "transformer.blocks.%d.ffn." % l
+            wr = rnd(rng, E, D, scale=0.5)
+            t[pre + "router.layer.weight"] = ("BF16", wr.astype(np.float32))
+            ex = make_experts(rng, E, D, F)
+            t[pre + "experts.mlp.w1"] = ("BF16", np.concatenate([g for g, _, _ in ex]).astype(np.float32))
+            t[pre + "experts.mlp.v1"] = ("BF16", np.concatenate([u for _, u, _ in ex]).astype(np.float32))
+            t[pre + "experts.mlp.w2"] = ("BF16", np.concatenate([d.T for _, _, d in ex]).astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex]
+            routing = R.route_pnorm(x, store(wr, "BF16"), k, 1.0 if p == "absent" else p)
+            refs[l] = R.moe_block(x, routing, experts)
+        d = os.path.join(tmp, "dbrx_%s" % p)
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("dbrx bf16 stacked, moe_normalize_expert_weights %s, layer %d" % (p, l), got, ref, 1e-5)
+    for key, val in (("moe_normalize_expert_weights", -1.0), ("ffn_act_fn", {"name": "gelu"})):
+        fc2 = dict(fc, **{key: val})
+        json.dump(dict(cfg, ffn_config=fc2), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key.split(".")[0] not in out:
+            FAILS.append("dbrx %s %r" % (key, val))
+            print("dbrx with %s %r (%d): %s" % (key, val, rc, out))
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
@@ -1225,6 +1263,7 @@ def main():
         test_mxfp4_rule(tmp, rng)
         test_mxfp4_file(tmp, rng)
         test_rows(tmp, rng)
+        test_dbrx(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
