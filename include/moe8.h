@@ -582,6 +582,11 @@ typedef struct moe8_layer_config {
   /* With norm_topk_prob: the weights divided by their p-norm, p = norm_p
   ** (moe8_router_config.norm_p; DBRX); 0 or 1: by their sum. */
   float           norm_p;
+  /* The shared expert's output times shared_scale before it is added (0
+  ** means 1): with routed_scaling_factor 0.5 and shared_scale 0.5 the block
+  ** is Cohere2-MoE's "average", (routed + shared) / 2 (the same floats:
+  ** halving is exact). */
+  float           shared_scale;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {

@@ -386,6 +386,8 @@ static void test_ep_gpt_oss_form(void **state) {
   cfg.act = form == 1 ? MOE8_ACT_SWIGLU_LIMIT : form == 0 ? MOE8_ACT_SWIGLU_CLAMP : MOE8_ACT_SWIGLU;
   cfg.out_bias = form == 2;
   cfg.norm_p = form == 2 ? 2.5f : 0.0f; /* DBRX's p-norm too */
+  cfg.shared_scale = form == 2 ? 0.5f : 0.0f; /* and Cohere2-MoE's averaged shared expert */
+  cfg.routed_scaling_factor = form == 2 ? 0.5f : 0.0f;
   cfg.shared_ffn = form == 2 ? 32 : 0;
   cfg.act_alpha = 1.702f;
   cfg.act_limit = 0.4f; /* binds on many rows of these weights */

@@ -1138,6 +1138,35 @@ static void test_output_forms(void **state) {
       moe8_layer_destroy(P);
     }
   }
+  /* Cohere2-MoE's "average": routed_scaling_factor 0.5 and shared_scale
+  ** 0.5 give (routed + shared) / 2, the plain block's output halved to the
+  ** byte; every gradient against finite differences */
+  {
+    moe8_layer_config ca = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .shared_ffn = FS,
+                            .routed_scaling_factor = 0.5f, .shared_scale = 0.5f};
+    moe8_layer_config cs = ca;
+    cs.routed_scaling_factor = 0.0f;
+    cs.shared_scale = 0.0f;
+    moe8_layer *A, *S;
+    assert_int_equal(moe8_layer_create(&ca, NULL, "experts", &A), MOE8_OK);
+    assert_int_equal(moe8_layer_create(&cs, NULL, "experts", &S), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(A, 18), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(S, 18), MOE8_OK);
+    const moe8_layer_grads ga = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    form_backward(A, x, dout, T, D, 19, &ga, &ws, &wsz);
+    assert_int_equal(moe8_layer_forward(A, x, T, y1, &aux, ws, wsz), MOE8_OK);
+    assert_int_equal(moe8_layer_forward(S, x, T, y0, &aux, ws, wsz), MOE8_OK);
+    for (int i = 0; i < T * D; i++)
+      if (moe8__f32_bits(y1[i]) != moe8__f32_bits(0.5f * y0[i])) TU_FAIL("average: element %d is %a, want %a", i, (double)y1[i], (double)(0.5f * y0[i]));
+    const form_grad ta[] = {{"x", x, T * D, dx}, {"router", moe8_layer_weight(A, MOE8_W_ROUTER, NULL), D * E, dwr},
+                            {"down", moe8_layer_weight(A, MOE8_W_DOWN, NULL), E * F * D, dwd},
+                            {"shared gate", moe8_layer_weight(A, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+                            {"shared down", moe8_layer_weight(A, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    form_fd_check("average", A, x, dout, T, D, ws, wsz, ta, sizeof ta / sizeof ta[0]);
+    free(ws);
+    moe8_layer_destroy(A);
+    moe8_layer_destroy(S);
+  }
 }
 
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's

@@ -67,7 +67,8 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score,
                     c->act + 4 * c->router_bias + 8 * c->expert_bias + 16 * c->weight_input + 32 * c->shared_plain_act + 64 * c->select_logits +
                         ((int64_t)moe8__f32_bits(c->norm_min) << 8) + ((int64_t)moe8__f32_bits(c->norm_eps) << 40),
-                    (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit)), ep->mode, c->out_bias + ((int64_t)moe8__f32_bits(c->norm_p) << 8),
+                    (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit)), ep->mode,
+                    (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32)),
                     order_code(L), 0}};
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)

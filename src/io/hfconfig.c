@@ -99,6 +99,9 @@ typedef struct family {
   /* DBRX: its keys under ffn_config (parse_dbrx), its layers and experts
   ** in its own names (moe8_hf_config.layers_root, stacked_experts) */
   bool        dbrx;
+  /* Cohere2-MoE: expert_selection_fn, shared_expert_combination_strategy,
+  ** num_shared_experts (shared width count x the experts') */
+  bool        cohere;
 } family;
 
 /* Placement of the MoE layers. */
@@ -364,6 +367,16 @@ static const family k_families[] = {
   {.name = "dbrx", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "moe_num_experts", .ffn_key = "ffn_hidden_size", .hidden = 2048,
    .layers = 24, .experts = 4, .top_k = 1, .ffn = 3584, .norm = true, .scaling = 1.0, .place = PLACE_ALL, .block_prefix = "ffn.",
    .router_name = "router.layer.weight", .dbrx = true},
+  /* Cohere2MoeConfig: the top-k of the logits, weighted by the softmax over
+  ** those k (expert_selection_fn "softmax": Mixtral's, norm_topk_prob not
+  ** read) or by their sigmoid, divided by the sum iff norm_topk_prob
+  ** ("sigmoid"); num_shared_experts x intermediate_size ungated shared
+  ** experts (mlp.shared_experts.*), combined with the routed sum by
+  ** shared_expert_combination_strategy "average" ((routed + shared) / 2) or
+  ** "sum"; placed by mlp_layer_types (from first_k_dense_replace, 0) */
+  {.name = "cohere2_moe", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "intermediate_size", .hidden = 8192,
+   .layers = 40, .experts = 8, .top_k = 2, .ffn = 22528, .shared = 0, .norm = true, .scaling = 1.0, .shared_width_key = "",
+   .first_dense = 0, .place = PLACE_TYPES_FK, .cohere = true},
   /* FlintConfig: Qwen2-MoE's block routed by sigmoid scores (no bias),
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
@@ -643,7 +656,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
     {"axk2", "its dropped expert groups are masked with 0.0, not -inf, which selects differently once selection values are negative"},
-    {"cohere2_moe", "its shared experts are averaged with the routed sum (shared_expert_combination_strategy) and it can select by sigmoid"},
     {"deepseek_v4", "its scores are sqrt(softplus(logits)), its hash layers route by token id (tid2eid) and its SwiGLU is clamped"},
     {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
@@ -921,6 +933,25 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(pick_key(root, file, fam->shared_width_key, "shared_expert_intermediate_size", kk));
     TRY(get_int(root, file, kk, fam->shared, 0, BIG, &L->shared_ffn));
     L->shared_gate = L->shared_ffn > 0 && !fam->shared_ungated;
+  }
+  if (fam->cohere) {
+    int64_t nsh = 0;
+    TRY(get_int(root, file, "num_shared_experts", 0, 0, 1 << 16, &nsh));
+    L->shared_ffn = nsh * L->ffn;
+    L->shared_gate = false;
+    TRY(want_str(root, file, "expert_selection_fn", "softmax|sigmoid", "Cohere2-MoE selects by softmax or sigmoid"));
+    const cJSON *sf = item(root, "expert_selection_fn");
+    if (sf && !strcmp(sf->valuestring, "sigmoid")) { /* the top-k of the logits, their sigmoid, / sum iff norm_topk_prob */
+      L->score = MOE8_SCORE_SIGMOID;
+      L->select_logits = true;
+    } else
+      L->norm_topk_prob = true; /* the softmax over the k: the chosen scores renormalized, whatever norm_topk_prob says */
+    TRY(want_str(root, file, "shared_expert_combination_strategy", "average|sum", "Cohere2-MoE averages or sums"));
+    const cJSON *cs = item(root, "shared_expert_combination_strategy");
+    if (nsh > 0 && !(cs && !strcmp(cs->valuestring, "sum"))) { /* "average": (routed + shared) / 2, exactly halves of both */
+      L->routed_scaling_factor = 0.5f;
+      L->shared_scale = 0.5f;
+    }
   }
   if (fam->arch != MOE8_ARCH_LLAMA4) c->decoder_sparse_step = 1;
   if (qwen && fam->place == PLACE_BLOCK) {

@@ -102,6 +102,8 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
       (!(cfg->norm_p > 0.0f && cfg->norm_p < 1e30f) || cfg->norm_min != 0.0f || cfg->norm_eps != 0.0f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: norm_p %g must be 0 (the sum) or a positive finite p, with norm_min and norm_eps 0",
                       (double)cfg->norm_p);
+  if (!isfinite(cfg->shared_scale) || (cfg->shared_scale != 0.0f && cfg->shared_gate))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: shared_scale %g must be finite, and 0 with shared_gate", (double)cfg->shared_scale);
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
   if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT)

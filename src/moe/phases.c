@@ -250,11 +250,13 @@ moe8_status moe8__shared_forward(const moe8_layer *L, moe8_order order, const fl
 /* Token t's row of out plus the shared expert's row (times its gate). */
 static void shared_add_row(const moe8_layer *L, const moe8__shared_buf *b, int64_t t, float *o) {
   const int64_t D = L->cfg.hidden;
-  const float *ys = b->y + t * D;
+  const float *ys = b->y + t * D, s = L->cfg.shared_scale;
   if (L->cfg.shared_gate) {
     const float g = b->g[t];
     for (int64_t d = 0; d < D; d++) o[d] = o[d] + g * ys[d];
-  } else
+  } else if (s != 0.0f && s != 1.0f)
+    for (int64_t d = 0; d < D; d++) o[d] = o[d] + s * ys[d];
+  else
     for (int64_t d = 0; d < D; d++) o[d] = o[d] + ys[d];
 }
 
@@ -616,6 +618,7 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
                                   const float *dout, moe8__shared_buf *b, float *dx, const moe8_layer_grads *gr) {
   const int64_t D = L->cfg.hidden;
   const bool gated = L->cfg.shared_gate;
+  const float ss = gated || L->cfg.shared_scale == 0.0f ? 1.0f : L->cfg.shared_scale; /* the forward's o + s * ys */
   if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
   float *dys = malloc(sizeof(float) * (size_t)(T * D) + 4), *dxs = malloc(sizeof(float) * (size_t)(T * D) + 4);
   float *dgl = malloc(sizeof(float) * (size_t)T + 4);
@@ -626,7 +629,7 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
       float s = 0.0f;
       const float g = gated ? b->g[t] : 1.0f;
       for (int64_t c = 0; c < D; c++) {
-        dys[t * D + c] = gated ? g * dout[t * D + c] : dout[t * D + c];
+        dys[t * D + c] = gated ? g * dout[t * D + c] : ss != 1.0f ? ss * dout[t * D + c] : dout[t * D + c];
         s += dout[t * D + c] * b->y[t * D + c];
       }
       dgl[t] = s * (g * (1.0f - g));

@@ -241,11 +241,12 @@ def route_deepseek_v2(x, wr, k, n_group, topk_group, scale, grouped):
     return ids, np.take_along_axis(s, ids, axis=1) * scale
 
 
-def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, limit=None, shared_limit=None, out_bias=None):
+def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, limit=None, shared_limit=None, out_bias=None, average=False):
     """routing: (ids [T, k], weights [T, k]); experts[e] = (wg, wu, wd);
     shared = (wg, wu, wd) or None; shared_gate: [1, D] (Qwen2) or None;
     limit / shared_limit: the routed / shared experts' SwiGLU limit (mlp);
-    out_bias: [D] added to the block's output (JetMoeMoE's bias) or None."""
+    out_bias: [D] added to the block's output (JetMoeMoE's bias) or None;
+    average: (routed + shared) / 2 (Cohere2-MoE's "average") instead of the sum."""
     ids, w = routing
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
@@ -256,7 +257,7 @@ def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, li
         y = mlp(x, *shared, act_q, shared_limit)
         if shared_gate is not None:
             y = y / (1.0 + np.exp(-(x @ shared_gate.T)))
-        out = out + y
+        out = (out + y) / 2 if average else out + y
     if out_bias is not None:
         out = out + out_bias
     return out

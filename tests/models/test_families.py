@@ -1196,6 +1196,66 @@ def test_dbrx(tmp, rng):
             print("dbrx with %s %r (%d): %s" % (key, val, rc, out))
 
 
+def test_cohere2_moe(tmp, rng):
+    """Cohere2-MoE: the top-k of the logits, weighted by their softmax
+    ("softmax", norm_topk_prob not read) or their sigmoid, divided by the sum
+    iff norm_topk_prob ("sigmoid"); num_shared_experts x intermediate_size
+    shared experts, (routed + shared) / 2 ("average") or the sum; layer 0
+    dense by mlp_layer_types or first_k_dense_replace."""
+    E, k, D, F, T = 16, 4, 128, 96, 24
+    cases = (("softmax", "average", False, 2, "types"), ("sigmoid", "average", True, 1, "fk"), ("sigmoid", "sum", False, 2, "types"),
+             ("softmax", "sum", True, 1, "fk"), ("sigmoid", "average", False, 0, "types"), (None, None, None, 1, "absent"))
+    for sel, strat, norm, nsh, place in cases:
+        cfg = {"model_type": "cohere2_moe", "hidden_size": D, "num_hidden_layers": 3, "num_experts": E, "num_experts_per_tok": k,
+               "intermediate_size": F, "num_shared_experts": nsh}
+        if place == "types":
+            cfg["mlp_layer_types"] = ["dense", "sparse", "sparse"]
+        elif place == "fk":
+            cfg["first_k_dense_replace"] = 1
+        for key, v in (("expert_selection_fn", sel), ("shared_expert_combination_strategy", strat), ("norm_topk_prob", norm)):
+            if v is not None:
+                cfg[key] = v
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        t["model.layers.0.mlp.gate_proj.weight"] = ("BF16", rnd(rng, 32, D).astype(np.float32))
+        for l in ((0, 1, 2) if place == "absent" else (1, 2)):
+            p = "model.layers.%d.mlp." % l
+            wr = rnd(rng, E, D, scale=0.5)
+            t[p + "gate.weight"] = ("BF16", wr.astype(np.float32))
+            wr = store(wr, "BF16")
+            experts = per_expert(t, p, make_experts(rng, E, D, F), ("gate_proj", "up_proj", "down_proj"), "BF16")
+            shared = None
+            if nsh:
+                sw = make_experts(rng, 1, D, F * nsh)[0]
+                shared = []
+                for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+                    t[p + "shared_experts." + nm + ".weight"] = ("BF16", w.astype(np.float32))
+                    shared.append(store(w, "BF16"))
+            if sel == "sigmoid":
+                routing = R.route_logits_bias(x, wr, np.zeros(E), k, norm)
+            else:
+                routing = R.route_softmax(x, wr, k, True)
+            refs[l] = R.moe_block(x, routing, experts, shared, average=strat != "sum")
+        d = os.path.join(tmp, "cohere2_%s_%s_%s_%d" % (sel, strat, norm, nsh))
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("cohere2_moe bf16 %s %s norm %s shared %d, layer %d" % (sel, strat, norm, nsh, l), got, ref, 1e-5)
+        if place != "absent":
+            p2 = subprocess.run([MOE8, "run", "--model", d, "--input", os.path.join(d, "x.npy"), "--output", os.path.join(d, "y0.npy"),
+                                 "--layer", "0"], capture_output=True, text=True)
+            key = "mlp_layer_types" if place == "types" else "first_k_dense_replace"
+            if p2.returncode == 0 or key not in p2.stderr:
+                FAILS.append("cohere2_moe dense layer 0")
+                print("cohere2_moe dense layer 0 not refused by %s: %s" % (key, p2.stderr.strip()))
+    for key, val in (("expert_selection_fn", "sparsemixer"), ("shared_expert_combination_strategy", "max")):
+        json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key not in out:
+            FAILS.append("cohere2_moe %s %r" % (key, val))
+            print("cohere2_moe with %s %r (%d): %s" % (key, val, rc, out))
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
@@ -1264,6 +1324,7 @@ def main():
         test_mxfp4_file(tmp, rng)
         test_rows(tmp, rng)
         test_dbrx(tmp, rng)
+        test_cohere2_moe(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

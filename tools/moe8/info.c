@@ -61,6 +61,8 @@ int cmd_info(int argc, char **argv) {
            c->layer.shared_gate ? "scaled by sigmoid(x . shared_expert_gate)" : "added ungated");
   else
     printf("shared expert: none\n");
+  if (c->layer.shared_ffn > 0 && c->layer.shared_scale != 0.0f && c->layer.shared_scale != 1.0f)
+    printf("combination: routed sum x %g + shared expert x %g\n", (double)c->layer.routed_scaling_factor, (double)c->layer.shared_scale);
   if (c->layer.out_bias) printf("output bias: the block's bias [%lld] added to its output\n", (long long)c->layer.hidden);
   /* Which layers are MoE: runs of consecutive indices. */
   printf("moe layers:");
