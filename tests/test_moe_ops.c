@@ -270,6 +270,34 @@ static void test_swiglu_isas(void **state) {
                   (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]), (double)got[j], moe8__f32_bits(got[j]),
                   (double)want[j], moe8__f32_bits(want[j]));
     }
+    /* Clamped after the activation (Step): the reference is min(silu(g),
+    ** L) · clamp(u, ±L) with the plain SwiGLU's silu (its bytes at u = 1),
+    ** a NaN kept; at L = +inf it is the plain SwiGLU's bytes; every ISA
+    ** gives the reference's bytes. */
+    for (int inf = 0; inf < 2; inf++) {
+      const float pl = inf ? (float)INFINITY : limit;
+      ref->swiglu_post(want, g, u, n, pl);
+      for (size_t j = 0; j < n; j++) {
+        const float one = 1.0f;
+        float sv, plain;
+        ref->swiglu(&sv, &g[j], &one, 1);
+        const float sc = sv > pl ? pl : sv, uc = u[j] < -pl ? -pl : u[j] > pl ? pl : u[j], expect = sc * uc;
+        ref->swiglu(&plain, &g[j], &u[j], 1);
+        if ((isnan(g[j]) || isnan(u[j])) ? !isnan(want[j]) : moe8__f32_bits(want[j]) != moe8__f32_bits(inf ? plain : expect))
+          TU_FAIL("swiglu_post (reference, limit %g): g = %a (0x%08x), u = %a: %a, want %a", (double)pl, (double)g[j],
+                  moe8__f32_bits(g[j]), (double)u[j], (double)want[j], (double)(inf ? plain : expect));
+      }
+      for (int i = 1; i < nisa; i++) {
+        const size_t len = round % 3 == 0 ? n - (size_t)(round % 16) : n;
+        memset(got, 0, sizeof(float) * N);
+        moe8__kernels_for(isas[i])->swiglu_post(got, g, u, len, pl);
+        for (size_t j = 0; j < len; j++)
+          if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
+            TU_FAIL("swiglu_post on %s (limit %g): g = %a (0x%08x), u = %a (0x%08x): %a (0x%08x), want %a (0x%08x)",
+                    moe8_isa_name(isas[i]), (double)pl, (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]),
+                    (double)got[j], moe8__f32_bits(got[j]), (double)want[j], moe8__f32_bits(want[j]));
+      }
+    }
   }
   free(g); free(u); free(want); free(got);
 }

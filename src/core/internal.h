@@ -120,6 +120,9 @@ typedef struct moe8__ktable {
   /* The limited SwiGLU (GLM-5, HY-V4): gc and uc as above, h = silu(gc) · uc
   ** with swiglu's silu. */
   void (*swiglu_limit)(float *h, const float *g, const float *u, size_t n, float limit);
+  /* Step's SwiGLU clamped after the activation: s = swiglu's silu(g),
+  ** h = (s > limit ? limit : s) · uc, uc as above; limit > 0 or +inf. */
+  void (*swiglu_post)(float *h, const float *g, const float *u, size_t n, float limit);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of

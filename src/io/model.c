@@ -922,6 +922,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   moe8_model_prefix(m, layer, p, sizeof p);
   snprintf(mp, sizeof mp, "%sexperts", p);
   const moe8_tensor_view *t;
+  if (c->layer.act == MOE8_ACT_SWIGLU_POST) { /* Step's released names: not read yet */
+    snprintf(n, sizeof n, "%s%lld.moe.gate.weight", m->root, (long long)layer);
+    if (moe8_model_find(m, n))
+      return moe8__fail(MOE8_ERR_FORMAT, "model: '%s': Step-3.5/3.7's released tensor names (moe.gate_proj.weight stacked, "
+                        "moe.router_bias, share_expert.*) are not read yet; moe8 reads the names transformers' text model gives "
+                        "its block (mlp.gate.weight, mlp.experts.gate_up_proj, mlp.shared_experts.*)", n);
+  }
   /* Router and bias first: every format has them. */
   snprintf(n, sizeof n, "%s%s", p, c->router_name[0] ? c->router_name : "gate.weight"); /* the family's own (Jamba: router.weight) */
   static const char *const router_names[2] = {"router.gate.weight", "gate.wg.weight"}; /* AFMoE's, HY-V3's files; HunYuan's */
@@ -955,6 +962,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
+  if (c->per_layer_limits && layer < MOE8_MAX_MLP_ONLY) { /* Step's limits, this layer's */
+    lc.act_limit = c->act_limits[layer];
+    lc.shared_act_limit = c->shared_act_limits[layer];
+  }
   const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
   /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D] or fused [2Fs, D]. */

@@ -993,6 +993,13 @@ ROWS = [
     dict(mt="hy_v4_vl", wrap="hy_v4_vl_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
          scale=("routed_scaling_factor", 2.827), shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0),
          shared_plain=True, layouts=("fused",)),
+    # Step-3.5/3.7: the SwiGLU clamped after the activation, per layer (swiglu_limits, swiglu_limits_shared; 0 / null: none),
+    # one ungated shared expert of width share_expert_dim, the routed sum times moe_router_scaling_factor, MoE from layer 3 by default
+    dict(mt="step3p5", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("moe_router_scaling_factor", 1.0), shared=("", 1),
+         shared_width=("share_expert_dim", 40), group="", place="types", dense=3, post=True, layouts=("fused", "per")),
+    dict(mt="step3p7", wrap="step3p5", block="ds3", ekey="moe_num_experts", kkey="moe_top_k", norm=(None, True),
+         scale=("moe_router_scaling_factor", 1.0), shared=("", 1), shared_width=("share_expert_dim", 40), group="", place="types", dense=3,
+         post=True, layouts=("fused",)),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
@@ -1052,6 +1059,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         limit = row["limit"][1]
         if not absent:
             limit = cfg[row["limit"][0]] = 0.05  # small enough to clamp many of the test's pre-activations
+    post = {}  # Step's per-layer limits (routed, shared) by layer
+    if row.get("post") and not absent:
+        cfg["swiglu_limits"] = [0.0, 0.05, None]  # layer 1 clamped, layer 2 not (null), as the class reads them
+        cfg["swiglu_limits_shared"] = [None, 0.03, 0.04]
+        post = {1: (0.05, 0.03), 2: (None, 0.04)}
     n_group = row.get("groups_default", (1, 1))
     if blk == "ds3" and row.get("group", "n_group"):
         if absent:
@@ -1130,7 +1142,13 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
             routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20))
-        refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit)
+        if row.get("post"):
+            lim, slim = post.get(l, (None, None))
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=lim, shared_limit=slim, post=True)
+            if post and rel(R.moe_block(x, routing, experts, shared, sgate), refs[l]) < 1e-2:
+                FAILS.append("%s: swiglu_limits do not clamp the test's values at layer %d" % (row["mt"], l))
+        else:
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit)
         if limit is not None and not absent:  # the clamp must be doing something in this case
             plain = R.moe_block(x, routing, experts, shared, sgate)
             if rel(plain, refs[l]) < 1e-2:

@@ -30,11 +30,13 @@ static inline __m512 expf16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-static inline __m512 swiglu16(__m512 g, __m512 u) {
+static inline __m512 silu16(__m512 g) {
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 neg = _mm512_xor_ps(g, _mm512_set1_ps(-0.0f));
-  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, expf16(neg))), u);
+  return _mm512_div_ps(g, _mm512_add_ps(one, expf16(neg)));
 }
+
+static inline __m512 swiglu16(__m512 g, __m512 u) { return _mm512_mul_ps(silu16(g), u); }
 
 static void swiglu(float *h, const float *g, const float *u, size_t n) {
   size_t i = 0;
@@ -77,6 +79,23 @@ static void swiglu_limit(float *h, const float *g, const float *u, size_t n, flo
   if (i < n) {
     const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(h + i, m, swiglu_limit16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), l));
+  }
+}
+
+/* silu first, then the same clamps on silu(g) and u: the reference's swiglu_post. */
+static inline __m512 swiglu_post16(__m512 g, __m512 u, __m512 limit) {
+  __m512 s = silu16(g);
+  clamp_gu(&s, &u, limit);
+  return _mm512_mul_ps(s, u);
+}
+
+static void swiglu_post(float *h, const float *g, const float *u, size_t n, float limit) {
+  const __m512 l = _mm512_set1_ps(limit);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, swiglu_post16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i), l));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, swiglu_post16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), l));
   }
 }
 
@@ -341,5 +360,6 @@ void moe8__act_init_avx512(moe8__ktable *k) {
   k->swiglu        = swiglu;
   k->swiglu_clamp  = swiglu_clamp;
   k->swiglu_limit  = swiglu_limit;
+  k->swiglu_post   = swiglu_post;
   k->router_logits = router_logits;
 }
