@@ -522,8 +522,10 @@ typedef enum moe8_expert_act {
   MOE8_ACT_SWIGLU_CLAMP = 1, /* GPT-OSS: g' = min(g, limit), u' = clamp(u, ±limit),
                              ** h = g' · sigmoid(α g') · (u' + 1)                             */
   MOE8_ACT_SWIGLU_LIMIT = 2, /* GLM-5, HY-V4: h = silu(min(g, limit)) · clamp(u, ±limit)     */
-  MOE8_ACT_SWIGLU_POST  = 3  /* Step-3.5/3.7: h = min(silu(g), limit) · clamp(u, ±limit), the
+  MOE8_ACT_SWIGLU_POST  = 3, /* Step-3.5/3.7: h = min(silu(g), limit) · clamp(u, ±limit), the
                              ** clamp after the activation; limit 0: none (the plain SwiGLU)   */
+  MOE8_ACT_SWIGLU_SOFTCAP = 4 /* Inkling-2: h = cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu) with
+                             ** cg = act_alpha, cu = act_limit (mlp_gate_softcap, mlp_up_softcap) */
 } moe8_expert_act;
 
 typedef struct moe8_layer_config {
@@ -552,7 +554,7 @@ typedef struct moe8_layer_config {
   ** expert-parallel forward; backward and training are refused for a
   ** layer with any of them (MOE8_ERR_UNSUPPORTED). */
   moe8_expert_act act;
-  float           act_alpha, act_limit;   /* CLAMP: α > 0, limit > 0; LIMIT: limit > 0; POST: limit >= 0 */
+  float           act_alpha, act_limit;   /* CLAMP: α > 0, limit > 0; LIMIT: limit > 0; POST: limit >= 0; SOFTCAP: both > 0 */
   bool            router_bias, expert_bias;
   /* Llama-4: each routed expert gets its token scaled by the routing weight
   ** (E_j(w_j · x)) and the outputs are summed unweighted, instead of
@@ -864,6 +866,10 @@ typedef struct moe8_hf_config {
   ** MOE8_ACT_SWIGLU_POST); false: layer's limits hold for every layer. */
   bool              per_layer_limits;
   float             act_limits[MOE8_MAX_MLP_ONLY], shared_act_limits[MOE8_MAX_MLP_ONLY];
+  /* The family's fused gate|up (fused_gu) holds gate and up rows
+  ** alternately (Inkling-2's w13_weight: row 2f gate f, 2f + 1 up f);
+  ** transformers' gate_up_proj, when the file has it instead, is halves. */
+  bool              fused_interleaved;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -375,17 +375,17 @@ static void test_ep_failures(void **state) {
 }
 
 /* GPT-OSS's expert form (router bias, expert biases, clamped SwiGLU), the
-** limited SwiGLU (GLM-5, HY-V4) and the SwiGLU clamped after the
-** activation (Step): the forward of both modes gives the
+** limited SwiGLU (GLM-5, HY-V4), the SwiGLU clamped after the activation
+** (Step) and the softcapped one (Inkling-2): the forward of both modes gives the
 ** single-process bytes (f32, FP8 1x16 quantize-before, i8), and so does
 ** every gradient of the backward. */
 static void test_ep_gpt_oss_form(void **state) {
   (void)state;
   const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
-  for (int form = 0; form < 3; form++) {
+  for (int form = 0; form < 4; form++) {
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  cfg.act = form == 2 ? MOE8_ACT_SWIGLU_POST : form ? MOE8_ACT_SWIGLU_LIMIT : MOE8_ACT_SWIGLU_CLAMP;
-  cfg.act_alpha = 1.702f;
+  cfg.act = form == 3 ? MOE8_ACT_SWIGLU_SOFTCAP : form == 2 ? MOE8_ACT_SWIGLU_POST : form ? MOE8_ACT_SWIGLU_LIMIT : MOE8_ACT_SWIGLU_CLAMP;
+  cfg.act_alpha = form == 3 ? 0.5f : 1.702f; /* the softcapped form's gate cap */
   cfg.act_limit = 0.4f; /* binds on many rows of these weights */
   cfg.router_bias = cfg.expert_bias = !form;
   float *x = malloc(sizeof(float) * (size_t)(T * D));
@@ -419,7 +419,7 @@ static void test_ep_gpt_oss_form(void **state) {
       assert_int_equal(ep_create(L, &ep), MOE8_OK);
       float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
       moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
-      if (st != MOE8_OK) TU_FAIL("%s form: ep forward: %s", form == 2 ? "post" : form ? "limited" : "gpt_oss", moe8_last_error());
+      if (st != MOE8_OK) TU_FAIL("%s form: ep forward: %s", form == 3 ? "softcap" : form == 2 ? "post" : form ? "limited" : "gpt_oss", moe8_last_error());
       if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
         TU_FAIL("gpt_oss form (mode %d, %s, P=%d): output differs", mode, m ? "all-to-all" : "ring", g_size);
       /* the backward: every gradient, the biases' included, the single process's bytes */

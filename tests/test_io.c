@@ -1292,6 +1292,20 @@ static void test_family_rows(void **state) {
   assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"mlp_bias\":true}"), MOE8_ERR_UNSUPPORTED);
   assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"moe_layers_enum\":\"3,x\"}"), MOE8_ERR_PARSE);
   assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"n_routed_experts\":8,\"num_local_experts\":16}"), MOE8_ERR_PARSE);
+  /* Inkling-2: the softcapped SwiGLU (caps in act_alpha, act_limit), route_scale, 1e-20, its files' w13_weight */
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"hidden_act\":\"gelu\"}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_SOFTCAP && c.layer.act_alpha == 4.0f && c.layer.act_limit == 25.0f &&
+              c.layer.routed_scaling_factor == 8.0f && c.layer.norm_eps == 1e-20f && c.layer.num_experts == 384 && c.layer.ffn == 2304 &&
+              c.layer.shared_ffn == 0 && c.layer.use_selection_bias && c.fused_interleaved && !strcmp(c.fused_gu, "experts.w13_weight"));
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_loop_text\",\"mlp_gate_softcap\":2,\"mlp_up_softcap\":3,\"intermediate_size\":64,"
+                         "\"routed_scaling_factor\":1.5}"), MOE8_OK);
+  assert_true(c.layer.act_alpha == 2.0f && c.layer.act_limit == 3.0f && c.layer.ffn == 64 && c.layer.routed_scaling_factor == 1.5f);
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"mlp_up_softcap\":0}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "mlp_up_softcap"));
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"moe_intermediate_size\":8,\"intermediate_size\":16}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"scoring_func\":\"softmax\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2\",\"text_config\":{\"n_routed_experts\":16}}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_SOFTCAP && c.layer.num_experts == 16);
   /* a family whose block differs: refused with the reason */
   assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "sparsemixer"));

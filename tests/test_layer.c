@@ -1097,6 +1097,49 @@ static void test_post_form_grads(void **state) {
   assert_non_null(strstr(moe8_last_error(), "shared_act_limit"));
 }
 
+/* Inkling-2's softcapped SwiGLU (cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu),
+** cg = act_alpha, cu = act_limit), routed and shared: every gradient
+** against finite differences with caps that bind (the forward differs
+** from the plain SwiGLU's); caps <= 0 refused. */
+static void test_softcap_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static float out[2][T * D];
+  for (int v = 0; v < 2; v++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_SOFTCAP,
+                           .act_alpha = 0.3f, .act_limit = 0.2f, .shared_ffn = FS};
+    if (v) c.act = MOE8_ACT_SWIGLU;
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 71, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    if (!v) form_fd_check("softcapped SwiGLU", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[v], &aux, ws, wsz), MOE8_OK);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  double dmax = 0;
+  for (int i = 0; i < T * D; i++) dmax = fmax(dmax, fabs((double)out[0][i] - out[1][i]));
+  assert_true(dmax > 1e-2); /* the caps bind */
+  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_SWIGLU_SOFTCAP, .act_alpha = 4.0f};
+  moe8_layer *B = NULL;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "softcapped"));
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -1337,6 +1380,7 @@ int main(void) {
     cmocka_unit_test(test_gpt_oss_form_grads),
     cmocka_unit_test(test_limited_form_grads),
     cmocka_unit_test(test_post_form_grads),
+    cmocka_unit_test(test_softcap_form_grads),
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),

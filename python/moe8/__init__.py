@@ -79,7 +79,7 @@ def _check(st):
 
 
 # The experts' activations by moe8_expert_act value (include/moe8.h).
-ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post")
+ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap")
 
 
 class _LayerConfig(C.Structure):
@@ -465,8 +465,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
     if group_score not in gscores:
         raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
     if act not in ACTS:
-        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4) or 'swiglu_post' (Step-3.5/3.7), "
-                    "not %r" % (act,))
+        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7) "
+                    "or 'swiglu_softcap' (Inkling-2), not %r" % (act,))
     return _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,

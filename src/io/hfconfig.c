@@ -95,6 +95,10 @@ typedef struct family {
   ** and swiglu_limits_shared of the SwiGLU clamped after the activation;
   ** hidden_act whatever the file says (the class computes silu) */
   bool        step;
+  /* Inkling-2: the softcapped SwiGLU (MOE8_ACT_SWIGLU_SOFTCAP) with caps
+  ** mlp_gate_softcap (4.0) and mlp_up_softcap (25.0); hidden_act not read
+  ** (the class's experts use the softcapped form whatever it says) */
+  bool        softcap;
 } family;
 
 /* Placement of the MoE layers. */
@@ -348,6 +352,21 @@ static const family k_families[] = {
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "num_experts_per_tok|moe_top_k", .norm_key = "",
    .scale_key = "moe_router_scaling_factor", .group_key = "", .shared_key = "", .shared_width_key = "share_expert_dim|share_expert_dims",
    .shared_width = 1280, .place = PLACE_ALL, .step = true},
+  /* Inkling2TextConfig and Inkling2LoopTextConfig (Inkling-2, the text
+  ** models of inkling2 and inkling2_loop): f32 routing, sigmoid scores, the
+  ** top-k of score + gate.e_score_correction_bias, weights / (Σ + 1e-20)
+  ** times route_scale, no shared experts, every layer MoE (the loop layers
+  ** run the same block again); the softcapped SwiGLU */
+  {.name = "inkling2_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4608, .layers = 48, .experts = 384, .top_k = 8, .ffn = 2304, .shared = 0, .norm = true,
+   .scaling = 8.0, .n_group = 1, .topk_group = 1, .norm_key = "", .scale_key = "route_scale|routed_scaling_factor", .group_key = "",
+   .shared_key = "", .place = PLACE_ALL, .fused_gu = "experts.w13_weight", .fused_dn = "experts.w2_weight", .norm_eps = 1e-20,
+   .softcap = true},
+  {.name = "inkling2_loop_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2304, .layers = 24, .experts = 128, .top_k = 8, .ffn = 1152, .shared = 0, .norm = true,
+   .scaling = 8.0, .n_group = 1, .topk_group = 1, .norm_key = "", .scale_key = "route_scale|routed_scaling_factor", .group_key = "",
+   .shared_key = "", .place = PLACE_ALL, .fused_gu = "experts.w13_weight", .fused_dn = "experts.w2_weight", .norm_eps = 1e-20,
+   .softcap = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -365,6 +384,8 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"glm5_next", "glm5_next_text"},
   {"hy_v4_vl", "hy_v4_vl_text"},
   {"step3p7", "step3p5"},
+  {"inkling2", "inkling2_text"},
+  {"inkling2_loop", "inkling2_loop_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -702,8 +723,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"glm5_next", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"hy_v4_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling_text", "its shared experts are weighted by their router scores"},
-    {"inkling2_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
-    {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
+    {"inkling2", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"inkling2_loop", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
@@ -775,7 +796,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   const bool qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
   const int64_t BIG = (int64_t)1 << 30;
   moe8_layer_config *L = &c->layer;
-  if (!fam->step) TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
+  if (!fam->step && !fam->softcap) TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
   TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
   /* The expert count under the family's key or its alias: transformers 5
@@ -988,6 +1009,19 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   }
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
   if (fam->step) TRY(parse_step(root, file, c));
+  if (fam->softcap) {
+    /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
+    TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));
+    TRY(get_pos(root, file, "mlp_up_softcap", 25.0, false, " (the experts' up softcap)", &L->act_limit));
+    L->act = MOE8_ACT_SWIGLU_SOFTCAP;
+    int64_t f2 = L->ffn;
+    TRY(get_int(root, file, "intermediate_size", L->ffn, 1, BIG, &f2));
+    if (item(root, "intermediate_size") && item(root, fam->ffn_key) && f2 != L->ffn)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"intermediate_size\" = %lld and its alias \"%s\" = %lld disagree", file, (long long)f2,
+                        fam->ffn_key, (long long)L->ffn);
+    L->ffn = f2;
+    c->fused_interleaved = true; /* its files' w13_weight */
+  }
   if (fam->block_prefix) snprintf(c->block_prefix, sizeof c->block_prefix, "%s", fam->block_prefix);
   if (fam->router_name) snprintf(c->router_name, sizeof c->router_name, "%s", fam->router_name);
   if (fam->fused_gu) snprintf(c->fused_gu, sizeof c->fused_gu, "%s", fam->fused_gu);

@@ -164,10 +164,11 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
     }
   /* The layers' root: a text model's, or a multimodal model's language
   ** model (Llama-4 as released; transformers 5 names it the other way). */
-  static const char *const roots[3] = {"language_model.model.layers.", "model.language_model.layers.", "model.layers."};
-  int ri = 2;
-  for (size_t i = 0; i < m->count && ri == 2; i++)
-    for (int r = 0; r < 2; r++)
+  static const char *const roots[4] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
+                                       "model.layers."};
+  int ri = 3;
+  for (size_t i = 0; i < m->count && ri == 3; i++)
+    for (int r = 0; r < 3; r++)
       if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   *out = m;
@@ -203,6 +204,8 @@ const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.
 static void fused_name(const moe8_model *m, const char *p, int which, char *buf, size_t cap) {
   const char *own = which ? m->cfg.fused_dn : m->cfg.fused_gu;
   snprintf(buf, cap, "%s%s", p, own[0] ? own : which ? "experts.down_proj" : "experts.gate_up_proj");
+  if (own[0] && m->cfg.fused_interleaved && !moe8_model_find(m, buf)) /* Inkling-2's files, or transformers' own names */
+    snprintf(buf, cap, "%s%s", p, which ? "experts.down_proj" : "experts.gate_up_proj");
 }
 
 /* The projection names of the expert whose tensors are named base + ...:
@@ -228,7 +231,8 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
 ** name it expert_bias); the first the file holds. */
 static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias",
                                            "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */,
-                                           "experts.e_score_correction_bias" /* Laguna's files */};
+                                           "experts.e_score_correction_bias" /* Laguna's files */,
+                                           "gate.bias" /* Inkling-2's files */};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;
@@ -1041,7 +1045,8 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     char dname[320];
     fused_name(m, p, 1, dname, sizeof dname);
     const moe8_tensor_view *dv = moe8_model_find(m, dname);
-    const bool xw = fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
+    const bool ilv = c->fused_interleaved && c->fused_gu[0] && strstr(n, c->fused_gu) != NULL;
+    const bool xw = !ilv && fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
                     dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
     const int64_t s1[3] = {E, xw ? D : 2 * F, xw ? 2 * F : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
@@ -1061,6 +1066,12 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
         st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, 2 * F, D, b.gu, 2 * F, 0, ld.tmp);
         if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
       }
+      if (st == MOE8_OK && ilv) /* alternate gate / up columns to the layer's halves (ld.tmp is free again) */
+        for (int64_t dd = 0; dd < D; dd++) {
+          float *row = b.gu + dd * 2 * F;
+          memcpy(ld.tmp, row, sizeof(float) * (size_t)(2 * F));
+          for (int64_t f = 0; f < F; f++) { row[f] = ld.tmp[2 * f]; row[F + f] = ld.tmp[2 * f + 1]; }
+        }
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }

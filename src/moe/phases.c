@@ -208,6 +208,8 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
       if (act == MOE8_ACT_SWIGLU_CLAMP) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else if (act == MOE8_ACT_SWIGLU_LIMIT) kt->swiglu_limit(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_limit);
       else if (act == MOE8_ACT_SWIGLU_POST) kt->swiglu_post(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, plim);
+      else if (act == MOE8_ACT_SWIGLU_SOFTCAP)
+        kt->swiglu_softcap(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }
@@ -475,7 +477,10 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   ** g', u', each zero where its clamp holds the value (the same ends).
   ** Clamped after the activation (Step): h = min(silu(g), L)·u', dg =
   ** dh·u'·σ(g)(1 + g(1-σ(g))) where silu(g) <= L, du = dh·min(silu(g), L)
-  ** where |u| <= L (L the set's own, +inf for none). */
+  ** where |u| <= L (L the set's own, +inf for none).
+  ** Softcapped (Inkling-2): h = A(g)·B(u), A = cg·tanh(g/cg)·σ(g), B =
+  ** cu·tanh(u/cu): dg = dh·B·((1 - tanh²(g/cg))·σ(g) + cg·tanh(g/cg)·σ(g)(1-σ(g))),
+  ** du = dh·A·(1 - tanh²(u/cu)). */
   const moe8_expert_act act = moe8__set_act(L, set);
   const bool clampd = act == MOE8_ACT_SWIGLU_CLAMP, limd = act == MOE8_ACT_SWIGLU_LIMIT, postd = act == MOE8_ACT_SWIGLU_POST;
   const float al = L->cfg.act_alpha, lim = postd ? moe8__set_post_limit(L, set) : L->cfg.act_limit;
@@ -488,6 +493,14 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
         const float sg = 1.0f / (1.0f + moe8__expf(-al * gc));
         dgu[p * 2 * F + f] = gv <= lim ? d * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg)) : 0.0f;
         dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
+        continue;
+      }
+      if (act == MOE8_ACT_SWIGLU_SOFTCAP) {
+        const float cg = al, cu = L->cfg.act_limit;
+        const float tg = moe8__tanhf(gv / cg), tu = moe8__tanhf(uv / cu), sg = 1.0f / (1.0f + moe8__expf(-gv));
+        const float A = cg * tg * sg, B = cu * tu;
+        dgu[p * 2 * F + f] = d * B * ((1.0f - tg * tg) * sg + cg * tg * sg * (1.0f - sg));
+        dgu[p * 2 * F + F + f] = d * A * (1.0f - tu * tu);
         continue;
       }
       if (postd) {

@@ -1000,6 +1000,18 @@ ROWS = [
     dict(mt="step3p7", wrap="step3p5", block="ds3", ekey="moe_num_experts", kkey="moe_top_k", norm=(None, True),
          scale=("moe_router_scaling_factor", 1.0), shared=("", 1), shared_width=("share_expert_dim", 40), group="", place="types", dense=3,
          post=True, layouts=("fused",)),
+    # Inkling-2: the softcapped SwiGLU (mlp_gate_softcap, mlp_up_softcap), f32 sigmoid routing with the bias its files name
+    # gate.bias, weights / (sum + 1e-20) times route_scale, no shared experts, every layer MoE; its files' experts w13_weight
+    # (gate and up rows alternating) and w2_weight (as transformers' save_pretrained writes them), or gate_up_proj (halves)
+    dict(mt="inkling2_text", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("route_scale", 8.0), shared=None, group="",
+         place="all", softcap=(4.0, 25.0), bias="gate.bias", fused_names=("experts.w13_weight", "experts.w2_weight"), interleave=True,
+         layouts=("fused", "fused_halves")),
+    dict(mt="inkling2_loop_text", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("route_scale", 8.0), shared=None,
+         group="", place="all", softcap=(4.0, 25.0), bias="gate.bias", fused_names=("experts.w13_weight", "experts.w2_weight"),
+         interleave=True, layouts=("fused",)),
+    dict(mt="inkling2", wrap="inkling2_text", root="model.llm.layers.", block="ds3", ekey="n_routed_experts", norm=(None, True),
+         scale=("route_scale", 8.0), shared=None, group="", place="all", softcap=(4.0, 25.0), bias="gate.bias",
+         fused_names=("experts.w13_weight", "experts.w2_weight"), interleave=True, layouts=("fused",)),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
 ]
@@ -1059,6 +1071,10 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         limit = row["limit"][1]
         if not absent:
             limit = cfg[row["limit"][0]] = 0.05  # small enough to clamp many of the test's pre-activations
+    softcap = row.get("softcap")
+    if softcap and not absent:
+        softcap = (1.5, 2.0)  # small enough to bind on the test's pre-activations
+        cfg["mlp_gate_softcap"], cfg["mlp_up_softcap"] = softcap
     post = {}  # Step's per-layer limits (routed, shared) by layer
     if row.get("post") and not absent:
         cfg["swiglu_limits"] = [0.0, 0.05, None]  # layer 1 clamped, layer 2 not (null), as the class reads them
@@ -1081,7 +1097,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     if row.get("wrap"):
         text = dict(cfg, model_type=row["wrap"])
         cfg = {"model_type": row["mt"], "text_config": text, "vision_config": {"hidden_size": 8}}
-    root = "model.language_model.layers." if row.get("wrap") else "model.layers."
+    root = row.get("root") or ("model.language_model.layers." if row.get("wrap") else "model.layers.")
     pre = row.get("prefix", "mlp.")
     names = row.get("names", ("gate_proj", "up_proj", "down_proj"))
     t, refs = {}, {}
@@ -1098,10 +1114,14 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             experts = per_expert(t, p, ex, names, "BF16")
         else:
             gu = np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex])
+            if row.get("interleave") and layout == "fused":  # row 2f gate f, 2f + 1 up f
+                gu = np.stack([np.stack([g, u], axis=1).reshape(2 * F, D) for g, u, _ in ex])
             dn = np.stack([w for _, _, w in ex])
             if layout == "fused_xw":  # Qwen3-VL-MoE's released files: x . W
                 gu, dn = gu.transpose(0, 2, 1), dn.transpose(0, 2, 1)
             fgu, fdn = row.get("fused_names", ("experts.gate_up_proj", "experts.down_proj"))
+            if layout == "fused_halves":  # transformers' own names: gate_up_proj in halves
+                fgu, fdn = "experts.gate_up_proj", "experts.down_proj"
             t[p + fgu] = ("BF16", gu.astype(np.float32))
             t[p + fdn] = ("BF16", dn.astype(np.float32))
             experts = [tuple(store(w, "BF16") for w in e) for e in ex]
@@ -1142,7 +1162,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
             routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20))
-        if row.get("post"):
+        if row.get("softcap"):
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, softcap=softcap)
+            if not absent and rel(R.moe_block(x, routing, experts, shared, sgate), refs[l]) < 1e-2:
+                FAILS.append("%s: the softcaps do not bind on the test's values" % row["mt"])
+        elif row.get("post"):
             lim, slim = post.get(l, (None, None))
             refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=lim, shared_limit=slim, post=True)
             if post and rel(R.moe_block(x, routing, experts, shared, sgate), refs[l]) < 1e-2:

@@ -60,7 +60,10 @@ int cmd_info(int argc, char **argv) {
       nl += c->act_limits[l] > 0 || c->shared_act_limits[l] > 0;
     printf("experts: SwiGLU clamped after the activation, down(min(silu(gate(x)), L) * clamp(up(x), -L, L)), L per layer "
            "(swiglu_limits, swiglu_limits_shared): %lld layer(s) clamped\n", (long long)nl);
-  } else
+  } else if (c->layer.act == MOE8_ACT_SWIGLU_SOFTCAP)
+    printf("experts: softcapped SwiGLU, down(%g tanh(gate(x) / %g) * sigmoid(gate(x)) * %g tanh(up(x) / %g))\n", (double)c->layer.act_alpha,
+           (double)c->layer.act_alpha, (double)c->layer.act_limit, (double)c->layer.act_limit);
+  else
     printf("experts: SwiGLU, down(silu(gate(x)) * up(x))\n");
   if (c->layer.shared_ffn > 0)
     printf("shared expert: width %lld, %s\n", (long long)c->layer.shared_ffn,

@@ -48,6 +48,16 @@ void moe8__ref_swiglu_post(float *h, const float *g, const float *u, size_t n, f
   }
 }
 
+/* Inkling-2's (transformers' Inkling2SoftcappedSwiGLU, in f32):
+** (cg · tanh(g / cg)) · sigmoid(g) · (cu · tanh(u / cu)), in that order. */
+void moe8__ref_swiglu_softcap(float *h, const float *g, const float *u, size_t n, float cg, float cu) {
+  for (size_t i = 0; i < n; i++) {
+    const float tg = moe8__tanhf(g[i] / cg) * cg, tu = moe8__tanhf(u[i] / cu) * cu;
+    const float sg = 1.0f / (1.0f + moe8__expf(-g[i]));
+    h[i] = tg * sg * tu;
+  }
+}
+
 void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
   for (int64_t t = 0; t < T; t++) {
     float *l = logits + t * E;
