@@ -192,8 +192,11 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
   const char *root = m ? m->root : "model.layers.";
   snprintf(buf, cap, "%s%lld.block_sparse_moe.gate.weight", root, (long long)layer);
   const bool bsm = m && m->cfg.arch != MOE8_ARCH_LLAMA4 && moe8_model_find(m, buf); /* Mixtral's, MiniMax's, Kimi's files */
+  snprintf(buf, cap, "%s%lld.moe.gate.weight", root, (long long)layer);
+  const bool step = m && m->cfg.layer.act == MOE8_ACT_SWIGLU_POST && moe8_model_find(m, buf); /* Step-3.5/3.7's released files */
   snprintf(buf, cap, "%s%lld.%s", root, (long long)layer,
-           m && m->cfg.block_prefix[0] ? m->cfg.block_prefix
+           step ? "moe."
+           : m && m->cfg.block_prefix[0] ? m->cfg.block_prefix
            : bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
 }
 
@@ -232,7 +235,7 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
 static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias",
                                            "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */,
                                            "experts.e_score_correction_bias" /* Laguna's files */,
-                                           "gate.bias" /* Inkling-2's files */};
+                                           "gate.bias" /* Inkling-2's files */, "router_bias" /* Step-3.5/3.7's */};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;
@@ -289,6 +292,11 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   fused_name(m, p, 0, n, sizeof n);
   if ((t = moe8_model_find(m, n))) {
     snprintf(mm->fmt, sizeof mm->fmt, "%s fused 3-D (unquantized)", moe8_file_dtype_name(t->dtype));
+    return mm->fmt;
+  }
+  snprintf(n, sizeof n, "%sgate_proj.weight", p);
+  if (m->cfg.layer.act == MOE8_ACT_SWIGLU_POST && (t = moe8_model_find(m, n)) && t->ndim == 3) {
+    snprintf(mm->fmt, sizeof mm->fmt, "%s stacked 3-D per projection (unquantized)", moe8_file_dtype_name(t->dtype));
     return mm->fmt;
   }
   char base[200];
@@ -926,13 +934,6 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   moe8_model_prefix(m, layer, p, sizeof p);
   snprintf(mp, sizeof mp, "%sexperts", p);
   const moe8_tensor_view *t;
-  if (c->layer.act == MOE8_ACT_SWIGLU_POST) { /* Step's released names: not read yet */
-    snprintf(n, sizeof n, "%s%lld.moe.gate.weight", m->root, (long long)layer);
-    if (moe8_model_find(m, n))
-      return moe8__fail(MOE8_ERR_FORMAT, "model: '%s': Step-3.5/3.7's released tensor names (moe.gate_proj.weight stacked, "
-                        "moe.router_bias, share_expert.*) are not read yet; moe8 reads the names transformers' text model gives "
-                        "its block (mlp.gate.weight, mlp.experts.gate_up_proj, mlp.shared_experts.*)", n);
-  }
   /* Router and bias first: every format has them. */
   snprintf(n, sizeof n, "%s%s", p, c->router_name[0] ? c->router_name : "gate.weight"); /* the family's own (Jamba: router.weight) */
   static const char *const router_names[2] = {"router.gate.weight", "gate.wg.weight"}; /* AFMoE's, HY-V3's files; HunYuan's */
@@ -1079,6 +1080,37 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (st != MOE8_OK) goto fail;
     routed_done = true;
   }
+  /* Step-3.5/3.7's released files: the experts stacked per projection,
+  ** moe.gate_proj.weight / up_proj.weight [E, F, D], down_proj.weight [E, D, F]. */
+  snprintf(n, sizeof n, "%sgate_proj.weight", p);
+  if (!routed_done && c->layer.act == MOE8_ACT_SWIGLU_POST && moe8_model_find(m, n)) {
+    const moe8_tensor_view *sv[3];
+    static const char *const pn[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < 3; i++) {
+      const int64_t sh[3] = {E, i == 2 ? D : F, i == 2 ? F : D};
+      snprintf(n, sizeof n, "%s%s.weight", p, pn[i]);
+      if ((st = need(m, n, 3, sh, &sv[i])) != MOE8_OK) goto fail;
+      if (!is_float_file(sv[i]->dtype)) {
+        st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sv[i]->dtype));
+        goto fail;
+      }
+    }
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      const size_t es = (size_t)(F * D);
+      st = put_float(sv[0], (const char *)sv[0]->data + (size_t)e * es * moe8_file_dtype_size(sv[0]->dtype), F, D, b.gu, 2 * F, 0, ld.tmp);
+      if (st == MOE8_OK)
+        st = put_float(sv[1], (const char *)sv[1]->data + (size_t)e * es * moe8_file_dtype_size(sv[1]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
+      if (st == MOE8_OK)
+        st = put_float(sv[2], (const char *)sv[2]->data + (size_t)e * es * moe8_file_dtype_size(sv[2]->dtype), D, F, b.dn, D, 0, ld.tmp);
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
+      if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
+    }
+    xbuf_free(&b);
+    b = (xbuf){0};
+    if (st != MOE8_OK) goto fail;
+    routed_done = true;
+  }
   if (!routed_done) {
     char base[200];
     snprintf(base, sizeof base, "%sexperts.0.", p);
@@ -1134,6 +1166,12 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       snprintf(b2, sizeof b2, "%s%s.", p, sn[i]);
       snprintf(pr, sizeof pr, "%s%s.weight", b2, proj_name(m, b2, 0));
       if (moe8_model_find(m, pr)) { snprintf(n, sizeof n, "%s", b2); break; }
+    }
+    if (c->layer.act == MOE8_ACT_SWIGLU_POST) { /* Step-3.5/3.7's released files: share_expert.* in the decoder layer */
+      char b2[320], pr[400];
+      snprintf(b2, sizeof b2, "%s%lld.share_expert.", m->root, (long long)layer);
+      snprintf(pr, sizeof pr, "%sgate_proj.weight", b2);
+      if (moe8_model_find(m, pr)) snprintf(n, sizeof n, "%s", b2);
     }
     char probe[400];
     snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, n, 0));

@@ -1000,6 +1000,11 @@ ROWS = [
     dict(mt="step3p7", wrap="step3p5", block="ds3", ekey="moe_num_experts", kkey="moe_top_k", norm=(None, True),
          scale=("moe_router_scaling_factor", 1.0), shared=("", 1), shared_width=("share_expert_dim", 40), group="", place="types", dense=3,
          post=True, layouts=("fused",)),
+    # Step-3.7's released names (as transformers' save_pretrained of Step3p7ForConditionalGeneration writes them): the block under
+    # moe., its experts stacked per projection, the bias moe.router_bias, the shared expert share_expert.* in the decoder layer
+    dict(mt="step3p7", wrap="step3p5", root="model.layers.", prefix="moe.", bias="router_bias", shared_layer="share_expert.",
+         block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("moe_router_scaling_factor", 1.0), shared=("", 1),
+         shared_width=("share_expert_dim", 40), group="", place="types", dense=3, post=True, layouts=("stacked",)),
     # Inkling-2: the softcapped SwiGLU (mlp_gate_softcap, mlp_up_softcap), f32 sigmoid routing with the bias its files name
     # gate.bias, weights / (sum + 1e-20) times route_scale, no shared experts, every layer MoE; its files' experts w13_weight
     # (gate and up rows alternating) and w2_weight (as transformers' save_pretrained writes them), or gate_up_proj (halves)
@@ -1112,6 +1117,10 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         ex = make_experts(rng, E, D, F)
         if layout == "per":
             experts = per_expert(t, p, ex, names, "BF16")
+        elif layout == "stacked":  # one 3-D tensor per projection (Step-3.7's files)
+            for i, nm in enumerate(names):
+                t[p + nm + ".weight"] = ("BF16", np.stack([e[i] for e in ex]).astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex]
         else:
             gu = np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex])
             if row.get("interleave") and layout == "fused":  # row 2f gate f, 2f + 1 up f
@@ -1129,6 +1138,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         if Fs:
             sw = make_experts(rng, 1, D, Fs)[0]
             sp = p + row.get("shared_name", "shared_expert." if blk == "qwen2" else "shared_experts.")
+            if row.get("shared_layer"):  # per projection, in the decoder layer
+                sp = "%s%d.%s" % (root, l, row["shared_layer"])
             shared = []
             if row.get("shared_beside"):  # one fused pair beside the block, in the decoder layer
                 sb = "%s%d.%s" % (root, l, row["shared_beside"])
