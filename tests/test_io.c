@@ -1306,6 +1306,19 @@ static void test_family_rows(void **state) {
   assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"scoring_func\":\"softmax\"}"), MOE8_ERR_UNSUPPORTED);
   assert_int_equal(PARSE("{\"model_type\":\"inkling2\",\"text_config\":{\"n_routed_experts\":16}}"), MOE8_OK);
   assert_true(c.layer.act == MOE8_ACT_SWIGLU_SOFTCAP && c.layer.num_experts == 16);
+  /* MiniMax-M3: GPT-OSS's clamped SwiGLU without biases, a scaled routed sum, placement by moe_layer_freq */
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"hidden_act\":\"swigluoai\",\"num_hidden_layers\":3,"
+                         "\"moe_layer_freq\":[0,1,1],\"swiglu_limit\":5}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_CLAMP && c.layer.act_alpha == 1.702f && c.layer.act_limit == 5.0f && !c.layer.router_bias &&
+              !c.layer.expert_bias && !c.layer.shared_plain_act && c.layer.routed_scaling_factor == 2.0f && c.layer.shared_ffn == 3072 &&
+              c.layer.num_experts == 128 && c.layer.top_k == 4 && c.layer.ffn == 3072 && c.layer.use_selection_bias);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"num_hidden_layers\":3,\"moe_layer_freq\":[0,1]}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "moe_layer_freq"));
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"swiglu_alpha\":0}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl\",\"text_config\":{\"num_local_experts\":16}}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_CLAMP && c.layer.num_experts == 16);
   /* a family whose block differs: refused with the reason */
   assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "sparsemixer"));

@@ -1140,6 +1140,42 @@ static void test_softcap_form_grads(void **state) {
   assert_non_null(strstr(moe8_last_error(), "softcapped"));
 }
 
+/* GPT-OSS's clamped SwiGLU without its biases, in the routed experts and
+** the shared one (MiniMax-M3): every gradient against finite differences,
+** with a limit that binds (the forward differs from the plain SwiGLU's). */
+static void test_clamp_shared_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static float out[2][T * D];
+  for (int v = 0; v < 2; v++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_CLAMP,
+                           .act_alpha = 1.702f, .act_limit = 0.3f, .shared_ffn = FS, .routed_scaling_factor = 1.5f};
+    if (v) c.act = MOE8_ACT_SWIGLU;
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 71, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    if (!v) form_fd_check("clamped SwiGLU, shared expert too", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[v], &aux, ws, wsz), MOE8_OK);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -1381,6 +1417,7 @@ int main(void) {
     cmocka_unit_test(test_limited_form_grads),
     cmocka_unit_test(test_post_form_grads),
     cmocka_unit_test(test_softcap_form_grads),
+    cmocka_unit_test(test_clamp_shared_form_grads),
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),

@@ -99,6 +99,12 @@ typedef struct family {
   ** mlp_gate_softcap (4.0) and mlp_up_softcap (25.0); hidden_act not read
   ** (the class's experts use the softcapped form whatever it says) */
   bool        softcap;
+  /* MiniMax-M3 (MiniMaxM3VLTextConfig): GPT-OSS's clamped SwiGLU in halves
+  ** layout without biases (swiglu_alpha 1.702, swiglu_limit 7.0), in the
+  ** shared expert too; MoE layers by mlp_layer_types, else the moe_layer_freq
+  ** list (1: sparse), else all; hidden_act not read (the class computes the
+  ** clamped form whatever it says: the released files write swigluoai) */
+  bool        m3;
 } family;
 
 /* Placement of the MoE layers. */
@@ -352,6 +358,15 @@ static const family k_families[] = {
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "num_experts_per_tok|moe_top_k", .norm_key = "",
    .scale_key = "moe_router_scaling_factor", .group_key = "", .shared_key = "", .shared_width_key = "share_expert_dim|share_expert_dims",
    .shared_width = 1280, .place = PLACE_ALL, .step = true},
+  /* MiniMaxM3VLTextConfig (MiniMax-M3, the text model of minimax_m3_vl):
+  ** sigmoid scores, the top-k of score + e_score_correction_bias, the
+  ** chosen scores divided by their sum, the routed sum times
+  ** routed_scaling_factor, one ungated shared expert of width
+  ** shared_intermediate_size; experts of width intermediate_size */
+  {.name = "minimax_m3_vl_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_local_experts", .ffn_key = "intermediate_size",
+   .alias = "num_experts", .hidden = 6144, .layers = 60, .experts = 128, .top_k = 4, .ffn = 3072, .shared = 1, .norm = true,
+   .scaling = 2.0, .n_group = 1, .topk_group = 1, .norm_key = "", .group_key = "", .shared_key = "",
+   .shared_width_key = "shared_intermediate_size", .shared_width = 3072, .place = PLACE_ALL, .m3 = true},
   /* Inkling2TextConfig and Inkling2LoopTextConfig (Inkling-2, the text
   ** models of inkling2 and inkling2_loop): f32 routing, sigmoid scores, the
   ** top-k of score + gate.e_score_correction_bias, weights / (Σ + 1e-20)
@@ -385,6 +400,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"hy_v4_vl", "hy_v4_vl_text"},
   {"step3p7", "step3p5"},
   {"inkling2", "inkling2_text"},
+  {"minimax_m3_vl", "minimax_m3_vl_text"},
   {"inkling2_loop", "inkling2_loop_text"},
 };
 
@@ -672,6 +688,49 @@ static moe8_status parse_step(const cJSON *root, const char *file, moe8_hf_confi
   return MOE8_OK;
 }
 
+/* MiniMax-M3 (MiniMaxM3VLTextConfig): GPT-OSS's clamped SwiGLU without
+** biases in the routed and the shared experts; the MoE layers by
+** mlp_layer_types, else the legacy moe_layer_freq list (an entry per
+** layer, true or non-zero: sparse), else every layer. */
+static moe8_status parse_m3(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  const cJSON *a = item(root, "swiglu_alpha");
+  if (a && (!cJSON_IsNumber(a) || !(a->valuedouble > 0 && a->valuedouble < 1e6)))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_alpha\" must be a number in (0, 1e6)", file);
+  L->act_alpha = (float)(a ? a->valuedouble : 1.702);
+  moe8_status st = get_pos(root, file, "swiglu_limit", 7.0, false, " (the experts' clamp)", &L->act_limit);
+  if (st != MOE8_OK) return st;
+  L->act = MOE8_ACT_SWIGLU_CLAMP;
+  c->n_mlp_only = 0;
+  c->decoder_sparse_step = 0;
+  const int64_t n = c->num_layers;
+  const cJSON *types = item(root, "mlp_layer_types"), *freq = item(root, "moe_layer_freq");
+  const cJSON *list = types ? types : freq;
+  if (!list) return MOE8_OK;
+  const char *key = types ? "mlp_layer_types" : "moe_layer_freq";
+  if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != n)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a list of num_hidden_layers = %lld entries%s", file, key, (long long)n,
+                      types ? " \"dense\" or \"sparse\"" : " (1: MoE, 0: dense)");
+  int64_t l = 0;
+  for (const cJSON *e = list->child; e; e = e->next, l++) {
+    bool dense;
+    if (types) {
+      dense = cJSON_IsString(e) && !strcmp(e->valuestring, "dense");
+      if (!dense && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sparse")))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_layer_types\"[%lld] is not \"dense\" or \"sparse\"", file, (long long)l);
+    } else {
+      if (!cJSON_IsNumber(e) && !cJSON_IsBool(e))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layer_freq\"[%lld] must be a number or true/false", file, (long long)l);
+      dense = cJSON_IsBool(e) ? cJSON_IsFalse(e) : e->valuedouble == 0;
+    }
+    if (!dense) continue;
+    if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" has more than %d dense layers", file, key, MOE8_MAX_MLP_ONLY);
+    c->mlp_only_layers[c->n_mlp_only++] = l;
+  }
+  return MOE8_OK;
+}
+
 /* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
 static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, moe8_hf_config *c) {
   const cJSON *mq = item(root, "moe8_quantization");
@@ -727,7 +786,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"inkling2_loop", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"jetmoe", "its block adds an output bias and its attention is a mixture too"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
-    {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
+    {"minimax_m3_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"mistral_large4", "its files hold Mistral's own tensor names (layers.L.experts.N.w1/w3/w2, layers.L.gate.weight), which moe8 "
                        "does not read yet (its block is mistral4's)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
@@ -796,7 +855,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   const bool qwen = fam->arch == MOE8_ARCH_QWEN2_MOE || fam->arch == MOE8_ARCH_QWEN3_MOE;
   const int64_t BIG = (int64_t)1 << 30;
   moe8_layer_config *L = &c->layer;
-  if (!fam->step && !fam->softcap) TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
+  if (!fam->step && !fam->softcap && !fam->m3) TRY(want_str(root, file, "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
   TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
   /* The expert count under the family's key or its alias: transformers 5
@@ -881,7 +940,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
     }
     L->shared_ffn = nsh * sw;
-    if (!fam->step) TRY(get_dense_layers(root, file, fam->first_dense, c)); /* Step's class ignores these keys */
+    if (!fam->step && !fam->m3) TRY(get_dense_layers(root, file, fam->first_dense, c)); /* Step's and MiniMax-M3's classes ignore these */
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
     ** (a group's score is its best expert's, the topk_group best groups
@@ -1009,6 +1068,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   }
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
   if (fam->step) TRY(parse_step(root, file, c));
+  if (fam->m3) TRY(parse_m3(root, file, c));
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));

@@ -1133,11 +1133,19 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
   }
-  /* The shared expert beside the block, fused (Granite's shared_mlp). */
+  /* The shared expert fused: beside the block (Granite's shared_mlp), or in
+  ** it as shared_experts.gate_up_proj.weight [2Fs, D] (gate rows, then up)
+  ** and shared_experts.down_proj.weight (MiniMax-M3's). */
+  char sg[320] = "", sd[320] = "";
   if (Fs > 0 && c->shared_beside[0]) {
-    char sg[320], sd[320];
     snprintf(sg, sizeof sg, "%s%lld.%sinput_linear.weight", m->root, (long long)layer, c->shared_beside);
     snprintf(sd, sizeof sd, "%s%lld.%soutput_linear.weight", m->root, (long long)layer, c->shared_beside);
+  } else if (Fs > 0) {
+    snprintf(sg, sizeof sg, "%sshared_experts.gate_up_proj.weight", p);
+    snprintf(sd, sizeof sd, "%sshared_experts.down_proj.weight", p);
+    if (!moe8_model_find(m, sg)) sg[0] = 0;
+  }
+  if (sg[0]) {
     const int64_t s1[2] = {2 * Fs, D}, s2[2] = {D, Fs};
     const moe8_tensor_view *tg, *td;
     if ((st = need(m, sg, 2, s1, &tg)) != MOE8_OK || (st = need(m, sd, 2, s2, &td)) != MOE8_OK) goto fail;
@@ -1156,7 +1164,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (st != MOE8_OK) goto fail;
   }
   /* The shared expert, in the family's names, as the routed ones are stored. */
-  if (Fs > 0 && !c->shared_beside[0]) {
+  if (Fs > 0 && !sg[0]) {
     /* the family's name first (DeepSeek shared_experts, Qwen shared_expert), then the others' files' (HY-V3 shared_mlp) */
     static const char *const sn[3] = {"shared_experts", "shared_expert", "shared_mlp"};
     const int first = c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? 0 : 1;

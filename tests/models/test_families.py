@@ -1005,6 +1005,16 @@ ROWS = [
     dict(mt="step3p7", wrap="step3p5", root="model.layers.", prefix="moe.", bias="router_bias", shared_layer="share_expert.",
          block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("moe_router_scaling_factor", 1.0), shared=("", 1),
          shared_width=("share_expert_dim", 40), group="", place="types", dense=3, post=True, layouts=("stacked",)),
+    # MiniMax-M3: GPT-OSS's clamped SwiGLU (swiglu_alpha, swiglu_limit) in halves layout, in the shared expert too, an ungated shared
+    # expert of width shared_intermediate_size (transformers' text model: fused shared_experts.gate_up_proj), the routed sum scaled;
+    # the multimodal model's files (as save_pretrained writes them): language_model.model.layers.L.block_sparse_moe., w1/w3/w2
+    dict(mt="minimax_m3_vl_text", block="ds3", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True),
+         scale=("routed_scaling_factor", 2.0), shared=("", 1), shared_width=("shared_intermediate_size", 40), group="", place="types",
+         dense=0, oss=(1.702, 7.0), shared_fused=True, layouts=("fused",)),
+    dict(mt="minimax_m3_vl", wrap="minimax_m3_vl_text", root="language_model.model.layers.", prefix="block_sparse_moe.",
+         names=("w1", "w3", "w2"), bias="e_score_correction_bias", block="ds3", ekey="num_local_experts", fkey="intermediate_size",
+         norm=(None, True), scale=("routed_scaling_factor", 2.0), shared=("", 1), shared_width=("shared_intermediate_size", 40), group="",
+         place="types", dense=0, oss=(1.702, 7.0), layouts=("per",)),
     # Inkling-2: the softcapped SwiGLU (mlp_gate_softcap, mlp_up_softcap), f32 sigmoid routing with the bias its files name
     # gate.bias, weights / (sum + 1e-20) times route_scale, no shared experts, every layer MoE; its files' experts w13_weight
     # (gate and up rows alternating) and w2_weight (as transformers' save_pretrained writes them), or gate_up_proj (halves)
@@ -1076,6 +1086,10 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         limit = row["limit"][1]
         if not absent:
             limit = cfg[row["limit"][0]] = 0.05  # small enough to clamp many of the test's pre-activations
+    oss = row.get("oss")
+    if oss and not absent:
+        oss = (1.5, 0.05)  # a limit small enough to clamp many of the test's pre-activations
+        cfg["swiglu_alpha"], cfg["swiglu_limit"] = oss
     softcap = row.get("softcap")
     if softcap and not absent:
         softcap = (1.5, 2.0)  # small enough to bind on the test's pre-activations
@@ -1141,12 +1155,17 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             if row.get("shared_layer"):  # per projection, in the decoder layer
                 sp = "%s%d.%s" % (root, l, row["shared_layer"])
             shared = []
+            if row.get("shared_fused"):  # one fused pair in the block (gate rows, then up)
+                t[sp + "gate_up_proj.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
+                t[sp + "down_proj.weight"] = ("BF16", sw[2].astype(np.float32))
+                shared = [store(w, "BF16") for w in sw]
             if row.get("shared_beside"):  # one fused pair beside the block, in the decoder layer
                 sb = "%s%d.%s" % (root, l, row["shared_beside"])
                 t[sb + "input_linear.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
                 t[sb + "output_linear.weight"] = ("BF16", sw[2].astype(np.float32))
                 shared = [store(w, "BF16") for w in sw]
-            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")), sw if not row.get("shared_beside") else ()):
+            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")),
+                             sw if not (row.get("shared_beside") or row.get("shared_fused")) else ()):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
             if blk == "qwen2" and not row.get("ungated"):
@@ -1173,7 +1192,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
             routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20))
-        if row.get("softcap"):
+        if row.get("oss"):
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, oss=oss)
+            if not absent and rel(R.moe_block(x, routing, experts, shared, sgate, oss=(oss[0], 1e9)), refs[l]) < 1e-2:
+                FAILS.append("%s: swiglu_limit does not clamp the test's values" % row["mt"])
+        elif row.get("softcap"):
             refs[l] = R.moe_block(x, routing, experts, shared, sgate, softcap=softcap)
             if not absent and rel(R.moe_block(x, routing, experts, shared, sgate), refs[l]) < 1e-2:
                 FAILS.append("%s: the softcaps do not bind on the test's values" % row["mt"])
