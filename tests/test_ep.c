@@ -85,6 +85,9 @@ typedef struct scenario {
   int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated),
                           ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best),
                           ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input) */
+  int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
+                          ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
+                          ** expert's own limit (Step), 4 softcapped (Inkling-2) */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
@@ -94,6 +97,10 @@ static void run_scenario(const scenario *sc) {
   if (sc->shared == 3) { cfg.norm_topk_prob = false; cfg.routed_scaling_factor = 16.0f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_score = MOE8_GROUP_MAX; }
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
   if (sc->shared == 4) { cfg.score = MOE8_SCORE_SIGMOID; cfg.norm_topk_prob = false; cfg.weight_input = true; }
+  cfg.act = (moe8_expert_act)sc->act;
+  if (sc->act == MOE8_ACT_SWIGLU_CLAMP) { cfg.act_alpha = 1.702f; cfg.act_limit = 0.4f; }
+  if (sc->act == MOE8_ACT_SWIGLU_POST) { cfg.act_limit = 0.4f; cfg.shared_act_limit = 0.3f; }
+  if (sc->act == MOE8_ACT_SWIGLU_SOFTCAP) { cfg.act_alpha = 0.5f; cfg.act_limit = 0.4f; }
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(4242);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
@@ -244,6 +251,11 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, Llama-4 input scaling and shared expert", 0, 0, 1, 0.01f, 0, 4},
     {"fp8 1x16, Llama-4, expert 5 unused", 2, 1, 0, 0, 0, 4},
     {"i8 per-token, Llama-4, capacity 1.25", 3, 0, 1, 0, 1.25f, 4},
+    {"f32, the clamped SwiGLU without biases, shared expert (MiniMax-M3)", 0, 0, 1, 0.01f, 0, 1, MOE8_ACT_SWIGLU_CLAMP},
+    {"fp8 1x16, the SwiGLU clamped after the activation, shared expert (Step)", 2, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_POST},
+    {"f32, the SwiGLU clamped after the activation, shared expert (Step)", 0, 1, 1, 0, 0, 1, MOE8_ACT_SWIGLU_POST},
+    {"i8 per-token, the softcapped SwiGLU (Inkling-2)", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_SWIGLU_SOFTCAP},
+    {"f32, the softcapped SwiGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_SOFTCAP},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
