@@ -526,7 +526,11 @@ typedef enum moe8_expert_act {
   MOE8_ACT_SWIGLU       = 0, /* h = silu(g) · u                                               */
   MOE8_ACT_SWIGLU_CLAMP = 1, /* GPT-OSS: g' = min(g, limit), u' = clamp(u, ±limit),
                              ** h = g' · sigmoid(α g') · (u' + 1)                             */
-  MOE8_ACT_SWIGLU_LIMIT = 2  /* GLM-5, HY-V4: h = silu(min(g, limit)) · clamp(u, ±limit)     */
+  MOE8_ACT_SWIGLU_LIMIT = 2, /* GLM-5, HY-V4: h = silu(min(g, limit)) · clamp(u, ±limit)     */
+  MOE8_ACT_SWIGLU_POST  = 3, /* Step-3.5/3.7: h = min(silu(g), limit) · clamp(u, ±limit), the
+                             ** clamp after the activation; limit 0: none (the plain SwiGLU)   */
+  MOE8_ACT_SWIGLU_SOFTCAP = 4 /* Inkling-2: h = cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu) with
+                             ** cg = act_alpha, cu = act_limit (mlp_gate_softcap, mlp_up_softcap) */
 } moe8_expert_act;
 
 typedef struct moe8_layer_config {
@@ -555,7 +559,7 @@ typedef struct moe8_layer_config {
   ** expert-parallel forward; backward and training are refused for a
   ** layer with any of them (MOE8_ERR_UNSUPPORTED). */
   moe8_expert_act act;
-  float           act_alpha, act_limit;   /* CLAMP: α > 0, limit > 0; LIMIT: limit > 0 */
+  float           act_alpha, act_limit;   /* CLAMP: α > 0, limit > 0; LIMIT: limit > 0; POST: limit >= 0; SOFTCAP: both > 0 */
   bool            router_bias, expert_bias;
   /* Llama-4: each routed expert gets its token scaled by the routing weight
   ** (E_j(w_j · x)) and the outputs are summed unweighted, instead of
@@ -587,6 +591,10 @@ typedef struct moe8_layer_config {
   ** is Cohere2-MoE's "average", (routed + shared) / 2 (the same floats:
   ** halving is exact). */
   float           shared_scale;
+  /* MOE8_ACT_SWIGLU_POST: the shared expert's own limit (Step's
+  ** swiglu_limits_shared; 0: its SwiGLU unclamped), act_limit being the
+  ** routed experts'; ignored with the other activations. */
+  float           shared_act_limit;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -886,6 +894,16 @@ typedef struct moe8_hf_config {
   ** [E·F, D] (x·W per expert: h · w2_e). */
   char              layers_root[24];
   bool              stacked_experts;
+  /* Step-3.5/3.7: the experts' limits per layer (swiglu_limits,
+  ** swiglu_limits_shared; 0: no clamp), which the loader puts in each
+  ** layer's act_limit and shared_act_limit (layer.act is then
+  ** MOE8_ACT_SWIGLU_POST); false: layer's limits hold for every layer. */
+  bool              per_layer_limits;
+  float             act_limits[MOE8_MAX_MLP_ONLY], shared_act_limits[MOE8_MAX_MLP_ONLY];
+  /* The family's fused gate|up (fused_gu) holds gate and up rows
+  ** alternately (Inkling-2's w13_weight: row 2f gate f, 2f + 1 up f);
+  ** transformers' gate_up_proj, when the file has it instead, is halves. */
+  bool              fused_interleaved;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

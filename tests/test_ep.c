@@ -85,6 +85,9 @@ typedef struct scenario {
   int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated),
                           ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best),
                           ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input) */
+  int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
+                          ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
+                          ** expert's own limit (Step), 4 softcapped (Inkling-2) */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
@@ -94,6 +97,10 @@ static void run_scenario(const scenario *sc) {
   if (sc->shared == 3) { cfg.norm_topk_prob = false; cfg.routed_scaling_factor = 16.0f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_score = MOE8_GROUP_MAX; }
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
   if (sc->shared == 4) { cfg.score = MOE8_SCORE_SIGMOID; cfg.norm_topk_prob = false; cfg.weight_input = true; }
+  cfg.act = (moe8_expert_act)sc->act;
+  if (sc->act == MOE8_ACT_SWIGLU_CLAMP) { cfg.act_alpha = 1.702f; cfg.act_limit = 0.4f; }
+  if (sc->act == MOE8_ACT_SWIGLU_POST) { cfg.act_limit = 0.4f; cfg.shared_act_limit = 0.3f; }
+  if (sc->act == MOE8_ACT_SWIGLU_SOFTCAP) { cfg.act_alpha = 0.5f; cfg.act_limit = 0.4f; }
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(4242);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
@@ -244,6 +251,11 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, Llama-4 input scaling and shared expert", 0, 0, 1, 0.01f, 0, 4},
     {"fp8 1x16, Llama-4, expert 5 unused", 2, 1, 0, 0, 0, 4},
     {"i8 per-token, Llama-4, capacity 1.25", 3, 0, 1, 0, 1.25f, 4},
+    {"f32, the clamped SwiGLU without biases, shared expert (MiniMax-M3)", 0, 0, 1, 0.01f, 0, 1, MOE8_ACT_SWIGLU_CLAMP},
+    {"fp8 1x16, the SwiGLU clamped after the activation, shared expert (Step)", 2, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_POST},
+    {"f32, the SwiGLU clamped after the activation, shared expert (Step)", 0, 1, 1, 0, 0, 1, MOE8_ACT_SWIGLU_POST},
+    {"i8 per-token, the softcapped SwiGLU (Inkling-2)", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_SWIGLU_SOFTCAP},
+    {"f32, the softcapped SwiGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_SOFTCAP},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
@@ -374,22 +386,24 @@ static void test_ep_failures(void **state) {
   g_mode = MOE8_EP_RING;
 }
 
-/* GPT-OSS's expert form (router bias, expert biases, clamped SwiGLU), and
-** the limited SwiGLU (GLM-5, HY-V4): the forward of both modes gives the
+/* GPT-OSS's expert form (router bias, expert biases, clamped SwiGLU), the
+** limited SwiGLU (GLM-5, HY-V4), the SwiGLU clamped after the activation
+** (Step) and the softcapped one (Inkling-2): the forward of both modes gives the
 ** single-process bytes (f32, FP8 1x16 quantize-before, i8), and so does
 ** every gradient of the backward. */
 static void test_ep_gpt_oss_form(void **state) {
   (void)state;
   const int64_t E = 8, K = 2, D = 64, F = 48, T = 37;
-  for (int form = 0; form < 3; form++) { /* GPT-OSS's, the limited SwiGLU, JetMoE's output bias (with a shared expert) */
+  for (int form = 0; form < 5; form++) { /* GPT-OSS's, the limited SwiGLU, Step's, Inkling-2's, JetMoE's output bias (with a shared expert) */
   moe8_layer_config cfg = {E, K, D, F, MOE8_SCORE_SOFTMAX, true, 0, false, 0, 0};
-  cfg.act = form == 1 ? MOE8_ACT_SWIGLU_LIMIT : form == 0 ? MOE8_ACT_SWIGLU_CLAMP : MOE8_ACT_SWIGLU;
-  cfg.out_bias = form == 2;
-  cfg.norm_p = form == 2 ? 2.5f : 0.0f; /* DBRX's p-norm too */
-  cfg.shared_scale = form == 2 ? 0.5f : 0.0f; /* and Cohere2-MoE's averaged shared expert */
-  cfg.routed_scaling_factor = form == 2 ? 0.5f : 0.0f;
-  cfg.shared_ffn = form == 2 ? 32 : 0;
-  cfg.act_alpha = 1.702f;
+  cfg.act = form == 4 ? MOE8_ACT_SWIGLU : form == 3 ? MOE8_ACT_SWIGLU_SOFTCAP : form == 2 ? MOE8_ACT_SWIGLU_POST : form ? MOE8_ACT_SWIGLU_LIMIT
+                                                                                                                     : MOE8_ACT_SWIGLU_CLAMP;
+  cfg.act_alpha = form == 3 ? 0.5f : 1.702f; /* the softcapped form's gate cap */
+  cfg.out_bias = form == 4;
+  cfg.norm_p = form == 4 ? 2.5f : 0.0f; /* DBRX's p-norm too */
+  cfg.shared_scale = form == 4 ? 0.5f : 0.0f; /* and Cohere2-MoE's averaged shared expert */
+  cfg.routed_scaling_factor = form == 4 ? 0.5f : 0.0f;
+  cfg.shared_ffn = form == 4 ? 32 : 0;
   cfg.act_limit = 0.4f; /* binds on many rows of these weights */
   cfg.router_bias = cfg.expert_bias = !form;
   float *x = malloc(sizeof(float) * (size_t)(T * D));
@@ -414,7 +428,7 @@ static void test_ep_gpt_oss_form(void **state) {
         tu_rng_reset(900 + (uint64_t)b);
         tu_fill_normal(w, n, 0.5f);
       }
-      if (form == 2) {
+      if (form == 4) {
         float *ob = moe8_layer_weight(L, MOE8_W_OUT_BIAS, NULL);
         assert_non_null(ob);
         tu_rng_reset(903);
@@ -429,7 +443,9 @@ static void test_ep_gpt_oss_form(void **state) {
       assert_int_equal(ep_create(L, &ep), MOE8_OK);
       float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
       moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
-      if (st != MOE8_OK) TU_FAIL("%s form: ep forward: %s", form == 2 ? "out_bias" : form ? "limited" : "gpt_oss", moe8_last_error());
+      if (st != MOE8_OK)
+        TU_FAIL("%s form: ep forward: %s", form == 4 ? "out_bias" : form == 3 ? "softcap" : form == 2 ? "post" : form ? "limited" : "gpt_oss",
+                moe8_last_error());
       if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0)
         TU_FAIL("gpt_oss form (mode %d, %s, P=%d): output differs", mode, m ? "all-to-all" : "ring", g_size);
       /* the backward: every gradient, the biases' included, the single process's bytes */
@@ -443,18 +459,18 @@ static void test_ep_gpt_oss_form(void **state) {
       memset(ob1, 0, sizeof ob1);
       memset(ob2, 0xFF, sizeof ob2); /* NaN: the relay must write every element */
       const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, NULL, NULL, NULL, NULL, form ? NULL : b1, form ? NULL : b1 + E,
-                                   form ? NULL : b1 + E + E * 2 * F, form == 2 ? ob1 : NULL};
+                                   form ? NULL : b1 + E + E * 2 * F, form == 4 ? ob1 : NULL};
       assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
       assert_int_equal(moe8_layer_backward(L, x, T, x, ws, wsz, &lg), MOE8_OK);
       const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, NULL, NULL, NULL, NULL, form ? NULL : b2, form ? NULL : b2 + E,
-                                   form ? NULL : b2 + E + E * 2 * F, form == 2 ? ob2 : NULL};
+                                   form ? NULL : b2 + E + E * 2 * F, form == 4 ? ob2 : NULL};
       st = moe8_ep_backward(ep, x + T0 * D, Tl, x + T0 * D, &el);
       if (st != MOE8_OK) TU_FAIL("gpt_oss form: ep backward: %s", moe8_last_error());
       const char *what = m ? "all-to-all" : "ring";
       if (memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) != 0) TU_FAIL("gpt_oss form (%s, P=%d): dx differs", what, g_size);
       if (memcmp(eg.dwr, g.dwr, sizeof(float) * (size_t)(D * E)) != 0) TU_FAIL("gpt_oss form (%s, P=%d): dWr differs", what, g_size);
       if (memcmp(b2, b1, sizeof(float) * (size_t)E) != 0) TU_FAIL("gpt_oss form (%s, P=%d): router bias gradient differs", what, g_size);
-      if (form == 2 && memcmp(ob2, ob1, sizeof(float) * (size_t)D) != 0)
+      if (form == 4 && memcmp(ob2, ob1, sizeof(float) * (size_t)D) != 0)
         TU_FAIL("out_bias form (%s, P=%d): output bias gradient differs", what, g_size);
       const int64_t Eloc = E / g_size, e0 = g_rank * Eloc;
       if (memcmp(b2 + E + e0 * 2 * F, b1 + E + e0 * 2 * F, sizeof(float) * (size_t)(Eloc * 2 * F)) != 0 ||

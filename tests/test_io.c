@@ -1272,6 +1272,53 @@ static void test_family_rows(void **state) {
   assert_true(c.layer.act == MOE8_ACT_SWIGLU_LIMIT && c.layer.act_limit == 10.0f && !c.layer.shared_plain_act);
   assert_int_equal(PARSE("{\"model_type\":\"hy_v4\",\"swiglu_limit\":0}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "swiglu_limit"));
+  /* Step-3.5: the SwiGLU clamped after the activation, limits per layer
+  ** (lists one MTP entry longer trimmed), moe_layers_enum as a string,
+  ** hidden_act not read, the released keys' aliases */
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"num_hidden_layers\":4,\"num_nextn_predict_layers\":1,\"hidden_act\":"
+                         "\"swigluoai\",\"moe_num_experts\":16,\"moe_top_k\":4,\"share_expert_dim\":40,\"moe_layers_enum\":\"2, 3,9\","
+                         "\"swiglu_limits\":[0,0,7,null,5],\"swiglu_limits_shared\":[null,0,16,0,1]}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_POST && c.per_layer_limits && c.act_limits[2] == 7.0f && c.act_limits[3] == 0.0f &&
+              c.shared_act_limits[2] == 16.0f && c.shared_act_limits[3] == 0.0f && c.layer.num_experts == 16 && c.layer.top_k == 4 &&
+              c.layer.shared_ffn == 40 && c.layer.n_group == 1 && c.layer.norm_topk_prob && c.layer.use_selection_bias);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 2);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"num_hidden_layers\":5}"), MOE8_OK); /* layers 3... by default */
+  assert_true(moe8_hf_config_first_moe_layer(&c) == 3 && !c.per_layer_limits);
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"num_hidden_layers\":2,\"swiglu_limits\":[1,-2]}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "swiglu_limits"));
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"num_hidden_layers\":4,\"swiglu_limits_shared\":[1,2]}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "swiglu_limits_shared"));
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"mlp_bias\":true}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"moe_layers_enum\":\"3,x\"}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"step3p5\",\"n_routed_experts\":8,\"num_local_experts\":16}"), MOE8_ERR_PARSE);
+  /* Inkling-2: the softcapped SwiGLU (caps in act_alpha, act_limit), route_scale, 1e-20, its files' w13_weight */
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"hidden_act\":\"gelu\"}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_SOFTCAP && c.layer.act_alpha == 4.0f && c.layer.act_limit == 25.0f &&
+              c.layer.routed_scaling_factor == 8.0f && c.layer.norm_eps == 1e-20f && c.layer.num_experts == 384 && c.layer.ffn == 2304 &&
+              c.layer.shared_ffn == 0 && c.layer.use_selection_bias && c.fused_interleaved && !strcmp(c.fused_gu, "experts.w13_weight"));
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_loop_text\",\"mlp_gate_softcap\":2,\"mlp_up_softcap\":3,\"intermediate_size\":64,"
+                         "\"routed_scaling_factor\":1.5}"), MOE8_OK);
+  assert_true(c.layer.act_alpha == 2.0f && c.layer.act_limit == 3.0f && c.layer.ffn == 64 && c.layer.routed_scaling_factor == 1.5f);
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"mlp_up_softcap\":0}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "mlp_up_softcap"));
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"moe_intermediate_size\":8,\"intermediate_size\":16}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"scoring_func\":\"softmax\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"inkling2\",\"text_config\":{\"n_routed_experts\":16}}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_SOFTCAP && c.layer.num_experts == 16);
+  /* MiniMax-M3: GPT-OSS's clamped SwiGLU without biases, a scaled routed sum, placement by moe_layer_freq */
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"hidden_act\":\"swigluoai\",\"num_hidden_layers\":3,"
+                         "\"moe_layer_freq\":[0,1,1],\"swiglu_limit\":5}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_CLAMP && c.layer.act_alpha == 1.702f && c.layer.act_limit == 5.0f && !c.layer.router_bias &&
+              !c.layer.expert_bias && !c.layer.shared_plain_act && c.layer.routed_scaling_factor == 2.0f && c.layer.shared_ffn == 3072 &&
+              c.layer.num_experts == 128 && c.layer.top_k == 4 && c.layer.ffn == 3072 && c.layer.use_selection_bias);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"num_hidden_layers\":3,\"moe_layer_freq\":[0,1]}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "moe_layer_freq"));
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"swiglu_alpha\":0}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl\",\"text_config\":{\"num_local_experts\":16}}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_SWIGLU_CLAMP && c.layer.num_experts == 16);
   /* a family whose block differs: refused with the reason */
   assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "sparsemixer"));

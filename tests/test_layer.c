@@ -1169,6 +1169,134 @@ static void test_output_forms(void **state) {
   }
 }
 
+/* The SwiGLU clamped after the activation (Step-3.5/3.7): min(silu(g), L)
+** * clamp(u, +-L), the routed experts' L act_limit, the shared expert's
+** shared_act_limit (0: no clamp): every gradient against finite
+** differences with limits that bind, for both (0.3, 0.2), the routed only
+** (0.3, 0) and the shared only (0, 0.2); the forward differs from the
+** plain SwiGLU's where a limit binds, and at (0, 0) it is the plain
+** SwiGLU's bytes. */
+static void test_post_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static const float lims[4][2] = {{0.12f, 0.08f}, {0.12f, 0.0f}, {0.0f, 0.08f}, {0.0f, 0.0f}};
+  static float out[5][T * D];
+  for (int v = 0; v < 5; v++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_POST,
+                           .shared_ffn = FS};
+    if (v < 4) { c.act_limit = lims[v][0]; c.shared_act_limit = lims[v][1]; }
+    else c.act = MOE8_ACT_SWIGLU;
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 71, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    if (v < 3) form_fd_check("SwiGLU clamped after the activation", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[v], &aux, ws, wsz), MOE8_OK);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  assert_memory_equal(out[3], out[4], sizeof out[3]); /* no limits: the plain SwiGLU */
+  for (int v = 0; v < 3; v++) assert_true(memcmp(out[v], out[4], sizeof out[v]) != 0); /* each limit binds */
+  assert_true(memcmp(out[1], out[2], sizeof out[1]) != 0 && memcmp(out[0], out[1], sizeof out[0]) != 0);
+  /* a negative or non-finite limit is refused */
+  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_SWIGLU_POST, .shared_act_limit = -1.0f};
+  moe8_layer *B = NULL;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "shared_act_limit"));
+}
+
+/* Inkling-2's softcapped SwiGLU (cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu),
+** cg = act_alpha, cu = act_limit), routed and shared: every gradient
+** against finite differences with caps that bind (the forward differs
+** from the plain SwiGLU's); caps <= 0 refused. */
+static void test_softcap_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static float out[2][T * D];
+  for (int v = 0; v < 2; v++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_SOFTCAP,
+                           .act_alpha = 0.3f, .act_limit = 0.2f, .shared_ffn = FS};
+    if (v) c.act = MOE8_ACT_SWIGLU;
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 71, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    if (!v) form_fd_check("softcapped SwiGLU", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[v], &aux, ws, wsz), MOE8_OK);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  double dmax = 0;
+  for (int i = 0; i < T * D; i++) dmax = fmax(dmax, fabs((double)out[0][i] - out[1][i]));
+  assert_true(dmax > 1e-2); /* the caps bind */
+  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_SWIGLU_SOFTCAP, .act_alpha = 4.0f};
+  moe8_layer *B = NULL;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "softcapped"));
+}
+
+/* GPT-OSS's clamped SwiGLU without its biases, in the routed experts and
+** the shared one (MiniMax-M3): every gradient against finite differences,
+** with a limit that binds (the forward differs from the plain SwiGLU's). */
+static void test_clamp_shared_form_grads(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  static float out[2][T * D];
+  for (int v = 0; v < 2; v++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_SWIGLU_CLAMP,
+                           .act_alpha = 1.702f, .act_limit = 0.3f, .shared_ffn = FS, .routed_scaling_factor = 1.5f};
+    if (v) c.act = MOE8_ACT_SWIGLU;
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 71, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    if (!v) form_fd_check("clamped SwiGLU, shared expert too", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[v], &aux, ws, wsz), MOE8_OK);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -1408,6 +1536,9 @@ int main(void) {
     cmocka_unit_test(test_training_reduces_loss),
     cmocka_unit_test(test_gpt_oss_form_grads),
     cmocka_unit_test(test_limited_form_grads),
+    cmocka_unit_test(test_post_form_grads),
+    cmocka_unit_test(test_softcap_form_grads),
+    cmocka_unit_test(test_clamp_shared_form_grads),
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_output_forms),
     cmocka_unit_test(test_gpt_oss_form_trainer),

@@ -270,8 +270,83 @@ static void test_swiglu_isas(void **state) {
                   (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]), (double)got[j], moe8__f32_bits(got[j]),
                   (double)want[j], moe8__f32_bits(want[j]));
     }
+    /* Clamped after the activation (Step): the reference is min(silu(g),
+    ** L) · clamp(u, ±L) with the plain SwiGLU's silu (its bytes at u = 1),
+    ** a NaN kept; at L = +inf it is the plain SwiGLU's bytes; every ISA
+    ** gives the reference's bytes. */
+    for (int inf = 0; inf < 2; inf++) {
+      const float pl = inf ? (float)INFINITY : limit;
+      ref->swiglu_post(want, g, u, n, pl);
+      for (size_t j = 0; j < n; j++) {
+        const float one = 1.0f;
+        float sv, plain;
+        ref->swiglu(&sv, &g[j], &one, 1);
+        const float sc = sv > pl ? pl : sv, uc = u[j] < -pl ? -pl : u[j] > pl ? pl : u[j], expect = sc * uc;
+        ref->swiglu(&plain, &g[j], &u[j], 1);
+        if ((isnan(g[j]) || isnan(u[j])) ? !isnan(want[j]) : moe8__f32_bits(want[j]) != moe8__f32_bits(inf ? plain : expect))
+          TU_FAIL("swiglu_post (reference, limit %g): g = %a (0x%08x), u = %a: %a, want %a", (double)pl, (double)g[j],
+                  moe8__f32_bits(g[j]), (double)u[j], (double)want[j], (double)(inf ? plain : expect));
+      }
+      for (int i = 1; i < nisa; i++) {
+        const size_t len = round % 3 == 0 ? n - (size_t)(round % 16) : n;
+        memset(got, 0, sizeof(float) * N);
+        moe8__kernels_for(isas[i])->swiglu_post(got, g, u, len, pl);
+        for (size_t j = 0; j < len; j++)
+          if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
+            TU_FAIL("swiglu_post on %s (limit %g): g = %a (0x%08x), u = %a (0x%08x): %a (0x%08x), want %a (0x%08x)",
+                    moe8_isa_name(isas[i]), (double)pl, (double)g[j], moe8__f32_bits(g[j]), (double)u[j], moe8__f32_bits(u[j]),
+                    (double)got[j], moe8__f32_bits(got[j]), (double)want[j], moe8__f32_bits(want[j]));
+      }
+    }
   }
   free(g); free(u); free(want); free(got);
+}
+
+/* Inkling-2's softcapped SwiGLU: moe8__tanhf within 4 ulp-ish of tanh
+** (relative 1e-6, both sides of its 0.5 switch, the sign, saturation, a
+** NaN kept); the reference is (cg·tanh(g/cg))·sigmoid(g)·(cu·tanh(u/cu))
+** of it, within 2e-6 of the double formula where finite; every ISA gives
+** the reference's bytes, tails included. */
+static void test_swiglu_softcap(void **state) {
+  (void)state;
+  for (int i = -200000; i <= 200000; i++) {
+    const float y = (float)i * 1e-4f * (i % 3 == 0 ? 1.0f : 0.37f);
+    const double w = tanh((double)y), t = moe8__tanhf(y);
+    if (fabs(t - w) > 1e-6 * fabs(w) + 1e-30)
+      TU_FAIL("moe8__tanhf(%a) = %a, tanh %a", (double)y, t, w);
+  }
+  assert_true(moe8__tanhf(1e30f) == 1.0f && moe8__tanhf(-1e30f) == -1.0f && isnan(moe8__tanhf(NAN)));
+  assert_true(moe8__f32_bits(moe8__tanhf(-0.0f)) == 0x80000000u && moe8__tanhf(0.0f) == 0.0f);
+  enum { N = 1000 };
+  static float g[N], u[N], want[N], got[N];
+  const moe8__ktable *ref = moe8__kernels_for(MOE8_ISA_REF);
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (int round = 0; round < 8; round++) {
+    tu_rng_reset(500 + (uint64_t)round);
+    tu_fill_normal(g, N, round < 4 ? 3.0f : 40.0f);
+    tu_fill_normal(u, N, round < 4 ? 10.0f : 200.0f);
+    if (round == 5) { g[3] = NAN; u[7] = NAN; g[9] = (float)INFINITY; u[11] = -(float)INFINITY; }
+    const float cg = round % 2 ? 4.0f : 1.5f, cu = round % 2 ? 25.0f : 3.0f;
+    ref->swiglu_softcap(want, g, u, N, cg, cu);
+    for (int j = 0; j < N; j++) {
+      const double sg = 1.0 / (1.0 + exp(-(double)g[j]));
+      const double e = cg * tanh((double)g[j] / cg) * sg * cu * tanh((double)u[j] / cu);
+      if (isnan(g[j]) || isnan(u[j])) { if (!isnan(want[j])) TU_FAIL("swiglu_softcap: NaN input, %a", (double)want[j]); continue; }
+      if (!(fabs(want[j] - e) <= 2e-6 * (fabs(e) + 1e-3 * cg * cu)))
+        TU_FAIL("swiglu_softcap (reference): g = %a, u = %a: %a, want %a", (double)g[j], (double)u[j], (double)want[j], e);
+    }
+    for (int i = 1; i < nisa; i++) {
+      const size_t len = N - (size_t)(round * 3);
+      memset(got, 0, sizeof got);
+      moe8__kernels_for(isas[i])->swiglu_softcap(got, g, u, len, cg, cu);
+      for (size_t j = 0; j < len; j++)
+        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
+          TU_FAIL("swiglu_softcap on %s: g = %a, u = %a: %a (0x%08x), want %a (0x%08x)", moe8_isa_name(isas[i]), (double)g[j],
+                  (double)u[j], (double)got[j], moe8__f32_bits(got[j]), (double)want[j], moe8__f32_bits(want[j]));
+      for (size_t j = len; j < N; j++) assert_true(got[j] == 0.0f); /* nothing past n */
+    }
+  }
 }
 
 static void test_dispatch_sort(void **state) {
@@ -598,6 +673,7 @@ int main(void) {
     cmocka_unit_test(test_router_logits),
     cmocka_unit_test(test_router_logits_isas),
     cmocka_unit_test(test_swiglu_isas),
+    cmocka_unit_test(test_swiglu_softcap),
     cmocka_unit_test(test_dispatch_sort),
     cmocka_unit_test(test_gather_scale_rule),
     cmocka_unit_test(test_combine),

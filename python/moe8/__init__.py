@@ -79,7 +79,7 @@ def _check(st):
 
 
 # The experts' activations by moe8_expert_act value (include/moe8.h).
-ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit")
+ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap")
 
 
 class _LayerConfig(C.Structure):
@@ -90,7 +90,7 @@ class _LayerConfig(C.Structure):
                 ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool),
                 ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool), ("norm_min", C.c_float),
                 ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool),
-                ("norm_p", C.c_float), ("shared_scale", C.c_float)]
+                ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float)]
 
 
 class _QuantSpec(C.Structure):
@@ -454,7 +454,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0, shared_ffn=0,
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0):
+                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in ("softmax", "sigmoid"):
         raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
@@ -467,12 +467,13 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
     if group_score not in gscores:
         raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
     if act not in ACTS:
-        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS) or 'swiglu_limit' (GLM-5, HY-V4), not %r" % (act,))
+        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7) "
+                    "or 'swiglu_softcap' (Inkling-2), not %r" % (act,))
     return _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
-                        bool(out_bias), float(norm_p), float(shared_scale))
+                        bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit))
 
 
 def _f32_any(a, name, shape):
@@ -496,7 +497,7 @@ class Layer:
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, rules=None,
+                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -510,7 +511,7 @@ class Layer:
             cfg = _layer_config(num_experts, top_k, hidden, ffn, score, norm_topk_prob, routed_scaling_factor, use_selection_bias,
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
-                                norm_eps, select_logits, out_bias, norm_p, shared_scale)
+                                norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))

@@ -120,6 +120,12 @@ typedef struct moe8__ktable {
   /* The limited SwiGLU (GLM-5, HY-V4): gc and uc as above, h = silu(gc) · uc
   ** with swiglu's silu. */
   void (*swiglu_limit)(float *h, const float *g, const float *u, size_t n, float limit);
+  /* Step's SwiGLU clamped after the activation: s = swiglu's silu(g),
+  ** h = (s > limit ? limit : s) · uc, uc as above; limit > 0 or +inf. */
+  void (*swiglu_post)(float *h, const float *g, const float *u, size_t n, float limit);
+  /* Inkling-2's softcapped SwiGLU: h = ((cg · tanh(g / cg)) · sg) · (cu ·
+  ** tanh(u / cu)), tanh moe8__tanhf, sg = 1 / (1 + moe8__expf(-g)); cg, cu > 0. */
+  void (*swiglu_softcap)(float *h, const float *g, const float *u, size_t n, float cg, float cu);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of
@@ -220,6 +226,27 @@ static inline float moe8__expf(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   return p * moe8__bits_f32((uint32_t)((int32_t)n + 127) << 23);
+}
+
+/* tanh(y) for the softcapped SwiGLU (Inkling-2), within a few ulp: for
+** |y| < 0.5 its odd Taylor series through y^17 (Horner in y²), else
+** 1 - 2 / (moe8__expf(2|y|) + 1); the sign copied from y (a NaN kept).
+** Plain arithmetic: the AVX-512 kernel computes both sides and blends, for
+** the same bytes. */
+static inline float moe8__tanhf(float y) {
+  const float a = y < 0.0f ? -y : y, s = a * a;
+  float p = 5.90027440e-4f;     /* 6404582 / 10854718875 */
+  p = p * s + -1.45583438e-3f;  /* -929569 / 638512875 */
+  p = p * s + 3.59212803e-3f;   /* 21844 / 6081075 */
+  p = p * s + -8.86323552e-3f;  /* -1382 / 155925 */
+  p = p * s + 2.18694885e-2f;   /* 62 / 2835 */
+  p = p * s + -5.39682540e-2f;  /* -17 / 315 */
+  p = p * s + 1.33333333e-1f;   /* 2 / 15 */
+  p = p * s + -3.33333333e-1f;  /* -1 / 3 */
+  const float small = a + a * (s * p);
+  const float big = 1.0f - 2.0f / (moe8__expf(2.0f * a) + 1.0f);
+  const float t = a < 0.5f ? small : big;
+  return moe8__bits_f32((moe8__f32_bits(t) & 0x7FFFFFFFu) | (moe8__f32_bits(y) & 0x80000000u));
 }
 
 /* Opens an input file without blocking on FIFOs or devices and checks it

@@ -102,6 +102,21 @@ typedef struct family {
   /* Cohere2-MoE: expert_selection_fn, shared_expert_combination_strategy,
   ** num_shared_experts (shared width count x the experts') */
   bool        cohere;
+  /* Step-3.5/3.7 (Step3p7TextConfig): MoE layers by mlp_layer_types, else
+  ** moe_layers_enum, else layers 3...; the per-layer limits swiglu_limits
+  ** and swiglu_limits_shared of the SwiGLU clamped after the activation;
+  ** hidden_act whatever the file says (the class computes silu) */
+  bool        step;
+  /* Inkling-2: the softcapped SwiGLU (MOE8_ACT_SWIGLU_SOFTCAP) with caps
+  ** mlp_gate_softcap (4.0) and mlp_up_softcap (25.0); hidden_act not read
+  ** (the class's experts use the softcapped form whatever it says) */
+  bool        softcap;
+  /* MiniMax-M3 (MiniMaxM3VLTextConfig): GPT-OSS's clamped SwiGLU in halves
+  ** layout without biases (swiglu_alpha 1.702, swiglu_limit 7.0), in the
+  ** shared expert too; MoE layers by mlp_layer_types, else the moe_layer_freq
+  ** list (1: sparse), else all; hidden_act not read (the class computes the
+  ** clamped form whatever it says: the released files write swigluoai) */
+  bool        m3;
 } family;
 
 /* Placement of the MoE layers. */
@@ -381,6 +396,41 @@ static const family k_families[] = {
   ** the chosen scores divided by their sum iff norm_topk_prob (default
   ** true), its shared expert added in full (no gate); mlp_only_layers
   ** defaults to [0, 1] */
+  /* Step3p7TextConfig (Step-3.5 / Step-3.7, the text model of step3p7):
+  ** sigmoid scores, the top-k of score + gate.e_score_correction_bias, the
+  ** chosen scores divided by their sum, the routed sum times
+  ** moe_router_scaling_factor (DeepSeek-V3's block without groups), one
+  ** ungated shared expert of width share_expert_dim; the experts' SwiGLU
+  ** clamped after the activation, per layer */
+  {.name = "step3p5", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "moe_num_experts", .hidden = 4096, .layers = 45, .experts = 288, .top_k = 8, .ffn = 1280, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "num_experts_per_tok|moe_top_k", .norm_key = "",
+   .scale_key = "moe_router_scaling_factor", .group_key = "", .shared_key = "", .shared_width_key = "share_expert_dim|share_expert_dims",
+   .shared_width = 1280, .place = PLACE_ALL, .step = true},
+  /* MiniMaxM3VLTextConfig (MiniMax-M3, the text model of minimax_m3_vl):
+  ** sigmoid scores, the top-k of score + e_score_correction_bias, the
+  ** chosen scores divided by their sum, the routed sum times
+  ** routed_scaling_factor, one ungated shared expert of width
+  ** shared_intermediate_size; experts of width intermediate_size */
+  {.name = "minimax_m3_vl_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_local_experts", .ffn_key = "intermediate_size",
+   .alias = "num_experts", .hidden = 6144, .layers = 60, .experts = 128, .top_k = 4, .ffn = 3072, .shared = 1, .norm = true,
+   .scaling = 2.0, .n_group = 1, .topk_group = 1, .norm_key = "", .group_key = "", .shared_key = "",
+   .shared_width_key = "shared_intermediate_size", .shared_width = 3072, .place = PLACE_ALL, .m3 = true},
+  /* Inkling2TextConfig and Inkling2LoopTextConfig (Inkling-2, the text
+  ** models of inkling2 and inkling2_loop): f32 routing, sigmoid scores, the
+  ** top-k of score + gate.e_score_correction_bias, weights / (Σ + 1e-20)
+  ** times route_scale, no shared experts, every layer MoE (the loop layers
+  ** run the same block again); the softcapped SwiGLU */
+  {.name = "inkling2_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4608, .layers = 48, .experts = 384, .top_k = 8, .ffn = 2304, .shared = 0, .norm = true,
+   .scaling = 8.0, .n_group = 1, .topk_group = 1, .norm_key = "", .scale_key = "route_scale|routed_scaling_factor", .group_key = "",
+   .shared_key = "", .place = PLACE_ALL, .fused_gu = "experts.w13_weight", .fused_dn = "experts.w2_weight", .norm_eps = 1e-20,
+   .softcap = true},
+  {.name = "inkling2_loop_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2304, .layers = 24, .experts = 128, .top_k = 8, .ffn = 1152, .shared = 0, .norm = true,
+   .scaling = 8.0, .n_group = 1, .topk_group = 1, .norm_key = "", .scale_key = "route_scale|routed_scaling_factor", .group_key = "",
+   .shared_key = "", .place = PLACE_ALL, .fused_gu = "experts.w13_weight", .fused_dn = "experts.w2_weight", .norm_eps = 1e-20,
+   .softcap = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -398,6 +448,10 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"glm5_next", "glm5_next_text"},
   {"hy_v4_vl", "hy_v4_vl_text"},
   {"mistral_large4", "mistral_large4_text"},
+  {"step3p7", "step3p5"},
+  {"inkling2", "inkling2_text"},
+  {"minimax_m3_vl", "minimax_m3_vl_text"},
+  {"inkling2_loop", "inkling2_loop_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -571,6 +625,162 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
   return MOE8_OK;
 }
 
+/* A per-layer list the class trims when it holds num_nextn_predict_layers
+** trailing entries: its first n entries (NULL when absent, null or empty:
+** the class's default); shorter: refused. */
+static moe8_status step_list(const cJSON *root, const char *file, const char *key, int64_t n, const cJSON **out) {
+  const cJSON *v = item(root, key);
+  *out = NULL;
+  if (!v) return MOE8_OK;
+  if (!cJSON_IsArray(v)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a list (one entry a layer)", file, key);
+  if (cJSON_GetArraySize(v) == 0) return MOE8_OK;
+  if (cJSON_GetArraySize(v) < n)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" has %d entries, fewer than num_hidden_layers = %lld", file, key, cJSON_GetArraySize(v),
+                      (long long)n);
+  *out = v->child;
+  return MOE8_OK;
+}
+
+/* Step-3.5/3.7 (Step3p7TextConfig): the MoE layers (mlp_layer_types; else
+** the legacy moe_layers_enum, a list of layer indices or a comma-separated
+** string of them; else every layer from 3 on), the experts' limits per
+** layer (swiglu_limits, swiglu_limits_shared: a number >= 0 or null, 0
+** and null meaning no clamp), mlp_bias refused, the expert count's second
+** alias num_local_experts. */
+static moe8_status parse_step(const cJSON *root, const char *file, moe8_hf_config *c) {
+  const int64_t n = c->num_layers;
+  moe8_status st;
+  int64_t e2 = 0;
+  if ((st = get_int(root, file, "num_local_experts", c->layer.num_experts, 1, MOE8_MAX_EXPERTS, &e2)) != MOE8_OK) return st;
+  if (e2 != c->layer.num_experts)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_local_experts\" = %lld disagrees with the expert count %lld (n_routed_experts, "
+                      "moe_num_experts)", file, (long long)e2, (long long)c->layer.num_experts);
+  bool mb = false;
+  if ((st = get_bool(root, file, "mlp_bias", false, &mb)) != MOE8_OK) return st;
+  if (mb) return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_bias\" is true: the experts' linear layers then have biases, which moe8 "
+                            "does not hold", file);
+  int64_t nextn = 0;
+  if ((st = get_int(root, file, "num_nextn_predict_layers", 0, 0, 1 << 20, &nextn)) != MOE8_OK) return st;
+  if (n > MOE8_MAX_MLP_ONLY)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_hidden_layers\" = %lld: moe8 reads Step's per-layer keys for at most %d layers", file,
+                      (long long)n, MOE8_MAX_MLP_ONLY);
+  c->n_mlp_only = 0;
+  c->decoder_sparse_step = 0;
+  const cJSON *types = item(root, "mlp_layer_types");
+  if (types) {
+    if (!cJSON_IsArray(types) || (cJSON_GetArraySize(types) != n && cJSON_GetArraySize(types) != n + nextn))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_layer_types\" must be a list of num_hidden_layers = %lld entries (or %lld with "
+                        "the num_nextn_predict_layers ones) \"dense\" or \"sparse\"", file, (long long)n, (long long)(n + nextn));
+    int64_t l = 0;
+    for (const cJSON *e = types->child; e && l < n; e = e->next, l++) {
+      const bool dense = cJSON_IsString(e) && !strcmp(e->valuestring, "dense");
+      if (!dense && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sparse")))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_layer_types\"[%lld] is not \"dense\" or \"sparse\"", file, (long long)l);
+      if (dense) c->mlp_only_layers[c->n_mlp_only++] = l;
+    }
+  } else {
+    bool moe[MOE8_MAX_MLP_ONLY] = {0};
+    const cJSON *en = item(root, "moe_layers_enum");
+    if (!en) {
+      for (int64_t l = 3; l < n; l++) moe[l] = true;
+    } else if (cJSON_IsString(en)) {
+      const char *s = en->valuestring;
+      while (*s) {
+        const char *comma = strchr(s, ','), *end = comma ? comma : s + strlen(s);
+        char tok[32];
+        const size_t len = (size_t)(end - s);
+        if (len >= sizeof tok)
+          return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layers_enum\" must be comma-separated layer indices", file);
+        memcpy(tok, s, len);
+        tok[len] = 0;
+        char *t = tok, *q;
+        while (*t == ' ' || *t == '\t') t++;
+        if (*t) {
+          errno = 0;
+          const long long v = strtoll(t, &q, 10);
+          while (*q == ' ' || *q == '\t') q++;
+          if (q == t || *q || errno)
+            return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layers_enum\" entry \"%s\" is not a layer index", file, t);
+          if (v >= 0 && v < n) moe[v] = true; /* the class ignores indices outside the layers */
+        }
+        s = comma ? comma + 1 : end;
+      }
+    } else if (cJSON_IsArray(en)) {
+      for (const cJSON *e = en->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || !(fabs(e->valuedouble) < 1e15))
+          return moe8__fail(MOE8_ERR_PARSE, "%s: a \"moe_layers_enum\" entry is not a layer index", file);
+        if (e->valuedouble >= 0 && e->valuedouble < (double)n) moe[(int64_t)e->valuedouble] = true;
+      }
+    } else {
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layers_enum\" must be a list of layer indices or a comma-separated string", file);
+    }
+    for (int64_t l = 0; l < n; l++)
+      if (!moe[l]) c->mlp_only_layers[c->n_mlp_only++] = l;
+  }
+  /* the limits: the routed experts' and the shared expert's */
+  c->layer.act = MOE8_ACT_SWIGLU_POST;
+  c->layer.act_limit = c->layer.shared_act_limit = 0.0f;
+  static const char *const keys[2] = {"swiglu_limits", "swiglu_limits_shared"};
+  for (int k = 0; k < 2; k++) {
+    const cJSON *e;
+    if ((st = step_list(root, file, keys[k], n, &e)) != MOE8_OK) return st;
+    float *dst = k ? c->shared_act_limits : c->act_limits;
+    for (int64_t l = 0; l < n; l++, e = e ? e->next : NULL) {
+      dst[l] = 0.0f;
+      if (!e || cJSON_IsNull(e)) continue;
+      if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < 1e30))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\"[%lld] must be a non-negative number or null (0 and null: no clamp)", file,
+                          keys[k], (long long)l);
+      dst[l] = (float)e->valuedouble;
+      if (dst[l] > 0.0f) c->per_layer_limits = true;
+    }
+  }
+  return MOE8_OK;
+}
+
+/* MiniMax-M3 (MiniMaxM3VLTextConfig): GPT-OSS's clamped SwiGLU without
+** biases in the routed and the shared experts; the MoE layers by
+** mlp_layer_types, else the legacy moe_layer_freq list (an entry per
+** layer, true or non-zero: sparse), else every layer. */
+static moe8_status parse_m3(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  const cJSON *a = item(root, "swiglu_alpha");
+  if (a && (!cJSON_IsNumber(a) || !(a->valuedouble > 0 && a->valuedouble < 1e6)))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"swiglu_alpha\" must be a number in (0, 1e6)", file);
+  L->act_alpha = (float)(a ? a->valuedouble : 1.702);
+  moe8_status st = get_pos(root, file, "swiglu_limit", 7.0, false, " (the experts' clamp)", &L->act_limit);
+  if (st != MOE8_OK) return st;
+  L->act = MOE8_ACT_SWIGLU_CLAMP;
+  c->n_mlp_only = 0;
+  c->decoder_sparse_step = 0;
+  const int64_t n = c->num_layers;
+  const cJSON *types = item(root, "mlp_layer_types"), *freq = item(root, "moe_layer_freq");
+  const cJSON *list = types ? types : freq;
+  if (!list) return MOE8_OK;
+  const char *key = types ? "mlp_layer_types" : "moe_layer_freq";
+  if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != n)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a list of num_hidden_layers = %lld entries%s", file, key, (long long)n,
+                      types ? " \"dense\" or \"sparse\"" : " (1: MoE, 0: dense)");
+  int64_t l = 0;
+  for (const cJSON *e = list->child; e; e = e->next, l++) {
+    bool dense;
+    if (types) {
+      dense = cJSON_IsString(e) && !strcmp(e->valuestring, "dense");
+      if (!dense && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sparse")))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_layer_types\"[%lld] is not \"dense\" or \"sparse\"", file, (long long)l);
+    } else {
+      if (!cJSON_IsNumber(e) && !cJSON_IsBool(e))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_layer_freq\"[%lld] must be a number or true/false", file, (long long)l);
+      dense = cJSON_IsBool(e) ? cJSON_IsFalse(e) : e->valuedouble == 0;
+    }
+    if (!dense) continue;
+    if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" has more than %d dense layers", file, key, MOE8_MAX_MLP_ONLY);
+    c->mlp_only_layers[c->n_mlp_only++] = l;
+  }
+  return MOE8_OK;
+}
+
 /* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
 static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, moe8_hf_config *c) {
   const cJSON *mq = item(root, "moe8_quantization");
@@ -665,15 +875,14 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"glm5_next", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"hy_v4_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling_text", "its shared experts are weighted by their router scores"},
-    {"inkling2_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
-    {"inkling2_loop_text", "its SwiGLU is softcapped (mlp_gate_softcap, mlp_up_softcap)"},
+    {"inkling2", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"inkling2_loop", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
-    {"minimax_m3_vl", "its experts are GPT-OSS's clamped SwiGLU in halves layout with a scaled routed sum"},
+    {"minimax_m3_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
     {"nemotron_h", "its experts are relu-squared MLPs, not SwiGLU"},
-    {"step3p5", "its SwiGLU is clamped per layer after the activation (swiglu_limits)"},
-    {"step3p7", "its SwiGLU is clamped per layer after the activation (swiglu_limits)"},
+    {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"switch_transformers", "its experts drop tokens past expert_capacity and are ReLU MLPs"},
     {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
     {"nllb-moe", "transformers' block runs only experts 0 and 1 (it passes a one-hot mask as expert indices), so there is no reference"},
@@ -741,7 +950,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(parse_dbrx(root, file, fam, c));
     goto tail;
   }
-  TRY(want_str(root, file, fam->act_key ? fam->act_key : "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
+  if (!fam->step && !fam->softcap && !fam->m3)
+    TRY(want_str(root, file, fam->act_key ? fam->act_key : "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   L->out_bias = fam->out_bias;
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
   TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
@@ -827,7 +1037,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
     }
     L->shared_ffn = nsh * sw;
-    TRY(get_dense_layers(root, file, fam->first_dense, c));
+    if (!fam->step && !fam->m3) TRY(get_dense_layers(root, file, fam->first_dense, c)); /* Step's and MiniMax-M3's classes ignore these */
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
     ** (a group's score is its best expert's, the topk_group best groups
@@ -974,6 +1184,21 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   }
 tail:
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
+  if (fam->step) TRY(parse_step(root, file, c));
+  if (fam->m3) TRY(parse_m3(root, file, c));
+  if (fam->softcap) {
+    /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
+    TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));
+    TRY(get_pos(root, file, "mlp_up_softcap", 25.0, false, " (the experts' up softcap)", &L->act_limit));
+    L->act = MOE8_ACT_SWIGLU_SOFTCAP;
+    int64_t f2 = L->ffn;
+    TRY(get_int(root, file, "intermediate_size", L->ffn, 1, BIG, &f2));
+    if (item(root, "intermediate_size") && item(root, fam->ffn_key) && f2 != L->ffn)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"intermediate_size\" = %lld and its alias \"%s\" = %lld disagree", file, (long long)f2,
+                        fam->ffn_key, (long long)L->ffn);
+    L->ffn = f2;
+    c->fused_interleaved = true; /* its files' w13_weight */
+  }
   if (fam->block_prefix) snprintf(c->block_prefix, sizeof c->block_prefix, "%s", fam->block_prefix);
   if (fam->router_name) snprintf(c->router_name, sizeof c->router_name, "%s", fam->router_name);
   if (fam->fused_gu) snprintf(c->fused_gu, sizeof c->fused_gu, "%s", fam->fused_gu);

@@ -164,21 +164,22 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
     }
   /* The layers' root: a text model's, or a multimodal model's language
   ** model (Llama-4 as released; transformers 5 names it the other way). */
-  static const char *const roots[4] = {"language_model.model.layers.", "model.language_model.layers.", "model.layers.", "layers."};
-  int ri = 2;
-  for (size_t i = 0; i < m->count && ri == 2; i++)
-    for (int r = 0; r < 2; r++)
+  static const char *const roots[5] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
+                                       "model.layers.", "layers."};
+  int ri = 3;
+  for (size_t i = 0; i < m->count && ri == 3; i++)
+    for (int r = 0; r < 3; r++)
       if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
   /* Mistral's own files (Mistral-Large-4 as released and as transformers
   ** saves it): the layers at the top, "layers.L.", when no other root is there */
   bool other = false;
-  for (size_t i = 0; i < m->count && ri == 2 && !other; i++) other = !strncmp(m->all[i]->name, roots[2], strlen(roots[2]));
-  for (size_t i = 0; i < m->count && ri == 2 && !other && m->cfg.mistral_names; i++)
-    if (!strncmp(m->all[i]->name, roots[3], strlen(roots[3]))) ri = 3;
+  for (size_t i = 0; i < m->count && ri == 3 && !other; i++) other = !strncmp(m->all[i]->name, roots[3], strlen(roots[3]));
+  for (size_t i = 0; i < m->count && ri == 3 && !other && m->cfg.mistral_names; i++)
+    if (!strncmp(m->all[i]->name, roots[4], strlen(roots[4]))) ri = 4;
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   /* a family's own root (DBRX's transformer.blocks.), when the file has no other */
   const size_t lr = strlen(m->cfg.layers_root);
-  for (size_t i = 0; i < m->count && lr && ri == 2 && !other; i++)
+  for (size_t i = 0; i < m->count && lr && ri == 3 && !other; i++)
     if (!strncmp(m->all[i]->name, m->cfg.layers_root, lr)) { snprintf(m->root, sizeof m->root, "%s", m->cfg.layers_root); break; }
   *out = m;
   return MOE8_OK;
@@ -206,8 +207,11 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
     snprintf(buf, cap, "%s%lld.", root, (long long)layer);
     return;
   }
+  snprintf(buf, cap, "%s%lld.moe.gate.weight", root, (long long)layer);
+  const bool step = m && m->cfg.layer.act == MOE8_ACT_SWIGLU_POST && moe8_model_find(m, buf); /* Step-3.5/3.7's released files */
   snprintf(buf, cap, "%s%lld.%s", root, (long long)layer,
-           m && m->cfg.block_prefix[0] ? m->cfg.block_prefix
+           step ? "moe."
+           : m && m->cfg.block_prefix[0] ? m->cfg.block_prefix
            : bsm ? "block_sparse_moe." : m && m->cfg.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
 }
 
@@ -218,6 +222,8 @@ const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.
 static void fused_name(const moe8_model *m, const char *p, int which, char *buf, size_t cap) {
   const char *own = which ? m->cfg.fused_dn : m->cfg.fused_gu;
   snprintf(buf, cap, "%s%s", p, own[0] ? own : which ? "experts.down_proj" : "experts.gate_up_proj");
+  if (own[0] && m->cfg.fused_interleaved && !moe8_model_find(m, buf)) /* Inkling-2's files, or transformers' own names */
+    snprintf(buf, cap, "%s%s", p, which ? "experts.down_proj" : "experts.gate_up_proj");
 }
 
 /* The projection names of the expert whose tensors are named base + ...:
@@ -243,7 +249,8 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
 ** name it expert_bias); the first the file holds. */
 static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias",
                                            "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */,
-                                           "experts.e_score_correction_bias" /* Laguna's files */};
+                                           "experts.e_score_correction_bias" /* Laguna's files */,
+                                           "gate.bias" /* Inkling-2's files */, "router_bias" /* Step-3.5/3.7's */};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;
@@ -305,6 +312,11 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   snprintf(n, sizeof n, "%sexperts.mlp.w1", p);
   if (m->cfg.stacked_experts && (t = moe8_model_find(m, n))) {
     snprintf(mm->fmt, sizeof mm->fmt, "%s stacked 2-D (unquantized)", moe8_file_dtype_name(t->dtype));
+    return mm->fmt;
+  }
+  snprintf(n, sizeof n, "%sgate_proj.weight", p);
+  if (m->cfg.layer.act == MOE8_ACT_SWIGLU_POST && (t = moe8_model_find(m, n)) && t->ndim == 3) {
+    snprintf(mm->fmt, sizeof mm->fmt, "%s stacked 3-D per projection (unquantized)", moe8_file_dtype_name(t->dtype));
     return mm->fmt;
   }
   char base[200];
@@ -982,6 +994,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
+  if (c->per_layer_limits && layer < MOE8_MAX_MLP_ONLY) { /* Step's limits, this layer's */
+    lc.act_limit = c->act_limits[layer];
+    lc.shared_act_limit = c->shared_act_limits[layer];
+  }
   const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
   /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D] or fused [2Fs, D]. */
@@ -1090,7 +1106,8 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     char dname[320];
     fused_name(m, p, 1, dname, sizeof dname);
     const moe8_tensor_view *dv = moe8_model_find(m, dname);
-    const bool xw = fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
+    const bool ilv = c->fused_interleaved && c->fused_gu[0] && strstr(n, c->fused_gu) != NULL;
+    const bool xw = !ilv && fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
                     dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
     const int64_t s1[3] = {E, xw ? D : 2 * F, xw ? 2 * F : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
@@ -1110,10 +1127,47 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
         st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, 2 * F, D, b.gu, 2 * F, 0, ld.tmp);
         if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
       }
+      if (st == MOE8_OK && ilv) /* alternate gate / up columns to the layer's halves (ld.tmp is free again) */
+        for (int64_t dd = 0; dd < D; dd++) {
+          float *row = b.gu + dd * 2 * F;
+          memcpy(ld.tmp, row, sizeof(float) * (size_t)(2 * F));
+          for (int64_t f = 0; f < F; f++) { row[f] = ld.tmp[2 * f]; row[F + f] = ld.tmp[2 * f + 1]; }
+        }
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }
     xbuf_free(&b);
+    if (st != MOE8_OK) goto fail;
+    routed_done = true;
+  }
+  /* Step-3.5/3.7's released files: the experts stacked per projection,
+  ** moe.gate_proj.weight / up_proj.weight [E, F, D], down_proj.weight [E, D, F]. */
+  snprintf(n, sizeof n, "%sgate_proj.weight", p);
+  if (!routed_done && c->layer.act == MOE8_ACT_SWIGLU_POST && moe8_model_find(m, n)) {
+    const moe8_tensor_view *sv[3];
+    static const char *const pn[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < 3; i++) {
+      const int64_t sh[3] = {E, i == 2 ? D : F, i == 2 ? F : D};
+      snprintf(n, sizeof n, "%s%s.weight", p, pn[i]);
+      if ((st = need(m, n, 3, sh, &sv[i])) != MOE8_OK) goto fail;
+      if (!is_float_file(sv[i]->dtype)) {
+        st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sv[i]->dtype));
+        goto fail;
+      }
+    }
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      const size_t es = (size_t)(F * D);
+      st = put_float(sv[0], (const char *)sv[0]->data + (size_t)e * es * moe8_file_dtype_size(sv[0]->dtype), F, D, b.gu, 2 * F, 0, ld.tmp);
+      if (st == MOE8_OK)
+        st = put_float(sv[1], (const char *)sv[1]->data + (size_t)e * es * moe8_file_dtype_size(sv[1]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
+      if (st == MOE8_OK)
+        st = put_float(sv[2], (const char *)sv[2]->data + (size_t)e * es * moe8_file_dtype_size(sv[2]->dtype), D, F, b.dn, D, 0, ld.tmp);
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
+      if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
+    }
+    xbuf_free(&b);
+    b = (xbuf){0};
     if (st != MOE8_OK) goto fail;
     routed_done = true;
   }
@@ -1139,11 +1193,19 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
   }
-  /* The shared expert beside the block, fused (Granite's shared_mlp). */
+  /* The shared expert fused: beside the block (Granite's shared_mlp), or in
+  ** it as shared_experts.gate_up_proj.weight [2Fs, D] (gate rows, then up)
+  ** and shared_experts.down_proj.weight (MiniMax-M3's). */
+  char sg[320] = "", sd[320] = "";
   if (Fs > 0 && c->shared_beside[0]) {
-    char sg[320], sd[320];
     snprintf(sg, sizeof sg, "%s%lld.%sinput_linear.weight", m->root, (long long)layer, c->shared_beside);
     snprintf(sd, sizeof sd, "%s%lld.%soutput_linear.weight", m->root, (long long)layer, c->shared_beside);
+  } else if (Fs > 0) {
+    snprintf(sg, sizeof sg, "%sshared_experts.gate_up_proj.weight", p);
+    snprintf(sd, sizeof sd, "%sshared_experts.down_proj.weight", p);
+    if (!moe8_model_find(m, sg)) sg[0] = 0;
+  }
+  if (sg[0]) {
     const int64_t s1[2] = {2 * Fs, D}, s2[2] = {D, Fs};
     const moe8_tensor_view *tg, *td;
     if ((st = need(m, sg, 2, s1, &tg)) != MOE8_OK || (st = need(m, sd, 2, s2, &td)) != MOE8_OK) goto fail;
@@ -1162,7 +1224,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (st != MOE8_OK) goto fail;
   }
   /* The shared expert, in the family's names, as the routed ones are stored. */
-  if (Fs > 0 && !c->shared_beside[0]) {
+  if (Fs > 0 && !sg[0]) {
     /* the family's name first (DeepSeek shared_experts, Qwen shared_expert), then the others' files' (HY-V3 shared_mlp) */
     static const char *const sn[3] = {"shared_experts", "shared_expert", "shared_mlp"};
     const int first = c->arch == MOE8_ARCH_DEEPSEEK_V3 || c->arch == MOE8_ARCH_DEEPSEEK_V2 ? 0 : 1;
@@ -1172,6 +1234,12 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       snprintf(b2, sizeof b2, "%s%s.", p, sn[i]);
       snprintf(pr, sizeof pr, "%s%s.weight", b2, proj_name(m, b2, 0));
       if (moe8_model_find(m, pr)) { snprintf(n, sizeof n, "%s", b2); break; }
+    }
+    if (c->layer.act == MOE8_ACT_SWIGLU_POST) { /* Step-3.5/3.7's released files: share_expert.* in the decoder layer */
+      char b2[320], pr[400];
+      snprintf(b2, sizeof b2, "%s%lld.share_expert.", m->root, (long long)layer);
+      snprintf(pr, sizeof pr, "%sgate_proj.weight", b2);
+      if (moe8_model_find(m, pr)) snprintf(n, sizeof n, "%s", b2);
     }
     char probe[400];
     snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, n, 0));

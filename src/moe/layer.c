@@ -106,9 +106,18 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: shared_scale %g must be finite, and 0 with shared_gate", (double)cfg->shared_scale);
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
-  if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT)
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: act %d is not an expert activation (swiglu 0, swiglu_clamp 1, swiglu_limit 2)",
-                      (int)cfg->act);
+  if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT &&
+      cfg->act != MOE8_ACT_SWIGLU_POST && cfg->act != MOE8_ACT_SWIGLU_SOFTCAP)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: act %d is not an expert activation (swiglu 0, swiglu_clamp 1, swiglu_limit 2, "
+                      "swiglu_post 3, swiglu_softcap 4)", (int)cfg->act);
+  if (cfg->act == MOE8_ACT_SWIGLU_SOFTCAP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e30f && cfg->act_limit > 0.0f &&
+                                               cfg->act_limit < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the softcapped SwiGLU needs its caps act_alpha (gate) and act_limit (up) in "
+                      "(0, 1e30), not %g and %g", (double)cfg->act_alpha, (double)cfg->act_limit);
+  if (cfg->act == MOE8_ACT_SWIGLU_POST && !(cfg->act_limit >= 0.0f && cfg->act_limit < 1e30f && cfg->shared_act_limit >= 0.0f &&
+                                            cfg->shared_act_limit < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the SwiGLU clamped after the activation needs act_limit and shared_act_limit in "
+                      "[0, 1e30) (0: no clamp), not %g and %g", (double)cfg->act_limit, (double)cfg->shared_act_limit);
   if (cfg->act == MOE8_ACT_SWIGLU_LIMIT && !(cfg->act_limit > 0.0f && cfg->act_limit < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the limited SwiGLU needs act_limit in (0, 1e30), not %g", (double)cfg->act_limit);
   if (cfg->act == MOE8_ACT_SWIGLU_CLAMP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e6f && cfg->act_limit > 0.0f && cfg->act_limit < 1e30f))

@@ -10,6 +10,7 @@
 
 #include "../core/internal.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -179,6 +180,13 @@ bool moe8__layer_packable(const moe8_layer *L, int set);
 /* The activation of expert set `set` (0 routed, 1 shared). */
 static inline moe8_expert_act moe8__set_act(const moe8_layer *L, int set) {
   return set && L->cfg.shared_plain_act ? MOE8_ACT_SWIGLU : L->cfg.act;
+}
+
+/* MOE8_ACT_SWIGLU_POST's limit for expert set `set`: the set's own, +inf
+** where it is 0 (no clamp). */
+static inline float moe8__set_post_limit(const moe8_layer *L, int set) {
+  const float l = set ? L->cfg.shared_act_limit : L->cfg.act_limit;
+  return l > 0.0f ? l : INFINITY;
 }
 
 moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set, int64_t rows, const int32_t *gsz, int64_t g0,

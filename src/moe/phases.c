@@ -197,6 +197,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   ** time while they are in cache; a per-row quantizer gives the same bytes
   ** on any chunk of rows. */
   const moe8__ktable *kt = moe8__kernels();
+  const float plim = moe8__set_post_limit(L, set);
   const bool fuse = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
   const int64_t nbh = L->aq && L->aspec.gran == MOE8_GRAN_ROW_TILE ? moe8__nblocks(F, L->aspec.tile) : 1;
   bool qbad = false;
@@ -206,6 +207,9 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
     for (int64_t p = p0; p < p1; p++)
       if (act == MOE8_ACT_SWIGLU_CLAMP) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else if (act == MOE8_ACT_SWIGLU_LIMIT) kt->swiglu_limit(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_limit);
+      else if (act == MOE8_ACT_SWIGLU_POST) kt->swiglu_post(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, plim);
+      else if (act == MOE8_ACT_SWIGLU_SOFTCAP)
+        kt->swiglu_softcap(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }
@@ -495,10 +499,16 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   ** dg = dh·(u'+1)·σ(αg')(1 + αg'(1-σ(αg'))) where g <= L, du = dh·g'σ(αg')
   ** where |u| <= L (torch.clamp's gradient: 1 inside the bounds, ends included).
   ** Limited (GLM-5, HY-V4): h = silu(g')·u', the plain SwiGLU's gradients at
-  ** g', u', each zero where its clamp holds the value (the same ends). */
+  ** g', u', each zero where its clamp holds the value (the same ends).
+  ** Clamped after the activation (Step): h = min(silu(g), L)·u', dg =
+  ** dh·u'·σ(g)(1 + g(1-σ(g))) where silu(g) <= L, du = dh·min(silu(g), L)
+  ** where |u| <= L (L the set's own, +inf for none).
+  ** Softcapped (Inkling-2): h = A(g)·B(u), A = cg·tanh(g/cg)·σ(g), B =
+  ** cu·tanh(u/cu): dg = dh·B·((1 - tanh²(g/cg))·σ(g) + cg·tanh(g/cg)·σ(g)(1-σ(g))),
+  ** du = dh·A·(1 - tanh²(u/cu)). */
   const moe8_expert_act act = moe8__set_act(L, set);
-  const bool clampd = act == MOE8_ACT_SWIGLU_CLAMP, limd = act == MOE8_ACT_SWIGLU_LIMIT;
-  const float al = L->cfg.act_alpha, lim = L->cfg.act_limit;
+  const bool clampd = act == MOE8_ACT_SWIGLU_CLAMP, limd = act == MOE8_ACT_SWIGLU_LIMIT, postd = act == MOE8_ACT_SWIGLU_POST;
+  const float al = L->cfg.act_alpha, lim = postd ? moe8__set_post_limit(L, set) : L->cfg.act_limit;
   #pragma omp parallel for num_threads(moe8__nt(10.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t p = 0; p < rows; p++)
     for (int64_t f = 0; f < F; f++) {
@@ -508,6 +518,21 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
         const float sg = 1.0f / (1.0f + moe8__expf(-al * gc));
         dgu[p * 2 * F + f] = gv <= lim ? d * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg)) : 0.0f;
         dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
+        continue;
+      }
+      if (act == MOE8_ACT_SWIGLU_SOFTCAP) {
+        const float cg = al, cu = L->cfg.act_limit;
+        const float tg = moe8__tanhf(gv / cg), tu = moe8__tanhf(uv / cu), sg = 1.0f / (1.0f + moe8__expf(-gv));
+        const float A = cg * tg * sg, B = cu * tu;
+        dgu[p * 2 * F + f] = d * B * ((1.0f - tg * tg) * sg + cg * tg * sg * (1.0f - sg));
+        dgu[p * 2 * F + F + f] = d * A * (1.0f - tu * tu);
+        continue;
+      }
+      if (postd) {
+        const float sg = 1.0f / (1.0f + moe8__expf(-gv)), sv = gv * sg;
+        const float sc = sv > lim ? lim : sv, uc = uv < -lim ? -lim : uv > lim ? lim : uv;
+        dgu[p * 2 * F + f] = sv <= lim ? d * uc * sg * (1.0f + gv * (1.0f - sg)) : 0.0f;
+        dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * sc : 0.0f;
         continue;
       }
       /* the plain SwiGLU's gradients, at the clamped g and u when limited */

@@ -129,15 +129,28 @@ def silu(v):
     return v / (1.0 + np.exp(-v))
 
 
-def mlp(x, wg, wu, wd, act_q=None, limit=None):
+def mlp(x, wg, wu, wd, act_q=None, limit=None, post=False, softcap=None, oss=None):
     """SwiGLU MLP with HF Linear weights (out x in): down(silu(gate x) * up x).
     act_q: optional activation quantizer applied to x and h.  limit: the
-    limited SwiGLU (GLM-5, HY-V4): silu(min(g, limit)) * clip(u, ±limit)."""
+    limited SwiGLU (GLM-5, HY-V4): silu(min(g, limit)) * clip(u, ±limit);
+    with post (Step-3.5/3.7) the clamp after the activation:
+    min(silu(g), limit) * clip(u, ±limit).  softcap = (cg, cu): Inkling-2's
+    cg tanh(g / cg) * sigmoid(g) * cu tanh(u / cu)."""
     xa = act_q(x) if act_q else x
     g, u = xa @ wg.T, xa @ wu.T
-    if limit is not None:
-        g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
-    h = silu(g) * u
+    if oss is not None:  # GPT-OSS's clamped SwiGLU on gate and up halves (MiniMax-M3): oss = (alpha, limit)
+        al, lim = oss
+        gc, uc = np.minimum(g, lim), np.clip(u, -lim, lim)
+        h = (uc + 1.0) * gc / (1.0 + np.exp(-al * gc))
+    elif softcap is not None:
+        cg, cu = softcap
+        h = cg * np.tanh(g / cg) / (1.0 + np.exp(-g)) * cu * np.tanh(u / cu)
+    elif limit is not None and post:
+        h = np.minimum(silu(g), limit) * np.clip(u, -limit, limit)
+    else:
+        if limit is not None:
+            g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+        h = silu(g) * u
     if act_q:
         h = act_q(h)
     return h @ wd.T
@@ -241,7 +254,8 @@ def route_deepseek_v2(x, wr, k, n_group, topk_group, scale, grouped):
     return ids, np.take_along_axis(s, ids, axis=1) * scale
 
 
-def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, limit=None, shared_limit=None, out_bias=None, average=False):
+def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, limit=None, shared_limit=None, post=False, softcap=None,
+              oss=None, out_bias=None, average=False):
     """routing: (ids [T, k], weights [T, k]); experts[e] = (wg, wu, wd);
     shared = (wg, wu, wd) or None; shared_gate: [1, D] (Qwen2) or None;
     limit / shared_limit: the routed / shared experts' SwiGLU limit (mlp);
@@ -252,9 +266,9 @@ def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, li
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             wg, wu, wd = experts[ids[t, j]]
-            out[t] += w[t, j] * mlp(x[t:t + 1], wg, wu, wd, act_q, limit)[0]
+            out[t] += w[t, j] * mlp(x[t:t + 1], wg, wu, wd, act_q, limit, post, softcap, oss)[0]
     if shared is not None:
-        y = mlp(x, *shared, act_q, shared_limit)
+        y = mlp(x, *shared, act_q, shared_limit, post, softcap, oss)
         if shared_gate is not None:
             y = y / (1.0 + np.exp(-(x @ shared_gate.T)))
         out = (out + y) / 2 if average else out + y

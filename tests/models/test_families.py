@@ -993,6 +993,40 @@ ROWS = [
     dict(mt="hy_v4_vl", wrap="hy_v4_vl_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
          scale=("routed_scaling_factor", 2.827), shared=("n_shared_experts", 1), place="types", limit=("swiglu_limit", 10.0),
          shared_plain=True, layouts=("fused",)),
+    # Step-3.5/3.7: the SwiGLU clamped after the activation, per layer (swiglu_limits, swiglu_limits_shared; 0 / null: none),
+    # one ungated shared expert of width share_expert_dim, the routed sum times moe_router_scaling_factor, MoE from layer 3 by default
+    dict(mt="step3p5", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("moe_router_scaling_factor", 1.0), shared=("", 1),
+         shared_width=("share_expert_dim", 40), group="", place="types", dense=3, post=True, layouts=("fused", "per")),
+    dict(mt="step3p7", wrap="step3p5", block="ds3", ekey="moe_num_experts", kkey="moe_top_k", norm=(None, True),
+         scale=("moe_router_scaling_factor", 1.0), shared=("", 1), shared_width=("share_expert_dim", 40), group="", place="types", dense=3,
+         post=True, layouts=("fused",)),
+    # Step-3.7's released names (as transformers' save_pretrained of Step3p7ForConditionalGeneration writes them): the block under
+    # moe., its experts stacked per projection, the bias moe.router_bias, the shared expert share_expert.* in the decoder layer
+    dict(mt="step3p7", wrap="step3p5", root="model.layers.", prefix="moe.", bias="router_bias", shared_layer="share_expert.",
+         block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("moe_router_scaling_factor", 1.0), shared=("", 1),
+         shared_width=("share_expert_dim", 40), group="", place="types", dense=3, post=True, layouts=("stacked",)),
+    # MiniMax-M3: GPT-OSS's clamped SwiGLU (swiglu_alpha, swiglu_limit) in halves layout, in the shared expert too, an ungated shared
+    # expert of width shared_intermediate_size (transformers' text model: fused shared_experts.gate_up_proj), the routed sum scaled;
+    # the multimodal model's files (as save_pretrained writes them): language_model.model.layers.L.block_sparse_moe., w1/w3/w2
+    dict(mt="minimax_m3_vl_text", block="ds3", ekey="num_local_experts", fkey="intermediate_size", norm=(None, True),
+         scale=("routed_scaling_factor", 2.0), shared=("", 1), shared_width=("shared_intermediate_size", 40), group="", place="types",
+         dense=0, oss=(1.702, 7.0), shared_fused=True, layouts=("fused",)),
+    dict(mt="minimax_m3_vl", wrap="minimax_m3_vl_text", root="language_model.model.layers.", prefix="block_sparse_moe.",
+         names=("w1", "w3", "w2"), bias="e_score_correction_bias", block="ds3", ekey="num_local_experts", fkey="intermediate_size",
+         norm=(None, True), scale=("routed_scaling_factor", 2.0), shared=("", 1), shared_width=("shared_intermediate_size", 40), group="",
+         place="types", dense=0, oss=(1.702, 7.0), layouts=("per",)),
+    # Inkling-2: the softcapped SwiGLU (mlp_gate_softcap, mlp_up_softcap), f32 sigmoid routing with the bias its files name
+    # gate.bias, weights / (sum + 1e-20) times route_scale, no shared experts, every layer MoE; its files' experts w13_weight
+    # (gate and up rows alternating) and w2_weight (as transformers' save_pretrained writes them), or gate_up_proj (halves)
+    dict(mt="inkling2_text", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("route_scale", 8.0), shared=None, group="",
+         place="all", softcap=(4.0, 25.0), bias="gate.bias", fused_names=("experts.w13_weight", "experts.w2_weight"), interleave=True,
+         layouts=("fused", "fused_halves")),
+    dict(mt="inkling2_loop_text", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("route_scale", 8.0), shared=None,
+         group="", place="all", softcap=(4.0, 25.0), bias="gate.bias", fused_names=("experts.w13_weight", "experts.w2_weight"),
+         interleave=True, layouts=("fused",)),
+    dict(mt="inkling2", wrap="inkling2_text", root="model.llm.layers.", block="ds3", ekey="n_routed_experts", norm=(None, True),
+         scale=("route_scale", 8.0), shared=None, group="", place="all", softcap=(4.0, 25.0), bias="gate.bias",
+         fused_names=("experts.w13_weight", "experts.w2_weight"), interleave=True, layouts=("fused",)),
     # Mistral-Large-4: Mistral-4's block, always renormalized, in Mistral's own names (layers.L.gate.weight,
     # layers.L.experts.N.w1/w3/w2, layers.L.shared_experts.w1/w3/w2: as its files and transformers' save_pretrained write them)
     dict(mt="mistral_large4_text", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("routed_scaling_factor", 1.0),
@@ -1064,6 +1098,19 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         limit = row["limit"][1]
         if not absent:
             limit = cfg[row["limit"][0]] = 0.05  # small enough to clamp many of the test's pre-activations
+    oss = row.get("oss")
+    if oss and not absent:
+        oss = (1.5, 0.05)  # a limit small enough to clamp many of the test's pre-activations
+        cfg["swiglu_alpha"], cfg["swiglu_limit"] = oss
+    softcap = row.get("softcap")
+    if softcap and not absent:
+        softcap = (1.5, 2.0)  # small enough to bind on the test's pre-activations
+        cfg["mlp_gate_softcap"], cfg["mlp_up_softcap"] = softcap
+    post = {}  # Step's per-layer limits (routed, shared) by layer
+    if row.get("post") and not absent:
+        cfg["swiglu_limits"] = [0.0, 0.05, None]  # layer 1 clamped, layer 2 not (null), as the class reads them
+        cfg["swiglu_limits_shared"] = [None, 0.03, 0.04]
+        post = {1: (0.05, 0.03), 2: (None, 0.04)}
     n_group = row.get("groups_default", (1, 1))
     if blk == "ds3" and row.get("group", "n_group"):
         if absent:
@@ -1096,12 +1143,20 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         ex = make_experts(rng, E, D, F)
         if layout == "per":
             experts = per_expert(t, p, ex, names, "BF16")
+        elif layout == "stacked":  # one 3-D tensor per projection (Step-3.7's files)
+            for i, nm in enumerate(names):
+                t[p + nm + ".weight"] = ("BF16", np.stack([e[i] for e in ex]).astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex]
         else:
             gu = np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex])
+            if row.get("interleave") and layout == "fused":  # row 2f gate f, 2f + 1 up f
+                gu = np.stack([np.stack([g, u], axis=1).reshape(2 * F, D) for g, u, _ in ex])
             dn = np.stack([w for _, _, w in ex])
             if layout == "fused_xw":  # Qwen3-VL-MoE's released files: x . W
                 gu, dn = gu.transpose(0, 2, 1), dn.transpose(0, 2, 1)
             fgu, fdn = row.get("fused_names", ("experts.gate_up_proj", "experts.down_proj"))
+            if layout == "fused_halves":  # transformers' own names: gate_up_proj in halves
+                fgu, fdn = "experts.gate_up_proj", "experts.down_proj"
             t[p + fgu] = ("BF16", gu.astype(np.float32))
             t[p + fdn] = ("BF16", dn.astype(np.float32))
             experts = [tuple(store(w, "BF16") for w in e) for e in ex]
@@ -1109,13 +1164,20 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         if Fs:
             sw = make_experts(rng, 1, D, Fs)[0]
             sp = p + row.get("shared_name", "shared_expert." if blk == "qwen2" else "shared_experts.")
+            if row.get("shared_layer"):  # per projection, in the decoder layer
+                sp = "%s%d.%s" % (root, l, row["shared_layer"])
             shared = []
+            if row.get("shared_fused"):  # one fused pair in the block (gate rows, then up)
+                t[sp + "gate_up_proj.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
+                t[sp + "down_proj.weight"] = ("BF16", sw[2].astype(np.float32))
+                shared = [store(w, "BF16") for w in sw]
             if row.get("shared_beside"):  # one fused pair beside the block, in the decoder layer
                 sb = "%s%d.%s" % (root, l, row["shared_beside"])
                 t[sb + "input_linear.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
                 t[sb + "output_linear.weight"] = ("BF16", sw[2].astype(np.float32))
                 shared = [store(w, "BF16") for w in sw]
-            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")), sw if not row.get("shared_beside") else ()):
+            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")),
+                             sw if not (row.get("shared_beside") or row.get("shared_fused")) else ()):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
             if blk == "qwen2" and not row.get("ungated"):
@@ -1147,8 +1209,22 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             ob = rnd(rng, D, scale=0.5)
             t[p + row["out_bias"]] = ("BF16", ob.astype(np.float32))
             ob = store(ob, "BF16")
-        refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit,
-                              out_bias=ob)
+        if row.get("oss"):
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, oss=oss)
+            if not absent and rel(R.moe_block(x, routing, experts, shared, sgate, oss=(oss[0], 1e9)), refs[l]) < 1e-2:
+                FAILS.append("%s: swiglu_limit does not clamp the test's values" % row["mt"])
+        elif row.get("softcap"):
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, softcap=softcap)
+            if not absent and rel(R.moe_block(x, routing, experts, shared, sgate), refs[l]) < 1e-2:
+                FAILS.append("%s: the softcaps do not bind on the test's values" % row["mt"])
+        elif row.get("post"):
+            lim, slim = post.get(l, (None, None))
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=lim, shared_limit=slim, post=True)
+            if post and rel(R.moe_block(x, routing, experts, shared, sgate), refs[l]) < 1e-2:
+                FAILS.append("%s: swiglu_limits do not clamp the test's values at layer %d" % (row["mt"], l))
+        else:
+            refs[l] = R.moe_block(x, routing, experts, shared, sgate, limit=limit, shared_limit=None if row.get("shared_plain") else limit,
+                                  out_bias=ob)
         if limit is not None and not absent:  # the clamp must be doing something in this case
             plain = R.moe_block(x, routing, experts, shared, sgate)
             if rel(plain, refs[l]) < 1e-2:

@@ -54,6 +54,15 @@ int cmd_info(int argc, char **argv) {
     printf("experts: limited SwiGLU, down(silu(min(gate(x), %g)) * clamp(up(x), -%g, %g))%s\n", (double)c->layer.act_limit,
            (double)c->layer.act_limit, (double)c->layer.act_limit,
            c->layer.shared_ffn > 0 ? (c->layer.shared_plain_act ? "; the shared expert unclamped" : "; the shared expert too") : "");
+  else if (c->layer.act == MOE8_ACT_SWIGLU_POST) {
+    int64_t nl = 0;
+    for (int64_t l = 0; c->per_layer_limits && l < c->num_layers && l < MOE8_MAX_MLP_ONLY; l++)
+      nl += c->act_limits[l] > 0 || c->shared_act_limits[l] > 0;
+    printf("experts: SwiGLU clamped after the activation, down(min(silu(gate(x)), L) * clamp(up(x), -L, L)), L per layer "
+           "(swiglu_limits, swiglu_limits_shared): %lld layer(s) clamped\n", (long long)nl);
+  } else if (c->layer.act == MOE8_ACT_SWIGLU_SOFTCAP)
+    printf("experts: softcapped SwiGLU, down(%g tanh(gate(x) / %g) * sigmoid(gate(x)) * %g tanh(up(x) / %g))\n", (double)c->layer.act_alpha,
+           (double)c->layer.act_alpha, (double)c->layer.act_limit, (double)c->layer.act_limit);
   else
     printf("experts: SwiGLU, down(silu(gate(x)) * up(x))\n");
   if (c->layer.shared_ffn > 0)

@@ -36,6 +36,28 @@ void moe8__ref_swiglu_limit(float *h, const float *g, const float *u, size_t n, 
   }
 }
 
+/* Step-3.5/3.7's: the clamps after the activation (transformers:
+** silu(gate).clamp(max=L) * up.clamp(-L, L)); limit +inf: none, the plain
+** SwiGLU's bytes.  A NaN passes through, as torch.clamp keeps it. */
+void moe8__ref_swiglu_post(float *h, const float *g, const float *u, size_t n, float limit) {
+  for (size_t i = 0; i < n; i++) {
+    const float s = silu(g[i]);
+    const float sc = s > limit ? limit : s;
+    const float uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+    h[i] = sc * uc;
+  }
+}
+
+/* Inkling-2's (transformers' Inkling2SoftcappedSwiGLU, in f32):
+** (cg · tanh(g / cg)) · sigmoid(g) · (cu · tanh(u / cu)), in that order. */
+void moe8__ref_swiglu_softcap(float *h, const float *g, const float *u, size_t n, float cg, float cu) {
+  for (size_t i = 0; i < n; i++) {
+    const float tg = moe8__tanhf(g[i] / cg) * cg, tu = moe8__tanhf(u[i] / cu) * cu;
+    const float sg = 1.0f / (1.0f + moe8__expf(-g[i]));
+    h[i] = tg * sg * tu;
+  }
+}
+
 void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
   for (int64_t t = 0; t < T; t++) {
     float *l = logits + t * E;

@@ -30,11 +30,13 @@ static inline __m512 expf16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-static inline __m512 swiglu16(__m512 g, __m512 u) {
+static inline __m512 silu16(__m512 g) {
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 neg = _mm512_xor_ps(g, _mm512_set1_ps(-0.0f));
-  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, expf16(neg))), u);
+  return _mm512_div_ps(g, _mm512_add_ps(one, expf16(neg)));
 }
+
+static inline __m512 swiglu16(__m512 g, __m512 u) { return _mm512_mul_ps(silu16(g), u); }
 
 static void swiglu(float *h, const float *g, const float *u, size_t n) {
   size_t i = 0;
@@ -77,6 +79,60 @@ static void swiglu_limit(float *h, const float *g, const float *u, size_t n, flo
   if (i < n) {
     const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(h + i, m, swiglu_limit16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), l));
+  }
+}
+
+/* silu first, then the same clamps on silu(g) and u: the reference's swiglu_post. */
+static inline __m512 swiglu_post16(__m512 g, __m512 u, __m512 limit) {
+  __m512 s = silu16(g);
+  clamp_gu(&s, &u, limit);
+  return _mm512_mul_ps(s, u);
+}
+
+static void swiglu_post(float *h, const float *g, const float *u, size_t n, float limit) {
+  const __m512 l = _mm512_set1_ps(limit);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, swiglu_post16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i), l));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, swiglu_post16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), l));
+  }
+}
+
+/* moe8__tanhf, 16 lanes: both sides computed, blended where |y| < 0.5
+** (ordered: a NaN takes the exp side, as the scalar select does). */
+static inline __m512 tanh16(__m512 y) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512 a = _mm512_andnot_ps(sign, y), s = _mm512_mul_ps(a, a);
+  __m512 p = _mm512_set1_ps(5.90027440e-4f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(-1.45583438e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(3.59212803e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(-8.86323552e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(2.18694885e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(-5.39682540e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(1.33333333e-1f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(-3.33333333e-1f));
+  const __m512 small = _mm512_add_ps(a, _mm512_mul_ps(a, _mm512_mul_ps(s, p)));
+  const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+  const __m512 big = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(expf16(_mm512_mul_ps(two, a)), one)));
+  const __m512 t = _mm512_mask_mov_ps(big, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.5f), _CMP_LT_OQ), small);
+  return _mm512_or_ps(_mm512_andnot_ps(sign, t), _mm512_and_ps(sign, y));
+}
+
+static inline __m512 swiglu_softcap16(__m512 g, __m512 u, __m512 cg, __m512 cu) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 tg = _mm512_mul_ps(tanh16(_mm512_div_ps(g, cg)), cg), tu = _mm512_mul_ps(tanh16(_mm512_div_ps(u, cu)), cu);
+  const __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, expf16(_mm512_xor_ps(g, _mm512_set1_ps(-0.0f)))));
+  return _mm512_mul_ps(_mm512_mul_ps(tg, sg), tu);
+}
+
+static void swiglu_softcap(float *h, const float *g, const float *u, size_t n, float cg, float cu) {
+  const __m512 a = _mm512_set1_ps(cg), b = _mm512_set1_ps(cu);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, swiglu_softcap16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i), a, b));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, swiglu_softcap16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), a, b));
   }
 }
 
@@ -341,5 +397,7 @@ void moe8__act_init_avx512(moe8__ktable *k) {
   k->swiglu        = swiglu;
   k->swiglu_clamp  = swiglu_clamp;
   k->swiglu_limit  = swiglu_limit;
+  k->swiglu_post   = swiglu_post;
+  k->swiglu_softcap = swiglu_softcap;
   k->router_logits = router_logits;
 }
