@@ -350,7 +350,10 @@ MOE8_API moe8_status moe8_order_set(moe8_order order);
 
 typedef enum moe8_score_func {
   MOE8_SCORE_SOFTMAX = 0,  /* softmax over all E (default) */
-  MOE8_SCORE_SIGMOID
+  MOE8_SCORE_SIGMOID,
+  /* DeepSeek-V4: sqrt(softplus(l)), softplus(l) = log1p(exp(l)) for
+  ** l <= 20 and l above (torch's threshold) */
+  MOE8_SCORE_SQRTSOFTPLUS
 } moe8_score_func;
 
 /* How group-limited routing scores a group of experts. */
@@ -385,6 +388,16 @@ typedef struct moe8_router_config {
   ** 0 or 1: by their sum (norm_min and norm_eps then apply); another p
   ** must be positive and finite, with norm_min and norm_eps 0. */
   float            norm_p;
+  /* Hash routing (DeepSeek-V4's hash layers): with hash_table non-NULL,
+  ** token t's experts are hash_table[token_ids[t] · top_k + j] (an int
+  ** table [hash_vocab, top_k], every id in [0, E); repeats allowed), in
+  ** that order, weighted by their scores (no selection: the bias, groups
+  ** and select_logits are refused with it), then renormalized and scaled
+  ** as above.  A token id outside [0, hash_vocab) is an error naming the
+  ** token. */
+  const int32_t   *hash_table;
+  int64_t          hash_vocab;
+  const int32_t   *token_ids;   /* [T] */
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -392,7 +405,7 @@ typedef struct moe8_router_config {
 MOE8_API moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64_t D, int64_t E,
                                float *logits);
 
-/* From logits[T, E]: scores (softmax or sigmoid, written to scores[T, E]
+/* From logits[T, E]: scores (softmax, sigmoid or sqrt-softplus, written to scores[T, E]
 ** when not NULL), top-k of score + bias with ties to the lower expert
 ** index, expert_ids[T, top_k] in decreasing order of selection value, and
 ** weights[T, top_k] = selected scores, renormalized when asked, times the
@@ -595,6 +608,16 @@ typedef struct moe8_layer_config {
   ** swiglu_limits_shared; 0: its SwiGLU unclamped), act_limit being the
   ** routed experts'; ignored with the other activations. */
   float           shared_act_limit;
+  /* DeepSeek-V4's hash layers: the experts of a token are a table's row
+  ** for its token id (moe8_layer_set_hash_table), weighted by their
+  ** scores, renormalized and scaled (moe8_router_config.hash_table); the
+  ** forwards then need the token ids (moe8_layer_forward_tokens and the
+  ** others below: a forward without them is refused by name).  Backward
+  ** and training work as for any layer (the ids are the forward's); both
+  ** expert-parallel modes take each rank's token ids
+  ** (moe8_ep_forward_tokens).  No selection bias, groups or
+  ** select_logits with it. */
+  bool            hash_routing;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -727,6 +750,22 @@ MOE8_API moe8_status moe8_layer_prepare(moe8_layer *layer);
 MOE8_API moe8_status moe8_layer_forward_fused(moe8_layer *layer, const float *x, int64_t T, float *out, void *ws,
                                      size_t ws_size);
 
+/* Hash routing (moe8_layer_config.hash_routing).  The table: tid2eid
+** [vocab, top_k] int32, every entry an expert id in [0, E) (else
+** MOE8_ERR_INVALID_ARG naming the element), copied into the layer; set it
+** before the first forward (a hash layer without one is refused by name).
+** The forwards with the token ids of x's rows, token_ids [T] int32 in
+** [0, vocab) (an id outside is refused, naming the token): the same as
+** moe8_layer_forward / moe8_layer_forward_fused otherwise, and for a
+** layer without hash routing the ids are not read (they may be NULL). */
+MOE8_API moe8_status moe8_layer_set_hash_table(moe8_layer *layer, const int32_t *tid2eid, int64_t vocab);
+/* The layer's table and its rows (NULL, 0 when it has none). */
+MOE8_API const int32_t *moe8_layer_hash_table(const moe8_layer *layer, int64_t *vocab);
+MOE8_API moe8_status moe8_layer_forward_tokens(moe8_layer *layer, const float *x, int64_t T, const int32_t *token_ids, float *out,
+                                               float *aux_loss, void *ws, size_t ws_size);
+MOE8_API moe8_status moe8_layer_forward_fused_tokens(moe8_layer *layer, const float *x, int64_t T, const int32_t *token_ids, float *out,
+                                                     void *ws, size_t ws_size);
+
 /* The prepared expert weights as the kernels consume them: gate|up fused
 ** [E, D, 2F] and down [E, F, D], with dtype and scale (NULL when not
 ** quantized; scale shape [E, nb, 1, N]).  Valid until the next prepare. */
@@ -767,6 +806,10 @@ MOE8_API void        moe8_trainer_destroy(moe8_trainer *tr);
 MOE8_API moe8_status moe8_trainer_set_lr(moe8_trainer *tr, float lr);
 MOE8_API moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *target, int64_t T, float *loss,
                               void *ws, size_t ws_size);
+/* The same with the token ids of x's rows (a hash-routed layer's step;
+** moe8_trainer_step refuses such a layer by name). */
+MOE8_API moe8_status moe8_trainer_step_tokens(moe8_trainer *tr, const float *x, const int32_t *token_ids, const float *target, int64_t T,
+                                              float *loss, void *ws, size_t ws_size);
 
 /* ------------------------------------------------------------------------
 ** 9. Files (docs/files.md)
@@ -814,7 +857,7 @@ MOE8_API const char *moe8_st_path(const moe8_st_file *f);
 MOE8_API moe8_status moe8_st_write(const char *path, const moe8_tensor_view *tensors, size_t count);
 
 /* Reads a whole .npy (v1/v2, C order, little-endian <f4, <f2, <u2 read as
-** bf16, |i1, |u1).  *data is malloc'ed (free it). */
+** bf16, |i1, |u1, <i4, <i8).  *data is malloc'ed (free it). */
 MOE8_API moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int *ndim, int64_t shape[MOE8_MAX_DIMS],
                           void **data);
 MOE8_API moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_file_dtype *dtype, int *ndim,
@@ -904,6 +947,14 @@ typedef struct moe8_hf_config {
   ** alternately (Inkling-2's w13_weight: row 2f gate f, 2f + 1 up f);
   ** transformers' gate_up_proj, when the file has it instead, is halves. */
   bool              fused_interleaved;
+  /* DeepSeek-V4: the files may hold the layers at the top ("layers.L.",
+  ** no "model." root: its released checkpoints); and the layers whose
+  ** mlp_layer_types entry is "hash_moe" route by token id (their
+  ** ffn.gate.tid2eid [vocab_size, top_k]; moe8_layer_config.hash_routing
+  ** set at load); vocab_size the config's. */
+  bool              top_layers;
+  bool              hash_moe[MOE8_MAX_MLP_ONLY];
+  int64_t           vocab_size;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",
@@ -1119,6 +1170,11 @@ MOE8_API void        moe8_ep_destroy(moe8_ep *ep);
 /* out_local[T_local, D] for this rank's tokens; *aux_loss (may be NULL) is
 ** the aux loss over all tokens. */
 MOE8_API moe8_status moe8_ep_forward(moe8_ep *ep, const float *x_local, int64_t T_local, float *out_local, float *aux_loss);
+/* The same with this rank's tokens' ids (token_ids_local [T_local]), for a
+** hash-routed layer (moe8_layer_config.hash_routing; moe8_ep_forward
+** refuses one by name); the backward is moe8_ep_backward's. */
+MOE8_API moe8_status moe8_ep_forward_tokens(moe8_ep *ep, const float *x_local, int64_t T_local, const int32_t *token_ids_local,
+                                            float *out_local, float *aux_loss);
 
 /* Gradients at the last forward: dx [T_local, D] for this rank's tokens;
 ** dwr [D, E] on every rank; dwg, dwu, dwd full-size with this rank's

@@ -15,6 +15,7 @@
 
 #include "moe8.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -247,6 +248,17 @@ static inline float moe8__tanhf(float y) {
   const float big = 1.0f - 2.0f / (moe8__expf(2.0f * a) + 1.0f);
   const float t = a < 0.5f ? small : big;
   return moe8__bits_f32((moe8__f32_bits(t) & 0x7FFFFFFFu) | (moe8__f32_bits(y) & 0x80000000u));
+}
+
+/* DeepSeek-V4's router score sqrt(softplus(l)), softplus as torch
+** computes it (threshold 20: l itself above), and its derivative from the
+** score alone: d/dl = sigmoid(l) / (2 s) with sigmoid(l) = 1 - exp(-s²)
+** (softplus(l) = s²); 0 where s is 0 (the score underflowed). */
+static inline float moe8__sqrt_softplus(float l) {
+  return sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+}
+static inline float moe8__sqrt_softplus_grad(float s) {
+  return s > 0.0f ? -expm1f(-s * s) / (2.0f * s) : 0.0f;
 }
 
 /* Opens an input file without blocking on FIFOs or devices and checks it

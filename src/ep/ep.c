@@ -25,7 +25,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 30
+#define NFP 31
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -36,7 +36,7 @@ static const char *const k_fp_names[NFP] = {
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
   "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases, input scaling)",
   "activation alpha and limit", "expert-parallel mode",
-  "output form (out_bias, shared_scale, norm_p)", "summation order", "weights (checksum)"};
+  "output form (out_bias, shared_scale, norm_p)", "hash routing (and its table's checksum)", "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
@@ -69,7 +69,12 @@ static fingerprint make_fp(const moe8_ep *ep) {
                         ((int64_t)moe8__f32_bits(c->norm_min) << 8) + ((int64_t)moe8__f32_bits(c->norm_eps) << 40),
                     (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit) ^ ((uint64_t)moe8__f32_bits(c->shared_act_limit) << 17)), ep->mode,
                     (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32)),
-                    order_code(L), 0}};
+                    0, order_code(L), 0}};
+  if (c->hash_routing) { /* the flag, the table's rows and entries */
+    uint64_t th = 0xCBF29CE484222325ULL ^ (uint64_t)L->hash_vocab;
+    for (int64_t i = 0; L->tid2eid && i < L->hash_vocab * c->top_k; i++) th = (th ^ (uint32_t)L->tid2eid[i]) * 0x100000001B3ULL;
+    f.v[NFP - 3] = (int64_t)((th >> 2) | 1);
+  }
   uint64_t h = 0xCBF29CE484222325ULL;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) h = checksum(L->w[i], L->n[i], h);
@@ -147,9 +152,13 @@ moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_
 }
 
 /* ---- the modes ------------------------------------------------------------------ */
-moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
+moe8_status moe8_ep_forward_tokens(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, float *out, float *aux) {
   if (!ep) return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: NULL");
-  return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_forward(ep, x, Tl, out, aux) : moe8__ring_forward(ep, x, Tl, out, aux);
+  return ep->mode == MOE8_EP_ALLTOALL ? moe8__a2a_forward(ep, x, Tl, tok, out, aux) : moe8__ring_forward(ep, x, Tl, tok, out, aux);
+}
+
+moe8_status moe8_ep_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
+  return moe8_ep_forward_tokens(ep, x, Tl, NULL, out, aux);
 }
 
 moe8_status moe8_ep_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {

@@ -142,12 +142,12 @@ static moe8_status aux_loss(moe8_ep *ep, a2a_state *s, bool want_aux, float *aux
   return st;
 }
 
-moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
+moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, float *out, float *aux) {
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
   const int P = ep->P;
   /* 1. the input checked on every rank, the token counts */
-  moe8_status st = moe8__ep_begin_forward(ep, x, Tl, out);
+  moe8_status st = moe8__ep_begin_forward(ep, x, Tl, tok, out);
   if (st != MOE8_OK) return st;
   moe8__a2a_free(ep);
   a2a_state *s = ep->a2a = calloc(1, sizeof *s);
@@ -162,7 +162,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *ou
   ALLOC(logits, Tl * E); ALLOC(s->ids, Tl * K); ALLOC(s->w, Tl * K); ALLOC(s->scores, Tl * E);
   ALLOC(s->scnt, P); ALLOC(s->rcnt, P); ALLOC(s->bcnt, P); ALLOC(s->brcnt, P); ALLOC(s->recvrow, Tl * K);
   if (!ok) { free(logits); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
-  const moe8_router_config rc = moe8__router_config(L);
+  const moe8_router_config rc = moe8__router_config(L, tok);
   st = moe8__router_logits(L, x, Tl, logits);
   if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, s->scores, s->ids, s->w);
   free(logits);

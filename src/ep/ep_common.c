@@ -83,7 +83,7 @@ moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *o
 /* ---- what both modes' forwards share --------------------------------------------------- */
 static moe8_status token_counts(moe8_ep *ep, int64_t Tl);
 
-moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const float *out) {
+moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, const float *out) {
   moe8_layer *L = ep->L;
   const int64_t D = L->cfg.hidden;
   ep->have_forward = false; /* a new forward replaces the last one, also when it fails */
@@ -95,6 +95,7 @@ moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, cons
     for (int64_t i = 0; i < Tl * D; i++) bad += !isfinite(x[i]);
     if (bad) st = moe8__fail(MOE8_ERR_NONFINITE, "ep forward: input x [%lld, %lld] has %zu non-finite value(s)", (long long)Tl, (long long)D, bad);
   }
+  if (st == MOE8_OK) st = moe8__check_tokens(L, tok, Tl, "ep forward");
   if (st == MOE8_OK) st = moe8__layer_quantize_weights(L);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   memset(&ep->st, 0, sizeof ep->st);

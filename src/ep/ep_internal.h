@@ -47,7 +47,7 @@ moe8_status moe8__ep_shared_run(moe8_ep *ep, const float *x, int64_t T, float *o
 ** has the layer's weights quantized) and agrees; the stats cleared; the
 ** token counts all-gathered into Toff (global token order is rank order),
 ** T and Tl.  The last forward is gone from here on, even on failure. */
-moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const float *out);
+moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, const float *out);
 /* Backward pieces both modes run, in this order: check the input, agree
 ** and zero the grads; after
 ** the router backward (dl [Tl, E]), the dWr relay in rank order and the
@@ -59,11 +59,11 @@ moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const 
 moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
                                      const moe8_layer_grads *gr);
 /* The ring of experts (ep_ring.c). */
-moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux);
+moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, float *out, float *aux);
 moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
 void        moe8__ring_free(moe8_ep *ep);
 /* The all-to-all mode (ep_a2a.c). */
-moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux);
+moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, float *out, float *aux);
 moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
 void        moe8__a2a_free(moe8_ep *ep);
 

@@ -97,12 +97,12 @@ static moe8_status shared_local(moe8_ep *ep, const float *x, int64_t Tl, float *
 
 
 /* ---- forward -------------------------------------------------------------------- */
-moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *out, float *aux) {
+moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *token_ids, float *out, float *aux) {
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
   const int P = ep->P;
   /* 1, 2. the input checked on every rank, the token counts */
-  moe8_status st = moe8__ep_begin_forward(ep, x, Tl, out);
+  moe8_status st = moe8__ep_begin_forward(ep, x, Tl, token_ids, out);
   if (st != MOE8_OK) return st;
   moe8__ring_free(ep);
   ring_state *s = ep->ring = calloc(1, sizeof *s);
@@ -124,7 +124,7 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, float *o
   if (before) ALLOC(xq_l, Tl * (int64_t)qrow);
   if (!ok) { free(logits); free(route_l); free(route_g); free(xg); free(xq_l); return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"); }
   /* 3. local routing, packed per token as ids[K] | weights[K] | scores[E] */
-  const moe8_router_config rc = moe8__router_config(L);
+  const moe8_router_config rc = moe8__router_config(L, token_ids);
   float *sc_l = malloc(sizeof(float) * (size_t)(Tl * E + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
   int32_t *id_l = malloc(sizeof(int32_t) * (size_t)(Tl * K + 1));
   if (!sc_l || !w_l || !id_l) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");

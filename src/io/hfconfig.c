@@ -117,6 +117,13 @@ typedef struct family {
   ** list (1: sparse), else all; hidden_act not read (the class computes the
   ** clamped form whatever it says: the released files write swigluoai) */
   bool        m3;
+  /* DeepSeek-V4 (DeepseekV4Config): sqrt-softplus scores (scoring_func
+  ** sqrtsoftplus, or sigmoid), weights / (Σ + 1e-20) times
+  ** routed_scaling_factor, no groups; the limited SwiGLU in the routed and
+  ** the shared expert (one, of the experts' width); every layer MoE, the
+  ** "hash_moe" ones of mlp_layer_types (default: the first
+  ** num_hash_layers, 3) routed by token id (parse_dsv4) */
+  bool        dsv4;
 } family;
 
 /* Placement of the MoE layers. */
@@ -431,6 +438,12 @@ static const family k_families[] = {
    .scaling = 8.0, .n_group = 1, .topk_group = 1, .norm_key = "", .scale_key = "route_scale|routed_scaling_factor", .group_key = "",
    .shared_key = "", .place = PLACE_ALL, .fused_gu = "experts.w13_weight", .fused_dn = "experts.w2_weight", .norm_eps = 1e-20,
    .softcap = true},
+  /* DeepseekV4Config: the block under ffn. in its files (experts w1/w3/w2, router gate.weight, bias gate.bias,
+  ** the hash layers' gate.tid2eid, shared_experts.w1/w3/w2); n_shared_experts and norm_topk_prob are not read */
+  {.name = "deepseek_v4", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 43, .experts = 256, .top_k = 6, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 1.5, .n_group = 1, .topk_group = 1, .norm_key = "", .group_key = "", .shared_key = "", .place = PLACE_ALL,
+   .block_prefix = "ffn.", .limited = true, .limit = 10.0, .norm_eps = 1e-20, .dsv4 = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -781,6 +794,59 @@ static moe8_status parse_m3(const cJSON *root, const char *file, moe8_hf_config 
   return MOE8_OK;
 }
 
+/* DeepSeek-V4 (DeepseekV4Config): every layer MoE, those whose
+** mlp_layer_types entry is "hash_moe" (the others "moe") routed by token
+** id; the list trimmed to num_hidden_layers as the class does (shorter:
+** refused); without it the first num_hash_layers (3) layers hash.  The
+** experts' width under moe_intermediate_size or its alias
+** intermediate_size; vocab_size (129280) the rows of the hash tables;
+** mlp_bias true and a quantization_config expert_dtype other than fp8 (FP4
+** experts) refused by name. */
+static moe8_status parse_dsv4(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  const int64_t n = c->num_layers;
+  moe8_status st;
+  int64_t f2 = L->ffn;
+  if ((st = get_int(root, file, "intermediate_size", L->ffn, 1, (int64_t)1 << 30, &f2)) != MOE8_OK) return st;
+  if (item(root, "intermediate_size") && item(root, "moe_intermediate_size") && f2 != L->ffn)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"intermediate_size\" = %lld and its alias \"moe_intermediate_size\" = %lld disagree", file,
+                      (long long)f2, (long long)L->ffn);
+  L->ffn = L->shared_ffn = f2; /* the shared expert (DeepseekV4MLP) is intermediate_size wide: one, whatever n_shared_experts says */
+  if ((st = get_int(root, file, "vocab_size", 129280, 1, (int64_t)1 << 31, &c->vocab_size)) != MOE8_OK) return st;
+  bool mb = false;
+  if ((st = get_bool(root, file, "mlp_bias", false, &mb)) != MOE8_OK) return st;
+  if (mb) return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_bias\" is true: the shared expert's linear layers then have biases, which "
+                            "moe8 does not hold", file);
+  if ((st = want_str(root, file, "expert_dtype", "fp8", "FP4-packed experts are not a format moe8 reads")) != MOE8_OK) return st;
+  const cJSON *q = item(root, "quantization_config");
+  if (q && cJSON_IsObject(q) && (st = want_str(q, file, "expert_dtype", "fp8", "quantization_config.expert_dtype: FP4-packed experts are "
+                                               "not a format moe8 reads")) != MOE8_OK)
+    return st;
+  if (n > MOE8_MAX_MLP_ONLY)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_hidden_layers\" = %lld: moe8 reads DeepSeek-V4's per-layer keys for at most %d layers", file,
+                      (long long)n, MOE8_MAX_MLP_ONLY);
+  c->top_layers = true;
+  const cJSON *types = item(root, "mlp_layer_types");
+  if (types) {
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) < n)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_layer_types\" must be a list of num_hidden_layers = %lld entries \"hash_moe\" or \"moe\"",
+                        file, (long long)n);
+    int64_t l = 0;
+    for (const cJSON *e = types->child; e && l < n; e = e->next, l++) {
+      const bool hash = cJSON_IsString(e) && !strcmp(e->valuestring, "hash_moe");
+      if (!hash && !(cJSON_IsString(e) && !strcmp(e->valuestring, "moe")))
+        return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_layer_types\"[%lld] is not \"hash_moe\" or \"moe\" (DeepSeek-V4's layers are all MoE)",
+                          file, (long long)l);
+      c->hash_moe[l] = hash;
+    }
+    return MOE8_OK;
+  }
+  int64_t nh = 3;
+  if ((st = get_int(root, file, "num_hash_layers", 3, 0, 1 << 20, &nh)) != MOE8_OK) return st;
+  for (int64_t l = 0; l < n && l < nh; l++) c->hash_moe[l] = true;
+  return MOE8_OK;
+}
+
 /* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
 static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, moe8_hf_config *c) {
   const cJSON *mq = item(root, "moe8_quantization");
@@ -866,7 +932,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
     {"axk2", "its dropped expert groups are masked with 0.0, not -inf, which selects differently once selection values are negative"},
-    {"deepseek_v4", "its scores are sqrt(softplus(logits)), its hash layers route by token id (tid2eid) and its SwiGLU is clamped"},
     {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
     {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
@@ -998,7 +1063,12 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     ** block, DeepSeek-V3's, is sigmoid scores with noaux_tc selection) */
     if (fam->softmax_scores)
       TRY(want_str(root, file, "scoring_func", "softmax", "this family routes by softmax scores"));
-    else
+    else if (fam->dsv4) {
+      /* DeepseekV4TopKRouter's score_fn is ACT2FN[scoring_func]: sqrtsoftplus or sigmoid (ACT2FN has no softmax) */
+      TRY(want_str(root, file, "scoring_func", "sqrtsoftplus|sigmoid", "DeepSeek-V4's router scores by sqrtsoftplus or sigmoid"));
+      const cJSON *sf = item(root, "scoring_func");
+      L->score = sf && !strcmp(sf->valuestring, "sigmoid") ? MOE8_SCORE_SIGMOID : MOE8_SCORE_SQRTSOFTPLUS;
+    } else
       TRY(want_str(root, file, "scoring_func", strcmp(fam->name, "dots1") ? "sigmoid" : "sigmoid|noaux_tc",
                    "DeepSeek-V3's block routes by sigmoid scores"));
     TRY(want_str(root, file, "topk_method", "noaux_tc", "moe8 runs DeepSeek-V3's group-limited noaux_tc routing"));
@@ -1037,7 +1107,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
     }
     L->shared_ffn = nsh * sw;
-    if (!fam->step && !fam->m3) TRY(get_dense_layers(root, file, fam->first_dense, c)); /* Step's and MiniMax-M3's classes ignore these */
+    if (!fam->step && !fam->m3 && !fam->dsv4) /* Step's, MiniMax-M3's and DeepSeek-V4's classes ignore these */
+      TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
     ** (a group's score is its best expert's, the topk_group best groups
@@ -1186,6 +1257,7 @@ tail:
   if (fam->place != PLACE_BLOCK) TRY(get_placement(root, file, fam, c));
   if (fam->step) TRY(parse_step(root, file, c));
   if (fam->m3) TRY(parse_m3(root, file, c));
+  if (fam->dsv4) TRY(parse_dsv4(root, file, c));
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));

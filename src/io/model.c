@@ -171,10 +171,11 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
     for (int r = 0; r < 3; r++)
       if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
   /* Mistral's own files (Mistral-Large-4 as released and as transformers
-  ** saves it): the layers at the top, "layers.L.", when no other root is there */
+  ** saves it) and DeepSeek-V4's released ones: the layers at the top,
+  ** "layers.L.", when no other root is there */
   bool other = false;
   for (size_t i = 0; i < m->count && ri == 3 && !other; i++) other = !strncmp(m->all[i]->name, roots[3], strlen(roots[3]));
-  for (size_t i = 0; i < m->count && ri == 3 && !other && m->cfg.mistral_names; i++)
+  for (size_t i = 0; i < m->count && ri == 3 && !other && (m->cfg.mistral_names || m->cfg.top_layers); i++)
     if (!strncmp(m->all[i]->name, roots[4], strlen(roots[4]))) ri = 4;
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   /* a family's own root (DBRX's transformer.blocks.), when the file has no other */
@@ -933,6 +934,32 @@ static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_ru
   return MOE8_OK;
 }
 
+/* A hash table [vocab, top_k] of I64 or I32 expert ids (DeepSeek-V4's
+** gate.tid2eid) into the layer; an id outside [0, E) refused, naming the
+** tensor, the element and its byte offset in the file. */
+static moe8_status put_hash_table(moe8_layer *L, const moe8_tensor_view *t) {
+  const int64_t E = L->cfg.num_experts, n = t->shape[0] * t->shape[1];
+  const bool i64 = t->dtype == MOE8_FDT_I64;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)n + 4);
+  if (!ids) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory for '%s'", t->name);
+  const unsigned char *b = t->data;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t v;
+    if (i64) { int64_t w; memcpy(&w, b + 8 * i, 8); v = w; }
+    else { int32_t w; memcpy(&w, b + 4 * i, 4); v = w; }
+    if (v < 0 || v >= E) {
+      free(ids);
+      return moe8__fail(MOE8_ERR_FORMAT, "model: '%s'[%lld, %lld] = %lld is not an expert id in [0, %lld) (element %lld, byte offset %zu "
+                        "in the file)", t->name, (long long)(i / t->shape[1]), (long long)(i % t->shape[1]), (long long)v, (long long)E,
+                        (long long)i, t->offset + (size_t)i * (i64 ? 8 : 4));
+    }
+    ids[i] = (int32_t)v;
+  }
+  const moe8_status st = moe8_layer_set_hash_table(L, ids, t->shape[0]);
+  free(ids);
+  return st;
+}
+
 static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                               moe8_layer **out) {
   *out = NULL;
@@ -965,8 +992,16 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const int64_t rshape[2] = {E, D};
   if ((st = need(m, n, 2, rshape, &t)) != MOE8_OK) return st;
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
-  const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL;
-  if (c->has_bias) {
+  const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL, *hasht = NULL;
+  const bool hash = c->top_layers && layer < MOE8_MAX_MLP_ONLY && c->hash_moe[layer];
+  if (hash) { /* DeepSeek-V4's hash layer: its table gate.tid2eid [vocab_size, top_k], no bias */
+    snprintf(n, sizeof n, "%sgate.tid2eid", p);
+    const int64_t hs[2] = {c->vocab_size, c->layer.top_k};
+    if ((st = need(m, n, 2, hs, &hasht)) != MOE8_OK) return st;
+    if (hasht->dtype != MOE8_FDT_I64 && hasht->dtype != MOE8_FDT_I32)
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want I64 or I32 (expert ids)", n, moe8_file_dtype_name(hasht->dtype));
+  }
+  if (c->has_bias && !hash) {
     for (size_t i = 0; i < sizeof k_bias_names / sizeof k_bias_names[0] && !bias; i++) {
       snprintf(n, sizeof n, "%s%s", p, k_bias_names[i]);
       bias = moe8_model_find(m, n);
@@ -994,6 +1029,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
+  lc.hash_routing = hash;
   if (c->per_layer_limits && layer < MOE8_MAX_MLP_ONLY) { /* Step's limits, this layer's */
     lc.act_limit = c->act_limits[layer];
     lc.shared_act_limit = c->shared_act_limits[layer];
@@ -1013,6 +1049,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
   if (obias && (st = moe8_file_to_f32(L->w[MOE8_W_OUT_BIAS], obias->data, obias->dtype, (size_t)D)) != MOE8_OK) goto fail;
+  if (hasht && (st = put_hash_table(L, hasht)) != MOE8_OK) goto fail;
 
   /* The routed experts' format: one of them, never a guess between two. */
   double t0 = now_s(), last = t0;

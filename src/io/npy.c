@@ -5,7 +5,7 @@
 ** keys NumPy writes ('descr', 'fortran_order', 'shape') with a small
 ** recursive-descent reader, because no JSON library reads Python literals.
 ** Accepted: little-endian <f4, <f2, <u2 (bf16 stored as uint16, the usual
-** way to ship bf16 in .npy), |i1 and |u1, C order.  The data must be exactly
+** way to ship bf16 in .npy), |i1 and |u1, <i4 and <i8 (token ids), C order.  The data must be exactly
 ** numel · itemsize bytes.
 */
 #include "../core/internal.h"
@@ -85,12 +85,12 @@ moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_f
   if (fortran) return moe8__fail(MOE8_ERR_FORMAT, "%s: fortran_order arrays are not supported (save C order)", file);
   static const struct { const char *d; moe8_file_dtype t; } m[] = {
     {"<f4", MOE8_FDT_F32}, {"<f2", MOE8_FDT_F16}, {"<u2", MOE8_FDT_BF16}, {"|i1", MOE8_FDT_I8}, {"<i1", MOE8_FDT_I8},
-    {"i1", MOE8_FDT_I8}, {"|u1", MOE8_FDT_U8}, {"<u1", MOE8_FDT_U8}, {"u1", MOE8_FDT_U8},
+    {"i1", MOE8_FDT_I8}, {"|u1", MOE8_FDT_U8}, {"<u1", MOE8_FDT_U8}, {"u1", MOE8_FDT_U8}, {"<i4", MOE8_FDT_I32}, {"<i8", MOE8_FDT_I64},
   };
   int t = -1;
   for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
     if (!strcmp(descr, m[i].d)) t = (int)m[i].t;
-  if (t < 0) return moe8__fail(MOE8_ERR_FORMAT, "%s: unsupported dtype '%s' (want <f4, <f2, <u2 as bf16, |i1 or |u1)", file, descr);
+  if (t < 0) return moe8__fail(MOE8_ERR_FORMAT, "%s: unsupported dtype '%s' (want <f4, <f2, <u2 as bf16, |i1, |u1, <i4 or <i8)", file, descr);
   uint64_t numel = 1;
   for (int i = 0; i < nd; i++) {
     if (shape[i] && numel > (UINT64_MAX >> 4) / (uint64_t)shape[i]) return moe8__fail(MOE8_ERR_FORMAT, "%s: shape too large", file);

@@ -93,8 +93,11 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (mul4(E, D, 2 * F, 4) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: sizes E = %lld, hidden = %lld, ffn = %lld, shared_ffn = %lld overflow 64-bit byte counts",
                       (long long)E, (long long)D, (long long)F, (long long)Fs);
-  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d", (int)cfg->score);
+  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d (softmax 0, sigmoid 1, sqrtsoftplus 2)", (int)cfg->score);
+  if (cfg->hash_routing && (cfg->use_selection_bias || cfg->n_group > 1 || cfg->select_logits || cfg->weight_input))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: hash routing takes each token's experts from its table: no selection bias, groups, "
+                      "select_logits or weight_input with it");
   if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
                       (double)cfg->norm_eps);
@@ -226,6 +229,7 @@ void moe8_layer_destroy(moe8_layer *L) {
   for (int i = 0; i < MOE8_W_COUNT; i++) free(L->w[i]);
   if (L->release) L->release(L->keep);
   free(L->given);
+  free(L->tid2eid);
   pthread_rwlock_destroy(&L->lock);
   free(L);
 }
@@ -884,7 +888,7 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
 
 /* ---- forward ---------------------------------------------------------------------- */
 static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size,
-                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared) {
+                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared, const int32_t *tok) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
   if (T < 0 || T > max_tokens(L))
@@ -893,6 +897,10 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   if (aux) *aux = 0.0f;
   if (T == 0) return MOE8_OK;
   if (!x || !out || !ws) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL x, out or workspace");
+  if (!ids_in) {
+    const moe8_status tst = moe8__check_tokens(L, tok, T, "layer forward");
+    if (tst != MOE8_OK) return tst;
+  }
   ws_layout w;
   layout(L, T, ws, &w);
   if (ws_size < w.total)
@@ -929,7 +937,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     }
   } else {
     st = moe8__router_logits(L, x, T, w.logits);
-    const moe8_router_config rc = moe8__router_config(L);
+    const moe8_router_config rc = moe8__router_config(L, tok);
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
   }
   /* 2. dispatch */
@@ -975,24 +983,61 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
 
 moe8_status moe8__layer_quantize_weights(moe8_layer *L) { return ensure_quantized(L); }
 
-moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
-                               size_t ws_size) {
+moe8_status moe8_layer_forward_tokens(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, float *out, float *aux_loss,
+                                      void *ws, size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   moe8_status st = ensure_quantized(L); /* inference layers: fixed at load */
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
-  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true, tok);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
+}
+
+moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
+                               size_t ws_size) {
+  return moe8_layer_forward_tokens(L, x, T, NULL, out, aux_loss, ws, ws_size);
+}
+
+moe8_status moe8_layer_forward_fused_tokens(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, float *out, void *ws,
+                                            size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  pthread_rwlock_rdlock(&L->lock);
+  const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true, tok);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
 
 moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, float *out, void *ws, size_t ws_size) {
-  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
-  pthread_rwlock_rdlock(&L->lock);
-  const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
-                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true);
+  return moe8_layer_forward_fused_tokens(L, x, T, NULL, out, ws, ws_size);
+}
+
+moe8_status moe8_layer_set_hash_table(moe8_layer *L, const int32_t *tid2eid, int64_t vocab) {
+  if (!L || !tid2eid) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer hash table: NULL argument");
+  if (!L->cfg.hash_routing)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s hash table: the layer does not route by token id (hash_routing false)", L->module_path);
+  const int64_t K = L->cfg.top_k, E = L->cfg.num_experts;
+  if (vocab <= 0 || vocab > ((int64_t)1 << 31) || vocab > ((int64_t)1 << 40) / K)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer %s hash table: %lld rows (token ids) must be in [1, 2^31]", L->module_path, (long long)vocab);
+  for (int64_t i = 0; i < vocab * K; i++)
+    if (tid2eid[i] < 0 || tid2eid[i] >= E)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s hash table: element [%lld, %lld] (offset %lld) = %d is not an expert id in [0, %lld)",
+                        L->module_path, (long long)(i / K), (long long)(i % K), (long long)i, (int)tid2eid[i], (long long)E);
+  int32_t *t = malloc(sizeof(int32_t) * (size_t)(vocab * K));
+  if (!t) return moe8__fail(MOE8_ERR_NOMEM, "layer %s hash table: out of memory", L->module_path);
+  memcpy(t, tid2eid, sizeof(int32_t) * (size_t)(vocab * K));
+  pthread_rwlock_wrlock(&L->lock);
+  free(L->tid2eid);
+  L->tid2eid = t;
+  L->hash_vocab = vocab;
   pthread_rwlock_unlock(&L->lock);
-  return st;
+  return MOE8_OK;
+}
+
+const int32_t *moe8_layer_hash_table(const moe8_layer *L, int64_t *vocab) {
+  if (vocab) *vocab = L && L->tid2eid ? L->hash_vocab : 0;
+  return L ? L->tid2eid : NULL;
 }
 
 static moe8_status layer_experts(moe8_layer *L, const float *x, int64_t T, const int32_t *topk_ids, const float *topk_weights,
@@ -1003,7 +1048,7 @@ static moe8_status layer_experts(moe8_layer *L, const float *x, int64_t T, const
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
   /* no backward from here: the workspace is marked as an inference forward's */
-  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared);
+  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared, NULL);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }

@@ -78,6 +78,9 @@ struct moe8_layer {
   ** pk_borrowed): released at destroy. */
   void      *keep;
   void     (*release)(void *keep);
+  /* Hash routing (cfg.hash_routing): the table [hash_vocab, top_k], or NULL */
+  int32_t   *tid2eid;
+  int64_t    hash_vocab;
 };
 
 /* ---- small helpers of layer.c and phases.c ---------------------------------- */
@@ -116,7 +119,11 @@ void   moe8__shared_buf_carve(const moe8_layer *L, int64_t T, void *base, moe8__
 ** activations, their per-token quantization xq/sx): fills b->y and b->g. */
 /* The router configuration of the layer (the single process and both
 ** expert-parallel modes route with it). */
-moe8_router_config moe8__router_config(const moe8_layer *L);
+moe8_router_config moe8__router_config(const moe8_layer *L, const int32_t *token_ids);
+/* A hash-routed layer's forward needs its table and T token ids in
+** [0, vocab): MOE8_ERR_INVALID_ARG naming what is missing, or the token;
+** MOE8_OK for any other layer (token_ids not read). */
+moe8_status moe8__check_tokens(const moe8_layer *L, const int32_t *token_ids, int64_t T, const char *what);
 /* logits[T, E] = x · Wr (+ the router bias when the layer has one). */
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits);
 /* MOE8_ERR_UNSUPPORTED naming the form when the layer's experts have a

@@ -74,11 +74,28 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
   return MOE8_OK;
 }
 
-moe8_router_config moe8__router_config(const moe8_layer *L) {
+moe8_router_config moe8__router_config(const moe8_layer *L, const int32_t *token_ids) {
   const moe8_layer_config *c = &L->cfg;
   return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
-                              c->norm_min, c->norm_eps, c->select_logits, c->norm_p};
+                              c->norm_min, c->norm_eps, c->select_logits, c->norm_p,
+                              c->hash_routing ? L->tid2eid : NULL, c->hash_routing ? L->hash_vocab : 0,
+                              c->hash_routing ? token_ids : NULL};
+}
+
+moe8_status moe8__check_tokens(const moe8_layer *L, const int32_t *token_ids, int64_t T, const char *what) {
+  if (!L->cfg.hash_routing || T == 0) return MOE8_OK;
+  if (!L->tid2eid)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "%s: layer %s routes by token id (hash routing) but has no table (moe8_layer_set_hash_table)",
+                      what, L->module_path);
+  if (!token_ids)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "%s: layer %s routes by token id (hash routing): its forward needs the tokens' ids "
+                      "(moe8_layer_forward_tokens, moe8_layer_forward_fused_tokens, moe8_ep_forward_tokens)", what, L->module_path);
+  for (int64_t t = 0; t < T; t++)
+    if (token_ids[t] < 0 || token_ids[t] >= L->hash_vocab)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "%s: layer %s: token %lld has id %d, outside its hash table's [0, %lld) (tid2eid rows)", what,
+                        L->module_path, (long long)t, (int)token_ids[t], (long long)L->hash_vocab);
+  return MOE8_OK;
 }
 
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {
@@ -623,6 +640,8 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
       float dot = 0.0f;
       for (int64_t e = 0; e < E; e++) dot += s[e] * dst[e];
       for (int64_t e = 0; e < E; e++) dst[e] = s[e] * (dst[e] - dot);
+    } else if (L->cfg.score == MOE8_SCORE_SQRTSOFTPLUS) {
+      for (int64_t e = 0; e < E; e++) dst[e] = dst[e] * moe8__sqrt_softplus_grad(s[e]);
     } else {
       for (int64_t e = 0; e < E; e++) dst[e] = dst[e] * s[e] * (1.0f - s[e]);
     }

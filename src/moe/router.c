@@ -32,8 +32,14 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     return moe8__fail(MOE8_ERR_SHAPE, "route: num_experts %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
   if (K <= 0 || K > E)
     return moe8__fail(MOE8_ERR_SHAPE, "route: top_k %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
-  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID)
+  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "route: unknown score function %d", (int)cfg->score);
+  const bool hash = cfg->hash_table != NULL;
+  if (hash && (cfg->hash_vocab <= 0 || (T > 0 && !cfg->token_ids)))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: hash routing needs hash_vocab > 0 (not %lld) and the token ids", (long long)cfg->hash_vocab);
+  if (hash && (cfg->selection_bias || cfg->n_group > 1 || cfg->select_logits))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: hash routing takes its experts from the table: no selection bias, groups or "
+                      "select_logits");
   if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "route: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
                       (double)cfg->norm_eps);
@@ -52,6 +58,18 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     for (int64_t e = 0; e < E; e++)
       if (!isfinite(cfg->selection_bias[e]))
         return moe8__fail(MOE8_ERR_NONFINITE, "route: selection_bias[%lld] is not finite", (long long)e);
+  for (int64_t t = 0; hash && t < T; t++) {
+    const int32_t id = cfg->token_ids[t];
+    if (id < 0 || id >= cfg->hash_vocab)
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "route: token %lld has id %d, outside the hash table's [0, %lld)", (long long)t, (int)id,
+                        (long long)cfg->hash_vocab);
+    for (int64_t j = 0; j < K; j++) {
+      const int32_t e = cfg->hash_table[(int64_t)id * K + j];
+      if (e < 0 || e >= E)
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "route: hash table [%d, %lld] = %d is not an expert id in [0, %lld)", (int)id, (long long)j,
+                          (int)e, (long long)E);
+    }
+  }
   const int64_t NG = cfg->n_group > 1 ? cfg->n_group : 1, KG = NG > 1 ? cfg->topk_group : 1;
   if (NG > 1 && (E % NG != 0 || E / NG < 2))
     return moe8__fail(MOE8_ERR_SHAPE, "route: n_group = %lld must divide num_experts = %lld into groups of at least 2", (long long)NG,
@@ -77,8 +95,18 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
       for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
       for (int64_t e = 0; e < E; e++) { sc[e] = expf(l[e] - m); sum += sc[e]; }
       for (int64_t e = 0; e < E; e++) sc[e] /= sum;
+    } else if (cfg->score == MOE8_SCORE_SQRTSOFTPLUS) {
+      for (int64_t e = 0; e < E; e++) sc[e] = moe8__sqrt_softplus(l[e]);
     } else {
       for (int64_t e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-l[e]));
+    }
+    if (hash) { /* DeepSeek-V4's hash layers: the table's row for the token, in order */
+      const int32_t *row = cfg->hash_table + (int64_t)cfg->token_ids[t] * K;
+      for (int64_t j = 0; j < K; j++) {
+        expert_ids[t * K + j] = row[j];
+        weights[t * K + j] = sc[row[j]];
+      }
+      goto normalize;
     }
     const float *sv = cfg->select_logits ? l : sc; /* Kolibri-1 selects by logit + bias */
     for (int64_t e = 0; e < E; e++) sel[e] = sv[e] + (cfg->selection_bias ? cfg->selection_bias[e] : 0.0f);
@@ -122,6 +150,7 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
       expert_ids[t * K + j] = (int32_t)best;
       weights[t * K + j] = sc[best];
     }
+  normalize:
     if (cfg->norm_topk_prob && pnorm) { /* DBRX: the p-norm (Σ w^p)^(1/p), j in order */
       float sp = 0.0f;
       for (int64_t j = 0; j < K; j++) sp += powf(weights[t * K + j], cfg->norm_p);

@@ -69,6 +69,11 @@ moe8_status moe8_trainer_set_lr(moe8_trainer *tr, float lr) {
 
 moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *target, int64_t T, float *loss, void *ws,
                               size_t ws_size) {
+  return moe8_trainer_step_tokens(tr, x, NULL, target, T, loss, ws, ws_size);
+}
+
+moe8_status moe8_trainer_step_tokens(moe8_trainer *tr, const float *x, const int32_t *tok, const float *target, int64_t T, float *loss,
+                                     void *ws, size_t ws_size) {
   if (!tr || !x || !target || T <= 0) return moe8__fail(MOE8_ERR_INVALID_ARG, "trainer step: NULL buffer or T <= 0");
   const int64_t D = moe8_layer_get_config(tr->layer)->hidden;
   const size_t TD = (size_t)(T * D);
@@ -80,7 +85,7 @@ moe8_status moe8_trainer_step(moe8_trainer *tr, const float *x, const float *tar
     tr->cap_T = T;
   }
   float aux = 0.0f;
-  moe8_status st = moe8_layer_forward(tr->layer, x, T, tr->out, &aux, ws, ws_size);
+  moe8_status st = moe8_layer_forward_tokens(tr->layer, x, T, tok, tr->out, &aux, ws, ws_size);
   if (st != MOE8_OK) return st;
   double sse = 0.0;
   const float k = 2.0f / (float)TD;

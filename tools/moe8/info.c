@@ -30,7 +30,8 @@ int cmd_info(int argc, char **argv) {
   printf("architecture: %s (model_type \"%s\"), %lld layer(s)\n", moe8_arch_name(c->arch), c->model_type, (long long)c->num_layers);
   printf("moe: experts %lld, top_k %lld, hidden %lld, expert ffn %lld, score %s, norm_topk_prob %s, routed_scaling_factor %g%s\n",
          (long long)c->layer.num_experts, (long long)c->layer.top_k, (long long)c->layer.hidden, (long long)c->layer.ffn,
-         c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid" : "softmax", c->layer.norm_topk_prob ? "true" : "false",
+         c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid" : c->layer.score == MOE8_SCORE_SQRTSOFTPLUS ? "sqrtsoftplus" : "softmax",
+         c->layer.norm_topk_prob ? "true" : "false",
          c->layer.routed_scaling_factor ? (double)c->layer.routed_scaling_factor : 1.0, c->has_bias ? ", selection bias" : "");
   if (c->layer.n_group > 1)
     printf("routing: group-limited top-%lld: %lld groups of %lld experts, the best %lld kept (group score: %s)\n", (long long)c->layer.top_k,
@@ -45,8 +46,31 @@ int cmd_info(int argc, char **argv) {
            (long long)c->layer.num_experts, (long long)c->layer.top_k);
   else
     printf("routing: top-%lld of %lld (%s)%s\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
-           c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores" : "softmax over all experts",
+           c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores"
+           : c->layer.score == MOE8_SCORE_SQRTSOFTPLUS ? "sqrt(softplus(logit)) scores" : "softmax over all experts",
            c->has_bias ? ", chosen by score + correction bias, weighted by the scores" : "");
+  if (c->top_layers) {
+    /* DeepSeek-V4: the hash layers, runs of consecutive indices */
+    int64_t nh = 0;
+    for (int64_t l = 0; l < c->num_layers && l < MOE8_MAX_MLP_ONLY; l++) nh += c->hash_moe[l];
+    printf("weights: the chosen scores / (their sum + %g), x %g\n", (double)c->layer.norm_eps,
+           c->layer.routed_scaling_factor ? (double)c->layer.routed_scaling_factor : 1.0);
+    printf("hash routing:%s", nh ? " layer(s)" : " none");
+    for (int64_t l = 0, r0 = -1; l <= c->num_layers && l <= MOE8_MAX_MLP_ONLY; l++) {
+      const bool h = l < c->num_layers && l < MOE8_MAX_MLP_ONLY && c->hash_moe[l];
+      if (h && r0 < 0) r0 = l;
+      if (!h && r0 >= 0) {
+        printf(" %lld", (long long)r0);
+        if (l - 1 > r0) printf("-%lld", (long long)(l - 1));
+        r0 = -1;
+      }
+    }
+    if (nh)
+      printf(" (%lld of %lld, mlp_layer_types \"hash_moe\"): a token's experts are gate.tid2eid[token id] (%lld rows: vocab_size), "
+             "weighted by their scores, no bias; moe8 run needs --token-ids there", (long long)nh, (long long)c->num_layers,
+             (long long)c->vocab_size);
+    printf("\n");
+  }
   if (c->layer.act == MOE8_ACT_SWIGLU_CLAMP)
     printf("experts: clamped SwiGLU (gate <= %g, |up| <= %g, alpha %g, (up + 1) * gate * sigmoid(alpha gate))%s\n", (double)c->layer.act_limit,
            (double)c->layer.act_limit, (double)c->layer.act_alpha, c->layer.expert_bias ? ", gate/up and down biases" : "");

@@ -17,8 +17,11 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--rules RULES.json] [--layer L] [--arch FAMILY] [--training-load]\n\n"
+  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--token-ids IDS.npy] [--rules RULES.json] [--layer L] [--arch FAMILY]\n"
+             "                [--training-load]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
+             "--token-ids IDS the tokens' ids, [T] int32 or int64: a layer that routes by token id (DeepSeek-V4's hash_moe\n"
+             "                layers) needs them; other layers do not read them\n"
              "--rules R       quantization rules (docs/numerics.md); without it a moe8 file runs under the rules it was made\n"
              "                with, a DeepSeek FP8 checkpoint with dynamic f8e4m3 activations, anything else unquantized\n"
              "--layer L       the MoE layer to run (default: the first MoE layer of the config)\n"
@@ -65,7 +68,7 @@ static void progress(void *ctx, int64_t done, int64_t total) {
 }
 
 int cmd_run(int argc, char **argv) {
-  const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL, *arch = NULL;
+  const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL, *arch = NULL, *tok_path = NULL;
   int64_t layer = -1;
   int training_load = 0;
   int64_t repeat = 1;
@@ -76,6 +79,7 @@ int cmd_run(int argc, char **argv) {
     if (!strcmp(a, "--model") && v) dir = argv[++i];
     else if (!strcmp(a, "--input") && v) input = argv[++i];
     else if (!strcmp(a, "--output") && v) output = argv[++i];
+    else if (!strcmp(a, "--token-ids") && v) tok_path = argv[++i];
     else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
     else if (!strcmp(a, "--arch") && v) arch = argv[++i];
     else if (!strcmp(a, "--training-load")) training_load = 1;
@@ -111,8 +115,9 @@ int cmd_run(int argc, char **argv) {
   moe8_model *m = NULL;
   moe8_rules *rules = NULL;
   moe8_layer *L = NULL;
-  void *x = NULL, *ws = NULL;
+  void *x = NULL, *ws = NULL, *traw = NULL;
   float *xf = NULL, *y = NULL;
+  int32_t *tok = NULL;
   int rc = EXIT_OK;
   double tl0 = cli_now();
   moe8_status st = moe8_model_open_as(dir, arch, &m);
@@ -163,6 +168,42 @@ int cmd_run(int argc, char **argv) {
     rc = EXIT_FAIL;
     goto done;
   }
+  /* The tokens' ids: [T] (or [T, 1]) int32 / int64, each in [0, 2^31) (the
+  ** layer checks them against its table's rows). */
+  if (tok_path) {
+    moe8_file_dtype tdt;
+    int tnd;
+    int64_t tsh[MOE8_MAX_DIMS];
+    if ((st = moe8_npy_read(tok_path, &tdt, &tnd, tsh, &traw)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+    if ((tdt != MOE8_FDT_I32 && tdt != MOE8_FDT_I64) || !(tnd == 1 || (tnd == 2 && tsh[1] == 1)) || tsh[0] != T) {
+      char dims[160] = "";
+      for (int i = 0; i < tnd; i++) snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", i ? ", " : "", (long long)tsh[i]);
+      fprintf(stderr, "moe8 run: --token-ids %s: must be int32 or int64 [%lld] (one id per row of %s), got %d-D %s [%s]\n", tok_path,
+              (long long)T, input, tnd, moe8_file_dtype_name(tdt), dims);
+      rc = EXIT_FAIL;
+      goto done;
+    }
+    tok = malloc(sizeof(int32_t) * (size_t)T + 4);
+    if (!tok) { fprintf(stderr, "moe8 run: out of memory\n"); rc = EXIT_FAIL; goto done; }
+    for (int64_t t = 0; t < T; t++) {
+      int64_t v;
+      if (tdt == MOE8_FDT_I64) { int64_t w; memcpy(&w, (const char *)traw + 8 * t, 8); v = w; }
+      else { int32_t w; memcpy(&w, (const char *)traw + 4 * t, 4); v = w; }
+      if (v < 0 || v > INT32_MAX) {
+        fprintf(stderr, "moe8 run: --token-ids %s: token %lld has id %lld, not a token id (0 .. 2^31 - 1)\n", tok_path, (long long)t,
+                (long long)v);
+        rc = EXIT_FAIL;
+        goto done;
+      }
+      tok[t] = (int32_t)v;
+    }
+  }
+  if (moe8_layer_get_config(L)->hash_routing && !tok) {
+    fprintf(stderr, "moe8 run: layer %lld of %s routes by token id (mlp_layer_types[%lld] is \"hash_moe\"): give the tokens' ids with "
+            "--token-ids IDS.npy\n", (long long)layer, dir, (long long)layer);
+    rc = EXIT_FAIL;
+    goto done;
+  }
   moe8_prepared pr;
   if (moe8_layer_prepared(L, &pr) != MOE8_OK && (st = moe8_layer_prepare(L)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
   double t0 = cli_now(), t1;
@@ -193,6 +234,7 @@ int cmd_run(int argc, char **argv) {
       uint64_t h = 0xCBF29CE484222325ULL;
       const unsigned char *xb = (const unsigned char *)xf;
       for (size_t i = 0; i < sizeof(float) * (size_t)(T * D); i++) h = (h ^ xb[i]) * 0x100000001B3ULL;
+      for (int64_t t = 0; tok && t < T; t++) h = (h ^ (uint32_t)tok[t]) * 0x100000001B3ULL; /* and the token ids */
       const double hi = (double)(h >> 32), lo = (double)(h & 0xFFFFFFFFu);
       const double hmax = cli_allreduce_max(c, hi), hmin = -cli_allreduce_max(c, -hi);
       const double lmax = cli_allreduce_max(c, lo), lmin = -cli_allreduce_max(c, -lo);
@@ -212,7 +254,7 @@ int cmd_run(int argc, char **argv) {
       const int64_t t0q = T * rank / P, t1q = T * (rank + 1) / P;
       float *yl = malloc(sizeof(float) * (size_t)((t1q - t0q) * D) + 4);
       t0 = cli_now();
-      st = yl ? moe8_ep_forward(ep, xf + t0q * D, t1q - t0q, yl, NULL) : MOE8_ERR_NOMEM;
+      st = yl ? moe8_ep_forward_tokens(ep, xf + t0q * D, t1q - t0q, tok ? tok + t0q : NULL, yl, NULL) : MOE8_ERR_NOMEM;
       if (st == MOE8_OK) st = cli_gather_rows(c, yl, t1q - t0q, D, y);
       free(yl);
     }
@@ -226,7 +268,7 @@ int cmd_run(int argc, char **argv) {
     double best = 1e300;
     for (int64_t r = 0; r < repeat; r++) {
       t0 = cli_now();
-      if ((st = moe8_layer_forward_fused(L, xf, T, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+      if ((st = moe8_layer_forward_fused_tokens(L, xf, T, tok, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
       t1 = cli_now();
       if (t1 - t0 < best) best = t1 - t0;
     }
@@ -242,7 +284,7 @@ int cmd_run(int argc, char **argv) {
 done:
   if (c && !agreed) (void)cli_allreduce_max(c, 1.0); /* this rank failed before the others' check */
   if (c) cli_comm_close(c);
-  free(x); free(xf); free(y); free(ws);
+  free(x); free(xf); free(y); free(ws); free(traw); free(tok);
   moe8_layer_destroy(L);
   moe8_rules_destroy(rules);
   moe8_model_close(m);
