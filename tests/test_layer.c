@@ -905,9 +905,11 @@ static void test_training_reduces_loss(void **state) {
 ** with a limit that binds): every gradient of the single-process backward,
 ** the biases' included, against central finite differences of the layer's
 ** own f32 forward (loss = Σ dout · y in double). */
+static const int32_t *g_form_tok; /* the token ids of a hash-routed layer's forwards (NULL: none) */
+
 static double form_loss(moe8_layer *L, const float *x, const float *dout, int64_t T, int64_t D, void *ws, size_t wsz) {
   float *y = malloc(sizeof(float) * (size_t)(T * D)), aux;
-  assert_int_equal(moe8_layer_forward(L, x, T, y, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_tokens(L, x, T, g_form_tok, y, &aux, ws, wsz), MOE8_OK);
   double l = 0;
   for (int64_t i = 0; i < T * D; i++) l += (double)dout[i] * y[i];
   free(y);
@@ -1046,6 +1048,121 @@ static void test_limited_form_grads(void **state) {
   }
   assert_true(memcmp(out[0], out[2], sizeof out[0]) != 0); /* the limit binds */
   assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0); /* shared_plain_act changes the shared expert */
+}
+
+/* DeepSeek-V4's block: sqrt-softplus scores, the weights / (sum + 1e-20)
+** times 1.5, the limited SwiGLU in the routed and the shared expert;
+** routed by score + bias, or by a hash table of token ids (a repeated
+** expert in a row).  Every gradient (the router's through the score's
+** derivative) against finite differences; the hash layer's forward is, to
+** the byte, the experts op given the table's ids and the scores' weights
+** computed here; the fused forward the same bytes; the trainer's step;
+** what is refused, by name. */
+static void test_dsv4_form(void **state) {
+  (void)state;
+  enum { E = 8, K = 3, D = 32, F = 16, T = 7, V = 5 };
+  static const int32_t table[V * K] = {2, 2, 5, 0, 7, 1, 3, 4, 6, 1, 0, 2, 6, 5, 7};
+  static const int32_t tok[T] = {0, 4, 2, 0, 1, 3, 4};
+  for (int hash = 0; hash < 2; hash++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .score = MOE8_SCORE_SQRTSOFTPLUS, .norm_topk_prob = true,
+                           .routed_scaling_factor = 1.5f, .norm_eps = 1e-20f, .use_selection_bias = !hash, .act = MOE8_ACT_SWIGLU_LIMIT,
+                           .act_limit = 0.35f, .shared_ffn = F, .hash_routing = hash == 1};
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 21), MOE8_OK);
+    if (hash) assert_int_equal(moe8_layer_set_hash_table(L, table, V), MOE8_OK);
+    else {
+      float *b = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
+      tu_rng_reset(22);
+      tu_fill_normal(b, E, 0.3f);
+    }
+    float *wr = moe8_layer_weight(L, MOE8_W_ROUTER, NULL);
+    for (int i = 0; i < D * E; i++) wr[i] *= 3.0f; /* logits of a few units: the score's curve, not its asymptotes */
+    moe8_layer_weights_changed(L);
+    g_form_tok = hash ? tok : NULL;
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * F], dsu[D * F], dsd[F * D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 23 + (uint64_t)hash, &g, &ws, &wsz);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+      {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * F, dsg},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * F, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), F * D, dsd}};
+    form_fd_check(hash ? "DeepSeek-V4 hash layer" : "DeepSeek-V4 layer", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    static float y[T * D], y2[T * D], lg[T * E], rw[T * K];
+    static int32_t rid[T * K];
+    float aux;
+    assert_int_equal(moe8_layer_forward_tokens(L, x, T, g_form_tok, y, &aux, ws, wsz), MOE8_OK);
+    if (hash) {
+      /* the reference routing: the table's rows, sqrt(softplus) of the logits, / (sum + 1e-20) x 1.5 */
+      assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lg), MOE8_OK);
+      for (int tt = 0; tt < T; tt++) {
+        float sum = 0.0f;
+        for (int j = 0; j < K; j++) {
+          const float l = lg[tt * E + table[tok[tt] * K + j]];
+          rid[tt * K + j] = table[tok[tt] * K + j];
+          rw[tt * K + j] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+          sum += rw[tt * K + j];
+        }
+        sum += 1e-20f;
+        for (int j = 0; j < K; j++) rw[tt * K + j] = rw[tt * K + j] / sum * 1.5f;
+      }
+      void *ws2;
+      assert_int_equal(posix_memalign(&ws2, 64, wsz), 0);
+      assert_int_equal(moe8_layer_experts(L, x, T, rid, rw, y2, ws2, wsz), MOE8_OK);
+      assert_memory_equal(y, y2, sizeof y);
+      /* refused: a forward without the ids, an id past the table, a bad table, a bias with hash routing */
+      assert_int_equal(moe8_layer_forward(L, x, T, y2, &aux, ws2, wsz), MOE8_ERR_INVALID_ARG);
+      assert_non_null(strstr(moe8_last_error(), "routes by token id (hash routing): its forward needs the tokens' ids"));
+      const int32_t badtok[T] = {0, 1, 2, 3, 4, 5, 0};
+      assert_int_equal(moe8_layer_forward_tokens(L, x, T, badtok, y2, &aux, ws2, wsz), MOE8_ERR_INVALID_ARG);
+      assert_non_null(strstr(moe8_last_error(), "token 5 has id 5, outside its hash table's [0, 5)"));
+      int32_t badtab[V * K];
+      memcpy(badtab, table, sizeof badtab);
+      badtab[4] = E;
+      assert_int_equal(moe8_layer_set_hash_table(L, badtab, V), MOE8_ERR_INVALID_ARG);
+      assert_non_null(strstr(moe8_last_error(), "element [1, 1] (offset 4) = 8 is not an expert id in [0, 8)"));
+      int64_t vv = 0;
+      assert_true(moe8_layer_hash_table(L, &vv) != NULL && vv == V && moe8_layer_hash_table(L, NULL)[4] == table[4]); /* kept */
+      moe8_layer_config cb = c;
+      cb.use_selection_bias = true;
+      moe8_layer *B = NULL;
+      assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+      assert_non_null(strstr(moe8_last_error(), "hash routing"));
+      /* a hash layer without its table */
+      assert_int_equal(moe8_layer_create(&c, NULL, "experts", &B), MOE8_OK);
+      assert_int_equal(moe8_layer_forward_tokens(B, x, T, tok, y2, &aux, ws2, wsz), MOE8_ERR_INVALID_ARG);
+      assert_non_null(strstr(moe8_last_error(), "has no table"));
+      moe8_layer_destroy(B);
+      /* the fused forward: the same bytes */
+      assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+      assert_int_equal(moe8_layer_forward_fused_tokens(L, x, T, tok, y2, ws2, wsz), MOE8_OK);
+      assert_memory_equal(y, y2, sizeof y);
+      assert_int_equal(moe8_layer_forward_fused(L, x, T, y2, ws2, wsz), MOE8_ERR_INVALID_ARG);
+      /* the trainer: refused without the ids, a step with them */
+      moe8_trainer *tr;
+      float loss;
+      assert_int_equal(moe8_trainer_create(L, 1e-3f, &tr), MOE8_OK);
+      assert_int_equal(moe8_trainer_step(tr, x, dout, T, &loss, ws2, wsz), MOE8_ERR_INVALID_ARG);
+      assert_int_equal(moe8_trainer_step_tokens(tr, x, tok, dout, T, &loss, ws2, wsz), MOE8_OK);
+      assert_true(isfinite(loss) && loss > 0.0f);
+      moe8_trainer_destroy(tr);
+      free(ws2);
+    } else {
+      /* a layer without hash routing does not read token ids, and takes no table */
+      assert_int_equal(moe8_layer_forward(L, x, T, y2, &aux, ws, wsz), MOE8_OK);
+      assert_memory_equal(y, y2, sizeof y);
+      assert_int_equal(moe8_layer_set_hash_table(L, table, V), MOE8_ERR_INVALID_ARG);
+    }
+    g_form_tok = NULL;
+    free(ws);
+    moe8_layer_destroy(L);
+  }
 }
 
 /* The output forms: JetMoE's output bias (out + b [D], after the routed
@@ -1536,6 +1653,7 @@ int main(void) {
     cmocka_unit_test(test_training_reduces_loss),
     cmocka_unit_test(test_gpt_oss_form_grads),
     cmocka_unit_test(test_limited_form_grads),
+    cmocka_unit_test(test_dsv4_form),
     cmocka_unit_test(test_post_form_grads),
     cmocka_unit_test(test_softcap_form_grads),
     cmocka_unit_test(test_clamp_shared_form_grads),

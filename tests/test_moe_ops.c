@@ -58,6 +58,113 @@ static void test_router_ties_and_options(void **state) {
   assert_non_null(strstr(moe8_last_error(), "1 non-finite"));
 }
 
+/* DeepSeek-V4's router: sqrt-softplus scores (torch's softplus: the logit
+** itself above 20), the top-k of score + bias, the weights / (sum + 1e-20)
+** times the scaling factor; and its hash routing: each token's experts are
+** the table's row for its id (a repeated expert counts twice), weighted by
+** their scores.  Bytes against a scalar reference written here, the
+** scores also against float64, the epsilon visible where every chosen
+** score is tiny; bad token ids and tables refused, naming them. */
+static float ref_sqrt_softplus(float l) { return sqrtf(l > 20.0f ? l : log1pf(expf(l))); }
+
+static void test_router_sqrt_softplus_and_hash(void **state) {
+  (void)state;
+  enum { T = 40, E = 16, K = 3, V = 7 };
+  static float logits[T * E], sc[T * E], w[T * K], bias[E];
+  static int32_t ids[T * K];
+  tu_rng_reset(123);
+  tu_fill_normal(logits, T * E, 4.0f);
+  /* the edges: past torch's threshold and just below it, large negative (tiny scores), 0 */
+  const float edge[12] = {20.0f, 20.0001f, 19.9999f, 25.0f, 88.0f, 300.0f, -20.0f, -60.0f, -103.0f, -120.0f, 0.0f, 1e-8f};
+  memcpy(logits, edge, sizeof edge);
+  for (int e = 0; e < E; e++) logits[E + e] = -100.0f - (float)e; /* token 1: every score below 1e-21 */
+  tu_fill_normal(bias, E, 0.3f);
+  moe8_router_config cfg = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SQRTSOFTPLUS, .norm_topk_prob = true,
+                            .routed_scaling_factor = 1.5f, .selection_bias = bias, .norm_eps = 1e-20f};
+  assert_int_equal(moe8_route(&cfg, logits, T, sc, ids, w), MOE8_OK);
+  for (int i = 0; i < T * E; i++) {
+    const float r = ref_sqrt_softplus(logits[i]);
+    if (memcmp(&r, &sc[i], 4)) TU_FAIL("score of logit %g: %a, the reference %a", (double)logits[i], (double)sc[i], (double)r);
+    const double l = logits[i], d = sqrt(l > 20.0 ? l : log1p(exp(l)));
+    /* below -87 exp(l) is a subnormal float (torch's f32 softplus loses the same digits) */
+    if (l > -87.0 && fabs(sc[i] - d) > 4e-7 * d) TU_FAIL("score of logit %g: %g, float64 %g", (double)logits[i], (double)sc[i], d);
+  }
+  assert_true(sc[3] == sqrtf(25.0f) && sc[0] == sqrtf(log1pf(expf(20.0f))));
+  for (int t = 0; t < T; t++) {
+    bool taken[E] = {false};
+    int32_t rid[K];
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) {
+      int be = -1;
+      for (int e = 0; e < E; e++)
+        if (!taken[e] && (be < 0 || sc[t * E + e] + bias[e] > sc[t * E + be] + bias[be])) be = e;
+      taken[be] = true;
+      rid[j] = be;
+      sum += sc[t * E + be];
+    }
+    sum += 1e-20f;
+    for (int j = 0; j < K; j++) {
+      const float rw = sc[t * E + rid[j]] / sum * 1.5f;
+      if (ids[t * K + j] != rid[j]) TU_FAIL("token %d slot %d: expert %d, the reference %d", t, j, ids[t * K + j], rid[j]);
+      if (memcmp(&rw, &w[t * K + j], 4)) TU_FAIL("token %d slot %d: weight %a, the reference %a", t, j, (double)w[t * K + j], (double)rw);
+    }
+  }
+  /* the epsilon: token 1's scores sum to about 1e-21, so its weights sum well below the scaling factor */
+  assert_true(w[K] + w[K + 1] + w[K + 2] < 0.5f);
+  /* hash routing: the table's rows, in order, repeats kept */
+  static int32_t table[V * K], tok[T];
+  for (int i = 0; i < V * K; i++) table[i] = (int32_t)(tu_u64() % E);
+  table[1] = table[0];                /* row 0: an expert twice */
+  table[V * K - 1] = E - 1;           /* the last expert, in the last row */
+  for (int t = 0; t < T; t++) tok[t] = (int32_t)(tu_u64() % V);
+  tok[0] = 0; tok[2] = V - 1; tok[1] = 0;
+  moe8_router_config h = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SQRTSOFTPLUS, .norm_topk_prob = true,
+                          .routed_scaling_factor = 1.5f, .norm_eps = 1e-20f, .hash_table = table, .hash_vocab = V, .token_ids = tok};
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_OK);
+  for (int t = 0; t < T; t++) {
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += sc[t * E + table[tok[t] * K + j]];
+    sum += 1e-20f;
+    for (int j = 0; j < K; j++) {
+      const int32_t e = table[tok[t] * K + j];
+      const float rw = sc[t * E + e] / sum * 1.5f;
+      if (ids[t * K + j] != e) TU_FAIL("hash token %d slot %d: expert %d, the table's %d", t, j, ids[t * K + j], e);
+      if (memcmp(&rw, &w[t * K + j], 4)) TU_FAIL("hash token %d slot %d: weight %a, the reference %a", t, j, (double)w[t * K + j], (double)rw);
+    }
+  }
+  assert_int_equal(ids[0], ids[1]);
+  /* the same with sigmoid scores (scoring_func sigmoid) */
+  h.score = MOE8_SCORE_SIGMOID;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_OK);
+  assert_true(sc[5] == 1.0f / (1.0f + expf(-logits[5])));
+  h.score = MOE8_SCORE_SQRTSOFTPLUS;
+  /* refusals, naming the token, the element or the combination */
+  tok[2] = V;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "token 2 has id 7, outside the hash table's [0, 7)"));
+  tok[2] = -1;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "token 2 has id -1"));
+  tok[2] = 1;
+  table[1 * K + 2] = E;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "hash table [1, 2] = 16 is not an expert id"));
+  table[1 * K + 2] = 0;
+  h.token_ids = NULL;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "token ids"));
+  h.token_ids = tok;
+  h.selection_bias = bias;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "no selection bias"));
+  h.selection_bias = NULL;
+  assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_OK);
+  moe8_router_config bad = cfg;
+  bad.score = (moe8_score_func)3;
+  assert_int_equal(moe8_route(&bad, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "unknown score function 3"));
+}
+
 /* DeepSeek-V3's group-limited top-k: E = 64 in 8 groups, the best 4
 ** groups by the sum of their two best (score + bias), then the top 8 of
 ** those (the dropped groups' selection values are -inf, as DeepSeek's own
@@ -670,6 +777,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_router_ties_and_options),
     cmocka_unit_test(test_router_group_limited),
+    cmocka_unit_test(test_router_sqrt_softplus_and_hash),
     cmocka_unit_test(test_router_logits),
     cmocka_unit_test(test_router_logits_isas),
     cmocka_unit_test(test_swiglu_isas),

@@ -80,6 +80,8 @@ def _check(st):
 
 # The experts' activations by moe8_expert_act value (include/moe8.h).
 ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap")
+# The router's score functions by moe8_score_func value.
+SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
 
 
 class _LayerConfig(C.Structure):
@@ -90,7 +92,7 @@ class _LayerConfig(C.Structure):
                 ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool),
                 ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool), ("norm_min", C.c_float),
                 ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool),
-                ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float)]
+                ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -143,6 +145,10 @@ _layer_describe = _fn("moe8_layer_describe", C.c_char_p, _P)
 _layer_ws = _fn("moe8_layer_workspace_size", C.c_size_t, _P, _i64)
 _layer_forward = _fn("moe8_layer_forward", C.c_int, _P, _P, _i64, _P, C.POINTER(C.c_float), _P, C.c_size_t)
 _layer_forward_fused = _fn("moe8_layer_forward_fused", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t)
+_layer_forward_tokens = _fn("moe8_layer_forward_tokens", C.c_int, _P, _P, _i64, _P, _P, C.POINTER(C.c_float), _P, C.c_size_t)
+_layer_forward_fused_tokens = _fn("moe8_layer_forward_fused_tokens", C.c_int, _P, _P, _i64, _P, _P, _P, C.c_size_t)
+_layer_set_hash_table = _fn("moe8_layer_set_hash_table", C.c_int, _P, _P, _i64)
+_layer_hash_table = _fn("moe8_layer_hash_table", C.POINTER(C.c_int32), _P, C.POINTER(_i64))
 _layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t, C.POINTER(_Grads))
 _layer_prepare = _fn("moe8_layer_prepare", C.c_int, _P)
 _layer_weights_changed = _fn("moe8_layer_weights_changed", None, _P)
@@ -454,10 +460,10 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0, shared_ffn=0,
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0):
+                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
-    if score not in ("softmax", "sigmoid"):
-        raise Error(1, "score must be 'softmax' or 'sigmoid', not %r" % (score,))
+    if score not in SCORES:
+        raise Error(1, "score must be 'softmax', 'sigmoid' or 'sqrtsoftplus' (DeepSeek-V4), not %r" % (score,))
     num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
     top_k = _int_arg(top_k, "top_k", 1, num_experts)
     hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
@@ -469,11 +475,11 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
     if act not in ACTS:
         raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7) "
                     "or 'swiglu_softcap' (Inkling-2), not %r" % (act,))
-    return _LayerConfig(num_experts, top_k, hidden, ffn, 1 if score == "sigmoid" else 0, norm_topk_prob, routed_scaling_factor,
+    return _LayerConfig(num_experts, top_k, hidden, ffn, SCORES.index(score), norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
-                        bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit))
+                        bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing))
 
 
 def _f32_any(a, name, shape):
@@ -497,7 +503,7 @@ class Layer:
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, rules=None,
+                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -511,7 +517,7 @@ class Layer:
             cfg = _layer_config(num_experts, top_k, hidden, ffn, score, norm_topk_prob, routed_scaling_factor, use_selection_bias,
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
-                                norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit)
+                                norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -521,6 +527,8 @@ class Layer:
         self.shared_ffn, self.shared_gate = c.shared_ffn, bool(c.shared_gate)
         self.router_bias, self.expert_bias = bool(c.router_bias), bool(c.expert_bias)
         self.out_bias = bool(c.out_bias)
+        self.score = SCORES[c.score]
+        self.hash_routing = bool(c.hash_routing)  # routes by token id: forward() needs token_ids
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -727,22 +735,58 @@ class Layer:
         saved state for their backwards, as an autograd graph does)."""
         return _Workspace(max(_layer_ws(self._h, T), 64))
 
-    def forward(self, x, out=None, fused=False, workspace=None):
+    def set_hash_table(self, tid2eid):
+        """The table of a hash-routed layer (hash_routing=True, DeepSeek-V4's
+        hash layers): tid2eid [vocab, top_k] of expert ids in [0,
+        num_experts), copied; a token t's experts are tid2eid[token_ids[t]]."""
+        t = np.asarray(tid2eid)
+        if t.ndim != 2 or t.shape[1] != self.top_k or t.dtype.kind not in "iu":
+            raise Error(2, "tid2eid must be an integer array [vocab, top_k = %d], got %s %s" % (self.top_k, t.dtype, list(t.shape)))
+        if t.size and (t.min() < 0 or t.max() >= self.num_experts):
+            i = int(np.argwhere((t < 0) | (t >= self.num_experts))[0][0])
+            raise Error(1, "tid2eid row %d holds %s: expert ids must be in [0, %d)" % (i, t[i].tolist(), self.num_experts))
+        t = np.ascontiguousarray(t, dtype=np.int32)
+        _check(_layer_set_hash_table(self._h, _ptr(t), t.shape[0]))
+
+    def hash_table(self):
+        """A copy of the layer's hash table [vocab, top_k] (int32), or None."""
+        v = _i64(0)
+        p = _layer_hash_table(self._h, C.byref(v))
+        if not p or v.value == 0:
+            return None
+        return np.ctypeslib.as_array(p, shape=(v.value * self.top_k,)).copy().reshape(v.value, self.top_k)
+
+    def _token_ids(self, token_ids, T):
+        """token_ids as a C-contiguous int32 [T] array (None stays None)."""
+        if token_ids is None:
+            return None
+        ids = np.asarray(token_ids)
+        if ids.dtype.kind not in "iu" or ids.reshape(-1).shape != (T,) or ids.ndim > 2:
+            raise Error(2, "token_ids must be an integer array of %d ids (one per row of x), got %s %s" % (T, ids.dtype, list(ids.shape)))
+        ids = ids.reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= 2 ** 31):
+            t = int(np.argwhere((ids < 0) | (ids >= 2 ** 31))[0][0])
+            raise Error(1, "token_ids[%d] = %d is not a token id" % (t, int(ids[t])))
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+    def forward(self, x, out=None, fused=False, workspace=None, token_ids=None):
         """out[T, D] = the layer on x[T, D]; returns (out, aux_loss), or out
         alone when fused (the prepared inference path).  The backward needs
         the same workspace (by default the layer's own, reused by the next
-        forward)."""
+        forward).  token_ids [T] (integers): the tokens' ids, which a
+        hash-routed layer needs (others do not read them)."""
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
+        tok = self._token_ids(token_ids, T)
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
         if self._views_out and not fused:
             _layer_weights_changed(self._h)  # fused runs what prepare() made: call it again after writing weights
         ws = workspace or self._workspace(T)
         if fused:
-            _check(_layer_forward_fused(self._h, _ptr(x), T, _ptr(out), ws.ptr, ws.n))
+            _check(_layer_forward_fused_tokens(self._h, _ptr(x), T, _ptr(tok), _ptr(out), ws.ptr, ws.n))
             return out
         aux = C.c_float(0)
-        _check(_layer_forward(self._h, _ptr(x), T, _ptr(out), C.byref(aux), ws.ptr, ws.n))
+        _check(_layer_forward_tokens(self._h, _ptr(x), T, _ptr(tok), _ptr(out), C.byref(aux), ws.ptr, ws.n))
         self._tls.saved = ws
         return out, aux.value
 

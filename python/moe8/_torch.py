@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import ACTS, Error, Layer, Rules, _as_rules, _rule_dict
+from . import ACTS, SCORES, Error, Layer, Rules, _as_rules, _rule_dict
 from ._torch_op import _act_of
 
 _RULES_MAX = 64 << 20  # the library's bound on a rules file
@@ -145,6 +145,9 @@ class MoE8Block(torch.nn.Module):
         checkpoint, with f32 master weights (trainable)."""
         text = _rules_text(rules)
         lay = Layer.from_model(model_dir, layer=layer, mode="training", rules=text, arch=arch)
+        if lay.hash_routing:
+            raise Error(1, "%s layer %d routes by token id (DeepSeek-V4's hash_moe layers): MoE8Block takes no token ids; run it "
+                        "with moe8.Layer.from_model(...).forward(x, token_ids=...)" % (model_dir, lay.layer_index))
         # What the load chose is kept, so a copy (deepcopy, pickle) computes
         # the same bytes: the rule the layer runs under (the one given that
         # matched its path, or without rules the checkpoint's own, e.g. an
@@ -154,7 +157,7 @@ class MoE8Block(torch.nn.Module):
         text = lay.rule_json()
         codes = lay._prepared_spec() if "(loaded pre-quantized)" in lay.describe() else None
         c = _cfg(lay)
-        cfg = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
+        cfg = {"score": SCORES[c.score], "group_score": "max" if c.group_score == 1 else "top2_sum",
                "act": ACTS[c.act]}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
                   "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
@@ -483,7 +486,7 @@ def _from_hf_inference(block, family, cfg, rules, module_path):
     lay = Layer.inference_from_experts(expert, rules=text, module_path=module_path, weights=weights, shared=shared, **kw)
     del shared, weights
     c = _cfg(lay)
-    kw = {"score": "sigmoid" if c.score == 1 else "softmax", "group_score": "max" if c.group_score == 1 else "top2_sum",
+    kw = {"score": SCORES[c.score], "group_score": "max" if c.group_score == 1 else "top2_sum",
           "act": ACTS[c.act]}
     for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
               "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",

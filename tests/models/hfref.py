@@ -2,14 +2,16 @@
 tiny safetensors / .npy toolkit, for the family tests.  Nothing here is
 moe8's code: every formula is written from the reference implementations
 (Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
-DeepseekV3MoE with its TopkRouter)."""
+DeepseekV3MoE with its TopkRouter, DeepseekV4SparseMoeBlock with its
+TopKRouter and HashRouter, ...)."""
 import json
 import struct
 
 import numpy as np
 
 # ---- files -------------------------------------------------------------------------
-_ST = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2), "F8_E4M3": (np.uint8, 1), "U8": (np.uint8, 1)}
+_ST = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2), "F8_E4M3": (np.uint8, 1), "U8": (np.uint8, 1),
+       "I32": (np.int32, 4), "I64": (np.int64, 8)}
 
 
 def bf16_bytes(a):
@@ -234,6 +236,29 @@ def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_sco
     if norm:
         w = w / (w.sum(axis=1, keepdims=True) + eps)
     return ids, w * scale
+
+
+def sqrt_softplus(l):
+    """DeepSeek-V4's score: sqrt(softplus(l)), softplus as torch's (beta 1,
+    threshold 20: l itself above)."""
+    l = np.asarray(l, dtype=np.float64)
+    return np.sqrt(np.where(l > 20.0, l, np.log1p(np.exp(np.minimum(l, 20.0)))))
+
+
+def route_deepseek_v4(x, wr, bias, k, scale, scoring="sqrtsoftplus", tid2eid=None, token_ids=None):
+    """DeepSeek-V4's routers: scores sqrt(softplus(x Wr^T)) (scoring_func
+    sqrtsoftplus) or sigmoid; DeepseekV4TopKRouter: the top-k of score +
+    bias; DeepseekV4HashRouter (tid2eid given): the experts
+    tid2eid[token_ids] in the table's order, no bias; both: the chosen
+    scores / (their sum + 1e-20) * scale."""
+    lg = x @ wr.T
+    s = sqrt_softplus(lg) if scoring == "sqrtsoftplus" else 1.0 / (1.0 + np.exp(-lg))
+    if tid2eid is not None:
+        ids = np.asarray(tid2eid)[np.asarray(token_ids)]
+    else:
+        ids = np.array([topk_idx(r, k) for r in s + bias[None, :]])
+    w = np.take_along_axis(s, ids, axis=1)
+    return ids, w / (w.sum(axis=1, keepdims=True) + 1e-20) * scale
 
 
 def route_deepseek_v2(x, wr, k, n_group, topk_group, scale, grouped):

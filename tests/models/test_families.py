@@ -1041,6 +1041,16 @@ ROWS = [
          router="router.layer.weight", fused_names=("input_linear.weight", "output_linear.weight"), out_bias="bias", layouts=("fused",)),
     dict(mt="jamba", block="qwen3", ekey="num_experts", fkey="intermediate_size", norm=(None, False), place="period",
          prefix="feed_forward.", router="router.weight", layouts=("per", "fused")),
+    # DeepSeek-V4: sqrt-softplus scores (or scoring_func sigmoid), the top-k of score + gate.bias, or in its hash layers
+    # (mlp_layer_types "hash_moe"; default the first 3) the experts gate.tid2eid[token id]; weights / (sum + 1e-20) times
+    # routed_scaling_factor; the limited SwiGLU in the routed and the one shared expert (of the experts' width); as
+    # transformers' save_pretrained writes it (model.layers.L.ffn., w1/w3/w2) and as its released files hold it (layers.L.ffn.)
+    dict(mt="deepseek_v4", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("routed_scaling_factor", 1.5), shared=("", 1),
+         group="", place="all", dsv4=True, limit=("swiglu_limit", 10.0), prefix="ffn.", names=("w1", "w3", "w2"),
+         shared_names=("w1", "w3", "w2"), bias="gate.bias", layouts=("per",)),
+    dict(mt="deepseek_v4", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("routed_scaling_factor", 1.5), shared=("", 1),
+         group="", place="all", dsv4=True, scoring="sigmoid", limit=("swiglu_limit", 10.0), prefix="ffn.", names=("w1", "w3", "w2"),
+         shared_names=("w1", "w3", "w2"), bias="gate.bias", root="layers.", layouts=("per",)),
 ]
 PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers",
              "period": "expert_layer_period", "interval": "moe_layer_interval"}
@@ -1077,6 +1087,14 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             cfg["expert_layer_offset"] = 1
     if row.get("types_required"):  # written in both cases: layer 0 dense
         L, dflt = 3, 1
+    V, hash_layers = 40, set()  # DeepSeek-V4: its vocabulary (the hash tables' rows), the layers routed by token id
+    if row.get("dsv4"):
+        cfg["vocab_size"] = V
+        if row.get("scoring") or not absent:
+            cfg["scoring_func"] = row.get("scoring", "sqrtsoftplus")
+        if not absent:
+            cfg["mlp_layer_types"] = ["hash_moe", "moe", "hash_moe"]
+        hash_layers = {0, 2} if not absent else set(range(min(L, 3)))  # the class's default: the first num_hash_layers (3)
     moe_layers = list(range(dflt, L)) if absent else [0, 1, 2] if place == "all" else [1, 2]
     if place == "period":
         period, offset = (2, 1) if absent else (3, 1)
@@ -1133,6 +1151,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     names = row.get("names", ("gate_proj", "up_proj", "down_proj"))
     t, refs = {}, {}
     x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    tok = rng.integers(0, V, T)
+    tok[:3] = [0, V - 1, 0]  # the first and the last row of the tables, a token twice
     if 0 not in moe_layers:
         t[root + "0.mlp.gate_proj.weight"] = ("BF16", rnd(rng, 32, D).astype(np.float32))
     for l in moe_layers:
@@ -1184,7 +1204,16 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
                 g = rnd(rng, 1, D, scale=D ** -0.5)
                 t[p + "shared_expert_gate.weight"] = ("BF16", g.astype(np.float32))
                 sgate = store(g, "BF16")
-        if row.get("logits_bias"):
+        if row.get("dsv4") and l in hash_layers:
+            tid2eid = rng.integers(0, E, (V, k))
+            tid2eid[0, 1] = tid2eid[0, 0]  # an expert twice in a row: both slots count, as in transformers
+            t[p + "gate.tid2eid"] = ("I64", tid2eid)
+            routing = R.route_deepseek_v4(x, wr, None, k, scale, row.get("scoring", "sqrtsoftplus"), tid2eid, tok)
+        elif row.get("dsv4"):
+            bias = rnd(rng, E, scale=0.2) - 0.5
+            t[p + row["bias"]] = ("F32", bias)
+            routing = R.route_deepseek_v4(x, wr, store(bias, "F32"), k, scale, row.get("scoring", "sqrtsoftplus"))
+        elif row.get("logits_bias"):
             bias = rnd(rng, E, scale=0.5)
             t["%s%d.%s" % (root, l, row["logits_bias"])] = ("F32", bias)
             routing = R.route_logits_bias(x, wr, store(bias, "F32"), k, norm)
@@ -1231,6 +1260,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
                 FAILS.append("%s: swiglu_limit %g does not clamp the test's values" % (row["mt"], limit))
     d = os.path.join(tmp, "%s_%d" % (row["mt"], len(os.listdir(tmp))))
     write_model(d, cfg, t)
+    np.save(os.path.join(d, "ids.npy"), tok)  # the tokens' ids (int64), for the layers routed by token id
     return d, x, refs
 
 
@@ -1332,12 +1362,57 @@ def test_cohere2_moe(tmp, rng):
             print("cohere2_moe with %s %r (%d): %s" % (key, val, rc, out))
 
 
+def dsv4_refusals(d, x):
+    """DeepSeek-V4's hash layers refuse what they cannot route, by name: no
+    --token-ids, ids of the wrong length or past the table, a table entry
+    that is not an expert (naming the tensor and its offset), and another
+    scoring_func."""
+    xp = os.path.join(d, "x.npy")
+    R.write_npy(xp, x)
+    T = x.shape[0]
+
+    def refused(what, args, needle, cfg=None):
+        p = subprocess.run([MOE8, "run", "--model", cfg or d, "--input", xp, "--output", os.path.join(d, "yr.npy"), "--layer", "0", *args],
+                           capture_output=True, text=True)
+        ok = p.returncode == 1 and needle in p.stderr
+        print("%-58s %s" % ("deepseek_v4 refuses " + what, "ok" if ok else "FAIL: %d %s" % (p.returncode, p.stderr.strip())))
+        if not ok:
+            FAILS.append("deepseek_v4 " + what)
+    refused("no --token-ids", (), "--token-ids")
+    for name, ids, needle in (("ids of the wrong length", np.zeros(T - 1, np.int64), "must be int32 or int64 [%d]" % T),
+                              ("an id past the table", np.full(T, 40, np.int32), "token 0 has id 40, outside its hash table's [0, 40)"),
+                              ("a negative id", np.full(T, -1, np.int64), "token 0 has id -1"),
+                              ("float ids", np.zeros(T, np.float32), "must be int32 or int64")):
+        ip = os.path.join(d, "bad_ids.npy")
+        np.save(ip, ids)
+        refused(name, ("--token-ids", ip), needle)
+    # a table entry that is not an expert id, and another scoring_func: refused at load / parse, naming what
+    bad = d + "_bad"
+    shutil.copytree(d, bad)
+    import struct as S
+    with open(os.path.join(bad, "model.safetensors"), "r+b") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        name = [k for k in h if k.endswith("0.ffn.gate.tid2eid")][0]
+        shape = h[name]["shape"]
+        f.seek(8 + n + h[name]["data_offsets"][0] + 8 * (shape[1] + 1))  # element [1, 1]
+        f.write(S.pack("<q", 999))
+    refused("a tid2eid entry past the experts", ("--token-ids", os.path.join(d, "ids.npy")), "'%s'[1, 1] = 999" % name, bad)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["scoring_func"] = "softmax"
+    json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+    refused("scoring_func softmax", ("--token-ids", os.path.join(d, "ids.npy")), '"scoring_func" is "softmax"', bad)
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
             d, x, refs = row_case(tmp, rng, row, layout)
+            if row.get("dsv4") and not row.get("scoring"):
+                dsv4_refusals(d, x)
+            tok = ("--token-ids", os.path.join(d, "ids.npy")) if row.get("dsv4") else ()
             for l, ref in refs.items():
-                got, _ = run(d, x, ("--layer", str(l)))
+                got, _ = run(d, x, ("--layer", str(l), *tok))
                 check("%s bf16 %s, layer %d" % (row["mt"], layout, l), got, ref, 1e-5)
             if row["place"] != "all":
                 xp = os.path.join(d, "x.npy")
@@ -1349,8 +1424,9 @@ def test_rows(tmp, rng):
                     print("%s dense layer 0 not refused by %s: %s" % (row["mt"], key, p.stderr.strip()))
         # the class's defaults: norm, scaling and placement keys left out
         d, x, refs = row_case(tmp, rng, row, row["layouts"][0], absent=True)
+        tok = ("--token-ids", os.path.join(d, "ids.npy")) if row.get("dsv4") else ()
         for l, ref in refs.items():
-            got, _ = run(d, x, ("--layer", str(l)))
+            got, _ = run(d, x, ("--layer", str(l), *tok))
             check("%s bf16, optional keys absent, layer %d" % (row["mt"], l), got, ref, 1e-5)
         rc, out = info(d)
         if rc != 0 or row["mt"] not in out:
