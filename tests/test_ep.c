@@ -493,6 +493,113 @@ static void test_ep_gpt_oss_form(void **state) {
   g_mode = MOE8_EP_RING;
 }
 
+/* DeepSeek-V4's block (sqrt-softplus scores, weights / (sum + 1e-20) x 1.5,
+** the limited SwiGLU in the routed and the shared expert), routed by score
+** + bias or by token id (hash routing: each rank gives its tokens' ids):
+** both modes give the single process's bytes, forward and every gradient
+** (f32, FP8 1x16 quantize-before and after, i8); a hash layer's forward
+** without the ids, or with an id past the table on one rank, is refused on
+** every rank, by name; ranks whose tables differ are refused at create. */
+static void test_ep_dsv4(void **state) {
+  (void)state;
+  enum { E = 8, K = 3, D = 64, F = 48, T = 37, V = 11 };
+  static int32_t table[V * K], tok[T];
+  tu_rng_reset(5150);
+  for (int i = 0; i < V * K; i++) table[i] = (int32_t)(tu_u64() % E);
+  table[1] = table[0]; /* a repeated expert */
+  for (int t = 0; t < T; t++) tok[t] = (int32_t)(tu_u64() % V);
+  float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
+  tu_fill_normal(x, (size_t)(T * D), 1.0f);
+  tu_fill_normal(r, (size_t)(T * D), 1.0f);
+  int64_t off[9];
+  shards(1, T, off);
+  const int64_t T0 = off[g_rank], Tl = off[g_rank + 1] - off[g_rank];
+  for (int hash = 0; hash < 2; hash++)
+  for (int mode = 0; mode < 4; mode++) {
+    if (mode == 1) continue;
+    for (int m = 0; m < 4; m++) {
+      const bool before = m & 2;
+      if (!mode && before) continue;
+      g_mode = m & 1 ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
+      moe8_layer_config cfg = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .score = MOE8_SCORE_SQRTSOFTPLUS, .norm_topk_prob = true,
+                               .routed_scaling_factor = 1.5f, .norm_eps = 1e-20f, .use_selection_bias = !hash, .act = MOE8_ACT_SWIGLU_LIMIT,
+                               .act_limit = 0.4f, .shared_ffn = FS, .hash_routing = hash == 1};
+      moe8_rules *rules = rules_for(mode, before);
+      moe8_layer *L;
+      assert_int_equal(moe8_layer_create(&cfg, rules, "model.layers.0.ffn.experts", &L), MOE8_OK);
+      assert_int_equal(moe8_layer_init_random(L, 41), MOE8_OK);
+      if (hash) assert_int_equal(moe8_layer_set_hash_table(L, table, V), MOE8_OK);
+      else {
+        float *b = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
+        tu_rng_reset(42);
+        tu_fill_normal(b, E, 0.3f);
+      }
+      const size_t wsz = moe8_layer_workspace_size(L, T);
+      void *ws;
+      assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+      float *ref = malloc(sizeof(float) * (size_t)(T * D)), ref_aux;
+      grads g, eg;
+      grads_alloc(&g, T, D, E, F);
+      grads_alloc(&eg, Tl, D, E, F);
+      assert_int_equal(moe8_layer_forward_tokens(L, x, T, tok, ref, &ref_aux, ws, wsz), MOE8_OK);
+      const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, g.sg, g.su, g.sd};
+      assert_int_equal(moe8_layer_backward(L, x, T, r, ws, wsz, &lg), MOE8_OK);
+      moe8_ep *ep;
+      assert_int_equal(ep_create(L, &ep), MOE8_OK);
+      float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
+      const char *what = g_mode == MOE8_EP_ALLTOALL ? "all-to-all" : "ring";
+      moe8_status st = moe8_ep_forward_tokens(ep, x + T0 * D, Tl, tok + T0, out, &aux);
+      if (st != MOE8_OK) TU_FAIL("dsv4 (hash %d, %s): ep forward: %s", hash, what, moe8_last_error());
+      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, eg.sg, eg.su, eg.sd};
+      st = moe8_ep_backward(ep, x + T0 * D, Tl, r + T0 * D, &el);
+      if (st != MOE8_OK) TU_FAIL("dsv4 (hash %d, %s): ep backward: %s", hash, what, moe8_last_error());
+      const int64_t Eloc = E / g_size, e0 = g_rank * Eloc;
+      if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)) ||
+          memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) || memcmp(eg.dwr, g.dwr, sizeof(float) * (size_t)(D * E)) ||
+          memcmp(eg.dwg + e0 * D * F, g.dwg + e0 * D * F, sizeof(float) * (size_t)(Eloc * D * F)) ||
+          memcmp(eg.dwu + e0 * D * F, g.dwu + e0 * D * F, sizeof(float) * (size_t)(Eloc * D * F)) ||
+          memcmp(eg.dwd + e0 * F * D, g.dwd + e0 * F * D, sizeof(float) * (size_t)(Eloc * F * D)) ||
+          memcmp(eg.sg, g.sg, sizeof(float) * (size_t)(D * FS)) || memcmp(eg.sd, g.sd, sizeof(float) * (size_t)(D * FS)))
+        TU_FAIL("dsv4 (hash %d, mode %d, %s, %s, P=%d): output or a gradient differs from the single process", hash, mode, what,
+                before ? "quantize-before" : "quantize-after", g_size);
+      if (hash) {
+        /* without the ids: refused on every rank (a rank with no tokens too) */
+        st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
+        if (st != MOE8_ERR_INVALID_ARG || !strstr(moe8_last_error(), "routes by token id"))
+          TU_FAIL("dsv4 hash, %s: ep forward without token ids: %d %s", what, (int)st, moe8_last_error());
+        /* an id past the table on the last rank that holds tokens: every rank gets it */
+        int32_t *bad = malloc(sizeof(int32_t) * (size_t)(Tl + 1));
+        memcpy(bad, tok + T0, sizeof(int32_t) * (size_t)Tl);
+        int last = g_size - 1;
+        while (last > 0 && off[last + 1] == off[last]) last--;
+        if (g_rank == last && Tl > 0) bad[Tl - 1] = V;
+        st = moe8_ep_forward_tokens(ep, x + T0 * D, Tl, bad, out, &aux);
+        if (st != MOE8_ERR_INVALID_ARG || !strstr(moe8_last_error(), "outside its hash table's [0, 11)"))
+          TU_FAIL("dsv4 hash, %s: an id past the table: %d %s", what, (int)st, moe8_last_error());
+        free(bad);
+      }
+      moe8_ep_destroy(ep);
+      if (hash && g_size > 1 && mode == 0 && m == 0) {
+        /* ranks with different tables: refused at create, naming it */
+        int32_t t2[V * K];
+        memcpy(t2, table, sizeof t2);
+        if (g_rank == 1) t2[5] = (t2[5] + 1) % E;
+        assert_int_equal(moe8_layer_set_hash_table(L, t2, V), MOE8_OK);
+        st = ep_create(L, &ep);
+        if (st != MOE8_ERR_INVALID_ARG || !strstr(moe8_last_error(), "hash routing"))
+          TU_FAIL("dsv4 hash: ranks with different tables: %d %s", (int)st, moe8_last_error());
+      }
+      grads_free(&g);
+      grads_free(&eg);
+      free(ref); free(out); free(ws);
+      moe8_layer_destroy(L);
+      moe8_rules_destroy(rules);
+    }
+  }
+  free(x); free(r);
+  g_mode = MOE8_EP_RING;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -505,6 +612,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_ep_failures),
     cmocka_unit_test(test_ep_bytes_p8),
     cmocka_unit_test(test_ep_gpt_oss_form),
+    cmocka_unit_test(test_ep_dsv4),
   };
   const int rc = cmocka_run_group_tests(tests, NULL, NULL);
   moe8_comm_destroy(g_comm);

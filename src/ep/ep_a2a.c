@@ -183,7 +183,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   int64_t *at = malloc(sizeof(int64_t) * (size_t)P);
   if (!at) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
   for (int q = 0; q < P; q++) { at[q] = s->nsend; s->nsend += (int64_t)s->scnt[q]; }
-  for (int64_t t = 0; t < Tl; t++)
+  for (int64_t t = 0; st == MOE8_OK && t < Tl; t++) /* (after a routing failure the ids are not read: it is agreed below) */
     for (int64_t j = 0; j < K; j++) {
       const int64_t q = s->ids[t * K + j] / Eloc;
       bool first = true;
