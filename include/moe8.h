@@ -862,7 +862,7 @@ MOE8_API moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int
                           void **data);
 MOE8_API moe8_status moe8_npy_parse(const void *buf, size_t len, const char *name, moe8_file_dtype *dtype, int *ndim,
                            int64_t shape[MOE8_MAX_DIMS], size_t *data_offset);
-/* Writes a v1 .npy (F32 as <f4, BF16 as <u2, F16 as <f2, I8, U8) via a rename. */
+/* Writes a v1 .npy (F32 as <f4, BF16 as <u2, F16 as <f2, I8, U8, I32, I64) via a rename. */
 MOE8_API moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, const int64_t *shape, const void *data);
 
 /* Writes the parts, in order, to path.  A regular file (or a new one) is

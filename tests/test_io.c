@@ -89,8 +89,8 @@ static void test_safetensors_roundtrip_all_dtypes(void **state) {
 
 static void test_npy_roundtrip(void **state) {
   (void)state;
-  const moe8_file_dtype dts[] = {MOE8_FDT_F32, MOE8_FDT_BF16, MOE8_FDT_F16, MOE8_FDT_I8, MOE8_FDT_U8};
-  for (size_t i = 0; i < 5; i++)
+  const moe8_file_dtype dts[] = {MOE8_FDT_F32, MOE8_FDT_BF16, MOE8_FDT_F16, MOE8_FDT_I8, MOE8_FDT_U8, MOE8_FDT_I32, MOE8_FDT_I64};
+  for (size_t i = 0; i < 7; i++)
     for (int nd = 0; nd <= 3; nd++) {
       const int64_t shape[3] = {4, 3, 7};
       size_t n = 1;
@@ -1322,6 +1322,41 @@ static void test_family_rows(void **state) {
   /* a family whose block differs: refused with the reason */
   assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "sparsemixer"));
+  /* DeepSeek-V4: sqrt-softplus scores (or sigmoid; softmax refused), 1.5, 1e-20, the limited SwiGLU in the one
+  ** shared expert too, every layer MoE and the hash_moe ones routed by token id (default: the first 3), the
+  ** layers at the top allowed, vocab_size the tables' rows; intermediate_size the experts' width's alias */
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.score == MOE8_SCORE_SQRTSOFTPLUS && c.layer.num_experts == 256 &&
+              c.layer.top_k == 6 && c.layer.hidden == 4096 && c.num_layers == 43 && c.layer.ffn == 2048 && c.layer.shared_ffn == 2048 &&
+              c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 1.5f && c.layer.norm_eps == 1e-20f && c.layer.n_group == 1 &&
+              c.layer.act == MOE8_ACT_SWIGLU_LIMIT && c.layer.act_limit == 10.0f && !c.layer.shared_plain_act && c.has_bias &&
+              c.top_layers && c.vocab_size == 129280 && !strcmp(c.block_prefix, "ffn."));
+  assert_true(c.hash_moe[0] && c.hash_moe[1] && c.hash_moe[2] && !c.hash_moe[3] && moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 42), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"num_hidden_layers\":3,\"mlp_layer_types\":[\"moe\",\"hash_moe\",\"moe\",\"x\"],"
+                         "\"scoring_func\":\"sigmoid\",\"n_shared_experts\":4,\"norm_topk_prob\":false,\"intermediate_size\":64,"
+                         "\"vocab_size\":100,\"swiglu_limit\":7}"), MOE8_OK); /* the list trimmed to the layers, as the class does */
+  assert_true(!c.hash_moe[0] && c.hash_moe[1] && !c.hash_moe[2] && c.layer.score == MOE8_SCORE_SIGMOID && c.layer.shared_ffn == 64 &&
+              c.layer.ffn == 64 && c.layer.norm_topk_prob && c.vocab_size == 100 && c.layer.act_limit == 7.0f);
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"num_hidden_layers\":5,\"num_hash_layers\":1}"), MOE8_OK);
+  assert_true(c.hash_moe[0] && !c.hash_moe[1]);
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"scoring_func\":\"softmax\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "\"scoring_func\" is \"softmax\""));
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"num_hidden_layers\":3,\"mlp_layer_types\":[\"moe\",\"hash_moe\"]}"),
+                   MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "mlp_layer_types"));
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"num_hidden_layers\":2,\"mlp_layer_types\":[\"moe\",\"dense\"]}"),
+                   MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "\"mlp_layer_types\"[1]"));
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"moe_intermediate_size\":32,\"intermediate_size\":64}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "intermediate_size"));
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"quantization_config\":{\"quant_method\":\"fp8\",\"expert_dtype\":\"fp4\"}}"),
+                   MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "expert_dtype"));
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"expert_dtype\":\"fp4\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"mlp_bias\":true}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"hidden_act\":\"gelu\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"vocab_size\":0}"), MOE8_ERR_PARSE);
 #undef PARSE
 }
 

@@ -127,7 +127,8 @@ moe8_status moe8_npy_read(const char *path, moe8_file_dtype *dtype, int *ndim, i
 
 moe8_status moe8_npy_write(const char *path, moe8_file_dtype dtype, int ndim, const int64_t *shape, const void *data) {
   const char *descr = dtype == MOE8_FDT_F32 ? "<f4" : dtype == MOE8_FDT_BF16 ? "<u2" : dtype == MOE8_FDT_F16 ? "<f2"
-                    : dtype == MOE8_FDT_I8 ? "|i1" : dtype == MOE8_FDT_U8 ? "|u1" : NULL;
+                    : dtype == MOE8_FDT_I8 ? "|i1" : dtype == MOE8_FDT_U8 ? "|u1" : dtype == MOE8_FDT_I32 ? "<i4"
+                    : dtype == MOE8_FDT_I64 ? "<i8" : NULL;
   if (!path || !descr || ndim < 0 || ndim > MOE8_MAX_DIMS) return moe8__fail(MOE8_ERR_INVALID_ARG, "npy write: bad dtype or rank");
   char h[512];
   int n = snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
