@@ -398,6 +398,12 @@ typedef struct moe8_router_config {
   const int32_t   *hash_table;
   int64_t          hash_vocab;
   const int32_t   *token_ids;   /* [T] */
+  /* Group-limited routing: the dropped groups' experts get a selection
+  ** value of 0.0 instead of -inf (AXK2's router, transformers' AXK2);
+  ** it selects differently from -inf once the kept experts' values can
+  ** be negative (score + a negative bias): a dropped expert (value 0,
+  ** ties to the lower index) then beats them. */
+  bool             group_mask_zero;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -618,6 +624,9 @@ typedef struct moe8_layer_config {
   ** (moe8_ep_forward_tokens).  No selection bias, groups or
   ** select_logits with it. */
   bool            hash_routing;
+  /* Group-limited routing with the dropped groups' selection values 0.0
+  ** instead of -inf (moe8_router_config.group_mask_zero; AXK2). */
+  bool            group_mask_zero;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {

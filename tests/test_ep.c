@@ -79,12 +79,13 @@ static void shards(int variant, int64_t T, int64_t *off) {
 typedef struct scenario {
   const char *name;
   int         mode;       /* 0 f32, 1 fp8 per-token, 2 fp8 1x16, 3 i8 per-token, 4 fp8 1x128 (D = 320) */
-  int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts */
+  int         bias;       /* 0 none, 1 expert 5 unused, 2 all tokens on rank 0's experts, 3 all negative (AXK2's mask) */
   int         shard_variant;
   float       aux, capacity;
   int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated),
                           ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best),
-                          ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input) */
+                          ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input),
+                          ** 5 AXK2 (DeepSeek-V3's, one of 4 groups kept, the dropped groups' values 0.0) */
   int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
                           ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
                           ** expert's own limit (Step), 4 softcapped (Inkling-2) */
@@ -96,6 +97,7 @@ static void run_scenario(const scenario *sc) {
   if (sc->shared) { cfg.shared_ffn = FS; cfg.shared_gate = sc->shared == 2; }
   if (sc->shared == 3) { cfg.norm_topk_prob = false; cfg.routed_scaling_factor = 16.0f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_score = MOE8_GROUP_MAX; }
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
+  if (sc->shared == 5) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_mask_zero = true; }
   if (sc->shared == 4) { cfg.score = MOE8_SCORE_SIGMOID; cfg.norm_topk_prob = false; cfg.weight_input = true; }
   cfg.act = (moe8_expert_act)sc->act;
   if (sc->act == MOE8_ACT_SWIGLU_CLAMP) { cfg.act_alpha = 1.702f; cfg.act_limit = 0.4f; }
@@ -119,6 +121,7 @@ static void run_scenario(const scenario *sc) {
       float *b = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
       for (int64_t e = 0; e < E; e++) b[e] = 0.0f;
       if (sc->bias == 1) b[5] = -100.0f;
+      else if (sc->bias == 3) for (int64_t e = 0; e < E; e++) b[e] = -0.9f + 0.05f * (float)e; /* dropped experts chosen */
       else for (int64_t e = 0; e < E / g_size && e < K; e++) b[e] = 100.0f; /* K experts, all on rank 0 */
       if (sc->bias == 2 && E / g_size < K) b[1] = 100.0f;
     }
@@ -173,9 +176,10 @@ static void run_scenario(const scenario *sc) {
       ** that holds one of its experts. */
       int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
       float *lgt = malloc(sizeof(float) * (size_t)(T * E)), *wt = malloc(sizeof(float) * (size_t)(T * K));
-      const moe8_router_config rc = {E, K, cfg.score, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+      moe8_router_config rc = {E, K, cfg.score, cfg.norm_topk_prob, cfg.routed_scaling_factor,
                                      cfg.use_selection_bias ? moe8_layer_weight_read(L, MOE8_W_BIAS, NULL) : NULL, cfg.n_group, cfg.topk_group,
                                      cfg.group_score};
+      rc.group_mask_zero = cfg.group_mask_zero;
       assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lgt), MOE8_OK);
       assert_int_equal(moe8_route(&rc, lgt, T, NULL, ids, wt), MOE8_OK);
       const int64_t El = E / g_size;
@@ -256,6 +260,8 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, the SwiGLU clamped after the activation, shared expert (Step)", 0, 1, 1, 0, 0, 1, MOE8_ACT_SWIGLU_POST},
     {"i8 per-token, the softcapped SwiGLU (Inkling-2)", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_SWIGLU_SOFTCAP},
     {"f32, the softcapped SwiGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_SOFTCAP},
+    {"f32, AXK2's group mask (0.0), negative selection values, shared expert", 0, 3, 1, 0.01f, 0, 5},
+    {"fp8 1x16, AXK2's group mask (0.0), negative selection values", 2, 3, 0, 0, 0, 5},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;

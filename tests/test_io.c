@@ -1320,6 +1320,23 @@ static void test_family_rows(void **state) {
   assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl\",\"text_config\":{\"num_local_experts\":16}}"), MOE8_OK);
   assert_true(c.layer.act == MOE8_ACT_SWIGLU_CLAMP && c.layer.num_experts == 16);
   /* a family whose block differs: refused with the reason */
+  /* AXK2: DeepSeek-V3's block with the dropped groups' values 0.0; no groups by default (both keys null), set together */
+  assert_int_equal(PARSE("{\"model_type\":\"axk2\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.num_experts == 128 && c.layer.top_k == 8 && c.layer.hidden == 2048 &&
+              c.num_layers == 48 && c.layer.ffn == 512 && c.layer.shared_ffn == 512 && c.layer.routed_scaling_factor == 2.5f &&
+              c.layer.norm_topk_prob && c.layer.n_group <= 1 && c.layer.group_mask_zero && c.has_bias &&
+              moe8_hf_config_first_moe_layer(&c) == 1);
+  assert_int_equal(PARSE("{\"model_type\":\"axk2\",\"n_group\":4,\"topk_group\":2,\"num_hidden_layers\":3,"
+                         "\"mlp_layer_types\":[\"sparse\",\"dense\",\"sparse\"],\"n_shared_experts\":2}"), MOE8_OK);
+  assert_true(c.layer.n_group == 4 && c.layer.topk_group == 2 && c.layer.group_mask_zero && c.layer.shared_ffn == 1024 &&
+              moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(PARSE("{\"model_type\":\"axk2\",\"n_group\":4,\"topk_group\":null}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "set together"));
+  assert_int_equal(PARSE("{\"model_type\":\"axk2\",\"topk_group\":2}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "\"n_group\""));
+  assert_int_equal(PARSE("{\"model_type\":\"deepseek_v3\"}"), MOE8_OK);
+  assert_false(c.layer.group_mask_zero);
   assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "sparsemixer"));
   /* DeepSeek-V4: sqrt-softplus scores (or sigmoid; softmax refused), 1.5, 1e-20, the limited SwiGLU in the one

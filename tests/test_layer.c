@@ -1474,6 +1474,35 @@ static void test_norm_min(void **state) {
     }
   }
   if (!differs) TU_FAIL("select_logits: the test's bias never changes the choice");
+  /* AXK2's group mask: 4 groups of 2, 1 kept; the dropped groups' experts
+  ** select with 0.0 (-inf without group_mask_zero), ties to the lower
+  ** index; a bias that makes the kept experts' values negative, so that a
+  ** dropped expert (0.0) beats the kept group's second one */
+  for (int e = 0; e < E; e++) bias[e] = -0.9f + 0.05f * (float)e;
+  for (int zero = 0; zero < 2; zero++) {
+    const moe8_router_config rg = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SIGMOID, .selection_bias = bias, .n_group = 4,
+                                   .topk_group = 1, .group_mask_zero = zero != 0};
+    assert_int_equal(moe8_route(&rg, logits, T, sc, ids, w), MOE8_OK);
+    int dropped_chosen = 0;
+    for (int t = 0; t < T; t++) {
+      float v[E], gs[4];
+      for (int e = 0; e < E; e++) v[e] = sc[t * E + e] + bias[e];
+      int kg = 0;
+      for (int g = 0; g < 4; g++) { gs[g] = v[2 * g] + v[2 * g + 1]; if (gs[g] > gs[kg]) kg = g; }
+      for (int e = 0; e < E; e++) if (e / 2 != kg) v[e] = zero ? 0.0f : -INFINITY;
+      bool used[E] = {false};
+      for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) if (!used[e] && (best < 0 || v[e] > v[best])) best = e;
+        used[best] = true;
+        if (ids[t * K + j] != best) TU_FAIL("group_mask_zero %d: token %d choice %d is %d, want %d", zero, t, j, ids[t * K + j], best);
+        if (moe8__f32_bits(w[t * K + j]) != moe8__f32_bits(sc[t * E + best])) TU_FAIL("group_mask_zero %d: token %d weight %d", zero, t, j);
+        dropped_chosen += best / 2 != kg;
+      }
+    }
+    if (zero ? dropped_chosen == 0 : dropped_chosen != 0)
+      TU_FAIL("group_mask_zero %d: %d choices from dropped groups (want %s)", zero, dropped_chosen, zero ? "some" : "none");
+  }
   /* the layer's backward */
   moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .use_selection_bias = true,
                          .norm_min = 0.45f, .norm_eps = 0.05f};

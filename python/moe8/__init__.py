@@ -92,7 +92,8 @@ class _LayerConfig(C.Structure):
                 ("act_alpha", C.c_float), ("act_limit", C.c_float), ("router_bias", C.c_bool), ("expert_bias", C.c_bool),
                 ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool), ("norm_min", C.c_float),
                 ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool),
-                ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool)]
+                ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool),
+                ("group_mask_zero", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -460,7 +461,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0, shared_ffn=0,
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False):
+                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
+                  group_mask_zero=False):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid' or 'sqrtsoftplus' (DeepSeek-V4), not %r" % (score,))
@@ -479,7 +481,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
-                        bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing))
+                        bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
+                        bool(group_mask_zero))
 
 
 def _f32_any(a, name, shape):
@@ -503,7 +506,7 @@ class Layer:
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, rules=None,
+                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -517,7 +520,8 @@ class Layer:
             cfg = _layer_config(num_experts, top_k, hidden, ffn, score, norm_topk_prob, routed_scaling_factor, use_selection_bias,
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
-                                norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing)
+                                norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
+                                group_mask_zero)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))

@@ -161,7 +161,8 @@ class MoE8Block(torch.nn.Module):
                "act": ACTS[c.act]}
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
                   "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
-                  "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit"):
+                  "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit",
+                  "group_mask_zero"):
             cfg[k] = getattr(_cfg(lay), k)
         block = cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay, module_path=lay.module_path, **cfg)
         block._codes = codes
@@ -490,7 +491,8 @@ def _from_hf_inference(block, family, cfg, rules, module_path):
           "act": ACTS[c.act]}
     for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
               "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
-                  "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit"):
+                  "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit",
+                  "group_mask_zero"):
         kw[k] = getattr(c, k)
     out = MoE8Block.__new__(MoE8Block)
     torch.nn.Module.__init__(out)

@@ -68,7 +68,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     c->act + 8 * c->router_bias + 16 * c->expert_bias + 32 * c->weight_input + 64 * c->shared_plain_act + 128 * c->select_logits +
                         ((int64_t)moe8__f32_bits(c->norm_min) << 8) + ((int64_t)moe8__f32_bits(c->norm_eps) << 40),
                     (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit) ^ ((uint64_t)moe8__f32_bits(c->shared_act_limit) << 17)), ep->mode,
-                    (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32)),
+                    (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)c->group_mask_zero << 63) ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32)),
                     0, order_code(L), 0}};
   if (c->hash_routing) { /* the flag, the table's rows and entries */
     uint64_t th = 0xCBF29CE484222325ULL ^ (uint64_t)L->hash_vocab;

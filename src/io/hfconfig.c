@@ -124,6 +124,10 @@ typedef struct family {
   ** "hash_moe" ones of mlp_layer_types (default: the first
   ** num_hash_layers, 3) routed by token id (parse_dsv4) */
   bool        dsv4;
+  /* AXK2 (AXK2Config): the dropped groups' selection values 0.0, not -inf
+  ** (moe8_layer_config.group_mask_zero); n_group and topk_group both null
+  ** (no groups, the class's default) or both set */
+  bool        group_zero;
 } family;
 
 /* Placement of the MoE layers. */
@@ -306,6 +310,15 @@ static const family k_families[] = {
   {.name = "mistral4", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_local_experts", .hidden = 4096, .layers = 36, .experts = 128, .top_k = 4, .ffn = 2048, .shared = 1, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .first_dense = 0, .softmax_scores = true, .no_bias = true},
+  /* AXK2Config (A.X-K2): DeepSeek-V3's block (sigmoid + correction bias,
+  ** weights / (Σ + 1e-20) iff norm_topk_prob, times routed_scaling_factor,
+  ** n_shared_experts ungated), groups optional and the dropped groups'
+  ** selection values 0.0; MoE layers by mlp_layer_types ("sparse"), else
+  ** the list the class builds from first_k_dense_replace (1) and
+  ** moe_layer_freq (1) */
+  {.name = "axk2", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 2048, .layers = 48, .experts = 128, .top_k = 8, .ffn = 512, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 1, .topk_group = 1, .first_dense = 1, .place = PLACE_TYPES_FKF, .norm_eps = 1e-20, .group_zero = true},
   /* Ernie4_5_MoeConfig (ERNIE-4.5): softmax scores, the top-k of score +
   ** moe_statics.e_score_correction_bias, always renormalized by
   ** max(Σ, moe_norm_min); moe_num_shared_experts ungated shared experts;
@@ -931,7 +944,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"glm4v_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
-    {"axk2", "its dropped expert groups are masked with 0.0, not -inf, which selects differently once selection values are negative"},
     {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
     {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
@@ -1079,6 +1091,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(pick_key(root, file, fam->group_key, "n_group", kk));
       TRY(get_int(root, file, kk, fam->n_group, 1, MOE8_MAX_EXPERTS, &L->n_group));
       TRY(get_int(root, file, "topk_group", fam->topk_group, 1, MOE8_MAX_EXPERTS, &L->topk_group));
+      if (fam->group_zero && !item(root, kk) != !item(root, "topk_group"))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" and \"topk_group\" must be set together (both null: no groups)", file,
+                          item(root, kk) ? "topk_group" : kk);
+      L->group_mask_zero = fam->group_zero;
     }
     TRY(check_groups(L, file));
     bool with_bias = !fam->no_bias;

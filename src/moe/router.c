@@ -113,7 +113,8 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     if (NG > 1) {
       /* Group score: its best selection value plus its second best (or
       ** the best alone, MOE8_GROUP_MAX); the KG best groups stay, ties to
-      ** the lower group; the others' experts get a selection value of -inf. */
+      ** the lower group; the others' experts get a selection value of -inf
+      ** (0.0 with group_mask_zero, AXK2's). */
       const int64_t gs = E / NG;
       float gsc[MOE8_MAX_EXPERTS / 2];
       uint64_t keep[MOE8_MAX_EXPERTS / 128 + 1];
@@ -135,7 +136,7 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
       }
       for (int64_t g = 0; g < NG; g++)
         if (!(keep[g >> 6] >> (g & 63) & 1))
-          for (int64_t e = g * gs; e < (g + 1) * gs; e++) sel[e] = -INFINITY; /* as DeepSeek's code and transformers */
+          for (int64_t e = g * gs; e < (g + 1) * gs; e++) sel[e] = cfg->group_mask_zero ? 0.0f : -INFINITY; /* as DeepSeek's code and transformers */
     }
     memset(taken, 0, sizeof(uint64_t) * (size_t)((E + 63) / 64));
     for (int64_t j = 0; j < K; j++) {

@@ -950,6 +950,10 @@ ROWS = [
          shared=("n_shared_experts", 2), place="types", layouts=("per",)),
     dict(mt="flint", block="qwen2", ekey="num_experts", fkey="moe_intermediate_size", norm=("norm_topk_prob", True), place="qwen",
          dense=2, ungated=True, sigmoid=True, layouts=("per", "fused")),
+    # AXK2 (A.X-K2): DeepSeek-V3's block, groups optional (null: none), the dropped groups' selection values 0.0 (the test's
+    # bias makes the kept experts' values negative, so dropped experts are chosen, ties to the lower index)
+    dict(mt="axk2", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
+         shared=("n_shared_experts", 1), place="types", zero_mask=True, layouts=("per", "fused")),
     # Mistral-4: DeepSeek-V3's groups on softmax scores, no bias
     dict(mt="mistral4", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
          shared=("n_shared_experts", 1), place="fk", dense=0, softmax=True, layouts=("per", "fused")),
@@ -1232,7 +1236,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         else:
             bias = rnd(rng, E, scale=0.2) - 1.0
             t[p + row.get("bias", "gate.e_score_correction_bias")] = ("F32", bias)
-            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20))
+            routing = R.route_deepseek(x, wr, store(bias, "F32"), k, n_group[0], n_group[1], norm, scale, eps=row.get("norm_eps", 1e-20),
+                                       zero_mask=row.get("zero_mask", False))
         ob = None
         if row.get("out_bias"):  # JetMoE: the block's output bias [D]
             ob = rnd(rng, D, scale=0.5)
