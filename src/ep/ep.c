@@ -65,8 +65,10 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     moe8__f32_bits(c->aux_loss_weight), L->wq, L->wq ? L->wspec.qtype : 0, L->wq ? L->wspec.tile : 0, L->aq,
                     L->aq ? L->aspec.qtype : 0, L->aq ? L->aspec.tile : 0, L->has_rule ? L->rule.bwd_qtype : 0, L->before_sort,
                     ep->P, c->n_group, c->topk_group, c->shared_ffn, c->shared_gate, c->group_score,
-                    c->act + 8 * c->router_bias + 16 * c->expert_bias + 32 * c->weight_input + 64 * c->shared_plain_act + 128 * c->select_logits +
-                        ((int64_t)moe8__f32_bits(c->norm_min) << 8) + ((int64_t)moe8__f32_bits(c->norm_eps) << 40),
+                    /* in unsigned arithmetic (a shift into the sign bit is undefined), norm_eps's bits rotated by 40 */
+                    (int64_t)((uint64_t)c->act + 8u * c->router_bias + 16u * c->expert_bias + 32u * c->weight_input + 64u * c->shared_plain_act +
+                              128u * c->select_logits + ((uint64_t)moe8__f32_bits(c->norm_min) << 8) +
+                              ((uint64_t)moe8__f32_bits(c->norm_eps) << 40 | (uint64_t)moe8__f32_bits(c->norm_eps) >> 24)),
                     (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit) ^ ((uint64_t)moe8__f32_bits(c->shared_act_limit) << 17)), ep->mode,
                     (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)c->group_mask_zero << 63) ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32)),
                     0, order_code(L), 0}};
