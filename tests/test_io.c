@@ -314,8 +314,8 @@ static void test_gpt_oss_mxfp4(void **state) {
   moe8_layer_destroy(Li);
   moe8_layer_destroy(L);
   moe8_model_close(m);
-  /* moe8 quantize refuses the MXFP4 file by its family (the message is
-  ** made before the model it names is closed) and writes nothing */
+  /* moe8 quantize takes the MXFP4 file: an FP8 rule decodes the experts
+  ** exactly and writes moe8's codes (the biases kept, as GPT-OSS's) */
   {
     moe8_rules *fr;
     const char *fj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\"}]}";
@@ -323,10 +323,13 @@ static void test_gpt_oss_mxfp4(void **state) {
     char qout[600];
     snprintf(qout, sizeof qout, "%s-q", dir); /* tmp_path's buffer holds dir */
     const moe8_quantize_options qo = {sizeof qo};
-    assert_int_equal(moe8_model_quantize(dir, qout, fr, &qo), MOE8_ERR_UNSUPPORTED);
-    assert_non_null(strstr(moe8_last_error(), "is gpt_oss: its pre-quantized moe8 files are not written yet"));
-    struct stat sb;
-    assert_int_not_equal(stat(qout, &sb), 0);
+    if (moe8_model_quantize(dir, qout, fr, &qo) != MOE8_OK) TU_FAIL("quantize of the MXFP4 file: %s", moe8_last_error());
+    moe8_model *q;
+    assert_int_equal(moe8_model_open(qout, &q), MOE8_OK);
+    assert_non_null(strstr(moe8_model_format(q, 0), "moe8 f8e4m3"));
+    assert_non_null(moe8_model_find(q, "model.layers.0.mlp.experts.gate_up_proj_bias"));
+    assert_non_null(moe8_model_find(q, "model.layers.0.mlp.experts.down_proj_bias"));
+    moe8_model_close(q);
     moe8_rules_destroy(fr);
   }
   /* Refused: the E8M0 NaN, and a value past the f32 range (code 6 under 2^126). */
@@ -822,6 +825,68 @@ static void e_shape(cJSON *r) { /* same bytes, transposed shape */
   const double a = cJSON_GetArrayItem(s, 0)->valuedouble, b = cJSON_GetArrayItem(s, 1)->valuedouble;
   cJSON_ReplaceItemInArray(s, 0, cJSON_CreateNumber(b));
   cJSON_ReplaceItemInArray(s, 1, cJSON_CreateNumber(a));
+}
+
+/* GPT-OSS through moe8 quantize (FP8, int8, MXFP4; docs/files.md): each
+** file's run gives the bytes of the input's run under the rules, for a
+** float input and for GPT-OSS's own MXFP4 layout (which an mxfp4 rule
+** writes, gate and up rows alternating, and then keeps tensor for tensor). */
+static void test_cli_gpt_oss_quantize(void **state) {
+  (void)state;
+  const char *M = moe8_bin();
+  char cfg[600], src[600], x[600];
+  snprintf(cfg, sizeof cfg, "%s/gcfg.json", g_dir);
+  snprintf(src, sizeof src, "%s/gmodel", g_dir);
+  snprintf(x, sizeof x, "%s/gx.npy", g_dir);
+  write_text(cfg, "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_local_experts\": 8,"
+                  " \"num_experts_per_tok\": 2, \"intermediate_size\": 96, \"swiglu_limit\": 7.0}");
+  if (sh("'%s' init --config '%s' --out '%s' --dtype bf16", M, cfg, src) != 0) TU_FAIL("init: %s", g_err);
+  const int64_t T = 11, D = 64, shape[2] = {T, D};
+  float xv[11 * 64];
+  tu_rng_reset(9);
+  tu_fill_normal(xv, (size_t)(T * D), 1.0f);
+  assert_int_equal(moe8_npy_write(x, MOE8_FDT_F32, 2, shape, xv), MOE8_OK);
+  static const char *const rules[4][2] = {
+    {"fp8", "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}"},
+    {"i8", "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}"},
+    {"mx", "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"mxfp4\", \"act_qtype\": \"int8\", \"tile_size\": 32}]}"},
+    {"mxf", "{\"rules\": [{\"module_path\": \"experts\", \"weight_qtype\": \"mxfp4\"}]}"},
+  };
+  /* in: the float model, then GPT-OSS's MXFP4 file that the exact mxfp4 rule wrote */
+  for (int in = 0; in < 2; in++) {
+    char from[600];
+    snprintf(from, sizeof from, in ? "%s/gq_mxf" : "%s", in ? g_dir : src);
+    for (int r = 0; r < 4; r++) {
+      char rp[600];
+      snprintf(rp, sizeof rp, "%s/grules_%s.json", g_dir, rules[r][0]);
+      write_text(rp, rules[r][1]);
+      if (sh("rm -rf '%s/gq_%d%s' && '%s' quantize '%s' '%s/gq_%d%s' --rules '%s'", g_dir, in, rules[r][0], M, from, g_dir, in, rules[r][0], rp) != 0)
+        TU_FAIL("in %d rules %s: quantize: %s", in, rules[r][0], g_err);
+      for (int l = 0; l < 2; l++) {
+        if (sh("'%s' run --model '%s/gq_%d%s' --input '%s' --output '%s/gy1.npy' --layer %d", M, g_dir, in, rules[r][0], x, g_dir, l) != 0)
+          TU_FAIL("in %d rules %s layer %d: run of the file: %s", in, rules[r][0], l, g_err);
+        if (sh("'%s' run --model '%s' --rules '%s' --input '%s' --output '%s/gy2.npy' --layer %d", M, from, rp, x, g_dir, l) != 0)
+          TU_FAIL("in %d rules %s layer %d: run of the input: %s", in, rules[r][0], l, g_err);
+        if (sh("cmp '%s/gy1.npy' '%s/gy2.npy'", g_dir, g_dir) != 0) TU_FAIL("in %d rules %s layer %d: the bytes differ", in, rules[r][0], l);
+      }
+    }
+    if (!in && sh("cp -r '%s/gq_0mxf' '%s/gq_mxf'", g_dir, g_dir) != 0) TU_FAIL("cp: %s", g_err);
+  }
+  /* The MXFP4 input under an mxfp4 rule: its tensors kept byte for byte. */
+  char a[600], b[600];
+  snprintf(a, sizeof a, "%s/gq_mxf", g_dir);
+  snprintf(b, sizeof b, "%s/gq_1mx", g_dir);
+  moe8_model *ma, *mb;
+  assert_int_equal(moe8_model_open(a, &ma), MOE8_OK);
+  assert_int_equal(moe8_model_open(b, &mb), MOE8_OK);
+  assert_int_equal(moe8_model_tensor_count(ma), moe8_model_tensor_count(mb));
+  for (size_t i = 0; i < moe8_model_tensor_count(ma); i++) {
+    const moe8_tensor_view *ta = moe8_model_tensor_at(ma, i), *tb = moe8_model_find(mb, ta->name);
+    if (!tb || tb->nbytes != ta->nbytes || memcmp(ta->data, tb->data, ta->nbytes) != 0) TU_FAIL("tensor %s not kept", ta->name);
+  }
+  assert_string_equal(moe8_model_format(mb, 0), "mxfp4 (E2M1 values, E8M0 scales per 32 along K)");
+  moe8_model_close(ma);
+  moe8_model_close(mb);
 }
 
 static void test_cli_files(void **state) {
@@ -1392,6 +1457,7 @@ int main(void) {
     cmocka_unit_test(test_deepseek_blocks),
     cmocka_unit_test(test_cli_files),
     cmocka_unit_test(test_mxfp4_rule_options),
+    cmocka_unit_test(test_cli_gpt_oss_quantize),
     cmocka_unit_test(test_quantize_output_dir),
     cmocka_unit_test(test_quantize_records_rules),
     cmocka_unit_test(test_quantize_tile_recorded),

@@ -581,7 +581,7 @@ moe8_status moe8_model_load_layer_ex(const moe8_model *m, int64_t layer, const m
   /* moe8's file made under rules: those rules (every layer, every
   ** activation setting), so its run is the input's run with them; a
   ** training load of its MXFP4 experts decodes them (no rule). */
-  if (!rules && m->rules && !(strstr(moe8_model_format(m, layer), "moe8 mxfp4") && !inference)) {
+  if (!rules && m->rules && !(strstr(moe8_model_format(m, layer), "mxfp4") && !inference)) {
     moe8_rules *rec = NULL;
     moe8_status st = moe8_rules_parse(m->rules, strlen(m->rules), m->rules_name, &rec);
     if (st == MOE8_OK) st = load_layer(m, layer, rec, opt, out);
@@ -808,9 +808,14 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
   for (int i = 0; i < 4; i++)
     if (!is_float_file(fl[i]->dtype))
       return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", fl[i]->name, moe8_file_dtype_name(fl[i]->dtype));
-  gptoss_w wgu, wdn;
-  if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
-  if ((st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
+  /* The experts: GPT-OSS's floats or MXFP4, or moe8's own file of them
+  ** (moe8 quantize: FP8 / int8 codes, gate columns then up; the biases
+  ** stay GPT-OSS's, in alternate columns). */
+  snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
+  const bool own = moe8_model_find(m, n) != NULL;
+  gptoss_w wgu = {0}, wdn = {0};
+  if (!own && (st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK) return st;
+  if (!own && (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK) return st;
   /* the router's transpose buffer now; an expert's three more only when
   ** the experts are decoded (not for MXFP4 kept as it is) */
   float *tmp = malloc(sizeof(float) * (size_t)(E * D)), *raw = NULL, *gu = NULL, *dn = NULL;
@@ -828,6 +833,18 @@ static moe8_status load_gpt_oss(const moe8_model *m, int64_t layer, const moe8_r
       L->w[MOE8_W_GU_BIAS][e * 2 * F + f] = bgu[e * 2 * F + 2 * f];
       L->w[MOE8_W_GU_BIAS][e * 2 * F + F + f] = bgu[e * 2 * F + 2 * f + 1];
     }
+  if (st == MOE8_OK && own) {
+    loader ld = {m, p, D, 128, 128, tmp, false};
+    bool borrowed = false;
+    st = load_moe8(&ld, L, (moe8_model *)m, &borrowed);
+    if (borrowed) { L->keep = (void *)m; L->release = model_release; }
+    if (st == MOE8_OK) st = moe8__layer_end_load(L);
+    if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E, E);
+    free(tmp); free(bgu);
+    if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
+    *out = L;
+    return MOE8_OK;
+  }
   if (st == MOE8_OK && L->inference && !L->wq && moe8__mx4_acts_ok(L) && wgu.blocks && wdn.blocks) {
     /* MXFP4 kept as the file holds it: 4.25 bits a weight, decoded by the
     ** kernels (moe8__ktable.mx4_rows). */

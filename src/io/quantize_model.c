@@ -393,7 +393,7 @@ static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char
 ** (gate rows, then up rows) and _scales [E, 2F, D/32]; down_proj the same
 ** with [E, D, F/32, ...].  The shared expert stays as the input holds it
 ** (the layer quantizes it at load, as under the rule). */
-static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char *p, int64_t E, int64_t D, int64_t F) {
+static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char *p, int64_t E, int64_t D, int64_t F, bool gptoss) {
   const int64_t Fs = moe8_layer_get_config(L)->shared_ffn;
   if (D % 32 || F % 32 || Fs % 32)
     return moe8__fail(MOE8_ERR_SHAPE, "quantize: %s: weight_qtype mxfp4 needs hidden (%lld), ffn (%lld) and the shared expert's (%lld) to be "
@@ -409,8 +409,15 @@ static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char 
   }
   for (int64_t e = 0; e < E; e++) {
     for (int64_t d = 0; d < D; d++) {
-      memcpy(gu + d * 2 * F, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
-      memcpy(gu + d * 2 * F + F, wu + (e * D + d) * F, sizeof(float) * (size_t)F);
+      if (gptoss) /* GPT-OSS's own layout: gate and up in alternate columns */
+        for (int64_t f = 0; f < F; f++) {
+          gu[d * 2 * F + 2 * f] = wg[(e * D + d) * F + f];
+          gu[d * 2 * F + 2 * f + 1] = wu[(e * D + d) * F + f];
+        }
+      else {
+        memcpy(gu + d * 2 * F, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
+        memcpy(gu + d * 2 * F + F, wu + (e * D + d) * F, sizeof(float) * (size_t)F);
+      }
     }
     moe8__mx4_quantize(gu, D, 2 * F, b1 + (size_t)e * (bg / (size_t)E), s1 + (size_t)e * (sg / (size_t)E));
     moe8__mx4_quantize(wd + e * F * D, F, D, b2 + (size_t)e * (bd / (size_t)E), s2 + (size_t)e * (sd / (size_t)E));
@@ -475,7 +482,7 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
 
 /* The input's config.json with the new quantization recorded, into tmp. */
 static moe8_status write_config(const char *in, const char *tmp, bool deepseek, int quantized_layers, moe8_dtype qtype, int64_t qtile,
-                                int packed_layout, bool mx4, const moe8_rules *rules) {
+                                int packed_layout, bool mx4, bool gptoss, const moe8_rules *rules) {
   char path[4400];
   snprintf(path, sizeof path, "%s/config.json", in);
   char *txt = NULL;
@@ -497,6 +504,13 @@ static moe8_status write_config(const char *in, const char *tmp, bool deepseek, 
       cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
       cJSON_AddItemToArray(bs, cJSON_CreateNumber(128));
       cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+    } else if (mx4 && gptoss) {
+      /* GPT-OSS's own MXFP4 checkpoint, as its released files are (transformers loads it too) */
+      cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+      cJSON_AddStringToObject(q, "quant_method", "mxfp4");
+      cJSON *nc = cJSON_AddArrayToObject(q, "modules_to_not_convert");
+      static const char *const keep[4] = {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"};
+      for (int i = 0; i < 4; i++) cJSON_AddItemToArray(nc, cJSON_CreateString(keep[i]));
     } else if (mx4) {
       cJSON *q = cJSON_AddObjectToObject(root, "moe8_quantization");
       cJSON_AddStringToObject(q, "weight_qtype", "mxfp4");
@@ -554,15 +568,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   if (st == MOE8_OK) st = moe8_model_open(in, &m);
   if (st != MOE8_OK) { oldset_free(&old); return st; }
   const moe8_hf_config *hc = moe8_model_config(m);
-  if (hc->arch == MOE8_ARCH_GPT_OSS) {
-    /* the message first: hc is the model's, freed by the close */
-    st = moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s is %s: its pre-quantized moe8 files are not written yet (its own files hold "
-                    "MXFP4 already); run it with the rules instead (moe8 run --rules R: the experts are quantized once at load)", in,
-                    moe8_arch_name(hc->arch));
-    moe8_model_close(m);
-    oldset_free(&old);
-    return st;
-  }
+  const bool gptoss = hc->arch == MOE8_ARCH_GPT_OSS;
   const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};
   int quantized_layers = 0, packed_layout = 0, mx4_layers = 0;
@@ -584,7 +590,10 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       say(j, "layer %lld: a dense MLP layer, copied", (long long)l);
       continue;
     }
-    if (strstr(moe8_model_format(m, l), "unquantized") == NULL) {
+    /* GPT-OSS's own MXFP4 (a released checkpoint) is an input: kept under
+    ** an mxfp4 rule, decoded exactly and quantized under the others. */
+    const bool file_mx4 = gptoss && !strcmp(moe8_model_format(m, l), "mxfp4 (E2M1 values, E8M0 scales per 32 along K)");
+    if (!file_mx4 && strstr(moe8_model_format(m, l), "unquantized") == NULL) {
       st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s: layer %lld is already quantized (%s)", in, (long long)l, moe8_model_format(m, l));
       break;
     }
@@ -605,6 +614,12 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
                       want, mp, mx4 ? "another weight_qtype" : "mxfp4");
       break;
     }
+    if (file_mx4 && mx4) {
+      say(j, "layer %lld: %s: MXFP4 kept as the file holds it", (long long)l, mp);
+      quantized_layers++;
+      mx4_layers++;
+      continue;
+    }
     moe8_layer *L = NULL;
     /* MXFP4 from the f32 masters (the rule quantizes at inference loads only) */
     if ((st = moe8_model_load_layer(m, l, mx4 ? no_rules : rules, &L)) != MOE8_OK) break;
@@ -612,7 +627,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     quantized_layers++;
     if (mx4) {
       mx4_layers++;
-      st = layer_mx4(j, &o, L, p, E, D, F);
+      st = layer_mx4(j, &o, L, p, E, D, F, gptoss);
     } else if (deepseek) {
       st = layer_deepseek(j, &o, L, hc, p);
     } else {
@@ -637,7 +652,9 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     const moe8_tensor_view *t = moe8_model_tensor_at(m, i);
     long long l = -1;
     const char *root = moe8__model_root(m);
-    if (is_expert_tensor(t->name, deepseek) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
+    const size_t tl = strlen(t->name);
+    const bool bias = gptoss && tl > 5 && !strcmp(t->name + tl - 5, "_bias"); /* GPT-OSS's expert biases stay */
+    if (!bias && is_expert_tensor(t->name, deepseek) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
         l >= 0 && l < hc->num_layers && replace[l])
       continue;
     st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
@@ -665,7 +682,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     const bool codes = !deepseek && quantized_layers > mx4_layers;
     st = moe8__st_write_meta(path, o.t, o.n, kv, codes ? 1 : 0);
   }
-  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0, rules);
+  if (st == MOE8_OK) st = write_config(in, tmp, deepseek, quantized_layers, qtype, qtile, packed_layout, mx4_layers > 0, gptoss, rules);
   /* Test hook (docs/testing.md): fail after the whole new model is written. */
   const char *hook = getenv("MOE8_TEST_QUANTIZE_FAIL");
   if (st == MOE8_OK && hook && strcmp(hook, "swap") != 0)

@@ -12,7 +12,9 @@
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 quantize IN_DIR OUT_DIR --rules RULES.json [--format moe8|deepseek] [--force]\n\n"
              "Pre-quantizes the expert weights of each layer whose '<prefix>experts' module path matches a\n"
-             "rule with a weight_qtype (f8e4m3 or int8; f8e5m2 is left unquantized with a notice).\n"
+             "rule with a weight_qtype (f8e4m3, int8 or mxfp4; f8e5m2 is left unquantized with a notice).\n"
+             "Every family, GPT-OSS and Llama-4 included: GPT-OSS's MXFP4 stays in its own layout\n"
+             "(docs/files.md); the file's run gives the bytes of the input's run under the rules.\n"
              "  --format moe8      [E, nb, 1, N] scales as the fused kernels consume them (default)\n"
              "  --format deepseek  DeepSeek-V3 FP8: F8_E4M3 .weight + F32 .weight_scale_inv per 128x128 block\n"
              "Other tensors are copied. One progress line per tensor.\n"
