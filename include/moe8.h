@@ -964,6 +964,12 @@ typedef struct moe8_hf_config {
   bool              top_layers;
   bool              hash_moe[MOE8_MAX_MLP_ONLY];
   int64_t           vocab_size;
+  /* ERNIE-4.5-VL's text part: the block holds text and vision experts and
+  ** moe8 computes the text ones (what transformers runs on text tokens):
+  ** the router gate.weight [D, E] (in x out), the selection bias
+  ** moe_statics.e_score_correction_bias [2, E] (row 0), experts 0..E-1 of
+  ** experts.0..2E-1 (the vision experts, of their own width, not read). */
+  bool              text_of_two;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -128,6 +128,10 @@ typedef struct family {
   ** (moe8_layer_config.group_mask_zero); n_group and topk_group both null
   ** (no groups, the class's default) or both set */
   bool        group_zero;
+  /* ERNIE-4.5-VL's text part (Ernie4_5_VLMoeTextConfig): moe_intermediate_size
+  ** is [text, vision] (the text experts' width first); the files' names as
+  ** moe8_hf_config.text_of_two says */
+  bool        ernie_vl;
 } family;
 
 /* Placement of the MoE layers. */
@@ -327,6 +331,14 @@ static const family k_families[] = {
    .alias = "num_experts", .hidden = 2560, .layers = 28, .experts = 64, .top_k = 6, .ffn = 1536, .shared = 2, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_k|num_experts_per_tok", .norm_key = "", .group_key = "",
    .shared_key = "moe_num_shared_experts", .place = PLACE_INTERVAL, .softmax_scores = true, .norm_min = 1e-12},
+  /* Ernie4_5_VLMoeTextConfig (ERNIE-4.5-VL's text model): ERNIE-4.5's block
+  ** (text_moe and the shared experts; the vision experts run on image and
+  ** video tokens only), dense layers by mlp_layer_types (default: the first) */
+  {.name = "ernie4_5_vl_moe_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "moe_num_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_experts", .hidden = 2560, .layers = 28, .experts = 64, .top_k = 6, .ffn = 1536, .shared = 2, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_k|num_experts_per_tok", .norm_key = "", .group_key = "",
+   .shared_key = "moe_num_shared_experts", .first_dense = 1, .place = PLACE_TYPES, .softmax_scores = true, .norm_min = 1e-12,
+   .ernie_vl = true},
   /* GraniteMoe*Config (IBM Granite 3 / 4): Mixtral's routing (softmax over
   ** the top-k logits = the top-k scores renormalized) under
   ** block_sparse_moe., experts fused as input_linear [E, 2F, D] and
@@ -478,6 +490,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"inkling2", "inkling2_text"},
   {"minimax_m3_vl", "minimax_m3_vl_text"},
   {"inkling2_loop", "inkling2_loop_text"},
+  {"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -945,7 +958,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
     {"doge", "its experts are single neurons chosen by product keys"},
-    {"ernie4_5_vl_moe", "its selection adds the correction bias to softmax probabilities, with a router per modality"},
+    {"ernie4_5_vl_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
     {"gemma4", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
     {"diffusion_gemma", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
@@ -1054,7 +1067,21 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" is missing (%s's configuration has no default: without it the model is "
                       "dense)", file, kk, fam->name);
   TRY(get_int(root, file, kk, fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
-  TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
+  if (fam->ernie_vl) { /* [text, vision]: the text experts' width */
+    const cJSON *fl = item(root, fam->ffn_key);
+    L->ffn = fam->ffn;
+    if (fl && !(cJSON_IsArray(fl) && cJSON_GetArraySize(fl) == 2))
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" must be a list [text, vision] of two widths", file, fam->ffn_key);
+    if (fl) {
+      const cJSON *w = cJSON_GetArrayItem(fl, 0);
+      if (!cJSON_IsNumber(w) || !(w->valuedouble >= 1 && w->valuedouble <= (double)BIG) || w->valuedouble != floor(w->valuedouble))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\"[0] (the text experts' width) must be an integer in [1, %lld]", file, fam->ffn_key,
+                          (long long)BIG);
+      L->ffn = (int64_t)w->valuedouble;
+    }
+    c->text_of_two = true;
+  } else
+    TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
   if (L->top_k > L->num_experts)
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld exceeds \"%s\" = %lld", file, kk, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);

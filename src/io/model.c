@@ -1006,7 +1006,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     snprintf(n2, sizeof n2, "%s%s", p, router_names[i]);
     if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
   }
-  const int64_t rshape[2] = {E, D};
+  const int64_t rshape[2] = {c->text_of_two ? D : E, c->text_of_two ? E : D}; /* ERNIE-4.5-VL's router is in x out */
   if ((st = need(m, n, 2, rshape, &t)) != MOE8_OK) return st;
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
   const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL, *hasht = NULL;
@@ -1027,9 +1027,11 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       snprintf(n, sizeof n, "%s%lld.moe.router.expert_bias", m->root, (long long)layer);
       bias = moe8_model_find(m, n);
     }
-    if (bias && (!(bias->ndim == 1 || (bias->ndim == 2 && bias->shape[0] == 1)) || bias->shape[bias->ndim - 1] != E ||
-                 !is_float_file(bias->dtype)))
-      return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld])", n, (long long)E, (long long)E);
+    /* ERNIE-4.5-VL's [2, E]: the text experts' row first */
+    if (bias && (!(bias->ndim == 1 || (bias->ndim == 2 && (bias->shape[0] == 1 || (c->text_of_two && bias->shape[0] == 2)))) ||
+                 bias->shape[bias->ndim - 1] != E || !is_float_file(bias->dtype)))
+      return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld]%s)", n, (long long)E, (long long)E,
+                        c->text_of_two ? ", or [2, E]: text, vision" : "");
   }
   if (Fs > 0 && c->layer.shared_gate) {
     snprintf(n, sizeof n, "%sshared_expert_gate.weight", p);
@@ -1062,7 +1064,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   bool borrowed = false, routed_done = false, mx_file = false;
   xbuf b = {0};
   if ((st = moe8__layer_create(&lc, rules, mp, o.mode == MOE8_LOAD_INFERENCE, &L)) != MOE8_OK) { free(ld.tmp); return st; }
-  if ((st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp)) != MOE8_OK) goto fail;
+  if (c->text_of_two) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER], router->data, router->dtype, (size_t)(D * E)); /* [D, E] as held */
+  else st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp);
+  if (st != MOE8_OK) goto fail;
   if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
   if (obias && (st = moe8_file_to_f32(L->w[MOE8_W_OUT_BIAS], obias->data, obias->dtype, (size_t)D)) != MOE8_OK) goto fail;

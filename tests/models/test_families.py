@@ -36,6 +36,14 @@ def run(dirpath, x, extra=()):
     return np.load(yp).astype(np.float64), p.stdout
 
 
+def run_rc(dirpath, x, extra=()):
+    """moe8 run's exit code and its messages (for the refusals)."""
+    xp, yp = os.path.join(dirpath, "x.npy"), os.path.join(dirpath, "y.npy")
+    R.write_npy(xp, x)
+    p = subprocess.run([MOE8, "run", "--model", dirpath, "--input", xp, "--output", yp, *extra], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
 def check(name, got, ref, tol):
     e = rel(got, ref)
     ok = e <= tol
@@ -1307,6 +1315,64 @@ def test_dbrx(tmp, rng):
             print("dbrx with %s %r (%d): %s" % (key, val, rc, out))
 
 
+def test_ernie4_5_vl_moe(tmp, rng):
+    """ERNIE-4.5-VL's text part (ernie4_5_vl_moe, text_config
+    ernie4_5_vl_moe_text) in the names its files and transformers'
+    save_pretrained write: the text router gate.weight [D, E] (in x out)
+    beside the vision one (gate.weight_1), the selection bias
+    moe_statics.e_score_correction_bias [2, E] (text row, vision row),
+    experts.0..E-1 the text experts of width moe_intermediate_size[0] and
+    experts.E..2E-1 the vision ones of width [1] (not read); the shared
+    experts of width [0] x moe_num_shared_experts.  The text block is what
+    transformers computes on text tokens: ERNIE-4.5's (softmax scores, the
+    top-k of score + bias, weights / max(sum, moe_norm_min))."""
+    E, k, D, F, Fv, T = 16, 4, 128, 96, 48, 24
+    for absent in (False, True):
+        nsh = 1 if not absent else 2
+        text = {"model_type": "ernie4_5_vl_moe_text", "hidden_size": D, "num_hidden_layers": 3, "moe_num_experts": E, "moe_k": k,
+                "moe_intermediate_size": [F, Fv]}
+        if not absent:
+            text.update(mlp_layer_types=["dense", "sparse", "sparse"], moe_num_shared_experts=nsh, moe_norm_min=1e-12)
+        cfg = {"model_type": "ernie4_5_vl_moe", "text_config": text, "vision_config": {"hidden_size": 8}}
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        t["model.layers.0.mlp.gate_proj.weight"] = ("BF16", rnd(rng, 32, D).astype(np.float32))
+        for l in (1, 2):
+            p = "model.layers.%d.mlp." % l
+            wr, wv = rnd(rng, E, D, scale=0.5), rnd(rng, E, D, scale=0.5)
+            t[p + "gate.weight"] = ("BF16", wr.T.astype(np.float32))
+            t[p + "gate.weight_1"] = ("BF16", wv.T.astype(np.float32))
+            bias = rnd(rng, 2, E, scale=0.05)
+            t[p + "moe_statics.e_score_correction_bias"] = ("F32", bias)
+            experts = per_expert(t, p, make_experts(rng, E, D, F), ("gate_proj", "up_proj", "down_proj"), "BF16")
+            for e, (g, u, dn) in enumerate(make_experts(rng, E, D, Fv)):  # the vision experts
+                for nm, w in zip(("gate_proj", "up_proj", "down_proj"), (g, u, dn)):
+                    t["%sexperts.%d.%s.weight" % (p, E + e, nm)] = ("BF16", w.astype(np.float32))
+            sw = make_experts(rng, 1, D, F * nsh)[0]
+            for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+                t[p + "shared_experts." + nm + ".weight"] = ("BF16", w.astype(np.float32))
+            routing = R.route_deepseek(x, store(wr, "BF16"), store(bias[0], "F32"), k, 1, 1, True, 1.0, softmax_scores=True)
+            refs[l] = R.moe_block(x, routing, experts, [store(w, "BF16") for w in sw], None)
+            wrong = R.route_deepseek(x, store(wr, "BF16"), store(bias[1], "F32"), k, 1, 1, True, 1.0, softmax_scores=True)
+            if rel(R.moe_block(x, wrong, experts, [store(w, "BF16") for w in sw], None), refs[l]) < 1e-3:
+                FAILS.append("ernie4_5_vl_moe: the vision bias row chooses as the text one in the test's data")
+        d = os.path.join(tmp, "ernie_vl_%d" % absent)
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("ernie4_5_vl_moe text bf16 per-expert%s, layer %d" % (" (defaults)" if absent else "", l), got, ref, 1e-5)
+        rc, out = run_rc(d, x, ("--layer", "0"))
+        if rc == 0 or "mlp_layer_types" not in out:
+            FAILS.append("ernie4_5_vl_moe: dense layer 0 not refused by its key")
+            print("ernie4_5_vl_moe layer 0 (%d): %s" % (rc, out))
+    # moe_intermediate_size must be the [text, vision] list
+    json.dump(dict(cfg, text_config=dict(text, moe_intermediate_size=F)), open(os.path.join(d, "config.json"), "w"))
+    rc, out = info(d)
+    if rc == 0 or "moe_intermediate_size" not in out:
+        FAILS.append("ernie4_5_vl_moe: a scalar moe_intermediate_size not refused")
+        print("ernie4_5_vl_moe scalar width (%d): %s" % (rc, out))
+
+
 def test_cohere2_moe(tmp, rng):
     """Cohere2-MoE: the top-k of the logits, weighted by their softmax
     ("softmax", norm_topk_prob not read) or their sigmoid, divided by the sum
@@ -1482,6 +1548,7 @@ def main():
         test_rows(tmp, rng)
         test_dbrx(tmp, rng)
         test_cohere2_moe(tmp, rng)
+        test_ernie4_5_vl_moe(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

@@ -119,7 +119,8 @@ int cmd_init(int argc, char **argv) {
   ** language_model.model.layers., transformers 5's other wrappers (Qwen3-VL-
   ** MoE, Qwen3.5-MoE, GLM-4.5V, ...) as model.language_model.layers. */
   const bool multimodal = strstr(hc.model_type, " (text_config)") != NULL;
-  const char *lroot = !multimodal ? "model.layers."
+  /* ERNIE-4.5-VL's files keep its layers at model.layers. (as released) */
+  const char *lroot = !multimodal || hc.text_of_two ? "model.layers."
                       : !strncmp(hc.model_type, "llama4 ", 7) ? "language_model.model.layers." : "model.language_model.layers.";
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
@@ -161,7 +162,10 @@ int cmd_init(int argc, char **argv) {
     for (int64_t e = -1; e < E + (Fs > 0 ? 2 : 0) && rc == EXIT_OK; e++)
       for (int w = 0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
         int64_t N, K;
-        if (e < 0) { N = E; K = D; snprintf(names[nt], 256, "%s%s", p, hc.router_name[0] ? hc.router_name : "gate.weight"); }
+        if (e < 0) { /* ERNIE-4.5-VL's router is stored in x out */
+          N = hc.text_of_two ? D : E; K = hc.text_of_two ? E : D;
+          snprintf(names[nt], 256, "%s%s", p, hc.router_name[0] ? hc.router_name : "gate.weight");
+        }
         else if (e == E + 1) {
           if (!hc.layer.shared_gate) continue;
           N = 1; K = D;
@@ -187,7 +191,13 @@ int cmd_init(int argc, char **argv) {
       bytes += tv[nt].nbytes;
       nt++;
     }
-    if (hc.has_bias && rc == EXIT_OK) {
+    if (hc.has_bias && rc == EXIT_OK && hc.text_of_two) { /* ERNIE-4.5-VL's [2, E]: text, vision */
+      snprintf(names[nt], 256, "%smoe_statics.e_score_correction_bias", p);
+      bufs[nt] = calloc((size_t)(2 * E), 4);
+      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 2, {2, E}, bufs[nt], 8 * (size_t)E, 0};
+      bytes += tv[nt].nbytes;
+      nt++;
+    } else if (hc.has_bias && rc == EXIT_OK) {
       snprintf(names[nt], 256, "%sgate.e_score_correction_bias", p);
       bufs[nt] = calloc((size_t)E, 4);
       tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {E}, bufs[nt], 4 * (size_t)E, 0};
