@@ -491,6 +491,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"minimax_m3_vl", "minimax_m3_vl_text"},
   {"inkling2_loop", "inkling2_loop_text"},
   {"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"},
+  {"kimi_k25", "deepseek_v3"}, /* Kimi K2.5 / K2.6: text_config deepseek_v3 (kimi_k2 as released) */
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {

@@ -164,23 +164,26 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
     }
   /* The layers' root: a text model's, or a multimodal model's language
   ** model (Llama-4 as released; transformers 5 names it the other way). */
-  static const char *const roots[5] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
-                                       "model.layers.", "layers."};
-  int ri = 3;
-  for (size_t i = 0; i < m->count && ri == 3; i++)
-    for (int r = 0; r < 3; r++)
+  /* (transformers 5.24's save_pretrained of Kimi K2.5 writes its
+  ** language model's layers as language_model.model.blocks.) */
+  enum { NR = 4 }; /* roots[NR]: a text model's; the next: the layers at the top */
+  static const char *const roots[NR + 2] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
+                                            "language_model.model.blocks.", "model.layers.", "layers."};
+  int ri = NR;
+  for (size_t i = 0; i < m->count && ri == NR; i++)
+    for (int r = 0; r < NR; r++)
       if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
   /* Mistral's own files (Mistral-Large-4 as released and as transformers
   ** saves it) and DeepSeek-V4's released ones: the layers at the top,
   ** "layers.L.", when no other root is there */
   bool other = false;
-  for (size_t i = 0; i < m->count && ri == 3 && !other; i++) other = !strncmp(m->all[i]->name, roots[3], strlen(roots[3]));
-  for (size_t i = 0; i < m->count && ri == 3 && !other && (m->cfg.mistral_names || m->cfg.top_layers); i++)
-    if (!strncmp(m->all[i]->name, roots[4], strlen(roots[4]))) ri = 4;
+  for (size_t i = 0; i < m->count && ri == NR && !other; i++) other = !strncmp(m->all[i]->name, roots[NR], strlen(roots[NR]));
+  for (size_t i = 0; i < m->count && ri == NR && !other && (m->cfg.mistral_names || m->cfg.top_layers); i++)
+    if (!strncmp(m->all[i]->name, roots[NR + 1], strlen(roots[NR + 1]))) ri = NR + 1;
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   /* a family's own root (DBRX's transformer.blocks.), when the file has no other */
   const size_t lr = strlen(m->cfg.layers_root);
-  for (size_t i = 0; i < m->count && lr && ri == 3 && !other; i++)
+  for (size_t i = 0; i < m->count && lr && ri == NR && !other; i++)
     if (!strncmp(m->all[i]->name, m->cfg.layers_root, lr)) { snprintf(m->root, sizeof m->root, "%s", m->cfg.layers_root); break; }
   *out = m;
   return MOE8_OK;

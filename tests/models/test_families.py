@@ -913,6 +913,15 @@ ROWS = [
          shared=("n_shared_experts", 1), place="fk", layouts=("per", "fused")),
     dict(mt="glm4v_moe", wrap="glm4v_moe_text", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
          scale=("routed_scaling_factor", 1.0), shared=("n_shared_experts", 1), place="fk", layouts=("per",)),
+    # Kimi K2.5 / K2.6 (kimi_k25): DeepSeek-V3's text model (text_config deepseek_v3, or kimi_k2 as released) under
+    # language_model.model.layers.
+    dict(mt="kimi_k25", wrap="deepseek_v3", root="language_model.model.layers.", block="ds3", ekey="n_routed_experts",
+         norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5), shared=("n_shared_experts", 1), place="fk", dense=3,
+         groups_default=(8, 4), layouts=("per",)),
+    # (transformers 5.24's save_pretrained writes its layers as language_model.model.blocks.)
+    dict(mt="kimi_k25", wrap="kimi_k2", root="language_model.model.blocks.", block="ds3", ekey="n_routed_experts",
+         norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5), shared=("n_shared_experts", 1), place="fk", dense=3,
+         groups_default=(8, 4), layouts=("per",)),
     dict(mt="glm_moe_dsa", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 2.5),
          shared=("n_shared_experts", 1), place="types", dense=3, layouts=("per", "fused")),
     dict(mt="mimo_v2_flash", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
