@@ -217,15 +217,36 @@ class KExperts(torch.nn.Module):
 
 # ---- transformers 5: experts_implementation="moe8" ------------------------------------------------
 # Experts classes whose own _apply_gate is the limited SwiGLU
-# F.silu(gate.clamp(max=L)) * up.clamp(-L, L), L = module.swiglu_limit.
-_LIMITED = ("Glm5NextTextExperts", "HYV4Experts", "HYV4VLExperts")
+# act(gate.clamp(max=L)) * up.clamp(-L, L) with SiLU, L = module.swiglu_limit
+# (DeepSeek-V4's: module.limit).
+_LIMITED = ("Glm5NextTextExperts", "HYV4Experts", "HYV4VLExperts", "DeepseekV4Experts")
+# ... GPT-OSS's clamped SwiGLU g' = min(g, L), u' = clamp(u, +-L), g' sigmoid(a g') (u' + 1), as
+# (alpha, limit) attribute names; GPT-OSS's gate and up columns alternate (is_concatenated False), and
+# GPT-OSS and the privacy filter have expert biases (has_bias)
+_CLAMPED = {"GptOssExperts": ("alpha", "limit"), "OpenAIPrivacyFilterExperts": ("alpha", "limit"),
+            "MiniMaxM3VLExperts": ("swiglu_alpha", "swiglu_limit")}
+# ... the softcapped SwiGLU cg tanh(g / cg) sigmoid(g) cu tanh(u / cu) (Inkling-2's act_fn)
+_SOFTCAP = ("Inkling2Experts", "Inkling2LoopExperts")
+# ... the plain SwiGLU computed in float32 (the same as moe8's)
+_PLAIN = ("BeamExperts",)
+
+
+def _silu(act):
+    return act is torch.nn.functional.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
 def _act_of(module):
     """The Layer keywords of an experts module's activation ({} for the
     plain SwiGLU)."""
-    if type(module).__name__ in _LIMITED:
-        return {"act": "swiglu_limit", "act_limit": float(module.swiglu_limit)}
+    name = type(module).__name__
+    if name in _LIMITED:
+        return {"act": "swiglu_limit", "act_limit": float(getattr(module, "swiglu_limit", getattr(module, "limit", 0)) or 0)}
+    if name in _CLAMPED:
+        a, l = _CLAMPED[name]
+        return {"act": "swiglu_clamp", "act_alpha": float(getattr(module, a)), "act_limit": float(getattr(module, l))}
+    if name in _SOFTCAP:
+        return {"act": "swiglu_softcap", "act_alpha": float(module.act_fn.gate_softcap.softcap),
+                "act_limit": float(module.act_fn.up_softcap.softcap)}
     return {}
 
 
@@ -233,30 +254,53 @@ def _why_not(module):
     """What of a transformers experts module moe8 cannot run (a list of
     reasons, empty when it can)."""
     why = []
+    name = type(module).__name__
+    known = name in _LIMITED or name in _CLAMPED or name in _SOFTCAP or name in _PLAIN
     gate = getattr(type(module), "_apply_gate", None)
-    if gate is not None and gate.__name__ != "_default_apply_gate" and type(module).__name__ not in _LIMITED:
-        why.append("its own gate function (%s._apply_gate)" % type(module).__name__)
-    if type(module).__name__ in _LIMITED and not (float(getattr(module, "swiglu_limit", 0) or 0) > 0):
-        why.append("swiglu_limit %r (moe8 clamps at a positive limit)" % (getattr(module, "swiglu_limit", None),))
-    if not getattr(module, "has_gate", True):
-        why.append("no gate projection")
-    if getattr(module, "has_bias", False):
+    if gate is not None and gate.__name__ != "_default_apply_gate" and not known:
+        why.append("its own gate function (%s._apply_gate)" % name)
+    if not getattr(module, "has_gate", True) or not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor):
+        why.append("no gate projection (gate_up_proj)")
+    if not isinstance(getattr(module, "down_proj", None), torch.Tensor):
+        why.append("no down_proj")
+    if not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor) or not isinstance(getattr(module, "down_proj", None), torch.Tensor):
+        return why
+    act = _act_of(module)
+    if act.get("act") in ("swiglu_limit", "swiglu_clamp", "swiglu_softcap") and not act.get("act_limit", 0) > 0:
+        why.append("limit %r (moe8 clamps at a positive limit)" % (act.get("act_limit"),))
+    if act.get("act") in ("swiglu_clamp", "swiglu_softcap") and not act.get("act_alpha", 0) > 0:
+        why.append("alpha %r (moe8 needs a positive one)" % (act.get("act_alpha"),))
+    if getattr(module, "has_bias", False) and not (name in _CLAMPED and _biases(module) is not None):
         why.append("expert biases")
-    if not getattr(module, "is_concatenated", True):
+    if not getattr(module, "is_concatenated", True) and name != "GptOssExperts":
         why.append("interleaved gate/up columns")
     if getattr(module, "has_post_expert_norm", False):
         why.append("a norm after each expert")
-    act = getattr(module, "act_fn", None)
-    if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
-        why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(act).__name__)
+    fn = getattr(module, "act_fn", None)
+    if fn is not None and name not in _SOFTCAP and not _silu(fn):
+        why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(fn).__name__)
     return why
 
 
-def _lean_layer(gu, dn, transposed, k, rules, path, act=None):
+def _biases(module):
+    """(gate_up_proj_bias [E, 2F], down_proj_bias [E, D]) of a module with
+    expert biases, or None."""
+    b1, b2 = getattr(module, "gate_up_proj_bias", None), getattr(module, "down_proj_bias", None)
+    return (b1, b2) if isinstance(b1, torch.Tensor) and isinstance(b2, torch.Tensor) else None
+
+
+def _halves(t, interleaved):
+    """The last axis of t (gate and up) as gate columns then up columns."""
+    return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1) if interleaved else t
+
+
+def _lean_layer(gu, dn, transposed, k, rules, path, act=None, interleaved=False, biases=None):
     """The lean inference layer of fused expert weights (gate_up_proj
     [E, 2F, D] gate rows first and down_proj [E, D, F]; transposed:
-    [E, D, 2F] and [E, F, D]), built one expert at a time (one expert's
-    float32 copy at most beside the codes); the caller routes."""
+    [E, D, 2F] and [E, F, D]; interleaved: gate and up alternate, GPT-OSS's
+    transposed layout), built one expert at a time (one expert's float32
+    copy at most beside the codes); biases: (gate_up [E, 2F] in the same
+    order, down [E, D]); the caller routes."""
     with torch.no_grad():
         E = gu.shape[0]
         D, F = (gu.shape[1], gu.shape[2] // 2) if transposed else (gu.shape[2], gu.shape[1] // 2)
@@ -270,10 +314,17 @@ def _lean_layer(gu, dn, transposed, k, rules, path, act=None):
 
         def expert(e):
             a, b = (gu[e], dn[e]) if transposed else (gu[e].t(), dn[e].t())
+            if interleaved:
+                bufs[0][:, :F].copy_(a[:, 0::2].detach())
+                bufs[0][:, F:].copy_(a[:, 1::2].detach())
+                return bufs[0], bufs[1].copy_(b.detach())
             return bufs[0].copy_(a.detach()), bufs[1].copy_(b.detach())
-        return Layer.inference_from_experts(expert, rules=rules, module_path=path,
-                                            weights={"router": np.zeros((D, E), np.float32)},  # the caller routes
-                                            num_experts=E, top_k=k, hidden=D, ffn=F, **(act or {}))
+        weights = {"router": np.zeros((D, E), np.float32)}  # the caller routes
+        if biases is not None:
+            weights["gate_up_bias"] = _halves(biases[0].detach().float(), interleaved).numpy()
+            weights["down_bias"] = biases[1].detach().float().numpy()
+        return Layer.inference_from_experts(expert, rules=rules, module_path=path, weights=weights, num_experts=E, top_k=k, hidden=D,
+                                            ffn=F, expert_bias=biases is not None, **(act or {}))
 
 
 def _experts_layer(module, k):
@@ -293,7 +344,12 @@ def _experts_layer(module, k):
             raise ValueError("moe8: %s was loaded with top_k = %d (the config's), called with %d experts a token"
                              % (module.__dict__.get("_moe8_path", "experts"), loaded.top_k, k))
         return loaded
+    why = _why_not(module)
+    if why:
+        raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
     gu, dn = module.gate_up_proj, module.down_proj
+    biases = _biases(module) if getattr(module, "has_bias", False) else None
+    interleaved = not getattr(module, "is_concatenated", True)
     try:
         key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
     except RuntimeError:  # inference tensors keep no version counter (and cannot be written in place)
@@ -303,29 +359,32 @@ def _experts_layer(module, k):
     lean = not torch.is_grad_enabled() or not module.training
     key = key + (lean,)
     cached = module.__dict__.get("_moe8_experts")
+    if biases is not None:
+        key = key + tuple((b.data_ptr(), getattr(b, "_version", None)) for b in biases)
     if cached is not None and cached[0] == key:
         return cached[1]
-    why = _why_not(module)
-    if why:
-        raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
     if lean:
         lay = _lean_layer(gu, dn, getattr(module, "is_transposed", False), k, module.__dict__.get("_moe8_rules"),
-                          module.__dict__.get("_moe8_path", "experts"), _act_of(module))
+                          module.__dict__.get("_moe8_path", "experts"), _act_of(module), interleaved, biases)
     else:
         with torch.no_grad():
             gu32, dn32 = gu.detach().float(), dn.detach().float()
             if getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
                 E, D, F2 = gu32.shape
                 F = F2 // 2
+                gu32 = _halves(gu32, interleaved)
                 g, u, d = gu32[:, :, :F], gu32[:, :, F:], dn32
             else:
                 E, F2, D = gu32.shape
                 F = F2 // 2
                 g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
             lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
-                        module_path=module.__dict__.get("_moe8_path", "experts"), **_act_of(module))
+                        module_path=module.__dict__.get("_moe8_path", "experts"), expert_bias=biases is not None, **_act_of(module))
             for name, t in (("gate", g), ("up", u), ("down", d)):
                 lay.weight(name)[:] = t.numpy()
+            if biases is not None:
+                lay.weight("gate_up_bias")[:] = _halves(biases[0].detach().float(), interleaved).numpy()
+                lay.weight("down_bias")[:] = biases[1].detach().float().numpy()
             lay.prepare()
     old = cached[1] if cached is not None else None
     if old is not None:

@@ -193,6 +193,228 @@ def test_torch_compile_fullgraph():
     assert torch.equal(got2, want)
 
 
+# ---- the experts forms of transformers' experts classes, without transformers -----------------------
+class _Experts(torch.nn.Module):
+    """A stand-in for a transformers experts class (the attributes its
+    @use_experts_implementation decorator and __init__ set), its eager
+    forward the class's math in float64."""
+
+    def __init__(self, name, gate, transposed=False, interleaved=False, bias=False, **attrs):
+        super().__init__()
+        g = torch.Generator().manual_seed(len(name))
+        shape_gu, shape_dn = ((E, D, 2 * F), (E, F, D)) if transposed else ((E, 2 * F, D), (E, D, F))
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(*shape_gu, generator=g) * 0.4)
+        self.down_proj = torch.nn.Parameter(torch.randn(*shape_dn, generator=g) * 0.4)
+        if bias:
+            self.gate_up_proj_bias = torch.nn.Parameter(torch.randn(E, 2 * F, generator=g) * 0.5)
+            self.down_proj_bias = torch.nn.Parameter(torch.randn(E, D, generator=g) * 0.5)
+        self.has_gate, self.has_bias, self.has_post_expert_norm = True, bias, False
+        self.is_transposed, self.is_concatenated, self._is_expert_parallel = transposed, not interleaved, False
+        self.gate_fn = gate
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+    def _apply_gate(self, gu):
+        return self.gate_fn(self, gu)
+
+    def reference(self, x, ids, w):
+        out = torch.zeros(x.shape[0], D, dtype=torch.float64)
+        gu_all, dn_all = self.gate_up_proj.detach().double(), self.down_proj.detach().double()
+        for t in range(x.shape[0]):
+            for j in range(ids.shape[1]):
+                e = int(ids[t, j])
+                gu = x[t].double() @ (gu_all[e] if self.is_transposed else gu_all[e].t())
+                if self.has_bias:
+                    gu = gu + self.gate_up_proj_bias[e].detach().double()
+                h = self._apply_gate(gu)
+                y = h @ (dn_all[e] if self.is_transposed else dn_all[e].t())
+                if self.has_bias:
+                    y = y + self.down_proj_bias[e].detach().double()
+                out[t] += float(w[t, j]) * y
+        return out
+
+
+def _split(gu, interleaved):
+    return (gu[..., 0::2], gu[..., 1::2]) if interleaved else gu.chunk(2, dim=-1)
+
+
+def _clamped(m, gu):  # GPT-OSS's _apply_gate (its alpha and limit attribute names vary by class)
+    a, l = (m.alpha, m.limit) if hasattr(m, "alpha") else (m.swiglu_alpha, m.swiglu_limit)
+    g, u = _split(gu, not m.is_concatenated)
+    g, u = g.clamp(max=l), u.clamp(min=-l, max=l)
+    return (u + 1) * g * torch.sigmoid(g * a)
+
+
+def _limited(m, gu):  # GLM-5 / HY-V4 / DeepSeek-V4
+    lim = getattr(m, "swiglu_limit", getattr(m, "limit", None))
+    g, u = gu.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g.clamp(max=lim)) * u.clamp(min=-lim, max=lim)
+
+
+class _Cap(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.softcap = c
+
+
+class _Softcapped(torch.nn.Module):  # Inkling-2's act_fn
+    def __init__(self, cg, cu):
+        super().__init__()
+        self.gate_softcap, self.up_softcap = _Cap(cg), _Cap(cu)
+
+
+def _softcap(m, gu):
+    g, u = gu.chunk(2, dim=-1)
+    cg, cu = m.act_fn.gate_softcap.softcap, m.act_fn.up_softcap.softcap
+    return cg * torch.tanh(g / cg) * torch.sigmoid(g) * cu * torch.tanh(u / cu)
+
+
+def _form(name):
+    """The stand-in of transformers' experts class `name` (limits small
+    enough to bind on the test's pre-activations)."""
+    if name in ("GptOssExperts", "OpenAIPrivacyFilterExperts"):
+        return _Experts(name, _clamped, transposed=True, interleaved=name == "GptOssExperts", bias=True, alpha=1.702, limit=0.9)
+    if name == "MiniMaxM3VLExperts":
+        return _Experts(name, _clamped, swiglu_alpha=1.5, swiglu_limit=0.8)
+    if name == "DeepseekV4Experts":
+        return _Experts(name, _limited, limit=0.7, act_fn=torch.nn.SiLU())
+    if name == "Glm5NextTextExperts":
+        return _Experts(name, _limited, swiglu_limit=0.6)
+    if name == "Inkling2Experts":
+        return _Experts(name, _softcap, act_fn=_Softcapped(0.9, 1.1))
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name", ["GptOssExperts", "OpenAIPrivacyFilterExperts", "MiniMaxM3VLExperts", "DeepseekV4Experts",
+                                  "Glm5NextTextExperts", "Inkling2Experts"])
+def test_experts_forms_of_transformers_classes(name):
+    """experts_implementation="moe8" on the experts classes whose own
+    _apply_gate is one of moe8's activations (GPT-OSS's clamped SwiGLU with
+    its alternating gate/up columns and expert biases, MiniMax-M3's in
+    halves, the limited SwiGLU, Inkling-2's softcapped SwiGLU): the
+    class's math in float64 to f32 noise, lean (no grad) and training
+    layers alike, and each form's parameter matters (a mutation moves the
+    output).  The module is a stand-in named as transformers' class."""
+    from moe8._torch_op import transformers_experts_forward
+    cls = type(name, (_Experts,), {"_apply_gate": _Experts._apply_gate})
+    m = _form(name)
+    m.__class__ = cls
+    x, ids, w = _routing(seed=5)
+    want = m.reference(x, ids, w)
+    top = float(want.abs().max())
+    for grad in (False, True):
+        m.train(grad)
+        with torch.set_grad_enabled(grad):
+            got = transformers_experts_forward(m, x, ids, w)
+        assert got.dtype == x.dtype
+        err = float((got.double() - want).abs().max())
+        assert err <= 2e-6 * top, (name, grad, err, top)
+    # the form's parameter is read: another limit (or cap) gives another output
+    for attr in ("limit", "swiglu_limit"):
+        if hasattr(m, attr):
+            setattr(m, attr, getattr(m, attr) * 3)
+    if name == "Inkling2Experts":
+        m.act_fn.up_softcap.softcap *= 3
+    m.__dict__.pop("_moe8_experts", None)
+    with torch.no_grad():
+        moved = transformers_experts_forward(m, x, ids, w)
+    assert float((moved.double() - want).abs().max()) > 1e-3 * top
+
+
+def test_experts_forms_refused_by_name():
+    """An experts class moe8 cannot compute is refused naming the class and
+    the reason, never run wrong: a gate function of its own, no gate
+    projection (relu² experts), a norm after each expert."""
+    from moe8._torch_op import transformers_experts_forward
+    x, ids, w = _routing(seed=6)
+    odd = type("OddExperts", (_Experts,), {"_apply_gate": lambda self, gu: gu[..., :F] * 2})(
+        "OddExperts", lambda m, gu: gu[..., :F])
+    with pytest.raises(TypeError, match="cannot run OddExperts: its own gate function"):
+        transformers_experts_forward(odd, x, ids, w)
+    ungated = _Experts("UpOnlyExperts", _limited)
+    ungated.has_gate = False
+    del ungated.gate_up_proj
+    ungated.up_proj = torch.nn.Parameter(torch.zeros(E, F, D))
+    with pytest.raises(TypeError, match="no gate projection"):
+        transformers_experts_forward(ungated, x, ids, w)
+    normed = _Experts("NormedExperts", _limited)
+    normed.has_post_expert_norm = True
+    with pytest.raises(TypeError, match="a norm after each expert"):
+        transformers_experts_forward(normed, x, ids, w)
+
+
+def test_every_transformers_experts_class(tmp_path):
+    """Every @use_experts_implementation experts class of the installed
+    transformers, built from its configuration class's defaults shrunk to
+    a small size: experts_implementation="moe8" equals the class's eager
+    forward to f32 noise, or is refused naming the class and why (the
+    forms moe8 does not compute: printed)."""
+    transformers = _transformers_or_skip("every experts class")
+    import importlib
+    import inspect
+    import pkgutil
+    import warnings
+    import transformers.models as tm
+    from moe8.torch import register_transformers
+    assert register_transformers()
+    small = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, expert_ffn_hidden_size=32, num_experts=8,
+                 num_local_experts=8, n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2, moe_k=2, moe_topk=2, top_k_experts=2,
+                 shared_expert_intermediate_size=32, moe_hidden_size=64)
+    ran, refused = [], []
+    for mi in pkgutil.iter_modules(tm.__path__):
+        try:
+            mod = importlib.import_module("transformers.models.%s.modeling_%s" % (mi.name, mi.name))
+            cmod = importlib.import_module("transformers.models.%s.configuration_%s" % (mi.name, mi.name))
+        except Exception:
+            continue
+        for cn, cls in inspect.getmembers(mod, inspect.isclass):
+            if cls.__module__ != mod.__name__ or "Experts" not in cn or not hasattr(cls, "_apply_gate"):
+                continue
+            cfgs = [c for _, c in inspect.getmembers(cmod, inspect.isclass) if issubclass(c, transformers.PretrainedConfig)
+                    and c.__module__ == cmod.__name__]
+            cfgs.sort(key=lambda c: 0 if "Text" in c.__name__ else 1 if "Vision" not in c.__name__ and "Audio" not in c.__name__ else 2)
+            module = None
+            for c in cfgs:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        cfg = c()
+                    for k, v in small.items():
+                        if isinstance(getattr(cfg, k, None), int):
+                            setattr(cfg, k, v)
+                    module = cls(cfg)
+                    break
+                except Exception:
+                    module = None
+            if module is None:
+                continue  # no configuration of the package builds it alone (a composite model's part)
+            torch.manual_seed(0)
+            for p in module.parameters():
+                torch.nn.init.normal_(p, std=0.1)
+            module.eval()
+            n = getattr(module, "num_experts", 8)
+            x, ids, w = torch.randn(5, cfg.hidden_size), torch.randint(0, n, (5, 2)), torch.rand(5, 2)
+            cfg._experts_implementation = "eager"
+            with torch.no_grad():
+                try:
+                    want = module(x, ids, w)
+                except Exception:
+                    continue  # the shrunk sizes do not fit its eager forward (latent experts)
+            cfg._experts_implementation = "moe8"
+            try:
+                with torch.no_grad():
+                    got = module(x, ids, w)
+            except TypeError as e:
+                assert "cannot run %s" % cn in str(e), (cn, str(e))
+                refused.append("%s (%s)" % (cn, str(e).split(": ", 2)[-1]))
+                continue
+            top = float(want.abs().max())
+            assert float((got - want).abs().max()) <= 1e-5 * top, cn
+            ran.append(cn)
+    print("experts_implementation=\"moe8\": %d classes ran; refused by name: %s" % (len(ran), "; ".join(refused) or "none"))
+    assert len(ran) >= 60
+
+
 def _transformers_or_skip(what):
     """transformers 5 (its ExpertsInterface and quantizer base), or a skip naming what is not tested."""
     try:
