@@ -215,8 +215,8 @@ class Moe8HfQuantizer(HfQuantizer):
         for name, m in _experts_modules(model):
             if skip and name.startswith(skip):
                 continue
-            if _why_not(m):
-                continue  # transformers loads and runs it as it is
+            if _why_not(m) or getattr(m, "has_bias", False) or not getattr(m, "is_concatenated", True):
+                continue  # transformers loads and runs it as it is (GPT-OSS's biased experts: experts_implementation="moe8")
             m.__dict__["_moe8_rules"], m.__dict__["_moe8_path"] = self.quantization_config.rules, name or "experts"
             self._targets[name] = m
         if not self._targets:
