@@ -404,6 +404,13 @@ typedef struct moe8_router_config {
   ** be negative (score + a negative bias): a dropped expert (value 0,
   ** ties to the lower index) then beats them. */
   bool             group_mask_zero;
+  /* Router-scored shared experts (Inkling's): the last scored_shared of
+  ** the E experts are shared ones every token goes through, in slots
+  ** top_k - scored_shared .. top_k - 1 (in order), after the top
+  ** (top_k - scored_shared) of the others; all top_k weighted by their
+  ** scores, renormalized and scaled together.  0: none; else
+  ** 0 < scored_shared < top_k, no groups, no hash routing. */
+  int64_t          scored_shared;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -627,6 +634,12 @@ typedef struct moe8_layer_config {
   /* Group-limited routing with the dropped groups' selection values 0.0
   ** instead of -inf (moe8_router_config.group_mask_zero; AXK2). */
   bool            group_mask_zero;
+  /* Router-scored shared experts (moe8_router_config.scored_shared;
+  ** Inkling): num_experts and top_k count them; the last scored_shared
+  ** experts are shared ones every token goes through, weighted by their
+  ** router scores with the routed ones.  Forward, fused, backward and both
+  ** expert-parallel modes (they are experts). */
+  int64_t         scored_shared;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -970,6 +983,9 @@ typedef struct moe8_hf_config {
   ** moe_statics.e_score_correction_bias [2, E] (row 0), experts 0..E-1 of
   ** experts.0..2E-1 (the vision experts, of their own width, not read). */
   bool              text_of_two;
+  /* The key that counts a family's first dense layers when mlp_layer_types
+  ** is absent (Inkling's dense_mlp_idx), for the dense layer's message. */
+  char              dense_key[32];
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

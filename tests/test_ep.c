@@ -85,7 +85,8 @@ typedef struct scenario {
   int         shared;     /* 0 none, 1 DeepSeek-V3 (ungated, sigmoid, group routing), 2 Qwen2-MoE (gated),
                           ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best),
                           ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input),
-                          ** 5 AXK2 (DeepSeek-V3's, one of 4 groups kept, the dropped groups' values 0.0) */
+                          ** 5 AXK2 (DeepSeek-V3's, one of 4 groups kept, the dropped groups' values 0.0),
+                          ** 6 Inkling's router-scored shared expert (the last expert, every token's second slot) */
   int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
                           ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
                           ** expert's own limit (Step), 4 softcapped (Inkling-2) */
@@ -99,6 +100,7 @@ static void run_scenario(const scenario *sc) {
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
   if (sc->shared == 5) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_mask_zero = true; }
   if (sc->shared == 4) { cfg.score = MOE8_SCORE_SIGMOID; cfg.norm_topk_prob = false; cfg.weight_input = true; }
+  if (sc->shared == 6) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 8.0f; cfg.scored_shared = 1; cfg.shared_ffn = 0; }
   cfg.act = (moe8_expert_act)sc->act;
   if (sc->act == MOE8_ACT_SWIGLU_CLAMP) { cfg.act_alpha = 1.702f; cfg.act_limit = 0.4f; }
   if (sc->act == MOE8_ACT_SWIGLU_POST) { cfg.act_limit = 0.4f; cfg.shared_act_limit = 0.3f; }
@@ -163,7 +165,7 @@ static void run_scenario(const scenario *sc) {
         if (e < e0 || e >= e0 + Eloc)
           for (size_t i = 0; i < per; i++) assert_true(a[e * (int64_t)per + (int64_t)i] == 0.0f);
     }
-    if (sc->shared) { /* the shared expert's gradients, whole, on every rank */
+    if (sc->shared && sc->shared != 6) { /* the shared expert's gradients, whole, on every rank (6: Inkling's are experts) */
       const float *a[4] = {eg.sg, eg.su, eg.sd, eg.sgate}, *b[4] = {g.sg, g.su, g.sd, g.sgate};
       for (int w = 0; w < (sc->shared == 2 ? 4 : 3); w++)
         if (memcmp(a[w], b[w], sizeof(float) * (size_t)(w == 3 ? D : D * FS)) != 0)
@@ -180,6 +182,7 @@ static void run_scenario(const scenario *sc) {
                                      cfg.use_selection_bias ? moe8_layer_weight_read(L, MOE8_W_BIAS, NULL) : NULL, cfg.n_group, cfg.topk_group,
                                      cfg.group_score};
       rc.group_mask_zero = cfg.group_mask_zero;
+      rc.scored_shared = cfg.scored_shared;
       assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lgt), MOE8_OK);
       assert_int_equal(moe8_route(&rc, lgt, T, NULL, ids, wt), MOE8_OK);
       const int64_t El = E / g_size;
@@ -262,6 +265,9 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, the softcapped SwiGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_SOFTCAP},
     {"f32, AXK2's group mask (0.0), negative selection values, shared expert", 0, 3, 1, 0.01f, 0, 5},
     {"fp8 1x16, AXK2's group mask (0.0), negative selection values", 2, 3, 0, 0, 0, 5},
+    {"f32, Inkling's router-scored shared expert, expert 5 unused", 0, 1, 1, 0, 0, 6},
+    {"fp8 1x16, Inkling's router-scored shared expert", 2, 0, 0, 0, 0, 6},
+    {"i8 per-token, Inkling's router-scored shared expert", 3, 0, 1, 0, 0, 6},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;

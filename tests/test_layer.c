@@ -1526,6 +1526,91 @@ static void test_norm_min(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* Inkling's router-scored shared experts (scored_shared S): the top
+** (K - S) of the first E - S experts by sigmoid score + bias, then the
+** last S experts in order, all K weights the chosen scores over their sum
+** times the scale, to the byte against a scalar rule; refusals; the
+** layer's gradients against finite differences (the shared experts'
+** weights and the router's rows that score them included); the fused
+** forward's bytes equal the forward's. */
+static void test_scored_shared(void **state) {
+  (void)state;
+  enum { E = 10, S = 2, K = 4, D = 16, F = 12, T = 24 };
+  static float logits[T * E], sc[T * E], w[T * K];
+  static int32_t ids[T * K];
+  float bias[E];
+  tu_rng_reset(131);
+  tu_fill_normal(logits, T * E, 0.8f);
+  for (int e = 0; e < E; e++) bias[e] = e < E - S ? 0.3f * (float)((e * 3) % 5) - 0.6f : 0.0f;
+  const moe8_router_config rc = {.num_experts = E, .top_k = K, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true,
+                                 .routed_scaling_factor = 5.6f, .selection_bias = bias, .scored_shared = S};
+  assert_int_equal(moe8_route(&rc, logits, T, sc, ids, w), MOE8_OK);
+  int shared_would_win = 0;
+  for (int t = 0; t < T; t++) {
+    bool used[E] = {false};
+    int want[K];
+    for (int j = 0; j < K - S; j++) {
+      int best = -1;
+      for (int e = 0; e < E - S; e++)
+        if (!used[e] && (best < 0 || sc[t * E + e] + bias[e] > sc[t * E + best] + bias[best])) best = e;
+      used[best] = true;
+      want[j] = best;
+    }
+    for (int j = K - S; j < K; j++) want[j] = E - S + (j - (K - S));
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += sc[t * E + want[j]];
+    for (int j = 0; j < K; j++) {
+      if (ids[t * K + j] != want[j]) TU_FAIL("scored_shared: token %d slot %d is %d, want %d", t, j, ids[t * K + j], want[j]);
+      const float ww = sc[t * E + want[j]] / sum * 5.6f;
+      if (moe8__f32_bits(w[t * K + j]) != moe8__f32_bits(ww)) TU_FAIL("scored_shared: token %d weight %d is %a, want %a", t, j, (double)w[t * K + j], (double)ww);
+    }
+    for (int e = E - S; e < E; e++) shared_would_win += sc[t * E + e] > sc[t * E + want[K - S - 1]] + bias[want[K - S - 1]];
+  }
+  if (!shared_would_win) TU_FAIL("scored_shared: no shared expert would have been chosen by score: the test does not tell the rule apart");
+  moe8_router_config bad = rc;
+  bad.scored_shared = K;
+  assert_int_equal(moe8_route(&bad, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  bad.scored_shared = 1;
+  bad.n_group = 2;
+  bad.topk_group = 1;
+  assert_int_equal(moe8_route(&bad, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
+  /* the layer: forward, backward, fused */
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true,
+                         .routed_scaling_factor = 3.0f, .use_selection_bias = true, .scored_shared = S};
+  moe8_layer *L;
+  moe8_layer_config cb = c;
+  cb.scored_shared = -1;
+  assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 7), MOE8_OK);
+  {
+    float *wr = moe8_layer_weight(L, MOE8_W_ROUTER, NULL), *b = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
+    tu_rng_reset(132);
+    tu_fill_normal(wr, D * E, 0.2f);
+    for (int e = 0; e < E; e++) b[e] = bias[e];
+  }
+  static float x[T * D], dout[T * D], dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], y1[T * D], y2[T * D];
+  const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd};
+  void *ws;
+  size_t wsz;
+  form_backward(L, x, dout, T, D, 133, &g, &ws, &wsz);
+  /* the shared experts' weights get gradients from every token */
+  double shared_g = 0;
+  for (int i = (E - S) * D * F; i < E * D * F; i++) shared_g += fabs(dwg[i]);
+  if (!(shared_g > 0)) TU_FAIL("scored_shared: the shared experts' gate weights have no gradient");
+  const form_grad t[] = {{"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+                         {"shared gate", moe8_layer_weight(L, MOE8_W_GATE, NULL) + (E - S) * D * F, S * D * F, dwg + (E - S) * D * F},
+                         {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd}};
+  form_fd_check("scored_shared", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y1, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(L, x, T, y2, ws, wsz), MOE8_OK);
+  if (memcmp(y1, y2, sizeof y1) != 0) TU_FAIL("scored_shared: fused bytes differ from the forward's");
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 /* The trainer on GPT-OSS's form: its first step moves every bias by Adam's
 ** first step on moe8_layer_backward's gradient of the trainer's loss, to
 ** the byte; and 40 steps on a teacher's outputs lower the loss. */
@@ -1687,6 +1772,7 @@ int main(void) {
     cmocka_unit_test(test_softcap_form_grads),
     cmocka_unit_test(test_clamp_shared_form_grads),
     cmocka_unit_test(test_norm_min),
+    cmocka_unit_test(test_scored_shared),
     cmocka_unit_test(test_output_forms),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),

@@ -93,7 +93,7 @@ class _LayerConfig(C.Structure):
                 ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool), ("norm_min", C.c_float),
                 ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool),
                 ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool),
-                ("group_mask_zero", C.c_bool)]
+                ("group_mask_zero", C.c_bool), ("scored_shared", _i64)]
 
 
 class _QuantSpec(C.Structure):
@@ -462,7 +462,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
-                  group_mask_zero=False):
+                  group_mask_zero=False, scored_shared=0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid' or 'sqrtsoftplus' (DeepSeek-V4), not %r" % (score,))
@@ -482,7 +482,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
                         bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
-                        bool(group_mask_zero))
+                        bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"))
 
 
 def _f32_any(a, name, shape):
@@ -506,7 +506,8 @@ class Layer:
                  routed_scaling_factor=0.0, use_selection_bias=False, capacity_factor=0.0, aux_loss_weight=0.0, n_group=0, topk_group=0,
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
-                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False, rules=None,
+                 select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
+                 scored_shared=0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -521,7 +522,7 @@ class Layer:
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
-                                group_mask_zero)
+                                group_mask_zero, scored_shared)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))

@@ -132,6 +132,12 @@ typedef struct family {
   ** is [text, vision] (the text experts' width first); the files' names as
   ** moe8_hf_config.text_of_two says */
   bool        ernie_vl;
+  /* Inkling (InklingTextConfig): DeepSeek-V3's sigmoid routing over the
+  ** n_routed_experts, and its n_shared_experts shared experts scored by the
+  ** same router and weighted with the chosen ones (the layer's last
+  ** experts: moe8_layer_config.scored_shared); scaling route_scale times
+  ** the layer's gate.global_scale (read at load) */
+  bool        inkling;
 } family;
 
 /* Placement of the MoE layers. */
@@ -142,6 +148,7 @@ enum {
   PLACE_TYPES_FK,  /* mlp_layer_types; without it the list the class builds from first_k_dense_replace (default .first_dense) */
   PLACE_TYPES_FKF, /* the same, the list built from first_k_dense_replace and moe_layer_freq */
   PLACE_TYPES_REQ, /* mlp_layer_types, required (the class has no default) */
+  PLACE_TYPES_KEY, /* mlp_layer_types; without it the first .dense_key layers (default .first_dense) are dense */
   PLACE_FIRST,     /* the first .dense_key layers dense (default .first_dense): num_dense_layers */
   PLACE_PERIOD,    /* MoE where layer % expert_layer_period (default 2) == expert_layer_offset (default 1): Jamba */
   PLACE_INTERVAL,  /* MoE where (layer + 1) % moe_layer_interval (1) == 0 and moe_layer_start_index (1) <= layer <=
@@ -331,6 +338,15 @@ static const family k_families[] = {
    .alias = "num_experts", .hidden = 2560, .layers = 28, .experts = 64, .top_k = 6, .ffn = 1536, .shared = 2, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_k|num_experts_per_tok", .norm_key = "", .group_key = "",
    .shared_key = "moe_num_shared_experts", .place = PLACE_INTERVAL, .softmax_scores = true, .norm_min = 1e-12},
+  /* InklingTextConfig (Inkling, the text model of inkling_mm_model): sigmoid
+  ** scores + bias, the top-k of the routed experts and every shared
+  ** expert, all weighted by sigma(l) / sum (renormalized together) times
+  ** route_scale x gate.global_scale; dense layers by mlp_layer_types, else
+  ** the first dense_mlp_idx (0) */
+  {.name = "inkling_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 6144, .layers = 66, .experts = 256, .top_k = 6, .ffn = 3072, .shared = 0, .norm = true, .scaling = 8.0, .n_group = 1,
+   .topk_group = 1, .norm_key = "", .scale_key = "route_scale", .group_key = "", .shared_key = "", .dense_key = "dense_mlp_idx",
+   .first_dense = 0, .place = PLACE_TYPES_KEY, .inkling = true},
   /* Ernie4_5_VLMoeTextConfig (ERNIE-4.5-VL's text model): ERNIE-4.5's block
   ** (text_moe and the shared experts; the vision experts run on image and
   ** video tokens only), dense layers by mlp_layer_types (default: the first) */
@@ -492,6 +508,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"inkling2_loop", "inkling2_loop_text"},
   {"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"},
   {"kimi_k25", "deepseek_v3"}, /* Kimi K2.5 / K2.6: text_config deepseek_v3 (kimi_k2 as released) */
+  {"inkling_mm_model", "inkling_text"},
 };
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -653,6 +670,18 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
   }
   if (fam->place == PLACE_TYPES_REQ)
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_layer_types\" is missing (%s's configuration has no default)", file, fam->name);
+  if (fam->place == PLACE_TYPES_KEY) { /* the list the class builds from dense_key: its first layers dense */
+    int64_t n = 0;
+    moe8_status st = get_int(root, file, fam->dense_key, fam->first_dense, 0, 1 << 20, &n);
+    for (int64_t l = 0; st == MOE8_OK && l < n && l < c->num_layers; l++) {
+      if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld: too many dense layers", file, fam->dense_key, (long long)n);
+      c->mlp_only_layers[c->n_mlp_only++] = l;
+    }
+    c->decoder_sparse_step = -6;
+    snprintf(c->dense_key, sizeof c->dense_key, "%s", fam->dense_key);
+    c->first_k_dense_from_default = item(root, fam->dense_key) == NULL;
+    return st;
+  }
   if (fam->place == PLACE_TYPES_FKF) return get_dense_layers(root, file, fam->first_dense, c); /* first_k_dense_replace, moe_layer_freq */
   if (fam->place == PLACE_TYPES_FK) {
     /* the list the class builds: the first first_k_dense_replace layers dense */
@@ -965,7 +994,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"diffusion_gemma", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
     {"glm5_next", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"hy_v4_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"inkling_text", "its shared experts are weighted by their router scores"},
+    {"inkling_mm_model", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling2", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling2_loop", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
@@ -1151,7 +1180,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
     }
     L->shared_ffn = nsh * sw;
-    if (!fam->step && !fam->m3 && !fam->dsv4) /* Step's, MiniMax-M3's and DeepSeek-V4's classes ignore these */
+    if (!fam->step && !fam->m3 && !fam->dsv4 && !fam->inkling) /* Step's, MiniMax-M3's, DeepSeek-V4's and Inkling's classes ignore these */
       TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
@@ -1302,6 +1331,19 @@ tail:
   if (fam->step) TRY(parse_step(root, file, c));
   if (fam->m3) TRY(parse_m3(root, file, c));
   if (fam->dsv4) TRY(parse_dsv4(root, file, c));
+  if (fam->inkling) {
+    /* the shared experts scored by the router: the layer's last ones (its
+    ** router weight [E + S, D], bias [E]); the class needs at least one */
+    int64_t S = 0;
+    TRY(get_int(root, file, "n_shared_experts", 2, 1, MOE8_MAX_EXPERTS, &S));
+    if (L->num_experts + S > MOE8_MAX_EXPERTS)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: n_routed_experts + n_shared_experts = %lld exceeds moe8's %d experts", file,
+                        (long long)(L->num_experts + S), MOE8_MAX_EXPERTS);
+    L->num_experts += S;
+    L->top_k += S;
+    L->scored_shared = S;
+    c->top_layers = true; /* InklingTextModel's files: layers.L. */
+  }
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));
@@ -1426,6 +1468,9 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       if (c->decoder_sparse_step == -3) /* PLACE_INTERVAL (ERNIE-4.5) */
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_interval, moe_layer_start_index and "
                           "moe_layer_end_index: MoE where (layer + 1) %% interval == 0 and start <= layer <= end)", (long long)layer);
+      if (c->decoder_sparse_step == -6) /* PLACE_TYPES_KEY: mlp_layer_types absent, the family's dense-count key */
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types absent; %s = %lld%s)", (long long)layer,
+                          c->dense_key, (long long)c->n_mlp_only, c->first_k_dense_from_default ? ", the family's default" : "");
       if (c->decoder_sparse_step == -2) /* PLACE_FIRST, whose one key is num_dense_layers */
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (num_dense_layers = %lld%s)", (long long)layer,
                           (long long)c->n_mlp_only, c->first_k_dense_from_default ? ", the family's default: config.json does not set it" : "");

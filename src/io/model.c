@@ -1030,10 +1030,12 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       snprintf(n, sizeof n, "%s%lld.moe.router.expert_bias", m->root, (long long)layer);
       bias = moe8_model_find(m, n);
     }
-    /* ERNIE-4.5-VL's [2, E]: the text experts' row first */
+    /* ERNIE-4.5-VL's [2, E]: the text experts' row first; Inkling's: its
+    ** routed experts' (the shared ones, the layer's last, are not chosen) */
+    const int64_t EB = E - c->layer.scored_shared;
     if (bias && (!(bias->ndim == 1 || (bias->ndim == 2 && (bias->shape[0] == 1 || (c->text_of_two && bias->shape[0] == 2)))) ||
-                 bias->shape[bias->ndim - 1] != E || !is_float_file(bias->dtype)))
-      return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld]%s)", n, (long long)E, (long long)E,
+                 bias->shape[bias->ndim - 1] != EB || !is_float_file(bias->dtype)))
+      return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld]%s)", n, (long long)EB, (long long)EB,
                         c->text_of_two ? ", or [2, E]: text, vision" : "");
   }
   if (Fs > 0 && c->layer.shared_gate) {
@@ -1051,6 +1053,17 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
+  if (lc.scored_shared > 0) { /* Inkling: the weights times route_scale times the layer's gate.global_scale [1] */
+    snprintf(n, sizeof n, "%sgate.global_scale", p);
+    const moe8_tensor_view *gsv;
+    const int64_t gs1[1] = {1};
+    if ((st = need(m, n, 1, gs1, &gsv)) != MOE8_OK) return st;
+    float g = 0.0f;
+    if (!is_float_file(gsv->dtype) || (st = moe8_file_to_f32(&g, gsv->data, gsv->dtype, 1)) != MOE8_OK || !isfinite(g))
+      return st != MOE8_OK ? st : moe8__fail(MOE8_ERR_FORMAT, "model: '%s' must be one finite float (it is %s%s)", n,
+                                             moe8_file_dtype_name(gsv->dtype), is_float_file(gsv->dtype) ? ", not finite" : "");
+    lc.routed_scaling_factor = (lc.routed_scaling_factor != 0.0f ? lc.routed_scaling_factor : 1.0f) * g;
+  }
   lc.hash_routing = hash;
   if (c->per_layer_limits && layer < MOE8_MAX_MLP_ONLY) { /* Step's limits, this layer's */
     lc.act_limit = c->act_limits[layer];
@@ -1070,7 +1083,8 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (c->text_of_two) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER], router->data, router->dtype, (size_t)(D * E)); /* [D, E] as held */
   else st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp);
   if (st != MOE8_OK) goto fail;
-  if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)E)) != MOE8_OK) goto fail;
+  if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)(E - lc.scored_shared))) != MOE8_OK) goto fail;
+  if (bias) memset(L->w[MOE8_W_BIAS] + (E - lc.scored_shared), 0, sizeof(float) * (size_t)lc.scored_shared); /* Inkling's shared: never chosen */
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
   if (obias && (st = moe8_file_to_f32(L->w[MOE8_W_OUT_BIAS], obias->data, obias->dtype, (size_t)D)) != MOE8_OK) goto fail;
   if (hasht && (st = put_hash_table(L, hasht)) != MOE8_OK) goto fail;
@@ -1149,6 +1163,47 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
         st = put_float(sv[1], (const char *)sv[1]->data + off * moe8_file_dtype_size(sv[1]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
       if (st == MOE8_OK)
         st = moe8_file_to_f32(b.dn, (const char *)sv[2]->data + off * moe8_file_dtype_size(sv[2]->dtype), sv[2]->dtype, (size_t)(F * D));
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
+      if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
+    }
+    xbuf_free(&b);
+    b = (xbuf){0};
+    if (st != MOE8_OK) goto fail;
+    routed_done = true;
+  }
+  snprintf(n, sizeof n, "%sshared_experts.gate_proj", p);
+  if (!routed_done && lc.scored_shared > 0) {
+    /* Inkling: the routed experts fused, experts.gate_up_proj [Er, 2F, D]
+    ** and down_proj [Er, D, F], then its shared experts stacked,
+    ** shared_experts.gate_proj / up_proj [S, F, D], down_proj [S, D, F],
+    ** as the layer's last S experts */
+    const int64_t S = lc.scored_shared, Er = E - S;
+    const moe8_tensor_view *tv[5];
+    static const char *const tn[5] = {"experts.gate_up_proj", "experts.down_proj", "shared_experts.gate_proj", "shared_experts.up_proj",
+                                      "shared_experts.down_proj"};
+    for (int i = 0; i < 5; i++) {
+      const int64_t sh[3] = {i < 2 ? Er : S, i == 0 ? 2 * F : i == 1 || i == 4 ? D : F, i == 1 || i == 4 ? F : D};
+      snprintf(n, sizeof n, "%s%s", p, tn[i]);
+      if ((st = need(m, n, 3, sh, &tv[i])) != MOE8_OK) goto fail;
+      if (!is_float_file(tv[i]->dtype)) {
+        st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(tv[i]->dtype));
+        goto fail;
+      }
+    }
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
+    for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+      const size_t es = (size_t)(F * D);
+      if (e < Er) {
+        st = put_float(tv[0], (const char *)tv[0]->data + (size_t)e * 2 * es * moe8_file_dtype_size(tv[0]->dtype), 2 * F, D, b.gu, 2 * F, 0,
+                       ld.tmp);
+        if (st == MOE8_OK)
+          st = put_float(tv[1], (const char *)tv[1]->data + (size_t)e * es * moe8_file_dtype_size(tv[1]->dtype), D, F, b.dn, D, 0, ld.tmp);
+      } else {
+        const size_t off = (size_t)(e - Er) * es;
+        st = put_float(tv[2], (const char *)tv[2]->data + off * moe8_file_dtype_size(tv[2]->dtype), F, D, b.gu, 2 * F, 0, ld.tmp);
+        if (st == MOE8_OK) st = put_float(tv[3], (const char *)tv[3]->data + off * moe8_file_dtype_size(tv[3]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
+        if (st == MOE8_OK) st = put_float(tv[4], (const char *)tv[4]->data + off * moe8_file_dtype_size(tv[4]->dtype), D, F, b.dn, D, 0, ld.tmp);
+      }
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }

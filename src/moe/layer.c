@@ -98,6 +98,9 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (cfg->hash_routing && (cfg->use_selection_bias || cfg->n_group > 1 || cfg->select_logits || cfg->weight_input))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: hash routing takes each token's experts from its table: no selection bias, groups, "
                       "select_logits or weight_input with it");
+  if (cfg->scored_shared < 0 || (cfg->scored_shared > 0 && (cfg->scored_shared >= K || cfg->n_group > 1 || cfg->hash_routing)))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: scored_shared = %lld must be 0, or in [1, top_k = %lld) without groups or hash routing",
+                      (long long)cfg->scored_shared, (long long)K);
   if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
                       (double)cfg->norm_eps);

@@ -80,7 +80,7 @@ moe8_router_config moe8__router_config(const moe8_layer *L, const int32_t *token
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
                               c->norm_min, c->norm_eps, c->select_logits, c->norm_p,
                               c->hash_routing ? L->tid2eid : NULL, c->hash_routing ? L->hash_vocab : 0,
-                              c->hash_routing ? token_ids : NULL, c->group_mask_zero};
+                              c->hash_routing ? token_ids : NULL, c->group_mask_zero, c->scored_shared};
 }
 
 moe8_status moe8__check_tokens(const moe8_layer *L, const int32_t *token_ids, int64_t T, const char *what) {

@@ -70,6 +70,10 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
                           (int)e, (long long)E);
     }
   }
+  const int64_t S = cfg->scored_shared; /* Inkling's router-scored shared experts: the last S */
+  if (S < 0 || (S > 0 && (S >= K || cfg->n_group > 1 || hash)))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: scored_shared = %lld must be 0, or in [1, top_k = %lld) without groups or hash routing",
+                      (long long)S, (long long)K);
   const int64_t NG = cfg->n_group > 1 ? cfg->n_group : 1, KG = NG > 1 ? cfg->topk_group : 1;
   if (NG > 1 && (E % NG != 0 || E / NG < 2))
     return moe8__fail(MOE8_ERR_SHAPE, "route: n_group = %lld must divide num_experts = %lld into groups of at least 2", (long long)NG,
@@ -139,10 +143,14 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
           for (int64_t e = g * gs; e < (g + 1) * gs; e++) sel[e] = cfg->group_mask_zero ? 0.0f : -INFINITY; /* as DeepSeek's code and transformers */
     }
     memset(taken, 0, sizeof(uint64_t) * (size_t)((E + 63) / 64));
-    for (int64_t j = 0; j < K; j++) {
+    for (int64_t j = K - S; j < K; j++) { /* the shared experts, in order, after the chosen ones */
+      expert_ids[t * K + j] = (int32_t)(E - S + (j - (K - S)));
+      weights[t * K + j] = sc[E - S + (j - (K - S))];
+    }
+    for (int64_t j = 0; j < K - S; j++) {
       int64_t best = -1;
       float bv = 0.0f;
-      for (int64_t e = 0; e < E; e++) {
+      for (int64_t e = 0; e < E - S; e++) {
         if (taken[e >> 6] >> (e & 63) & 1) continue;
         const float v = sel[e];
         if (best < 0 || v > bv) { best = e; bv = v; } /* strict: ties keep the lower index */

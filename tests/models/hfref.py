@@ -238,6 +238,20 @@ def route_deepseek(x, wr, bias, k, n_group, topk_group, norm, scale, softmax_sco
     return ids, w * scale
 
 
+def route_inkling(x, wr, bias, k, S, scale):
+    """Inkling's router (InklingTopkRouter): logits over the E routed and
+    the S shared experts (wr [E + S, D]); the top-k of sigmoid + bias over
+    the routed ones, then the S shared ones; all k + S weighted by
+    exp(logsigmoid(l) - logsumexp(logsigmoid)) = sigma(l) / sum sigma,
+    times scale (route_scale x global_scale)."""
+    lg = x @ wr.T
+    s = 1.0 / (1.0 + np.exp(-lg))
+    E = lg.shape[1] - S
+    ids = np.array([np.concatenate([topk_idx(r[:E] + bias, k), np.arange(E, E + S)]) for r in s])
+    w = np.take_along_axis(s, ids, axis=1)
+    return ids, w / w.sum(axis=1, keepdims=True) * scale
+
+
 def sqrt_softplus(l):
     """DeepSeek-V4's score: sqrt(softplus(l)), softplus as torch's (beta 1,
     threshold 20: l itself above)."""

@@ -1382,6 +1382,63 @@ def test_ernie4_5_vl_moe(tmp, rng):
         print("ernie4_5_vl_moe scalar width (%d): %s" % (rc, out))
 
 
+def test_inkling(tmp, rng):
+    """Inkling (inkling_text; multimodal inkling_mm_model): the router
+    scores the routed and the shared experts (gate.weight [E + S, D]),
+    chooses the top-k of the routed by sigmoid + bias (bias [E]), and
+    weights the k chosen and the S shared experts together, sigma over
+    their sum, times route_scale x the layer's gate.global_scale; the
+    routed experts fused (experts.gate_up_proj [E, 2F, D], down_proj),
+    the shared ones stacked (shared_experts.gate_proj / up_proj [S, F, D],
+    down_proj [S, D, F]), as InklingForCausalLM (model.layers.) and
+    InklingTextModel (layers.) save them; the class's defaults (2 shared,
+    route_scale 8, dense_mlp_idx 0)."""
+    E, k, D, F, T = 16, 3, 96, 40, 24
+    cases = (("model.layers.", False, None), ("layers.", True, None), ("model.language_model.layers.", False, "inkling_mm_model"))
+    for root, absent, wrap in cases:
+        S = 2 if absent else 3
+        text = {"model_type": "inkling_text", "hidden_size": D, "num_hidden_layers": 3, "n_routed_experts": E, "num_experts_per_tok": k,
+                "moe_intermediate_size": F}
+        if not absent:
+            text.update(n_shared_experts=S, route_scale=2.5, dense_mlp_idx=1)
+        moe_layers = [0, 1, 2] if absent else [1, 2]
+        cfg = {"model_type": wrap, "text_config": text} if wrap else text
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        for l in moe_layers:
+            p = "%s%d.mlp." % (root, l)
+            wr = rnd(rng, E + S, D, scale=0.3)
+            bias = rnd(rng, E, scale=0.3)
+            gscale = 0.625 + 0.25 * l
+            t[p + "gate.weight"] = ("BF16", wr.astype(np.float32))
+            t[p + "gate.e_score_correction_bias"] = ("F32", bias)
+            t[p + "gate.global_scale"] = ("F32", np.array([gscale]))
+            ex = make_experts(rng, E, D, F)
+            t[p + "experts.gate_up_proj"] = ("BF16", np.stack([np.concatenate([g, u]) for g, u, _ in ex]).astype(np.float32))
+            t[p + "experts.down_proj"] = ("BF16", np.stack([d for _, _, d in ex]).astype(np.float32))
+            sh = make_experts(rng, S, D, F)
+            for i, nm in enumerate(("gate_proj", "up_proj", "down_proj")):
+                t[p + "shared_experts." + nm] = ("BF16", np.stack([e[i] for e in sh]).astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex + sh]
+            routing = R.route_inkling(x, store(wr, "BF16"), store(bias, "F32"), k, S, (8.0 if absent else 2.5) * gscale)
+            refs[l] = R.moe_block(x, routing, experts)
+        d = os.path.join(tmp, "inkling_%s%d" % (wrap or "", absent))
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("inkling %s%sbf16, layer %d" % (wrap + " " if wrap else "", "defaults, " if absent else "", l), got, ref, 1e-5)
+        if not absent and not wrap:
+            rc, out = run_rc(d, x, ("--layer", "0"))
+            if rc == 0 or "dense_mlp_idx" not in out:
+                FAILS.append("inkling: dense layer 0 not refused naming dense_mlp_idx")
+                print("inkling layer 0 (%d): %s" % (rc, out))
+            json.dump(dict(text, n_shared_experts=0), open(os.path.join(d, "config.json"), "w"))
+            rc, out = info(d)
+            if rc == 0 or "n_shared_experts" not in out:
+                FAILS.append("inkling: n_shared_experts 0 not refused")
+                print("inkling n_shared_experts 0 (%d): %s" % (rc, out))
+
+
 def test_cohere2_moe(tmp, rng):
     """Cohere2-MoE: the top-k of the logits, weighted by their softmax
     ("softmax", norm_topk_prob not read) or their sigmoid, divided by the sum
@@ -1558,6 +1615,7 @@ def main():
         test_dbrx(tmp, rng)
         test_cohere2_moe(tmp, rng)
         test_ernie4_5_vl_moe(tmp, rng)
+        test_inkling(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

@@ -44,12 +44,17 @@ int cmd_info(int argc, char **argv) {
   else if (c->arch == MOE8_ARCH_GPT_OSS)
     printf("routing: logits + router bias, top-%lld of %lld, softmax over the %lld chosen logits\n", (long long)c->layer.top_k,
            (long long)c->layer.num_experts, (long long)c->layer.top_k);
-  else
+  else if (c->layer.scored_shared > 0) {
+    const long long S = (long long)c->layer.scored_shared;
+    printf("routing: top-%lld of the %lld routed experts (sigmoid scores + correction bias), and the %lld shared experts (the last "
+           "%lld), all %lld weighted by their sigmoid scores over their sum (Inkling)\n", (long long)c->layer.top_k - S,
+           (long long)c->layer.num_experts - S, S, S, (long long)c->layer.top_k);
+  } else
     printf("routing: top-%lld of %lld (%s)%s\n", (long long)c->layer.top_k, (long long)c->layer.num_experts,
            c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid scores"
            : c->layer.score == MOE8_SCORE_SQRTSOFTPLUS ? "sqrt(softplus(logit)) scores" : "softmax over all experts",
            c->has_bias ? ", chosen by score + correction bias, weighted by the scores" : "");
-  if (c->top_layers) {
+  if (c->top_layers && c->layer.scored_shared == 0) {
     /* DeepSeek-V4: the hash layers, runs of consecutive indices */
     int64_t nh = 0;
     for (int64_t l = 0; l < c->num_layers && l < MOE8_MAX_MLP_ONLY; l++) nh += c->hash_moe[l];
@@ -92,6 +97,9 @@ int cmd_info(int argc, char **argv) {
   if (c->layer.shared_ffn > 0)
     printf("shared expert: width %lld, %s\n", (long long)c->layer.shared_ffn,
            c->layer.shared_gate ? "scaled by sigmoid(x . shared_expert_gate)" : "added ungated");
+  else if (c->layer.scored_shared > 0)
+    printf("shared experts: %lld of the experts' width, routed by their scores (above); x each layer's gate.global_scale\n",
+           (long long)c->layer.scored_shared);
   else
     printf("shared expert: none\n");
   if (c->layer.shared_ffn > 0 && c->layer.shared_scale != 0.0f && c->layer.shared_scale != 1.0f)

@@ -155,6 +155,32 @@ int cmd_init(int argc, char **argv) {
         printf("init: layer %lld of %lld drawn (%.2f GB so far, %.1f s)\n", (long long)l + 1, (long long)NL, (double)bytes * 1e-9, cli_now() - t0);
       continue;
     }
+    if (hc.layer.scored_shared > 0) {
+      /* Inkling's block: the router over the routed and the shared experts,
+      ** the routed ones' bias (zeros) and the layer's global_scale (1),
+      ** the routed experts fused and the shared ones stacked, out x in */
+      const int64_t S = hc.layer.scored_shared, Er = E - S;
+      const struct { const char *name; int ndim; int64_t s0, s1, s2, fan_in; } t[8] = {
+        {"gate.weight", 2, E, D, 0, D}, {"gate.e_score_correction_bias", 1, Er, 0, 0, 0}, {"gate.global_scale", 1, 1, 0, 0, -1},
+        {"experts.gate_up_proj", 3, Er, 2 * F, D, D}, {"experts.down_proj", 3, Er, D, F, F}, {"shared_experts.gate_proj", 3, S, F, D, D},
+        {"shared_experts.up_proj", 3, S, F, D, D}, {"shared_experts.down_proj", 3, S, D, F, F}};
+      for (int i = 0; i < 8 && rc == EXIT_OK; i++) {
+        const int64_t rows = t[i].ndim == 3 ? t[i].s0 * t[i].s1 : t[i].ndim == 2 ? t[i].s0 : 1;
+        const int64_t cols = t[i].ndim == 3 ? t[i].s2 : t[i].ndim == 2 ? t[i].s1 : t[i].s0;
+        const bool f32 = t[i].ndim == 1; /* the router's vectors in f32, as the class keeps them */
+        const size_t ee = f32 ? 4 : es;
+        snprintf(names[nt], 256, "%s%s", p, t[i].name);
+        bufs[nt] = t[i].fan_in > 0 ? malloc(ee * (size_t)(rows * cols) + 1) : calloc(ee * (size_t)(rows * cols) + 1, 1);
+        if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+        if (t[i].fan_in > 0) fill_normal(bufs[nt], bf, rows, cols, t[i].fan_in, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
+        if (t[i].fan_in < 0) { const float one = 1.0f; memcpy(bufs[nt], &one, 4); }
+        tv[nt] = (moe8_tensor_view){names[nt], f32 ? MOE8_FDT_F32 : fdt, t[i].ndim, {t[i].s0, t[i].s1, t[i].s2}, bufs[nt],
+                                    ee * (size_t)(rows * cols), 0};
+        bytes += tv[nt].nbytes;
+        nt++;
+      }
+      continue;
+    }
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
     /* e = -1 the router, e = E the shared expert, e = E + 1 its gate; each
