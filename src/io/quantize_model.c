@@ -654,7 +654,9 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     const char *root = moe8__model_root(m);
     const size_t tl = strlen(t->name);
     const bool bias = gptoss && tl > 5 && !strcmp(t->name + tl - 5, "_bias"); /* GPT-OSS's expert biases stay */
-    if (!bias && is_expert_tensor(t->name, deepseek) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
+    /* Inkling's shared experts are the layer's last experts: in the codes */
+    const bool scored = hc->layer.scored_shared > 0 && strstr(t->name, ".shared_experts.") != NULL;
+    if (!bias && (scored || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
         l >= 0 && l < hc->num_layers && replace[l])
       continue;
     st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
