@@ -570,6 +570,25 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* need() of a float tensor (F32, BF16 or F16). */
+static moe8_status need_float(const moe8_model *m, const char *name, int ndim, const int64_t *shape, const moe8_tensor_view **out) {
+  moe8_status st = need(m, name, ndim, shape, out);
+  if (st == MOE8_OK && !is_float_file((*out)->dtype))
+    st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", name, moe8_file_dtype_name((*out)->dtype));
+  return st;
+}
+
+/* Expert i of experts stacked per projection, gate sv[0] and up sv[1]
+** [n, F, D], down sv[2] [n, D, F] (out x in), into b's gate|up [D, 2F]
+** and down [F, D] (Step-3.5/3.7's files; Inkling's shared experts). */
+static moe8_status put_stacked(const moe8_tensor_view *const sv[3], int64_t i, int64_t D, int64_t F, xbuf *b, float *tmp) {
+  const size_t es = (size_t)(F * D);
+  moe8_status st = put_float(sv[0], (const char *)sv[0]->data + (size_t)i * es * moe8_file_dtype_size(sv[0]->dtype), F, D, b->gu, 2 * F, 0, tmp);
+  if (st == MOE8_OK) st = put_float(sv[1], (const char *)sv[1]->data + (size_t)i * es * moe8_file_dtype_size(sv[1]->dtype), F, D, b->gu, 2 * F, F, tmp);
+  if (st == MOE8_OK) st = put_float(sv[2], (const char *)sv[2]->data + (size_t)i * es * moe8_file_dtype_size(sv[2]->dtype), D, F, b->dn, D, 0, tmp);
+  return st;
+}
+
 static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *opt,
                               moe8_layer **out);
 
@@ -1184,11 +1203,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     for (int i = 0; i < 5; i++) {
       const int64_t sh[3] = {i < 2 ? Er : S, i == 0 ? 2 * F : i == 1 || i == 4 ? D : F, i == 1 || i == 4 ? F : D};
       snprintf(n, sizeof n, "%s%s", p, tn[i]);
-      if ((st = need(m, n, 3, sh, &tv[i])) != MOE8_OK) goto fail;
-      if (!is_float_file(tv[i]->dtype)) {
-        st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(tv[i]->dtype));
-        goto fail;
-      }
+      if ((st = need_float(m, n, 3, sh, &tv[i])) != MOE8_OK) goto fail;
     }
     if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
@@ -1198,12 +1213,8 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
                        ld.tmp);
         if (st == MOE8_OK)
           st = put_float(tv[1], (const char *)tv[1]->data + (size_t)e * es * moe8_file_dtype_size(tv[1]->dtype), D, F, b.dn, D, 0, ld.tmp);
-      } else {
-        const size_t off = (size_t)(e - Er) * es;
-        st = put_float(tv[2], (const char *)tv[2]->data + off * moe8_file_dtype_size(tv[2]->dtype), F, D, b.gu, 2 * F, 0, ld.tmp);
-        if (st == MOE8_OK) st = put_float(tv[3], (const char *)tv[3]->data + off * moe8_file_dtype_size(tv[3]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
-        if (st == MOE8_OK) st = put_float(tv[4], (const char *)tv[4]->data + off * moe8_file_dtype_size(tv[4]->dtype), D, F, b.dn, D, 0, ld.tmp);
-      }
+      } else
+        st = put_stacked(tv + 2, e - Er, D, F, &b, ld.tmp);
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }
@@ -1265,20 +1276,11 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     for (int i = 0; i < 3; i++) {
       const int64_t sh[3] = {E, i == 2 ? D : F, i == 2 ? F : D};
       snprintf(n, sizeof n, "%s%s.weight", p, pn[i]);
-      if ((st = need(m, n, 3, sh, &sv[i])) != MOE8_OK) goto fail;
-      if (!is_float_file(sv[i]->dtype)) {
-        st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(sv[i]->dtype));
-        goto fail;
-      }
+      if ((st = need_float(m, n, 3, sh, &sv[i])) != MOE8_OK) goto fail;
     }
     if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-      const size_t es = (size_t)(F * D);
-      st = put_float(sv[0], (const char *)sv[0]->data + (size_t)e * es * moe8_file_dtype_size(sv[0]->dtype), F, D, b.gu, 2 * F, 0, ld.tmp);
-      if (st == MOE8_OK)
-        st = put_float(sv[1], (const char *)sv[1]->data + (size_t)e * es * moe8_file_dtype_size(sv[1]->dtype), F, D, b.gu, 2 * F, F, ld.tmp);
-      if (st == MOE8_OK)
-        st = put_float(sv[2], (const char *)sv[2]->data + (size_t)e * es * moe8_file_dtype_size(sv[2]->dtype), D, F, b.dn, D, 0, ld.tmp);
+      st = put_stacked(sv, e, D, F, &b, ld.tmp);
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, NULL, NULL, NULL, NULL);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }
