@@ -872,6 +872,18 @@ static void test_cli_gpt_oss_quantize(void **state) {
     }
     if (!in && sh("cp -r '%s/gq_0mxf' '%s/gq_mxf'", g_dir, g_dir) != 0) TU_FAIL("cp: %s", g_err);
   }
+  /* config.json rewritten by init and quantize keeps its numbers as
+  ** written: transformers' configuration classes refuse 7 where they
+  ** declare a float (swiglu_limit) */
+  for (int i = 0; i < 2; i++) {
+    char cp[700];
+    snprintf(cp, sizeof cp, i ? "%s/gq_0fp8/config.json" : "%s/config.json", i ? g_dir : src);
+    size_t cl;
+    unsigned char *ct = read_all(cp, &cl);
+    ct[cl] = 0;
+    if (!strstr((const char *)ct, "7.0")) TU_FAIL("%s: swiglu_limit 7.0 rewritten as %s", cp, strstr((const char *)ct, "swiglu_limit"));
+    free(ct);
+  }
   /* The MXFP4 input under an mxfp4 rule: its tensors kept byte for byte. */
   char a[600], b[600];
   snprintf(a, sizeof a, "%s/gq_mxf", g_dir);

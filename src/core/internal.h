@@ -267,6 +267,12 @@ moe8_status moe8__open_regular(const char *path, int *fd, size_t *size);
 /* Reads a whole regular file of at most cap bytes; *buf is malloc'ed and
 ** NUL-terminated. */
 moe8_status moe8__read_small(const char *path, size_t cap, char **buf, size_t *len);
+/* A JSON text parsed so that printing it again writes every number as the
+** text wrote it (7.0 stays 7.0: transformers' configuration classes refuse
+** an integer where they declare a float), for the config.json files moe8
+** rewrites (moe8 quantize, moe8 init); NULL when it is not JSON or out of
+** memory.  Numbers added later print as cJSON prints them. */
+struct cJSON *moe8__json_parse_keeping_numbers(const char *txt, size_t n);
 /* config.json with an optional family override (hfconfig.c). */
 moe8_status moe8__config_load_as(const char *path, const char *model_type, moe8_hf_config *out);
 /* The model's layers' tensor-name root ("model.layers.", or a multimodal

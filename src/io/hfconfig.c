@@ -511,6 +511,69 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"inkling_mm_model", "inkling_text"},
 };
 
+/* The number tokens of a JSON text in document order (strings skipped),
+** then each number of the parsed tree, in the same order, made a raw item
+** holding its token. */
+static bool keep_numbers(cJSON *node, const char *txt, const size_t *at, const size_t *len, size_t count, size_t *i) {
+  for (; node; node = node->next) {
+    if (cJSON_IsNumber(node)) {
+      if (*i >= count) return false;
+      char *tok = malloc(len[*i] + 1);
+      if (!tok) return false;
+      memcpy(tok, txt + at[*i], len[*i]);
+      tok[len[*i]] = '\0';
+      (*i)++;
+      node->type = cJSON_Raw;
+      node->valuestring = tok;
+    } else if ((cJSON_IsObject(node) || cJSON_IsArray(node)) && !keep_numbers(node->child, txt, at, len, count, i)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct cJSON *moe8__json_parse_keeping_numbers(const char *txt, size_t n) {
+  cJSON *root = cJSON_ParseWithLength(txt, n);
+  if (!root) return NULL;
+  size_t count = 0, cap = 64, *at = malloc(cap * sizeof *at), *len = malloc(cap * sizeof *len);
+  bool ok = at && len;
+  for (size_t p = 0; ok && p < n;) {
+    const char c = txt[p];
+    if (c == '"') { /* a string: its escapes skipped */
+      for (p++; p < n && txt[p] != '"'; p++)
+        if (txt[p] == '\\') p++;
+      p++;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      const size_t q = p;
+      while (p < n && (txt[p] == '-' || txt[p] == '+' || txt[p] == '.' || txt[p] == 'e' || txt[p] == 'E' || (txt[p] >= '0' && txt[p] <= '9'))) p++;
+      if (count == cap) {
+        cap *= 2;
+        size_t *a2 = realloc(at, cap * sizeof *at), *l2 = a2 ? realloc(len, cap * sizeof *len) : NULL;
+        if (a2) at = a2;
+        if (l2) len = l2;
+        ok = a2 && l2;
+      }
+      if (ok) { at[count] = q; len[count] = p - q; count++; }
+    } else {
+      p++;
+    }
+  }
+  size_t i = 0;
+  /* the numbers as the text wrote them; a mismatch leaves cJSON's own printing */
+  if (ok) {
+    cJSON *probe = cJSON_ParseWithLength(txt, n);
+    if (probe && keep_numbers(probe, txt, at, len, count, &i) && i == count) {
+      cJSON_Delete(root);
+      root = probe;
+    } else {
+      cJSON_Delete(probe);
+    }
+  }
+  free(at);
+  free(len);
+  return root;
+}
+
 static const cJSON *item(const cJSON *o, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
   return v && !cJSON_IsNull(v) ? v : NULL;

@@ -489,7 +489,7 @@ static moe8_status write_config(const char *in, const char *tmp, bool deepseek, 
   size_t n = 0;
   moe8_status st = moe8__read_small(path, (size_t)16 << 20, &txt, &n);
   if (st != MOE8_OK) return st;
-  cJSON *root = cJSON_ParseWithLength(txt, n);
+  cJSON *root = moe8__json_parse_keeping_numbers(txt, n); /* 7.0 stays 7.0 */
   free(txt);
   if (!root) return moe8__fail(MOE8_ERR_PARSE, "quantize: %s is not JSON", path);
   if (!quantized_layers && !deepseek) cJSON_DeleteItemFromObjectCaseSensitive(root, "moe8_quantization");

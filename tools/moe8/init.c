@@ -245,7 +245,7 @@ int cmd_init(int argc, char **argv) {
     char *txt = NULL;
     size_t n = 0;
     if ((st = moe8__read_small(config, (size_t)1 << 20, &txt, &n)) != MOE8_OK) (void)cli_report(st, "init");
-    cJSON *root = txt ? cJSON_ParseWithLength(txt, n) : NULL;
+    cJSON *root = txt ? moe8__json_parse_keeping_numbers(txt, n) : NULL; /* its numbers as written: 7.0 stays 7.0 */
     free(txt);
     if (!root) { fprintf(stderr, "moe8 init: cannot re-read %s\n", config); rc = EXIT_FAIL; }
     else {
