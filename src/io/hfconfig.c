@@ -138,6 +138,9 @@ typedef struct family {
   ** experts: moe8_layer_config.scored_shared); scaling route_scale times
   ** the layer's gate.global_scale (read at load) */
   bool        inkling;
+  /* Aria (AriaTextConfig): moe_num_shared_experts ungated shared experts
+  ** of the experts' width (one of count x intermediate_size) */
+  bool        aria;
 } family;
 
 /* Placement of the MoE layers. */
@@ -338,6 +341,15 @@ static const family k_families[] = {
    .alias = "num_experts", .hidden = 2560, .layers = 28, .experts = 64, .top_k = 6, .ffn = 1536, .shared = 2, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_k|num_experts_per_tok", .norm_key = "", .group_key = "",
    .shared_key = "moe_num_shared_experts", .place = PLACE_INTERVAL, .softmax_scores = true, .norm_min = 1e-12},
+  /* AriaTextConfig (Aria, the text model of aria): Mixtral's routing (the
+  ** top-k of the logits, softmax over them: the renormalized scores) and
+  ** ungated shared experts; experts fused x . W as experts.fc1.weight
+  ** [E, D, 2F] (gate, then up) and fc2.weight [E, F, D], router
+  ** router.weight, every layer MoE */
+  {.name = "aria_text", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "moe_num_experts", .ffn_key = "intermediate_size", .hidden = 4096,
+   .layers = 32, .experts = 8, .top_k = 2, .ffn = 4096, .shared = 0, .norm = true, .scaling = 1.0, .topk_key = "moe_topk", .norm_key = "",
+   .shared_width_key = "", .shared_ungated = true, .place = PLACE_ALL, .router_name = "router.weight", .fused_gu = "experts.fc1.weight",
+   .fused_dn = "experts.fc2.weight", .aria = true},
   /* InklingTextConfig (Inkling, the text model of inkling_mm_model): sigmoid
   ** scores + bias, the top-k of the routed experts and every shared
   ** expert, all weighted by sigma(l) / sum (renormalized together) times
@@ -509,6 +521,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"},
   {"kimi_k25", "deepseek_v3"}, /* Kimi K2.5 / K2.6: text_config deepseek_v3 (kimi_k2 as released) */
   {"inkling_mm_model", "inkling_text"},
+  {"aria", "aria_text"},
 };
 
 /* The number tokens of a JSON text in document order (strings skipped),
@@ -1350,6 +1363,12 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(pick_key(root, file, fam->shared_width_key, "shared_expert_intermediate_size", kk));
     TRY(get_int(root, file, kk, fam->shared, 0, BIG, &L->shared_ffn));
     L->shared_gate = L->shared_ffn > 0 && !fam->shared_ungated;
+  }
+  if (fam->aria) { /* count x the experts' width, one ungated SwiGLU */
+    int64_t nsh = 0;
+    TRY(get_int(root, file, "moe_num_shared_experts", 2, 0, 1 << 16, &nsh));
+    L->shared_ffn = nsh * L->ffn;
+    L->shared_gate = false;
   }
   if (fam->cohere) {
     int64_t nsh = 0;

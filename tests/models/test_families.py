@@ -1439,6 +1439,43 @@ def test_inkling(tmp, rng):
                 print("inkling n_shared_experts 0 (%d): %s" % (rc, out))
 
 
+def test_aria(tmp, rng):
+    """Aria (aria_text; multimodal aria): the top-k of the router's logits
+    weighted by their softmax (Mixtral's routing), the experts fused x . W
+    as experts.fc1.weight [E, D, 2F] (gate, then up) and fc2.weight
+    [E, F, D], router.weight, and moe_num_shared_experts ungated shared
+    experts of the experts' width as one MLP shared_experts.* of width
+    count x intermediate_size, as AriaTextForCausalLM saves them; every
+    layer MoE; the class's defaults (top-2, 2 shared)."""
+    E, D, F, T = 8, 96, 40, 24
+    for absent, wrap in ((False, None), (True, None), (False, "aria")):
+        k, nsh = (2, 2) if absent else (3, 1)
+        text = {"model_type": "aria_text", "hidden_size": D, "num_hidden_layers": 2, "moe_num_experts": E, "intermediate_size": F}
+        if not absent:
+            text.update(moe_topk=k, moe_num_shared_experts=nsh)
+        cfg = {"model_type": wrap, "text_config": text} if wrap else text
+        root = "model.language_model.layers." if wrap else "model.layers."
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        for l in (0, 1):
+            p = "%s%d.mlp." % (root, l)
+            wr = rnd(rng, E, D, scale=0.5)
+            t[p + "router.weight"] = ("BF16", wr.astype(np.float32))
+            ex = make_experts(rng, E, D, F)
+            t[p + "experts.fc1.weight"] = ("BF16", np.stack([np.concatenate([g, u]).T for g, u, _ in ex]).astype(np.float32))
+            t[p + "experts.fc2.weight"] = ("BF16", np.stack([d.T for _, _, d in ex]).astype(np.float32))
+            sw = make_experts(rng, 1, D, F * nsh)[0]
+            for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+                t[p + "shared_experts." + nm + ".weight"] = ("BF16", w.astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex]
+            refs[l] = R.moe_block(x, R.route_softmax(x, store(wr, "BF16"), k, True), experts, [store(w, "BF16") for w in sw])
+        d = os.path.join(tmp, "aria_%s%d" % (wrap or "", absent))
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("aria %s%sbf16 fused x.W, layer %d" % (wrap + " " if wrap else "", "defaults, " if absent else "", l), got, ref, 1e-5)
+
+
 def test_cohere2_moe(tmp, rng):
     """Cohere2-MoE: the top-k of the logits, weighted by their softmax
     ("softmax", norm_topk_prob not read) or their sigmoid, divided by the sum
@@ -1616,6 +1653,7 @@ def main():
         test_cohere2_moe(tmp, rng)
         test_ernie4_5_vl_moe(tmp, rng)
         test_inkling(tmp, rng)
+        test_aria(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
