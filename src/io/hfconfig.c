@@ -1077,6 +1077,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"minimax_m3_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
+    {"muse_spark_text", "its experts are latent (projected, normalized per expert)"},
     {"nemotron_h", "its experts are relu-squared MLPs, not SwiGLU"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"switch_transformers", "its experts drop tokens past expert_capacity and are ReLU MLPs"},
