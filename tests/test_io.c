@@ -827,6 +827,31 @@ static void e_shape(cJSON *r) { /* same bytes, transposed shape */
   cJSON_ReplaceItemInArray(s, 1, cJSON_CreateNumber(a));
 }
 
+/* moe8__json_parse_keeping_numbers: printed again, every number reads as
+** the text wrote it, whatever strings, escapes, arrays and objects sit
+** around it; a key added later prints as cJSON prints it. */
+static void test_json_keeps_numbers(void **state) {
+  (void)state;
+  const char *txt = "{\"a\": \"x\\\"1.0 2\", \"b\": [1.0, -2e-3, {\"c\": 3.50, \"d\": [0.0, 7]}], \"e\": 1E+5, \"f\": true, "
+                    "\"g\": null, \"h\": \"9.90\", \"i\": -0.0}";
+  cJSON *root = moe8__json_parse_keeping_numbers(txt, strlen(txt));
+  assert_non_null(root);
+  cJSON_AddNumberToObject(root, "n", 2.0);
+  char *out = cJSON_PrintUnformatted(root);
+  assert_non_null(out);
+  static const char *const want[] = {"[1.0,-2e-3,{\"c\":3.50,\"d\":[0.0,7]}]", "\"e\":1E+5", "\"i\":-0.0", "\"a\":\"x\\\"1.0 2\"",
+                                     "\"h\":\"9.90\"", "\"n\":2"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (!strstr(out, want[i])) TU_FAIL("keeping numbers: %s not in %s", want[i], out);
+  cJSON *back = cJSON_Parse(out); /* and it is JSON */
+  assert_non_null(back);
+  assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(back, "b"), 2), "c")->valuedouble == 3.5);
+  cJSON_Delete(back);
+  free(out);
+  cJSON_Delete(root);
+  assert_null(moe8__json_parse_keeping_numbers("{\"a\": 1.0", 10));
+}
+
 /* GPT-OSS through moe8 quantize (FP8, int8, MXFP4; docs/files.md): each
 ** file's run gives the bytes of the input's run under the rules, for a
 ** float input and for GPT-OSS's own MXFP4 layout (which an mxfp4 rule
@@ -1469,6 +1494,7 @@ int main(void) {
     cmocka_unit_test(test_deepseek_blocks),
     cmocka_unit_test(test_cli_files),
     cmocka_unit_test(test_mxfp4_rule_options),
+    cmocka_unit_test(test_json_keeps_numbers),
     cmocka_unit_test(test_cli_gpt_oss_quantize),
     cmocka_unit_test(test_quantize_output_dir),
     cmocka_unit_test(test_quantize_records_rules),
