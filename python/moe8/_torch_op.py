@@ -226,6 +226,8 @@ def _act_of(module):
     plain SwiGLU)."""
     if type(module).__name__ in _LIMITED:
         return {"act": "swiglu_limit", "act_limit": float(module.swiglu_limit)}
+    if type(getattr(module, "act_fn", None)).__name__ == "GELUTanh":  # gelu_pytorch_tanh: Gemma-4's GeGLU experts
+        return {"act": "geglu"}
     return {}
 
 
@@ -247,8 +249,8 @@ def _why_not(module):
     if getattr(module, "has_post_expert_norm", False):
         why.append("a norm after each expert")
     act = getattr(module, "act_fn", None)
-    if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
-        why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(act).__name__)
+    if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ not in ("SiLUActivation", "GELUTanh"):
+        why.append("activation %s (moe8 runs SwiGLU: SiLU, or GeGLU: GELUTanh)" % type(act).__name__)
     return why
 
 
