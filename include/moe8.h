@@ -555,8 +555,10 @@ typedef enum moe8_expert_act {
   MOE8_ACT_SWIGLU_LIMIT = 2, /* GLM-5, HY-V4: h = silu(min(g, limit)) · clamp(u, ±limit)     */
   MOE8_ACT_SWIGLU_POST  = 3, /* Step-3.5/3.7: h = min(silu(g), limit) · clamp(u, ±limit), the
                              ** clamp after the activation; limit 0: none (the plain SwiGLU)   */
-  MOE8_ACT_SWIGLU_SOFTCAP = 4 /* Inkling-2: h = cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu) with
+  MOE8_ACT_SWIGLU_SOFTCAP = 4, /* Inkling-2: h = cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu) with
                              ** cg = act_alpha, cu = act_limit (mlp_gate_softcap, mlp_up_softcap) */
+  MOE8_ACT_GEGLU        = 5  /* Gemma-4: h = gelu_tanh(g) · u, gelu_tanh(g) = 0.5·g·(1 + tanh(√(2/π)·(g +
+                             ** 0.044715·g³))) (transformers' gelu_pytorch_tanh)                */
 } moe8_expert_act;
 
 typedef struct moe8_layer_config {
@@ -640,6 +642,22 @@ typedef struct moe8_layer_config {
   ** router scores with the routed ones.  Forward, fused, backward and both
   ** expert-parallel modes (they are experts). */
   int64_t         scored_shared;
+  /* Gemma-4's routed branch, four capabilities that a layer may take one
+  ** by one; each RMSNorm is n(x) = x · (mean(x²) + rms_eps)^(-1/2) over
+  ** the row's D values, in f32, and its weight multiplies (not 1 + w).
+  ** router_norm: the router reads n(x) ⊙ s · router_norm_scale instead of
+  ** x (s = MOE8_W_ROUTER_SCALE [D]; Gemma-4's router.scale and D^-1/2).
+  ** expert_scale: each routing weight, after the renormalization and the
+  ** scaling, times c[e] of its expert (MOE8_W_EXPERT_SCALE [E]; Gemma-4's
+  ** router.per_expert_scale).  in_norm: the experts (routed and shared)
+  ** read n(x) ⊙ w (MOE8_W_IN_NORM [D]; pre_feedforward_layernorm_2).
+  ** out_norm: the block's output y (routed sum, shared expert, out_bias)
+  ** becomes n(y) ⊙ w (MOE8_W_OUT_NORM [D]; post_feedforward_layernorm_2).
+  ** Forward, fused, backward (gradients through the norms and scales),
+  ** training and both expert-parallel modes (the single process's bytes). */
+  bool            router_norm, expert_scale, in_norm, out_norm;
+  float           router_norm_scale;      /* 0 means 1                            */
+  float           rms_eps;                /* the norms' epsilon, >= 0             */
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -656,6 +674,10 @@ typedef enum moe8_weight_id {
   MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
   MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
   MOE8_W_OUT_BIAS,    /* [D]       out_bias */
+  MOE8_W_ROUTER_SCALE, /* [D]      router_norm's s */
+  MOE8_W_EXPERT_SCALE, /* [E]      expert_scale's c */
+  MOE8_W_IN_NORM,     /* [D]       in_norm's weight */
+  MOE8_W_OUT_NORM,    /* [D]       out_norm's weight */
   MOE8_W_COUNT
 } moe8_weight_id;
 
@@ -753,6 +775,9 @@ typedef struct moe8_layer_grads {
   float *dwrb, *dwgub, *dwdb;
   /* With out_bias: [D] (NULL: not wanted). */
   float *dwob;
+  /* With router_norm, expert_scale, in_norm, out_norm: [D], [E], [D], [D]
+  ** (NULL: not wanted). */
+  float *dwrs, *dwes, *dwin, *dwon;
 } moe8_layer_grads;
 
 MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
@@ -986,6 +1011,10 @@ typedef struct moe8_hf_config {
   /* The key that counts a family's first dense layers when mlp_layer_types
   ** is absent (Inkling's dense_mlp_idx), for the dense layer's message. */
   char              dense_key[32];
+  /* Gemma-4: the block's tensors are the decoder layer's own
+  ** (layers.L.router.proj.weight, layers.L.experts.*, its norms), with
+  ** no block prefix. */
+  bool              block_in_layer;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

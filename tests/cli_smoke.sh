@@ -53,6 +53,7 @@ for fam in \
   "jetmoe:\"num_local_experts\": 8, \"intermediate_size\": 32" \
   "inkling_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1" \
   "aria_text:\"moe_num_experts\": 8, \"intermediate_size\": 32, \"moe_topk\": 2, \"moe_num_shared_experts\": 1" \
+  "gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []"; do
   name=${fam%%:*}
@@ -70,7 +71,8 @@ printf '{"model_type": "llama4", "text_config": {"model_type": "llama4_text", %s
 for w in "qwen3_vl_moe:qwen3_vl_moe_text:\"num_experts\": 8, \"moe_intermediate_size\": 32" \
          "qwen3_5_moe:qwen3_5_moe_text:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32" \
          "glm4v_moe:glm4v_moe_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
-         "ernie4_5_vl_moe:ernie4_5_vl_moe_text:\"moe_num_experts\": 8, \"moe_intermediate_size\": [32, 16], \"mlp_layer_types\": [\"sparse\"]"; do
+         "ernie4_5_vl_moe:ernie4_5_vl_moe_text:\"moe_num_experts\": 8, \"moe_intermediate_size\": [32, 16], \"mlp_layer_types\": [\"sparse\"]" \
+         "gemma4:gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32"; do
   outer=${w%%:*}; rest=${w#*:}; inner=${rest%%:*}
   printf '{"model_type": "%s", "text_config": {"model_type": "%s", %s, %s}}\n' "$outer" "$inner" "$k" "${rest#*:}" > "$tmp/$outer.json"
   "$moe8" init --config "$tmp/$outer.json" --out "$tmp/init-$outer" >/dev/null 2>"$tmp/err" || fail "init $outer: $(cat "$tmp/err")"

@@ -29,7 +29,7 @@ static moe8_status ep_create(moe8_layer *L, moe8_ep **ep) {
   return moe8_ep_create_ex(L, g_comm, &o, ep);
 }
 
-typedef struct grads { float *dx, *dwr, *dwg, *dwu, *dwd, *sg, *su, *sd, *sgate; } grads;
+typedef struct grads { float *dx, *dwr, *dwg, *dwu, *dwd, *sg, *su, *sd, *sgate, *rs, *es, *in, *on; } grads;
 
 enum { FS = 24 }; /* the shared expert's width in the shared scenarios */
 
@@ -43,10 +43,15 @@ static void grads_alloc(grads *g, int64_t T, int64_t D, int64_t E, int64_t F) {
   g->dwg = malloc(sizeof(float) * (size_t)(E * D * F));
   g->dwu = malloc(sizeof(float) * (size_t)(E * D * F));
   g->dwd = malloc(sizeof(float) * (size_t)(E * F * D));
+  g->rs = malloc(sizeof(float) * (size_t)D);
+  g->es = malloc(sizeof(float) * (size_t)E);
+  g->in = malloc(sizeof(float) * (size_t)D);
+  g->on = malloc(sizeof(float) * (size_t)D);
 }
 
 static void grads_free(grads *g) {
   free(g->dx); free(g->dwr); free(g->dwg); free(g->dwu); free(g->dwd); free(g->sg); free(g->su); free(g->sd); free(g->sgate);
+  free(g->rs); free(g->es); free(g->in); free(g->on);
 }
 
 static moe8_rules *rules_for(int mode, bool before) {
@@ -86,7 +91,9 @@ typedef struct scenario {
                           ** 3 DeepSeek-V2 (ungated, softmax, groups scored by their best),
                           ** 4 Llama-4 (ungated; sigmoid scores scaling each expert's input),
                           ** 5 AXK2 (DeepSeek-V3's, one of 4 groups kept, the dropped groups' values 0.0),
-                          ** 6 Inkling's router-scored shared expert (the last expert, every token's second slot) */
+                          ** 6 Gemma-4 (no shared expert: the router's and the experts' input norms, the
+                          **   per-expert scale, the output norm, GeGLU),
+                          ** 7 Inkling's router-scored shared expert (the last expert, every token's second slot) */
   int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
                           ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
                           ** expert's own limit (Step), 4 softcapped (Inkling-2) */
@@ -100,7 +107,13 @@ static void run_scenario(const scenario *sc) {
   if (sc->shared == 1) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 2; }
   if (sc->shared == 5) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 2.5f; cfg.n_group = 4; cfg.topk_group = 1; cfg.group_mask_zero = true; }
   if (sc->shared == 4) { cfg.score = MOE8_SCORE_SIGMOID; cfg.norm_topk_prob = false; cfg.weight_input = true; }
-  if (sc->shared == 6) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 8.0f; cfg.scored_shared = 1; cfg.shared_ffn = 0; }
+  if (sc->shared == 6) {
+    cfg.shared_ffn = 0;
+    cfg.router_norm = cfg.expert_scale = cfg.in_norm = cfg.out_norm = true;
+    cfg.router_norm_scale = 0.125f;
+    cfg.rms_eps = 1e-6f;
+  }
+  if (sc->shared == 7) { cfg.score = MOE8_SCORE_SIGMOID; cfg.routed_scaling_factor = 8.0f; cfg.scored_shared = 1; cfg.shared_ffn = 0; }
   cfg.act = (moe8_expert_act)sc->act;
   if (sc->act == MOE8_ACT_SWIGLU_CLAMP) { cfg.act_alpha = 1.702f; cfg.act_limit = 0.4f; }
   if (sc->act == MOE8_ACT_SWIGLU_POST) { cfg.act_limit = 0.4f; cfg.shared_act_limit = 0.3f; }
@@ -127,6 +140,14 @@ static void run_scenario(const scenario *sc) {
       else for (int64_t e = 0; e < E / g_size && e < K; e++) b[e] = 100.0f; /* K experts, all on rank 0 */
       if (sc->bias == 2 && E / g_size < K) b[1] = 100.0f;
     }
+    if (sc->shared == 6) { /* the norms' weights and scales away from 1 */
+      const moe8_weight_id v[4] = {MOE8_W_ROUTER_SCALE, MOE8_W_EXPERT_SCALE, MOE8_W_IN_NORM, MOE8_W_OUT_NORM};
+      size_t n;
+      for (int k = 0; k < 4; k++) {
+        float *w = moe8_layer_weight(L, v[k], &n);
+        for (size_t i = 0; i < n; i++) w[i] = 0.6f + 0.1f * (float)((i * 7 + (size_t)k) % 9);
+      }
+    }
     /* The single-process reference on all T tokens. */
     const size_t wsz = moe8_layer_workspace_size(L, T);
     void *ws;
@@ -135,7 +156,8 @@ static void run_scenario(const scenario *sc) {
     grads g;
     grads_alloc(&g, T, D, E, F);
     assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
-    const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, g.sg, g.su, g.sd, g.sgate};
+    moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd, g.sg, g.su, g.sd, g.sgate};
+    lg.dwrs = g.rs; lg.dwes = g.es; lg.dwin = g.in; lg.dwon = g.on;
     assert_int_equal(moe8_layer_backward(L, x, T, r, ws, wsz, &lg), MOE8_OK);
     /* The ring of experts on this rank's shard. */
     moe8_ep *ep;
@@ -145,7 +167,8 @@ static void run_scenario(const scenario *sc) {
     grads_alloc(&eg, Tl, D, E, F);
     moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
     if (st != MOE8_OK) TU_FAIL("%s: ep forward: %s", sc->name, moe8_last_error());
-    const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, eg.sg, eg.su, eg.sd, eg.sgate};
+    moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd, eg.sg, eg.su, eg.sd, eg.sgate};
+    el.dwrs = eg.rs; el.dwes = eg.es; el.dwin = eg.in; el.dwon = eg.on;
     st = moe8_ep_backward(ep, x + T0 * D, Tl, r + T0 * D, &el);
     if (st != MOE8_OK) TU_FAIL("%s: ep backward: %s", sc->name, moe8_last_error());
     /* Bytes, against the single process. */
@@ -165,7 +188,12 @@ static void run_scenario(const scenario *sc) {
         if (e < e0 || e >= e0 + Eloc)
           for (size_t i = 0; i < per; i++) assert_true(a[e * (int64_t)per + (int64_t)i] == 0.0f);
     }
-    if (sc->shared && sc->shared != 6) { /* the shared expert's gradients, whole, on every rank (6: Inkling's are experts) */
+    if (sc->shared == 6) { /* Gemma-4's four vectors, whole, on every rank */
+      const float *a[4] = {eg.rs, eg.es, eg.in, eg.on}, *b[4] = {g.rs, g.es, g.in, g.on};
+      for (int w = 0; w < 4; w++)
+        if (memcmp(a[w], b[w], sizeof(float) * (size_t)(w == 1 ? E : D)) != 0)
+          TU_FAIL("%s (%s, P=%d): the gradient of Gemma-4's vector %d differs", sc->name, what, g_size, w);
+    } else if (sc->shared && sc->shared != 7) { /* the shared expert's gradients, whole, on every rank (7: Inkling's are experts) */
       const float *a[4] = {eg.sg, eg.su, eg.sd, eg.sgate}, *b[4] = {g.sg, g.su, g.sd, g.sgate};
       for (int w = 0; w < (sc->shared == 2 ? 4 : 3); w++)
         if (memcmp(a[w], b[w], sizeof(float) * (size_t)(w == 3 ? D : D * FS)) != 0)
@@ -173,7 +201,7 @@ static void run_scenario(const scenario *sc) {
     }
     /* The bytes on the wire: with FP8 before the gather, D·(1 + 4/tile) per token. */
     const moe8_ep_stats *s = moe8_ep_get_stats(ep);
-    if (g_mode == MOE8_EP_ALLTOALL) {
+    if (g_mode == MOE8_EP_ALLTOALL && sc->shared != 6) { /* (Gemma-4's router reads the normed x: not this formula's) */
       /* The formula on this routing: a token goes once to each other rank
       ** that holds one of its experts. */
       int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
@@ -201,6 +229,7 @@ static void run_scenario(const scenario *sc) {
                 (unsigned long long)s->dispatch_rows_sent, (unsigned long long)s->dispatch_rows_recv, (unsigned long long)want_sent,
                 (unsigned long long)want_recv);
       free(ids); free(lgt); free(wt);
+    } else if (g_mode == MOE8_EP_ALLTOALL) {
     } else if (sc->mode && before && sc->shared != 4) { /* Llama-4's rows are scaled, then quantized: f32 on the wire */
       const uint64_t per_tok = (uint64_t)D + 4u * (sc->mode == 2 ? (uint64_t)(D / 16) : sc->mode == 4 ? (uint64_t)((D + 127) / 128) : 1u);
       assert_int_equal(s->tokens_bytes, (uint64_t)T * per_tok);
@@ -263,11 +292,16 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, the SwiGLU clamped after the activation, shared expert (Step)", 0, 1, 1, 0, 0, 1, MOE8_ACT_SWIGLU_POST},
     {"i8 per-token, the softcapped SwiGLU (Inkling-2)", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_SWIGLU_SOFTCAP},
     {"f32, the softcapped SwiGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_SOFTCAP},
+    {"i8 per-token, GeGLU (Gemma-4's experts)", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_GEGLU},
+    {"f32, GeGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_GEGLU},
+    {"f32, Gemma-4's branch (norms, per-expert scale, GeGLU)", 0, 0, 1, 0.01f, 0, 6, MOE8_ACT_GEGLU},
+    {"fp8 1x16, Gemma-4's branch, expert 5 unused", 2, 1, 0, 0, 0, 6, MOE8_ACT_GEGLU},
+    {"i8 per-token, Gemma-4's branch, capacity 1.25", 3, 0, 1, 0, 1.25f, 6, MOE8_ACT_GEGLU},
     {"f32, AXK2's group mask (0.0), negative selection values, shared expert", 0, 3, 1, 0.01f, 0, 5},
     {"fp8 1x16, AXK2's group mask (0.0), negative selection values", 2, 3, 0, 0, 0, 5},
-    {"f32, Inkling's router-scored shared expert, expert 5 unused", 0, 1, 1, 0, 0, 6},
-    {"fp8 1x16, Inkling's router-scored shared expert", 2, 0, 0, 0, 0, 6},
-    {"i8 per-token, Inkling's router-scored shared expert", 3, 0, 1, 0, 0, 6},
+    {"f32, Inkling's router-scored shared expert, expert 5 unused", 0, 1, 1, 0, 0, 7},
+    {"fp8 1x16, Inkling's router-scored shared expert", 2, 0, 0, 0, 0, 7},
+    {"i8 per-token, Inkling's router-scored shared expert", 3, 0, 1, 0, 0, 7},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;

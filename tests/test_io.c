@@ -1408,6 +1408,45 @@ static void test_family_rows(void **state) {
   assert_int_equal(PARSE("{\"model_type\":\"inkling2_text\",\"scoring_func\":\"softmax\"}"), MOE8_ERR_UNSUPPORTED);
   assert_int_equal(PARSE("{\"model_type\":\"inkling2\",\"text_config\":{\"n_routed_experts\":16}}"), MOE8_OK);
   assert_true(c.layer.act == MOE8_ACT_SWIGLU_SOFTCAP && c.layer.num_experts == 16);
+  /* Gemma-4: enable_moe_block, its required keys, GeGLU, the norms and scales, the block in the decoder layer */
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"num_experts\":8,\"top_k_experts\":2,\"moe_intermediate_size\":64}"),
+                   MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "\"enable_moe_block\" is false"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,\"num_experts\":128,\"top_k_experts\":8,"
+                         "\"moe_intermediate_size\":704,\"hidden_size\":2816,\"rms_norm_eps\":1e-5,\"hidden_activation\":\"gelu_pytorch_tanh\"}"),
+                   MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_GEGLU && c.layer.router_norm && c.layer.expert_scale && c.layer.in_norm && c.layer.out_norm &&
+              c.layer.rms_eps == 1e-5f && c.layer.router_norm_scale == (float)pow(2816.0, -0.5) && c.layer.norm_topk_prob &&
+              c.layer.score == MOE8_SCORE_SOFTMAX && c.layer.num_experts == 128 && c.layer.top_k == 8 && c.layer.ffn == 704 &&
+              c.layer.hidden == 2816 && c.num_layers == 30 && c.layer.shared_ffn == 0 && !c.has_bias && c.block_in_layer &&
+              !strcmp(c.router_name, "router.proj.weight") && moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 29), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,\"num_experts\":8,\"top_k_experts\":2}"),
+                   MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "moe_intermediate_size"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,\"num_experts\":8,\"moe_intermediate_size\":8}"),
+                   MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "top_k_experts"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,\"top_k_experts\":2,\"moe_intermediate_size\":8}"),
+                   MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "num_experts"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,\"num_experts\":8,\"top_k_experts\":2,"
+                         "\"moe_intermediate_size\":8,\"hidden_activation\":\"gelu\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "hidden_activation"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":\"yes\"}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,\"num_experts\":8,\"top_k_experts\":2,"
+                         "\"moe_intermediate_size\":8,\"rms_norm_eps\":-1}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "rms_norm_eps"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4\",\"text_config\":{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true,"
+                         "\"num_experts\":16,\"top_k_experts\":4,\"moe_intermediate_size\":32,\"hidden_size\":64}}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_GEGLU && c.layer.num_experts == 16 && c.layer.top_k == 4 && c.layer.rms_eps == 1e-6f &&
+              !strcmp(c.model_type, "gemma4 (text_config)"));
+  assert_int_equal(PARSE("{\"model_type\":\"gemma4\",\"text_config\":{\"num_experts\":16}}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "enable_moe_block"));
+  assert_int_equal(PARSE("{\"model_type\":\"diffusion_gemma\",\"text_config\":{\"num_experts\":16,\"top_k_experts\":4,"
+                         "\"moe_intermediate_size\":32}}"), MOE8_OK);
+  assert_true(c.layer.act == MOE8_ACT_GEGLU && c.layer.out_norm && c.block_in_layer && c.layer.num_experts == 16);
+  assert_int_equal(PARSE("{\"model_type\":\"diffusion_gemma_text\",\"num_experts\":16,\"top_k_experts\":4}"), MOE8_ERR_PARSE);
   /* MiniMax-M3: GPT-OSS's clamped SwiGLU without biases, a scaled routed sum, placement by moe_layer_freq */
   assert_int_equal(PARSE("{\"model_type\":\"minimax_m3_vl_text\",\"hidden_act\":\"swigluoai\",\"num_hidden_layers\":3,"
                          "\"moe_layer_freq\":[0,1,1],\"swiglu_limit\":5}"), MOE8_OK);

@@ -1378,6 +1378,159 @@ static void test_softcap_form_grads(void **state) {
   assert_non_null(strstr(moe8_last_error(), "softcapped"));
 }
 
+/* Gemma-4's routed branch as its definition says, in double: the router
+** reads n(x) ⊙ s · c (router_norm), the experts n(x) ⊙ w_in (in_norm), the
+** weights are the renormalized top-k softmax times the per-expert scale
+** (expert_scale), the experts and the shared one are GeGLU, and the output
+** is n(y) ⊙ w_out (out_norm); n the RMSNorm with rms_eps. */
+static double gelu_tanh_d(double g) { return 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
+
+static void gemma_ref(const moe8_layer_config *c, moe8_layer *L, const float *x, int64_t T, double *out) {
+  const int64_t E = c->num_experts, K = c->top_k, D = c->hidden, F = c->ffn, Fs = c->shared_ffn;
+  const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), *wg = moe8_layer_weight_read(L, MOE8_W_GATE, NULL);
+  const float *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL), *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+  const float *rs = moe8_layer_weight_read(L, MOE8_W_ROUTER_SCALE, NULL), *es = moe8_layer_weight_read(L, MOE8_W_EXPERT_SCALE, NULL);
+  const float *wi = moe8_layer_weight_read(L, MOE8_W_IN_NORM, NULL), *wo = moe8_layer_weight_read(L, MOE8_W_OUT_NORM, NULL);
+  const float *sg = Fs ? moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL) : NULL, *su = Fs ? moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL) : NULL;
+  const float *sd = Fs ? moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL) : NULL;
+  double *xr = malloc(sizeof(double) * (size_t)D), *xe = malloc(sizeof(double) * (size_t)D), *y = malloc(sizeof(double) * (size_t)D);
+  double p[64];
+  for (int64_t t = 0; t < T; t++) {
+    const float *xt = x + t * D;
+    double ss = 0;
+    for (int64_t d = 0; d < D; d++) ss += (double)xt[d] * xt[d];
+    const double r = 1.0 / sqrt(ss / (double)D + c->rms_eps);
+    for (int64_t d = 0; d < D; d++) {
+      xr[d] = c->router_norm ? xt[d] * r * rs[d] * c->router_norm_scale : xt[d];
+      xe[d] = c->in_norm ? xt[d] * r * wi[d] : xt[d];
+      y[d] = 0;
+    }
+    double mx = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < E; e++) {
+      p[e] = 0;
+      for (int64_t d = 0; d < D; d++) p[e] += xr[d] * wr[d * E + e];
+      mx = fmax(mx, p[e]);
+    }
+    for (int64_t e = 0; e < E; e++) sum += (p[e] = exp(p[e] - mx));
+    int64_t ids[8];
+    double w[8], ws = 0;
+    bool used[64] = {false};
+    for (int64_t j = 0; j < K; j++) {
+      int64_t b = -1;
+      for (int64_t e = 0; e < E; e++)
+        if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+      used[b] = true;
+      ids[j] = b;
+      ws += (w[j] = p[b] / sum);
+    }
+    for (int64_t j = 0; j < K; j++) {
+      const int64_t e = ids[j];
+      const double wj = w[j] / ws * (c->expert_scale ? es[e] : 1.0);
+      for (int64_t f = 0; f < F; f++) {
+        double g = 0, u = 0;
+        for (int64_t d = 0; d < D; d++) {
+          g += xe[d] * wg[(e * D + d) * F + f];
+          u += xe[d] * wu[(e * D + d) * F + f];
+        }
+        const double h = gelu_tanh_d(g) * u;
+        for (int64_t d = 0; d < D; d++) y[d] += wj * h * wd[(e * F + f) * D + d];
+      }
+    }
+    for (int64_t f = 0; f < Fs; f++) {
+      double g = 0, u = 0;
+      for (int64_t d = 0; d < D; d++) {
+        g += xe[d] * sg[d * Fs + f];
+        u += xe[d] * su[d * Fs + f];
+      }
+      const double h = gelu_tanh_d(g) * u;
+      for (int64_t d = 0; d < D; d++) y[d] += h * sd[f * D + d];
+    }
+    double sy = 0;
+    for (int64_t d = 0; d < D; d++) sy += y[d] * y[d];
+    const double ry = 1.0 / sqrt(sy / (double)D + c->rms_eps);
+    for (int64_t d = 0; d < D; d++) out[t * D + d] = c->out_norm ? y[d] * ry * wo[d] : y[d];
+  }
+  free(xr); free(xe); free(y);
+}
+
+/* Gemma-4's routed branch (router_norm, expert_scale, in_norm, out_norm,
+** GeGLU), all four on and each one off: the forward within 1e-5 of the
+** largest |out| of the definition in double (gemma_ref), the fused
+** forward's bytes the forward's, each feature changing the output; with
+** all on, every gradient (x through both norms, the four vectors, the
+** router, the experts, the shared expert) against finite differences; a
+** negative rms_eps refused by name. */
+static void test_gemma_form(void **state) {
+  (void)state;
+  enum { E = 6, K = 2, D = 32, F = 16, FS = 24, T = 7 };
+  static float out[5][T * D];
+  for (int v = 0; v < 5; v++) {
+    moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .norm_topk_prob = true, .act = MOE8_ACT_GEGLU,
+                           .shared_ffn = FS, .router_norm = v != 1, .expert_scale = v != 2, .in_norm = v != 3, .out_norm = v != 4,
+                           .router_norm_scale = 0.17677669f, .rms_eps = 1e-6f};
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 11), MOE8_OK);
+    size_t n;
+    float *wr = moe8_layer_weight(L, MOE8_W_ROUTER, &n);
+    for (size_t i = 0; i < n; i++) wr[i] *= 4.0f; /* logits apart: few near-ties for the finite differences */
+    const moe8_weight_id vids[4] = {MOE8_W_ROUTER_SCALE, MOE8_W_EXPERT_SCALE, MOE8_W_IN_NORM, MOE8_W_OUT_NORM};
+    for (int k = 0; k < 4; k++) { /* each vector from its own seed: the variants differ only by the feature off */
+      tu_rng_reset(77 + (uint64_t)k);
+      float *vw = moe8_layer_weight(L, vids[k], &n);
+      assert_true(vw != NULL || k + 1 == v);
+      for (size_t i = 0; vw && i < n; i++) vw[i] = k == 1 ? 0.5f + fabsf(tu_normal()) : 1.0f + 0.4f * tu_normal();
+    }
+    static float x[T * D], dout[T * D];
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    static float drs[D], des[E], din[D], don[D];
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd,
+                                .dwrs = drs, .dwes = des, .dwin = din, .dwon = don};
+    void *ws;
+    size_t wsz;
+    form_backward(L, x, dout, T, D, 73, &g, &ws, &wsz);
+    if (v == 0) {
+      const form_grad t[] = {
+        {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+        {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg}, {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu},
+        {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+        {"shared gate", moe8_layer_weight(L, MOE8_W_SHARED_GATE, NULL), D * FS, dsg},
+        {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+        {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd},
+        {"router scale", moe8_layer_weight(L, MOE8_W_ROUTER_SCALE, NULL), D, drs},
+        {"per-expert scale", moe8_layer_weight(L, MOE8_W_EXPERT_SCALE, NULL), E, des},
+        {"input norm", moe8_layer_weight(L, MOE8_W_IN_NORM, NULL), D, din},
+        {"output norm", moe8_layer_weight(L, MOE8_W_OUT_NORM, NULL), D, don}};
+      form_fd_check("Gemma-4's branch", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    }
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, out[v], &aux, ws, wsz), MOE8_OK);
+    static double want[T * D];
+    gemma_ref(&c, L, x, T, want);
+    double omax = 0, emax = 0;
+    for (int i = 0; i < T * D; i++) {
+      omax = fmax(omax, fabs(want[i]));
+      emax = fmax(emax, fabs(want[i] - out[v][i]));
+    }
+    if (!(emax <= 1e-5 * omax)) TU_FAIL("Gemma-4's branch, variant %d: max |out - definition| = %g, max |out| %g", v, emax, omax);
+    static float fused[T * D];
+    assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(L, x, T, fused, ws, wsz), MOE8_OK);
+    assert_memory_equal(fused, out[v], sizeof fused);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  for (int v = 1; v < 5; v++) {
+    double dmax = 0;
+    for (int i = 0; i < T * D; i++) dmax = fmax(dmax, fabs((double)out[0][i] - out[v][i]));
+    if (!(dmax > 1e-3)) TU_FAIL("Gemma-4's branch: turning feature %d off changes the output by only %g", v, dmax);
+  }
+  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_GEGLU, .in_norm = true, .rms_eps = -1.0f};
+  moe8_layer *B = NULL;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "rms_eps"));
+}
+
 /* GPT-OSS's clamped SwiGLU without its biases, in the routed experts and
 ** the shared one (MiniMax-M3): every gradient against finite differences,
 ** with a limit that binds (the forward differs from the plain SwiGLU's). */
@@ -1770,6 +1923,7 @@ int main(void) {
     cmocka_unit_test(test_dsv4_form),
     cmocka_unit_test(test_post_form_grads),
     cmocka_unit_test(test_softcap_form_grads),
+    cmocka_unit_test(test_gemma_form),
     cmocka_unit_test(test_clamp_shared_form_grads),
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_scored_shared),

@@ -456,6 +456,44 @@ static void test_swiglu_softcap(void **state) {
   }
 }
 
+/* Gemma-4's GeGLU (gelu_pytorch_tanh(g) · u): the reference within 2e-6
+** (relative) of the double formula, plus 1e-6 · |g·u| where 1 + tanh
+** cancels, a NaN kept; every ISA gives the reference's bytes, tails
+** included. */
+static void test_geglu(void **state) {
+  (void)state;
+  enum { N = 1000 };
+  static float g[N], u[N], want[N], got[N];
+  const moe8__ktable *ref = moe8__kernels_for(MOE8_ISA_REF);
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (int round = 0; round < 8; round++) {
+    tu_rng_reset(600 + (uint64_t)round);
+    tu_fill_normal(g, N, round < 4 ? 2.0f : 30.0f);
+    tu_fill_normal(u, N, round < 4 ? 1.0f : 100.0f);
+    if (round == 5) { g[3] = NAN; u[7] = NAN; g[9] = 1e30f; g[10] = -1e30f; }
+    ref->geglu(want, g, u, N);
+    for (int j = 0; j < N; j++) {
+      const double x = g[j], e = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * (double)u[j];
+      if (isnan(g[j]) || isnan(u[j])) { if (!isnan(want[j])) TU_FAIL("geglu: NaN input, %a", (double)want[j]); continue; }
+      if (fabs(x) > 1e10) continue; /* g³ overflows f32: the reference's h is ±inf or NaN there, as torch's f32 is */
+      /* near g << 0, 1 + tanh cancels: tanh's few ulp become an absolute error of about |g·u| · 1e-7 */
+      if (!(fabs(want[j] - e) <= 2e-6 * fabs(e) + 1e-6 * fabs(x * (double)u[j])))
+        TU_FAIL("geglu (reference): g = %a, u = %a: %a, want %a", (double)g[j], (double)u[j], (double)want[j], e);
+    }
+    for (int i = 1; i < nisa; i++) {
+      const size_t len = N - (size_t)(round * 3);
+      memset(got, 0, sizeof got);
+      moe8__kernels_for(isas[i])->geglu(got, g, u, len);
+      for (size_t j = 0; j < len; j++)
+        if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
+          TU_FAIL("geglu on %s: g = %a, u = %a: %a (0x%08x), want %a (0x%08x)", moe8_isa_name(isas[i]), (double)g[j], (double)u[j],
+                  (double)got[j], moe8__f32_bits(got[j]), (double)want[j], moe8__f32_bits(want[j]));
+      for (size_t j = len; j < N; j++) assert_true(got[j] == 0.0f); /* nothing past n */
+    }
+  }
+}
+
 static void test_dispatch_sort(void **state) {
   (void)state;
   /* T = 4, k = 2, E = 4; expert 2 gets nothing. */
@@ -782,6 +820,7 @@ int main(void) {
     cmocka_unit_test(test_router_logits_isas),
     cmocka_unit_test(test_swiglu_isas),
     cmocka_unit_test(test_swiglu_softcap),
+    cmocka_unit_test(test_geglu),
     cmocka_unit_test(test_dispatch_sort),
     cmocka_unit_test(test_gather_scale_rule),
     cmocka_unit_test(test_combine),

@@ -79,7 +79,7 @@ def _check(st):
 
 
 # The experts' activations by moe8_expert_act value (include/moe8.h).
-ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap")
+ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap", "geglu")
 # The router's score functions by moe8_score_func value.
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
 
@@ -93,7 +93,8 @@ class _LayerConfig(C.Structure):
                 ("weight_input", C.c_bool), ("shared_plain_act", C.c_bool), ("norm_min", C.c_float),
                 ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool),
                 ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool),
-                ("group_mask_zero", C.c_bool), ("scored_shared", _i64)]
+                ("group_mask_zero", C.c_bool), ("scored_shared", _i64), ("router_norm", C.c_bool), ("expert_scale", C.c_bool),
+                ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float)]
 
 
 class _QuantSpec(C.Structure):
@@ -102,7 +103,8 @@ class _QuantSpec(C.Structure):
 
 
 class _Grads(C.Structure):
-    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb", "dwob")]
+    _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb", "dwob",
+                                      "dwrs", "dwes", "dwin", "dwon")]
 
 
 _PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_int64, C.c_int64)
@@ -379,7 +381,7 @@ def convert(x, dst="f8e4m3", src="f32", saturate=True):
 # ---- the layer ---------------------------------------------------------------------------
 _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
             "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11,
-            "out_bias": 12}
+            "out_bias": 12, "router_scale": 13, "expert_scale": 14, "in_norm": 15, "out_norm": 16}
 
 
 _QT_JSON = {0: None, 3: "float8_e4m3fn", 4: "float8_e5m2", 5: "int8"}
@@ -462,7 +464,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
-                  group_mask_zero=False, scored_shared=0):
+                  group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
+                  router_norm_scale=0.0, rms_eps=0.0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid' or 'sqrtsoftplus' (DeepSeek-V4), not %r" % (score,))
@@ -476,13 +479,14 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
         raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
     if act not in ACTS:
         raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7) "
-                    "or 'swiglu_softcap' (Inkling-2), not %r" % (act,))
+                    "'swiglu_softcap' (Inkling-2) or 'geglu' (Gemma-4), not %r" % (act,))
     return _LayerConfig(num_experts, top_k, hidden, ffn, SCORES.index(score), norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
                         bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
-                        bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"))
+                        bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"), bool(router_norm), bool(expert_scale),
+                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps))
 
 
 def _f32_any(a, name, shape):
@@ -507,7 +511,8 @@ class Layer:
                  shared_ffn=0, shared_gate=False, group_score="top2_sum", act="swiglu", act_alpha=0.0, act_limit=0.0, router_bias=False,
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
-                 scored_shared=0, rules=None,
+                 scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
+                 rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -522,7 +527,7 @@ class Layer:
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
-                                group_mask_zero, scored_shared)
+                                group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -532,6 +537,8 @@ class Layer:
         self.shared_ffn, self.shared_gate = c.shared_ffn, bool(c.shared_gate)
         self.router_bias, self.expert_bias = bool(c.router_bias), bool(c.expert_bias)
         self.out_bias = bool(c.out_bias)
+        self.router_norm, self.expert_scale = bool(c.router_norm), bool(c.expert_scale)  # Gemma-4's norms and scales
+        self.in_norm, self.out_norm = bool(c.in_norm), bool(c.out_norm)
         self.score = SCORES[c.score]
         self.hash_routing = bool(c.hash_routing)  # routes by token id: forward() needs token_ids
 
@@ -655,7 +662,8 @@ class Layer:
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
         return {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (E,), "gate_up_bias": (E, 2 * F),
-                "down_bias": (E, D), "out_bias": (D,)}[name]
+                "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
+                "out_norm": (D,)}[name]
 
     def weight(self, name):
         """The f32 master weight `name` (router [D, E], gate/up [E, D, F],
@@ -847,8 +855,12 @@ class Layer:
             g["down_bias"] = np.empty((E, D), np.float32)
         if self.out_bias:
             g["out_bias"] = np.empty((D,), np.float32)
+        for n, on, size in (("router_scale", self.router_norm, D), ("expert_scale", self.expert_scale, E), ("in_norm", self.in_norm, D),
+                            ("out_norm", self.out_norm, D)):
+            if on:
+                g[n] = np.empty((size,), np.float32)
         cg = _Grads(*[_ptr(g.get(k)) for k in ("dx", "router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
                                                   "shared_gate_w", "router_bias", "gate_up_bias", "down_bias",
-                                                  "out_bias")])
+                                                  "out_bias", "router_scale", "expert_scale", "in_norm", "out_norm")])
         _check(_layer_backward(self._h, _ptr(x), T, _ptr(dout), ws.ptr, ws.n, C.byref(cg)))
         return g

@@ -13,7 +13,7 @@ from ._torch_op import _act_of
 _RULES_MAX = 64 << 20  # the library's bound on a rules file
 
 _NAMES = ("router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_gate_w", "router_bias", "gate_up_bias",
-          "down_bias", "out_bias")
+          "down_bias", "out_bias", "router_scale", "expert_scale", "in_norm", "out_norm")
 _CONFIG = ("score", "norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
            "topk_group", "shared_ffn", "shared_gate")
 
@@ -126,6 +126,9 @@ class MoE8Block(torch.nn.Module):
             self.param_names.remove("down_bias")
         if not self.layer.out_bias:
             self.param_names.remove("out_bias")
+        for n in ("router_scale", "expert_scale", "in_norm", "out_norm"):  # Gemma-4's norms and scales
+            if not getattr(self.layer, "router_norm" if n == "router_scale" else n):
+                self.param_names.remove(n)
         self._addr = {}
         if inference:  # no expert masters: only what the layer still holds in f32 (router, shared expert, ...)
             self.param_names = [n for n in self.param_names if n not in ("gate", "up", "down", "gate_up_bias", "down_bias")
@@ -162,7 +165,7 @@ class MoE8Block(torch.nn.Module):
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
                   "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
                   "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit",
-                  "group_mask_zero", "scored_shared"):
+                  "group_mask_zero", "scored_shared", "router_norm", "expert_scale", "in_norm", "out_norm", "router_norm_scale", "rms_eps"):
             cfg[k] = getattr(_cfg(lay), k)
         block = cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay, module_path=lay.module_path, **cfg)
         block._codes = codes
@@ -492,7 +495,7 @@ def _from_hf_inference(block, family, cfg, rules, module_path):
     for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
               "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
                   "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit",
-                  "group_mask_zero", "scored_shared"):
+                  "group_mask_zero", "scored_shared", "router_norm", "expert_scale", "in_norm", "out_norm", "router_norm_scale", "rms_eps"):
         kw[k] = getattr(c, k)
     out = MoE8Block.__new__(MoE8Block)
     torch.nn.Module.__init__(out)

@@ -247,6 +247,8 @@ def _act_of(module):
     if name in _SOFTCAP:
         return {"act": "swiglu_softcap", "act_alpha": float(module.act_fn.gate_softcap.softcap),
                 "act_limit": float(module.act_fn.up_softcap.softcap)}
+    if type(getattr(module, "act_fn", None)).__name__ == "GELUTanh":  # gelu_pytorch_tanh: Gemma-4's GeGLU experts
+        return {"act": "geglu"}
     return {}
 
 
@@ -277,8 +279,8 @@ def _why_not(module):
     if getattr(module, "has_post_expert_norm", False):
         why.append("a norm after each expert")
     fn = getattr(module, "act_fn", None)
-    if fn is not None and name not in _SOFTCAP and not _silu(fn):
-        why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(fn).__name__)
+    if fn is not None and name not in _SOFTCAP and not _silu(fn) and type(fn).__name__ != "GELUTanh":
+        why.append("activation %s (moe8 runs SwiGLU: SiLU, or GeGLU: GELUTanh)" % type(fn).__name__)
     return why
 
 

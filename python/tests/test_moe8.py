@@ -185,3 +185,31 @@ def test_quantize_model_is_the_commands(model, tmp_path, fmt):
     assert (q_py / "model.safetensors").read_bytes() == before
     moe8.quantize_model(str(d / "m"), str(q_py), str(d / "rules.json"), format=fmt, force=True)
     assert (q_py / "model.safetensors").read_bytes() == before
+
+
+def test_gemma4_branch_from_python(tmp_path):
+    """Gemma-4's routed branch through the package: the layer's config
+    (GeGLU, the norms and scales) as the library holds it, the forward's
+    bytes the command's, the four vectors' gradients in backward() and each
+    of them changing the output."""
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"model_type": "gemma4_text", "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
+                               "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 1}))
+    sh("init", "--config", str(cfg), "--out", str(tmp_path / "m"))
+    x = np.random.default_rng(5).standard_normal((6, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    sh("run", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"))
+    L = moe8.Layer.from_model(str(tmp_path / "m"), mode="training")
+    assert (L.router_norm, L.expert_scale, L.in_norm, L.out_norm) == (True, True, True, True)
+    y, _ = L.forward(x)
+    assert y.tobytes() == np.load(tmp_path / "y.npy").tobytes()
+    g = L.backward(x, np.ones_like(y))
+    assert g["router_scale"].shape == (64,) and g["expert_scale"].shape == (8,) and g["in_norm"].shape == (64,)
+    assert g["out_norm"].shape == (64,)
+    for name in ("router_scale", "expert_scale", "in_norm", "out_norm"):
+        w = L.weight(name)
+        keep = w.copy()
+        w[:] = keep * 1.5 + 0.1
+        y2, _ = L.forward(x)
+        w[:] = keep
+        assert not np.array_equal(y2, y), name

@@ -127,6 +127,10 @@ typedef struct moe8__ktable {
   /* Inkling-2's softcapped SwiGLU: h = ((cg · tanh(g / cg)) · sg) · (cu ·
   ** tanh(u / cu)), tanh moe8__tanhf, sg = 1 / (1 + moe8__expf(-g)); cg, cu > 0. */
   void (*swiglu_softcap)(float *h, const float *g, const float *u, size_t n, float cg, float cu);
+  /* Gemma-4's GeGLU with the tanh form of GELU (gelu_pytorch_tanh):
+  ** c = 0.7978845608 · (g + 0.044715 · ((g · g) · g)), h = ((0.5 · g) ·
+  ** (1 + moe8__tanhf(c))) · u, in that order. */
+  void (*geglu)(float *h, const float *g, const float *u, size_t n);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of

@@ -18,6 +18,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
   if (!ep) return;
   moe8__ring_free(ep);
   moe8__a2a_free(ep);
+  moe8__ep_norms_free(ep);
   free(ep->Toff);
   free(ep);
 }
@@ -36,7 +37,7 @@ static const char *const k_fp_names[NFP] = {
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
   "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases, input scaling)",
   "activation alpha and limit", "expert-parallel mode",
-  "output form (out_bias, shared_scale, norm_p)", "hash routing (and its table's checksum), or scored_shared", "summation order", "weights (checksum)"};
+  "output form (out_bias, shared_scale, norm_p, Gemma-4's norms, rms_eps, router_norm_scale)", "hash routing (and its table's checksum), or scored_shared", "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
@@ -70,7 +71,9 @@ static fingerprint make_fp(const moe8_ep *ep) {
                               128u * c->select_logits + ((uint64_t)moe8__f32_bits(c->norm_min) << 8) +
                               ((uint64_t)moe8__f32_bits(c->norm_eps) << 40 | (uint64_t)moe8__f32_bits(c->norm_eps) >> 24)),
                     (int64_t)(((uint64_t)moe8__f32_bits(c->act_alpha) << 31) ^ moe8__f32_bits(c->act_limit) ^ ((uint64_t)moe8__f32_bits(c->shared_act_limit) << 17)), ep->mode,
-                    (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)c->group_mask_zero << 63) ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32)),
+                    (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)c->group_mask_zero << 63) ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32) ^
+                              ((uint64_t)(c->router_norm | c->expert_scale << 1 | c->in_norm << 2 | c->out_norm << 3) << 59) ^
+                              ((uint64_t)moe8__f32_bits(c->rms_eps) << 13) ^ ((uint64_t)moe8__f32_bits(c->router_norm_scale) << 27)),
                     c->scored_shared, order_code(L), 0}};
   if (c->hash_routing) { /* the flag, the table's rows and entries */
     uint64_t th = 0xCBF29CE484222325ULL ^ (uint64_t)L->hash_vocab;

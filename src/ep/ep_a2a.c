@@ -163,8 +163,12 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   ALLOC(s->scnt, P); ALLOC(s->rcnt, P); ALLOC(s->bcnt, P); ALLOC(s->brcnt, P); ALLOC(s->recvrow, Tl * K);
   if (!ok) { free(logits); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
   const moe8_router_config rc = moe8__router_config(L, tok);
-  st = moe8__router_logits(L, x, Tl, logits);
+  /* Gemma-4: the router reads n(x) ⊙ s · c, the experts n(x) ⊙ w_in (x without the norms) */
+  const float *xr = x, *xe = x;
+  st = moe8__ep_norms_in(ep, x, Tl, &xr, &xe);
+  if (st == MOE8_OK) st = moe8__router_logits(L, xr, Tl, logits);
   if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, s->scores, s->ids, s->w);
+  if (st == MOE8_OK) st = moe8__ep_scale_weights(ep, Tl, s->ids, s->w);
   free(logits);
   /* 3. the dispatch plan (each token once to each rank among its experts'
   ** ranks), and the owner's count of rows coming back from each rank */
@@ -208,7 +212,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   float *sx = NULL;
   if (quant) { xq = malloc((size_t)(Tl * D) + 1); sx = malloc(sizeof(float) * (size_t)(Tl * nbD) + 4); }
   if (!sendb || !recvb || (quant && (!xq || !sx))) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-  if (st == MOE8_OK && quant) st = moe8_quantize(&L->aspec, x, 1, Tl, D, xq, sx, NULL);
+  if (st == MOE8_OK && quant) st = moe8_quantize(&L->aspec, xe, 1, Tl, D, xq, sx, NULL);
   for (int64_t n = 0; st == MOE8_OK && n < s->nsend; n++) {
     const int64_t t = s->send_tok[n];
     uint8_t *o = sendb + (size_t)n * row;
@@ -219,7 +223,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
       memset(o + hd + 4 * nbD, 0, r4((size_t)D));
       memcpy(o + hd + 4 * nbD, xq + t * D, (size_t)D);
     } else {
-      memcpy(o + hd, x + t * D, 4 * (size_t)D);
+      memcpy(o + hd, xe + t * D, 4 * (size_t)D);
     }
   }
   free(xq); free(sx);
@@ -340,8 +344,9 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, wi ? NULL : s->w, Tl, K, D, out);
   free(rx);
   /* 7. the shared expert, the output check, the aux loss */
-  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, x, Tl, out, NULL, NULL, NULL);
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, xe, Tl, out, NULL, NULL, NULL);
   if (st == MOE8_OK) moe8__out_bias_add(L, Tl, out); /* JetMoE: after the shared expert, as the single process */
+  if (st == MOE8_OK) st = moe8__ep_norm_out(ep, Tl, out); /* Gemma-4: the output's norm, last */
   if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) return st;
   float a = 0.0f;
@@ -366,12 +371,23 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   ALLOC(osend, s->nsend * (K + D)); ALLOC(orecv, NR * (K + D)); ALLOC(wr, NR * K); ALLOC(dr, NR * D);
   ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(bsend, s->nback * (D + 1)); ALLOC(brecv, s->nbrecv * (D + 1));
   ALLOC(rx, s->nbrecv * D); ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E);
-  if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  /* Gemma-4's norms: dz the gradient before the output norm, the experts'
+  ** and the router's input gradients apart (dxe, dxr), as the single process */
+  const moe8_layer_config *lc = &L->cfg;
+  float *dz = NULL, *dwp = NULL;
+  float *dxe_b = lc->in_norm && (gr->dx || gr->dwin) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
+  float *dxr_b = lc->router_norm && (gr->dx || gr->dwrs) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
+  float *dxe = lc->in_norm ? dxe_b : gr->dx, *dxr = lc->router_norm ? dxr_b : gr->dx;
+  const float *xe = lc->in_norm ? ep->nxe : x, *xr = lc->router_norm ? ep->nxr : x;
+  if (!ok || (lc->in_norm && (gr->dx || gr->dwin) && !dxe_b) || (lc->router_norm && (gr->dx || gr->dwrs) && !dxr_b))
+    st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  if (st == MOE8_OK) st = moe8__ep_norm_dout(ep, Tl, dout, &dz);
+  const float *dzz = dz ? dz : dout;
   for (int64_t n = 0; st == MOE8_OK && n < s->nsend; n++) { /* the forward's dispatch plan */
     const int64_t t = s->send_tok[n];
     float *o = osend + (size_t)n * (size_t)(K + D);
     memcpy(o, s->w + t * K, sizeof(float) * (size_t)K);
-    memcpy(o + K, dout + t * D, sizeof(float) * (size_t)D);
+    memcpy(o + K, dzz + t * D, sizeof(float) * (size_t)D);
   }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   double t0 = moe8__ep_now();
@@ -404,16 +420,19 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
     for (int64_t a = 0; a < Tl * K; a++) dw_l[a] = s->recvrow[a] >= 0 ? brecv[(int64_t)s->recvrow[a] * (D + 1) + D] : 0.0f;
     if (L->cfg.weight_input) {
       const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
-      moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, x, s->scores, s->ids, c, gr->dx, dw_l);
-    } else if (gr->dx) st = moe8_combine(rx, s->nbrecv, s->recvrow, NULL, Tl, K, D, gr->dx);
+      moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, xe, s->scores, s->ids, c, dxe, dw_l);
+    } else if (dxe) st = moe8_combine(rx, s->nbrecv, s->recvrow, NULL, Tl, K, D, dxe);
+    /* Gemma-4: the weight gradients through the per-expert scale first */
+    if (st == MOE8_OK) st = moe8__ep_scale_dw(ep, Tl, s->ids, dw_l, &dwp);
     if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);
   }
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
-  st = moe8__ep_router_tail(ep, x, Tl, dl, dout, gr);
-  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, NULL, gr);
+  st = moe8__ep_router_tail(ep, xr, Tl, dl, dzz, dxr, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, xe, Tl, dzz, NULL, dxe, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_norms_tail(ep, x, Tl, dout, s->ids, dwp, dxe_b, dxr_b, gr);
   st = moe8__ep_agree(ep, st);
 done:
   free(osend); free(orecv); free(wr); free(dr); free(dy); free(dwrow); free(dxs); free(bsend); free(brecv); free(rx);
-  free(dw_l); free(dl);
+  free(dw_l); free(dl); free(dz); free(dwp); free(dxe_b); free(dxr_b);
   return st;
 }

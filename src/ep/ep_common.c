@@ -143,7 +143,8 @@ moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, con
   return MOE8_OK;
 }
 
-moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, const moe8_layer_grads *gr) {
+moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, float *dx,
+                                 const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
   /* dWr [D, E], the router bias's [E] after it when the layer has one, and
@@ -168,20 +169,20 @@ moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const 
   if (st == MOE8_OK && gr->dwr) memcpy(gr->dwr, acc, sizeof(float) * (size_t)(D * E));
   if (st == MOE8_OK && nb && gr->dwrb) memcpy(gr->dwrb, acc + D * E, sizeof(float) * (size_t)E);
   if (st == MOE8_OK && no && gr->dwob) memcpy(gr->dwob, acc + D * E + nb, sizeof(float) * (size_t)D);
-  if (st == MOE8_OK && gr->dx) st = moe8__router_dx(L, dl, Tl, gr->dx);
+  if (st == MOE8_OK && dx) st = moe8__router_dx(L, dl, Tl, dx);
   free(acc);
   return st;
 }
 
-moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
+moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg, float *dx,
                                      const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
   if (L->cfg.shared_ffn <= 0) return MOE8_OK;
   const int64_t D = L->cfg.hidden, T = ep->T, T0 = ep->Toff[ep->r];
   const int P = ep->P;
-  float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dx = gr->dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
+  float *Xg = malloc(sizeof(float) * (size_t)(T * D) + 4), *Dx = dx ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
   float *Dgo = Dg ? NULL : malloc(sizeof(float) * (size_t)(T * D) + 4);
-  moe8_status st = Xg && (!gr->dx || Dx) && (Dg || Dgo) ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  moe8_status st = Xg && (!dx || Dx) && (Dg || Dgo) ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
   const double t0 = moe8__ep_now();
   if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, Xg);
   if (st == MOE8_OK && !Dg) st = moe8__ep_allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dgo);
@@ -190,9 +191,114 @@ moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, co
   ep->st.shared_bytes = rows * (uint64_t)(T * D) * sizeof(float);
   ep->st.bwd_sent_bytes += rows * (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(P - 1);
   ep->st.bwd_recv_bytes += rows * (uint64_t)((T - Tl) * D) * sizeof(float);
-  if (st == MOE8_OK && Dx) memcpy(Dx + T0 * D, gr->dx, sizeof(float) * (size_t)(Tl * D));
+  if (st == MOE8_OK && Dx) memcpy(Dx + T0 * D, dx, sizeof(float) * (size_t)(Tl * D));
   if (st == MOE8_OK) st = moe8__ep_shared_run(ep, Xg, T, NULL, Dg ? Dg : Dgo, Dx, gr);
-  if (st == MOE8_OK && Dx) memcpy(gr->dx, Dx + T0 * D, sizeof(float) * (size_t)(Tl * D));
+  if (st == MOE8_OK && Dx) memcpy(dx, Dx + T0 * D, sizeof(float) * (size_t)(Tl * D));
   free(Xg); free(Dx); free(Dgo);
+  return st;
+}
+
+/* ---- Gemma-4's norms ------------------------------------------------------------------ */
+static float router_norm_scale(const moe8_layer *L) {
+  return L->cfg.router_norm_scale != 0.0f ? L->cfg.router_norm_scale : 1.0f;
+}
+
+void moe8__ep_norms_free(moe8_ep *ep) {
+  free(ep->nxr); free(ep->nxe); free(ep->nyb); free(ep->nwn);
+  ep->nxr = ep->nxe = ep->nyb = ep->nwn = NULL;
+}
+
+moe8_status moe8__ep_norms_in(moe8_ep *ep, const float *x, int64_t Tl, const float **xr, const float **xe) {
+  const moe8_layer *L = ep->L;
+  const moe8_layer_config *c = &L->cfg;
+  const int64_t D = c->hidden;
+  moe8__ep_norms_free(ep);
+  *xr = *xe = x;
+  if (c->router_norm && !(ep->nxr = malloc(sizeof(float) * (size_t)(Tl * D) + 4))) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (c->in_norm && !(ep->nxe = malloc(sizeof(float) * (size_t)(Tl * D) + 4))) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (c->router_norm) {
+    moe8__rms_norm_rows(x, Tl, D, c->rms_eps, L->w[MOE8_W_ROUTER_SCALE], router_norm_scale(L), ep->nxr);
+    *xr = ep->nxr;
+  }
+  if (c->in_norm) {
+    moe8__rms_norm_rows(x, Tl, D, c->rms_eps, L->w[MOE8_W_IN_NORM], 1.0f, ep->nxe);
+    *xe = ep->nxe;
+  }
+  return MOE8_OK;
+}
+
+moe8_status moe8__ep_scale_weights(moe8_ep *ep, int64_t Tl, const int32_t *ids, float *w) {
+  const moe8_layer *L = ep->L;
+  const int64_t A = Tl * L->cfg.top_k;
+  if (!L->cfg.expert_scale) return MOE8_OK;
+  if (!(ep->nwn = malloc(sizeof(float) * (size_t)A + 4))) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  const float *c = L->w[MOE8_W_EXPERT_SCALE];
+  for (int64_t a = 0; a < A; a++) {
+    ep->nwn[a] = w[a];
+    if (ids[a] >= 0) w[a] = w[a] * c[ids[a]];
+  }
+  return MOE8_OK;
+}
+
+moe8_status moe8__ep_norm_out(moe8_ep *ep, int64_t Tl, float *out) {
+  const moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden;
+  if (!L->cfg.out_norm) return MOE8_OK;
+  if (!(ep->nyb = malloc(sizeof(float) * (size_t)(Tl * D) + 4))) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (Tl > 0) memcpy(ep->nyb, out, sizeof(float) * (size_t)(Tl * D));
+  moe8__rms_norm_rows(ep->nyb, Tl, D, L->cfg.rms_eps, L->w[MOE8_W_OUT_NORM], 1.0f, out);
+  return MOE8_OK;
+}
+
+moe8_status moe8__ep_norm_dout(moe8_ep *ep, int64_t Tl, const float *dout, float **dz) {
+  const moe8_layer *L = ep->L;
+  const int64_t D = L->cfg.hidden;
+  *dz = NULL;
+  if (!L->cfg.out_norm) return MOE8_OK;
+  if (!(*dz = calloc((size_t)(Tl * D) + 1, sizeof(float)))) return moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  return moe8__rms_norm_backward(ep->nyb, Tl, D, L->cfg.rms_eps, L->w[MOE8_W_OUT_NORM], 1.0f, dout, *dz, NULL);
+}
+
+moe8_status moe8__ep_scale_dw(moe8_ep *ep, int64_t Tl, const int32_t *ids, float *dw, float **dwp) {
+  const moe8_layer *L = ep->L;
+  const int64_t A = Tl * L->cfg.top_k;
+  *dwp = NULL;
+  if (!L->cfg.expert_scale) return MOE8_OK;
+  if (!(*dwp = malloc(sizeof(float) * (size_t)A + 4))) return moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  const float *c = L->w[MOE8_W_EXPERT_SCALE];
+  for (int64_t a = 0; a < A; a++) {
+    (*dwp)[a] = dw[a];
+    if (ids[a] >= 0) dw[a] = dw[a] * c[ids[a]];
+  }
+  return MOE8_OK;
+}
+
+moe8_status moe8__ep_norms_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const int32_t *ids, const float *dwp,
+                                const float *dxe, const float *dxr, const moe8_layer_grads *gr) {
+  const moe8_layer *L = ep->L;
+  const moe8_layer_config *c = &L->cfg;
+  const int64_t D = c->hidden, E = c->num_experts, K = c->top_k;
+  if (!c->router_norm && !c->expert_scale && !c->in_norm && !c->out_norm) return MOE8_OK;
+  /* [dwes E][dwon D][dwin D][dwrs D], the single process's chains in its order */
+  const int64_t oe = 0, oo = c->expert_scale ? E : 0, oi = oo + (c->out_norm ? D : 0), orr = oi + (c->in_norm ? D : 0);
+  const int64_t na = orr + (c->router_norm ? D : 0);
+  float *acc = calloc((size_t)na + 1, sizeof(float));
+  moe8_status st = acc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(acc); return st; }
+  if (ep->r > 0) st = ep->c->recv(ep->c, ep->r - 1, acc, sizeof(float) * (size_t)na);
+  for (int64_t a = 0; st == MOE8_OK && c->expert_scale && a < Tl * K; a++)
+    if (ids[a] >= 0) acc[oe + ids[a]] += dwp[a] * ep->nwn[a];
+  if (st == MOE8_OK && c->out_norm)
+    st = moe8__rms_norm_backward(ep->nyb, Tl, D, c->rms_eps, L->w[MOE8_W_OUT_NORM], 1.0f, dout, NULL, acc + oo);
+  if (st == MOE8_OK && dxe) st = moe8__rms_norm_backward(x, Tl, D, c->rms_eps, L->w[MOE8_W_IN_NORM], 1.0f, dxe, gr->dx, acc + oi);
+  if (st == MOE8_OK && dxr)
+    st = moe8__rms_norm_backward(x, Tl, D, c->rms_eps, L->w[MOE8_W_ROUTER_SCALE], router_norm_scale(L), dxr, gr->dx, acc + orr);
+  if (st == MOE8_OK && ep->r < ep->P - 1) st = ep->c->send(ep->c, ep->r + 1, acc, sizeof(float) * (size_t)na);
+  if (st == MOE8_OK) st = ep->c->bcast(ep->c, ep->P - 1, acc, sizeof(float) * (size_t)na);
+  if (st == MOE8_OK && c->expert_scale && gr->dwes) memcpy(gr->dwes, acc + oe, sizeof(float) * (size_t)E);
+  if (st == MOE8_OK && c->out_norm && gr->dwon) memcpy(gr->dwon, acc + oo, sizeof(float) * (size_t)D);
+  if (st == MOE8_OK && c->in_norm && gr->dwin) memcpy(gr->dwin, acc + oi, sizeof(float) * (size_t)D);
+  if (st == MOE8_OK && c->router_norm && gr->dwrs) memcpy(gr->dwrs, acc + orr, sizeof(float) * (size_t)D);
+  free(acc);
   return st;
 }

@@ -30,6 +30,12 @@ struct moe8_ep {
   int64_t       Tl, T;         /* this rank's and all ranks' tokens of the last forward */
   int64_t      *Toff;          /* [P + 1]: rank q holds global tokens [Toff[q], Toff[q + 1]) */
   bool          have_forward;
+  /* Gemma-4's norms (moe8_layer_config router_norm, expert_scale, in_norm,
+  ** out_norm) on this rank's tokens, kept by the forward for the backward:
+  ** the router's and the experts' inputs [Tl, D], the output before its
+  ** norm [Tl, D], the routing weights before the per-expert scale [Tl, K]
+  ** (NULL: the layer has no such norm). */
+  float        *nxr, *nxe, *nyb, *nwn;
 };
 
 
@@ -55,9 +61,36 @@ moe8_status moe8__ep_begin_forward(moe8_ep *ep, const float *x, int64_t Tl, cons
 ** and dout's when Dg is NULL; the single-process shared backward on
 ** them; this rank's dx rows added). */
 moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);
-moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, const moe8_layer_grads *gr);
-moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg,
+/* x: the router's input, dout: the gradient at the block's output before
+** Gemma-4's output norm, dx: where the router's part of the input gradient
+** goes (NULL: nowhere). */
+moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, float *dx,
+                                 const moe8_layer_grads *gr);
+/* x: the experts' input, dout and Dg as the router tail's, dx: where the
+** shared expert's part of the input gradient is added (NULL: nowhere). */
+moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const float *Dg, float *dx,
                                      const moe8_layer_grads *gr);
+/* Gemma-4's norms under expert parallelism, the single process's functions
+** on this rank's rows (each a no-op for a layer without them):
+** norms_in: the router's and the experts' inputs (x itself without the
+** norms), kept in ep; scale_weights: the routing weights w [Tl, K] of ids
+** times the per-expert scale (the weights before it kept); norm_out: the
+** output's norm on out [Tl, D] (what it normed kept); norm_dout: *dz the
+** gradient before the output norm (NULL without it; the caller frees it);
+** scale_dw: the weight gradients dw [Tl, K] times the per-expert scale,
+** *dwp the gradients before it (NULL without it; the caller frees it);
+** norms_tail: the four vectors' gradients, one f32 chain per element over
+** the global token order relayed over the ranks in order, and the input
+** gradients dxe (the experts') and dxr (the router's, either NULL) through
+** their norms into gr->dx. */
+moe8_status moe8__ep_norms_in(moe8_ep *ep, const float *x, int64_t Tl, const float **xr, const float **xe);
+moe8_status moe8__ep_scale_weights(moe8_ep *ep, int64_t Tl, const int32_t *ids, float *w);
+moe8_status moe8__ep_norm_out(moe8_ep *ep, int64_t Tl, float *out);
+moe8_status moe8__ep_norm_dout(moe8_ep *ep, int64_t Tl, const float *dout, float **dz);
+moe8_status moe8__ep_scale_dw(moe8_ep *ep, int64_t Tl, const int32_t *ids, float *dw, float **dwp);
+moe8_status moe8__ep_norms_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const int32_t *ids, const float *dwp,
+                                const float *dxe, const float *dxr, const moe8_layer_grads *gr);
+void        moe8__ep_norms_free(moe8_ep *ep);
 /* The ring of experts (ep_ring.c). */
 moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, float *out, float *aux);
 moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr);

@@ -123,13 +123,17 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   ALLOC(xg, before ? (T * (int64_t)qrow + 3) / 4 : T * D);
   if (before) ALLOC(xq_l, Tl * (int64_t)qrow);
   if (!ok) { free(logits); free(route_l); free(route_g); free(xg); free(xq_l); return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"); }
+  /* Gemma-4: the router reads n(x) ⊙ s · c, the experts n(x) ⊙ w_in (x without the norms) */
+  const float *xr = x, *xe = x;
+  st = moe8__ep_norms_in(ep, x, Tl, &xr, &xe);
   /* 3. local routing, packed per token as ids[K] | weights[K] | scores[E] */
   const moe8_router_config rc = moe8__router_config(L, token_ids);
   float *sc_l = malloc(sizeof(float) * (size_t)(Tl * E + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
   int32_t *id_l = malloc(sizeof(int32_t) * (size_t)(Tl * K + 1));
   if (!sc_l || !w_l || !id_l) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-  if (st == MOE8_OK) st = moe8__router_logits(L, x, Tl, logits);
+  if (st == MOE8_OK) st = moe8__router_logits(L, xr, Tl, logits);
   if (st == MOE8_OK) st = moe8_route(&rc, logits, Tl, sc_l, id_l, w_l);
+  if (st == MOE8_OK) st = moe8__ep_scale_weights(ep, Tl, id_l, w_l);
   if (st == MOE8_OK)
     for (int64_t t = 0; t < Tl; t++) {
       float *row = route_l + t * (2 * K + E);
@@ -142,7 +146,7 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
     uint8_t *q = malloc((size_t)(Tl * D) + 1);
     float *qs = malloc(sizeof(float) * (size_t)(Tl * nbD) + 4);
     if (!q || !qs) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
-    else st = moe8_quantize(&L->aspec, x, 1, Tl, D, q, qs, NULL);
+    else st = moe8_quantize(&L->aspec, xe, 1, Tl, D, q, qs, NULL);
     for (int64_t t = 0; st == MOE8_OK && t < Tl; t++) {
       memcpy(xq_l + (size_t)t * qrow, q + t * D, (size_t)D);
       memcpy(xq_l + (size_t)t * qrow + D, qs + t * nbD, sizeof(float) * (size_t)nbD);
@@ -152,7 +156,7 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   free(sc_l); free(w_l); free(id_l); free(logits);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) { free(route_l); free(route_g); free(xg); free(xq_l); return st; }
   double t0 = moe8__ep_now();
-  st = before ? moe8__ep_allgather_rows(ep, xq_l, qrow, xg) : moe8__ep_allgather_rows(ep, x, sizeof(float) * (size_t)D, xg);
+  st = before ? moe8__ep_allgather_rows(ep, xq_l, qrow, xg) : moe8__ep_allgather_rows(ep, xe, sizeof(float) * (size_t)D, xg);
   ep->st.tokens_s = moe8__ep_now() - t0;
   ep->st.tokens_bytes = (uint64_t)T * (before ? qrow : sizeof(float) * (size_t)D);
   free(xq_l);
@@ -238,8 +242,9 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   free(recv);
   /* The shared expert: the owner's tokens, on the owner (rows are
   ** independent, so the bytes are the single-process layer's). */
-  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = shared_local(ep, x, Tl, out);
+  if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = shared_local(ep, xe, Tl, out);
   if (st == MOE8_OK) moe8__out_bias_add(L, Tl, out); /* JetMoE: after the shared expert, as the single process */
+  if (st == MOE8_OK) st = moe8__ep_norm_out(ep, Tl, out); /* Gemma-4: the output's norm, last */
   if (st == MOE8_OK) st = moe8__check_output(L, out, Tl);
   if (st == MOE8_OK) {
     const float a = moe8__aux_loss(L, T, s->ids_g, s->scores_g, s->f);
@@ -261,12 +266,23 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   const bool wi = L->cfg.weight_input;
   bool ok = true;
   float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl;
+  /* Gemma-4's norms: dz the gradient before the output norm, the experts'
+  ** and the router's input gradients apart (dxe, dxr), as the single process */
+  const moe8_layer_config *lc = &L->cfg;
+  float *dz = NULL, *dwp = NULL;
+  float *dxe_b = lc->in_norm && (gr->dx || gr->dwin) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
+  float *dxr_b = lc->router_norm && (gr->dx || gr->dwrs) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
+  float *dxe = lc->in_norm ? dxe_b : gr->dx, *dxr = lc->router_norm ? dxr_b : gr->dx;
+  const float *xe = lc->in_norm ? ep->nxe : x, *xr = lc->router_norm ? ep->nxr : x;
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
   ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E);
-  if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  if (!ok || (lc->in_norm && (gr->dx || gr->dwin) && !dxe_b) || (lc->router_norm && (gr->dx || gr->dwrs) && !dxr_b))
+    st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  if (st == MOE8_OK) st = moe8__ep_norm_dout(ep, Tl, dout, &dz);
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
+  const float *dzz = dz ? dz : dout;
   double t0 = moe8__ep_now();
-  st = moe8__ep_allgather_rows(ep, dout, sizeof(float) * (size_t)D, Dg);
+  st = moe8__ep_allgather_rows(ep, dzz, sizeof(float) * (size_t)D, Dg);
   ep->st.dout_s = moe8__ep_now() - t0;
   ep->st.dout_bytes = (uint64_t)(T * D) * sizeof(float);
   ep->st.bwd_sent_bytes = (uint64_t)(Tl * D) * sizeof(float) * (uint64_t)(ep->P - 1);
@@ -295,17 +311,20 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   free(recv);
   if (wi) {
     const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
-    moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, x, s->scores_g + T0 * E, s->ids_g + T0 * K, c, gr->dx, dw_l);
-  } else if (gr->dx) st = moe8_combine(rx, s->nrecv, s->recvrow, NULL, Tl, K, D, gr->dx);
+    moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, xe, s->scores_g + T0 * E, s->ids_g + T0 * K, c, dxe, dw_l);
+  } else if (dxe) st = moe8_combine(rx, s->nrecv, s->recvrow, NULL, Tl, K, D, dxe);
   free(rx);
-  /* router */
+  /* router (Gemma-4: the weight gradients through the per-expert scale first) */
+  if (st == MOE8_OK) st = moe8__ep_scale_dw(ep, Tl, s->ids_g + T0 * K, dw_l, &dwp);
   if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores_g + T0 * E, s->ids_g + T0 * K, dw_l, s->f, T, dl);
 agreed:
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
-  st = moe8__ep_router_tail(ep, x, Tl, dl, dout, gr);
-  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, x, Tl, dout, Dg, gr);
+  st = moe8__ep_router_tail(ep, xr, Tl, dl, dzz, dxr, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, xe, Tl, dzz, Dg, dxe, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_norms_tail(ep, x, Tl, dout, s->ids_g + T0 * K, dwp, dxe_b, dxr_b, gr);
   st = moe8__ep_agree(ep, st);
 done:
   free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl);
+  free(dz); free(dwp); free(dxe_b); free(dxr_b);
   return st;
 }

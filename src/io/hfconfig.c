@@ -141,6 +141,15 @@ typedef struct family {
   /* Aria (AriaTextConfig): moe_num_shared_experts ungated shared experts
   ** of the experts' width (one of count x intermediate_size) */
   bool        aria;
+  /* Gemma-4 (Gemma4TextConfig, DiffusionGemmaTextConfig): the routed
+  ** branch of its decoder layer with its norms and scales
+  ** (moe8_layer_config router_norm, expert_scale, in_norm, out_norm,
+  ** rms_eps rms_norm_eps), GeGLU experts (hidden_activation
+  ** gelu_pytorch_tanh), the block's tensors the decoder layer's own
+  ** (parse_gemma); moe_flag: the boolean key that turns the branch on
+  ** (enable_moe_block; NULL: always on) */
+  bool        gemma;
+  const char *moe_flag;
 } family;
 
 /* Placement of the MoE layers. */
@@ -497,6 +506,16 @@ static const family k_families[] = {
    .alias = "num_local_experts", .hidden = 4096, .layers = 43, .experts = 256, .top_k = 6, .ffn = 2048, .shared = 1, .norm = true,
    .scaling = 1.5, .n_group = 1, .topk_group = 1, .norm_key = "", .group_key = "", .shared_key = "", .place = PLACE_ALL,
    .block_prefix = "ffn.", .limited = true, .limit = 10.0, .norm_eps = 1e-20, .dsv4 = true},
+  /* Gemma4TextConfig (the text model of gemma4) and DiffusionGemmaTextConfig
+  ** (of diffusion_gemma): softmax over all experts, the top-k renormalized,
+  ** each weight times router.per_expert_scale; num_experts, top_k_experts
+  ** and moe_intermediate_size have no default; every layer has the branch */
+  {.name = "gemma4_text", .arch = MOE8_ARCH_MIXTRAL, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2304,
+   .layers = 30, .norm = true, .scaling = 1.0, .topk_key = "top_k_experts", .place = PLACE_ALL, .router_name = "router.proj.weight",
+   .gemma = true, .moe_flag = "enable_moe_block"},
+  {.name = "diffusion_gemma_text", .arch = MOE8_ARCH_MIXTRAL, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 2304, .layers = 30, .norm = true, .scaling = 1.0, .topk_key = "top_k_experts", .place = PLACE_ALL,
+   .router_name = "router.proj.weight", .gemma = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -522,6 +541,8 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"kimi_k25", "deepseek_v3"}, /* Kimi K2.5 / K2.6: text_config deepseek_v3 (kimi_k2 as released) */
   {"inkling_mm_model", "inkling_text"},
   {"aria", "aria_text"},
+  {"gemma4", "gemma4_text"},
+  {"diffusion_gemma", "diffusion_gemma_text"},
 };
 
 /* The number tokens of a JSON text in document order (strings skipped),
@@ -926,6 +947,29 @@ static moe8_status parse_m3(const cJSON *root, const char *file, moe8_hf_config 
   return MOE8_OK;
 }
 
+/* Gemma-4's routed branch (docs/models.md): GeGLU experts, the router
+** reading RMSNorm(h) ⊙ router.scale · D^-1/2, weights times
+** router.per_expert_scale, the experts reading pre_feedforward_layernorm_2(h)
+** and the branch's output post_feedforward_layernorm_2 of the routed sum;
+** the norms' epsilon rms_norm_eps.  moe_intermediate_size has no default. */
+static moe8_status parse_gemma(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  moe8_status st = want_str(root, file, "hidden_activation", "gelu_pytorch_tanh",
+                            "moe8's Gemma-4 experts are GeGLU with the tanh form of GELU (gelu_pytorch_tanh)");
+  if (st != MOE8_OK) return st;
+  if (!item(root, "moe_intermediate_size"))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_intermediate_size\" is missing (%s's configuration has no default)", file, fam->name);
+  float eps = 1e-6f;
+  if ((st = get_pos(root, file, "rms_norm_eps", 1e-6, true, " (the norms' epsilon)", &eps)) != MOE8_OK) return st;
+  L->act = MOE8_ACT_GEGLU;
+  L->router_norm = L->expert_scale = L->in_norm = L->out_norm = true;
+  L->rms_eps = eps;
+  L->router_norm_scale = (float)pow((double)L->hidden, -0.5); /* transformers: hidden_size ** -0.5, a Python float */
+  L->norm_topk_prob = true;
+  c->block_in_layer = true;
+  return MOE8_OK;
+}
+
 /* DeepSeek-V4 (DeepseekV4Config): every layer MoE, those whose
 ** mlp_layer_types entry is "hash_moe" (the others "moe") routed by token
 ** id; the list trimmed to num_hidden_layers as the class does (shorter:
@@ -1065,9 +1109,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
     {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"gemma4_text", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
-    {"gemma4", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
-    {"diffusion_gemma", "its router reads the residual stream through its own norm and scales, and its experts are GeGLU"},
+    {"gemma4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"diffusion_gemma", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"glm5_next", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"hy_v4_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling_mm_model", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
@@ -1123,7 +1166,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
       if (!strcmp(type, k_families[i].name)) fam = &k_families[i];
     if (!fam) {
-      char names[1024] = "";
+      char names[2048] = "";
       for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", k_families[i].name);
       for (size_t i = 0; i < sizeof k_wrappers / sizeof k_wrappers[0]; i++)
@@ -1147,7 +1190,14 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     TRY(parse_dbrx(root, file, fam, c));
     goto tail;
   }
-  if (!fam->step && !fam->softcap && !fam->m3)
+  if (fam->gemma && fam->moe_flag) { /* a dense Gemma-4 has no MoE layer at all */
+    bool on = false;
+    TRY(get_bool(root, file, fam->moe_flag, false, &on));
+    if (!on)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is false (or absent: %s's default): the model is dense, its decoder layers "
+                        "have no MoE branch", file, fam->moe_flag, fam->name);
+  }
+  if (!fam->step && !fam->softcap && !fam->m3 && !fam->gemma)
     TRY(want_str(root, file, fam->act_key ? fam->act_key : "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   L->out_bias = fam->out_bias;
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
@@ -1427,6 +1477,7 @@ tail:
     L->scored_shared = S;
     c->top_layers = true; /* InklingTextModel's files: layers.L. */
   }
+  if (fam->gemma) TRY(parse_gemma(root, file, fam, c));
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));

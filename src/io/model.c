@@ -164,26 +164,29 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
     }
   /* The layers' root: a text model's, or a multimodal model's language
   ** model (Llama-4 as released; transformers 5 names it the other way). */
-  /* (transformers 5.24's save_pretrained of Kimi K2.5 writes its
-  ** language model's layers as language_model.model.blocks.) */
-  enum { NR = 4 }; /* roots[NR]: a text model's; the next: the layers at the top */
-  static const char *const roots[NR + 2] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
-                                            "language_model.model.blocks.", "model.layers.", "layers."};
-  int ri = NR;
-  for (size_t i = 0; i < m->count && ri == NR; i++)
-    for (int r = 0; r < NR; r++)
+  /* DiffusionGemma's text layers are its decoder's (the encoder's are tied
+  ** to them: one copy in the file, either one); transformers 5.24's
+  ** save_pretrained of Kimi K2.5 writes its language model's layers as
+  ** language_model.model.blocks. */
+  enum { NWRAP = 6, PLAIN = NWRAP, TOP };
+  static const char *const roots[NWRAP + 2] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
+                                               "model.decoder.layers.", "model.encoder.language_model.layers.",
+                                               "language_model.model.blocks.", "model.layers.", "layers."};
+  int ri = PLAIN;
+  for (size_t i = 0; i < m->count && ri == PLAIN; i++)
+    for (int r = 0; r < NWRAP; r++)
       if (!strncmp(m->all[i]->name, roots[r], strlen(roots[r]))) { ri = r; break; }
   /* Mistral's own files (Mistral-Large-4 as released and as transformers
   ** saves it) and DeepSeek-V4's released ones: the layers at the top,
   ** "layers.L.", when no other root is there */
   bool other = false;
-  for (size_t i = 0; i < m->count && ri == NR && !other; i++) other = !strncmp(m->all[i]->name, roots[NR], strlen(roots[NR]));
-  for (size_t i = 0; i < m->count && ri == NR && !other && (m->cfg.mistral_names || m->cfg.top_layers); i++)
-    if (!strncmp(m->all[i]->name, roots[NR + 1], strlen(roots[NR + 1]))) ri = NR + 1;
+  for (size_t i = 0; i < m->count && ri == PLAIN && !other; i++) other = !strncmp(m->all[i]->name, roots[PLAIN], strlen(roots[PLAIN]));
+  for (size_t i = 0; i < m->count && ri == PLAIN && !other && (m->cfg.mistral_names || m->cfg.top_layers); i++)
+    if (!strncmp(m->all[i]->name, roots[TOP], strlen(roots[TOP]))) ri = TOP;
   snprintf(m->root, sizeof m->root, "%s", roots[ri]);
   /* a family's own root (DBRX's transformer.blocks.), when the file has no other */
   const size_t lr = strlen(m->cfg.layers_root);
-  for (size_t i = 0; i < m->count && lr && ri == NR && !other; i++)
+  for (size_t i = 0; i < m->count && lr && ri == PLAIN && !other; i++)
     if (!strncmp(m->all[i]->name, m->cfg.layers_root, lr)) { snprintf(m->root, sizeof m->root, "%s", m->cfg.layers_root); break; }
   *out = m;
   return MOE8_OK;
@@ -204,6 +207,10 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
   const char *root = m ? m->root : "model.layers.";
+  if (m && m->cfg.block_in_layer) { /* Gemma-4: router., experts. and the norms are the decoder layer's own */
+    snprintf(buf, cap, "%s%lld.", root, (long long)layer);
+    return;
+  }
   snprintf(buf, cap, "%s%lld.block_sparse_moe.gate.weight", root, (long long)layer);
   const bool bsm = m && m->cfg.arch != MOE8_ARCH_LLAMA4 && moe8_model_find(m, buf); /* Mixtral's, MiniMax's, Kimi's files */
   snprintf(buf, cap, "%s%lld.gate.weight", root, (long long)layer);
@@ -1070,6 +1077,20 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if ((st = need(m, n, 1, bshape, &obias)) != MOE8_OK) return st;
     if (!is_float_file(obias->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(obias->dtype));
   }
+  /* Gemma-4's norms and scales, the decoder layer's own vectors */
+  static const struct { moe8_weight_id id; const char *name; } k_norms[4] = {
+    {MOE8_W_ROUTER_SCALE, "router.scale"}, {MOE8_W_EXPERT_SCALE, "router.per_expert_scale"},
+    {MOE8_W_IN_NORM, "pre_feedforward_layernorm_2.weight"}, {MOE8_W_OUT_NORM, "post_feedforward_layernorm_2.weight"}};
+  const bool has_norm[4] = {c->layer.router_norm, c->layer.expert_scale, c->layer.in_norm, c->layer.out_norm};
+  const moe8_tensor_view *normv[4] = {NULL, NULL, NULL, NULL};
+  for (int i = 0; i < 4; i++) {
+    if (!has_norm[i]) continue;
+    snprintf(n, sizeof n, "%s%s", p, k_norms[i].name);
+    const int64_t vshape[1] = {i == 1 ? E : D};
+    if ((st = need(m, n, 1, vshape, &normv[i])) != MOE8_OK) return st;
+    if (!is_float_file(normv[i]->dtype))
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(normv[i]->dtype));
+  }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
   if (lc.scored_shared > 0) { /* Inkling: the weights times route_scale times the layer's gate.global_scale [1] */
@@ -1106,6 +1127,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (bias) memset(L->w[MOE8_W_BIAS] + (E - lc.scored_shared), 0, sizeof(float) * (size_t)lc.scored_shared); /* Inkling's shared: never chosen */
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
   if (obias && (st = moe8_file_to_f32(L->w[MOE8_W_OUT_BIAS], obias->data, obias->dtype, (size_t)D)) != MOE8_OK) goto fail;
+  for (int i = 0; i < 4; i++)
+    if (normv[i] && (st = moe8_file_to_f32(L->w[k_norms[i].id], normv[i]->data, normv[i]->dtype, (size_t)(i == 1 ? E : D))) != MOE8_OK)
+      goto fail;
   if (hasht && (st = put_hash_table(L, hasht)) != MOE8_OK) goto fail;
 
   /* The routed experts' format: one of them, never a guess between two. */

@@ -113,9 +113,12 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
   if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT &&
-      cfg->act != MOE8_ACT_SWIGLU_POST && cfg->act != MOE8_ACT_SWIGLU_SOFTCAP)
+      cfg->act != MOE8_ACT_SWIGLU_POST && cfg->act != MOE8_ACT_SWIGLU_SOFTCAP && cfg->act != MOE8_ACT_GEGLU)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: act %d is not an expert activation (swiglu 0, swiglu_clamp 1, swiglu_limit 2, "
-                      "swiglu_post 3, swiglu_softcap 4)", (int)cfg->act);
+                      "swiglu_post 3, swiglu_softcap 4, geglu 5)", (int)cfg->act);
+  if (!(cfg->rms_eps >= 0.0f && cfg->rms_eps < 1e30f) || !isfinite(cfg->router_norm_scale))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: rms_eps %g must be in [0, 1e30) and router_norm_scale %g finite", (double)cfg->rms_eps,
+                      (double)cfg->router_norm_scale);
   if (cfg->act == MOE8_ACT_SWIGLU_SOFTCAP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e30f && cfg->act_limit > 0.0f &&
                                                cfg->act_limit < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the softcapped SwiGLU needs its caps act_alpha (gate) and act_limit (up) in "
@@ -182,6 +185,10 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * 2 * F) : 0;
   L->n[MOE8_W_DOWN_BIAS] = cfg->expert_bias ? (size_t)(E * D) : 0;
   L->n[MOE8_W_OUT_BIAS] = cfg->out_bias ? (size_t)D : 0;
+  L->n[MOE8_W_ROUTER_SCALE] = cfg->router_norm ? (size_t)D : 0;
+  L->n[MOE8_W_EXPERT_SCALE] = cfg->expert_scale ? (size_t)E : 0;
+  L->n[MOE8_W_IN_NORM] = cfg->in_norm ? (size_t)D : 0;
+  L->n[MOE8_W_OUT_NORM] = cfg->out_norm ? (size_t)D : 0;
   if (!inference)
     for (int s = 0; s < L->nsets; s++) {
       const moe8__xset *X = &L->xs[s];
@@ -282,8 +289,12 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
   if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: loaded for inference (no f32 masters): nothing to initialize");
   uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
   const float D = (float)L->cfg.hidden, F = (float)L->cfg.ffn, Fs = (float)L->cfg.shared_ffn;
-  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f};
+  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
+    if (i == MOE8_W_ROUTER_SCALE || i == MOE8_W_EXPERT_SCALE || i == MOE8_W_IN_NORM || i == MOE8_W_OUT_NORM) {
+      for (size_t j = 0; j < L->n[i]; j++) L->w[i][j] = 1.0f; /* norm weights and scales start at 1 */
+      continue;
+    }
     if (i == MOE8_W_BIAS || i == MOE8_W_ROUTER_BIAS || i == MOE8_W_GU_BIAS || i == MOE8_W_DOWN_BIAS || i == MOE8_W_OUT_BIAS)
       continue; /* biases start at 0 */
     const float sd = 1.0f / sqrtf(fan[i]);
@@ -322,6 +333,7 @@ const moe8_layer_config *moe8_layer_get_config(const moe8_layer *L) { return L ?
 /* ---- workspace ---------------------------------------------------------------- */
 typedef struct ws_layout {
   float   *logits, *scores, *w, *xs, *gu, *h, *y, *sx, *sxs, *sh;
+  float   *xr, *xe, *yb, *wn;           /* Gemma-4's norms: router input, experts' input, output before its norm, weights before the per-expert scale */
   int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
   int64_t *offs;
   uint8_t *xq, *xsq, *hq;
@@ -380,6 +392,10 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(hq, uint8_t, L->aq ? A * F : 0);
   TAKE(sh, float, A * nbF);
   TAKE(y, float, A * D);
+  TAKE(xr, float, L->cfg.router_norm ? T * D : 0);
+  TAKE(xe, float, L->cfg.in_norm ? T * D : 0);
+  TAKE(yb, float, L->cfg.out_norm ? T * D : 0);
+  TAKE(wn, float, L->cfg.expert_scale ? A : 0);
 #undef TAKE
   o->shared = base ? base + off : NULL;
   off += moe8__shared_buf_size(L, T);
@@ -455,7 +471,9 @@ static moe8_status check_weights(const moe8_layer *L) {
   static const char *const names[MOE8_W_COUNT] = {"router weight Wr", "gate weight Wg", "up weight Wu", "down weight Wd",
                                                   "selection bias", "shared expert gate weight", "shared expert up weight",
                                                   "shared expert down weight", "shared expert gate", "router bias",
-                                                  "expert gate/up bias", "expert down bias", "output bias"};
+                                                  "expert gate/up bias", "expert down bias", "output bias",
+                                                  "router norm scale", "per-expert scale", "expert input norm weight",
+                                                  "output norm weight"};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     const size_t bad = L->n[i] ? moe8__count_nonfinite(L->w[i], L->n[i]) : 0;
     if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s has %zu non-finite value(s)", L->module_path, names[i], bad);
@@ -921,7 +939,19 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   ** input's (no pass of its own). */
   const bool per_row = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
   const bool qfirst = L->aq && !L->cfg.weight_input && (L->before_sort || (kind == WS_FUSED && per_row));
-  moe8_status st = qfirst ? moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL) : MOE8_OK;
+  /* Gemma-4: the experts read n(x) ⊙ w_in, the router n(x) ⊙ s · c; x
+  ** itself is checked below, and read only by these norms. */
+  const float eps = L->cfg.rms_eps, rsc = L->cfg.router_norm_scale != 0.0f ? L->cfg.router_norm_scale : 1.0f;
+  const float *xe = x, *xr = x;
+  if (L->cfg.in_norm) {
+    moe8__rms_norm_rows(x, T, D, eps, L->w[MOE8_W_IN_NORM], 1.0f, w.xe);
+    xe = w.xe;
+  }
+  if (L->cfg.router_norm && !ids_in) {
+    moe8__rms_norm_rows(x, T, D, eps, L->w[MOE8_W_ROUTER_SCALE], rsc, w.xr);
+    xr = w.xr;
+  }
+  moe8_status st = qfirst ? moe8_quantize(&L->aspec, xe, 1, T, D, w.xq, w.sx, NULL) : MOE8_OK;
   if (st != MOE8_OK && st != MOE8_ERR_NONFINITE) return st;
   if (!qfirst || st == MOE8_ERR_NONFINITE) {
     const size_t bad = moe8__count_nonfinite_par(x, (size_t)(T * D));
@@ -939,9 +969,16 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
                           (long long)(a / K), (long long)(a % K), (double)w_in[a]);
     }
   } else {
-    st = moe8__router_logits(L, x, T, w.logits);
+    st = moe8__router_logits(L, xr, T, w.logits);
     const moe8_router_config rc = moe8__router_config(L, tok);
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
+    if (st == MOE8_OK && L->cfg.expert_scale) { /* Gemma-4: each weight times its expert's scale (the backward keeps wn) */
+      const float *c = L->w[MOE8_W_EXPERT_SCALE];
+      for (int64_t a = 0; a < T * K; a++) {
+        w.wn[a] = w.w[a];
+        if (w.ids[a] >= 0) w.w[a] = w.w[a] * c[w.ids[a]];
+      }
+    }
   }
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
@@ -957,14 +994,14 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   if (L->cfg.weight_input) {
     /* Llama-4: row p is its token scaled by its slot's weight, quantized
     ** after; the combine then adds the expert outputs unweighted. */
-    st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
+    st = moe8_gather_rows(w.xs, xe, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK) moe8__scale_rows(w.xs, rows, D, w.token_of, w.slot_of, w.w, K);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   } else if (qfirst) {
     bool gathered; /* x quantized at the start */
     st = moe8_gather_qrows(w.xsq, w.sxs, &gathered, w.xq, w.sx, T, D, T, nbD, w.token_of, rows);
   } else {
-    st = moe8_gather_rows(w.xs, x, sizeof(float) * (size_t)D, w.token_of, rows, T);
+    st = moe8_gather_rows(w.xs, xe, sizeof(float) * (size_t)D, w.token_of, rows, T);
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   }
   /* 6. the shared expert on every token, computed while x is whole (out
@@ -973,13 +1010,17 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   moe8__shared_buf sb = {0};
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && with_shared) {
     moe8__shared_buf_carve(L, T, w.shared, &sb);
-    if (L->aq && !qfirst) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
-    if (st == MOE8_OK) st = moe8__shared_forward(L, order, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
+    if (L->aq && !qfirst) st = moe8_quantize(&L->aspec, xe, 1, T, D, w.xq, w.sx, NULL);
+    if (st == MOE8_OK) st = moe8__shared_forward(L, order, xe, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
   }
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, order, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
   if (st == MOE8_OK) st = moe8__finish_output(L, T, w.y, w.pos_of, L->cfg.weight_input ? NULL : w.w, &sb, out);
+  if (st == MOE8_OK && L->cfg.out_norm) { /* Gemma-4: the output's RMSNorm (the backward keeps what it normed) */
+    memcpy(w.yb, out, sizeof(float) * (size_t)(T * D));
+    moe8__rms_norm_rows(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, out);
+  }
   if (st == MOE8_OK) ws_mark(ws, L, T, kind);
   return st;
 }
@@ -1114,9 +1155,23 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
   float *dl = malloc(sizeof(float) * (size_t)(T * E + 1));
+  /* Gemma-4's norms: the gradient at the output before its norm (dz), and
+  ** the experts' and the router's input gradients apart (dxe, dxr), each
+  ** taken back through its norm to dx at the end. */
+  const bool gin = L->cfg.in_norm && (gr->dx || gr->dwin), grn = L->cfg.router_norm && (gr->dx || gr->dwrs);
+  float *dz = L->cfg.out_norm ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
+  float *dxe_b = gin ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL, *dxr_b = grn ? calloc((size_t)(T * D) + 1, sizeof(float)) : NULL;
+  float *dxe = L->cfg.in_norm ? dxe_b : gr->dx, *dxr = L->cfg.router_norm ? dxr_b : gr->dx;
+  const float *xe = L->cfg.in_norm ? w.xe : x, *xr = L->cfg.router_norm ? w.xr : x;
+  const float eps = L->cfg.rms_eps, rsc = L->cfg.router_norm_scale != 0.0f ? L->cfg.router_norm_scale : 1.0f;
   double f[MOE8_MAX_EXPERTS];
   moe8_status st = MOE8_OK;
-  if (!dy || !dxs || !dwrow || !dw || !dl) { st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); goto done; }
+  if (!dy || !dxs || !dwrow || !dw || !dl || (L->cfg.out_norm && !dz) || (gin && !dxe_b) || (grn && !dxr_b)) {
+    st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+    goto done;
+  }
+  if (dz && (st = moe8__rms_norm_backward(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, dout, dz, gr->dwon)) != MOE8_OK) goto done;
+  if (dz) dout = dz;
   moe8__dy_dw(rows, w.token_of, w.slot_of, L->cfg.weight_input ? NULL : w.w, K, dout, w.y, D, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
   st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
@@ -1127,25 +1182,37 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     ** weight (its sigmoid score times the scaling): dx_t += s·dxs_p and
     ** ds = dxs_p · x_t, each token's slots in slot order. */
     const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
-    moe8__input_weight_backward(T, K, D, E, w.pos_of, dxs, x, w.scores, w.ids, c, gr->dx, dw);
+    moe8__input_weight_backward(T, K, D, E, w.pos_of, dxs, xe, w.scores, w.ids, c, dxe, dw);
   } else {
     /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
-    if (gr->dx && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, gr->dx)) != MOE8_OK) goto done;
+    if (dxe && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, dxe)) != MOE8_OK) goto done;
+  }
+  if (L->cfg.expert_scale) {
+    /* w = wn · c[e]: dc[e] += dw · wn over the slots in order, and dwn = dw · c[e] */
+    const float *c = L->w[MOE8_W_EXPERT_SCALE];
+    for (int64_t a = 0; a < A; a++) {
+      const int32_t e = w.ids[a];
+      if (e < 0) continue;
+      if (gr->dwes) gr->dwes[e] += dw[a] * w.wn[a];
+      dw[a] = dw[a] * c[e];
+    }
   }
   moe8__aux_loss(L, T, w.ids, w.scores, f);
   moe8__router_backward(L, T, w.scores, w.ids, dw, f, T, dl);
-  if (gr->dwr) moe8__router_wgrad(gr->dwr, x, dl, T, D, E);
+  if (gr->dwr) moe8__router_wgrad(gr->dwr, xr, dl, T, D, E);
   if (gr->dwrb && L->cfg.router_bias)
     for (int64_t t = 0; t < T; t++)
       for (int64_t e = 0; e < E; e++) gr->dwrb[e] += dl[t * E + e];
-  if (gr->dx && (st = moe8__router_dx(L, dl, T, gr->dx)) != MOE8_OK) goto done;
+  if (dxr && (st = moe8__router_dx(L, dl, T, dxr)) != MOE8_OK) goto done;
   if (Fs > 0) {
     moe8__shared_buf sb;
     moe8__shared_buf_carve(L, T, w.shared, &sb);
-    st = moe8__shared_backward(L, x, w.xq, w.sx, T, dout, &sb, gr->dx, gr);
+    st = moe8__shared_backward(L, xe, w.xq, w.sx, T, dout, &sb, dxe, gr);
   }
   if (st == MOE8_OK && L->cfg.out_bias && gr->dwob) moe8__out_bias_grad(L, dout, T, gr->dwob);
+  if (st == MOE8_OK && dxe_b) st = moe8__rms_norm_backward(x, T, D, eps, L->w[MOE8_W_IN_NORM], 1.0f, dxe_b, gr->dx, gr->dwin);
+  if (st == MOE8_OK && dxr_b) st = moe8__rms_norm_backward(x, T, D, eps, L->w[MOE8_W_ROUTER_SCALE], rsc, dxr_b, gr->dx, gr->dwrs);
 done:
-  free(dy); free(dxs); free(dwrow); free(dw); free(dl);
+  free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(dz); free(dxe_b); free(dxr_b);
   return st;
 }

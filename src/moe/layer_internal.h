@@ -248,6 +248,12 @@ void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, 
 ** relay over token shards in order gives the single-process bytes. */
 void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, int64_t D, int64_t E);
 
+/* Gemma-4's norms (router_norm, in_norm, out_norm): out = ((x · r) ⊙ w) · c
+** per row, and the backward adding to dx and dw (either may be NULL). */
+void moe8__rms_norm_rows(const float *x, int64_t T, int64_t D, float eps, const float *w, float c, float *out);
+moe8_status moe8__rms_norm_backward(const float *x, int64_t T, int64_t D, float eps, const float *w, float c, const float *dy,
+                                    float *dx, float *dw);
+
 /* MOE8_ERR_NONFINITE naming the layer and the first token when out[T, D]
 ** holds NaN or inf. */
 moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T);

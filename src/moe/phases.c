@@ -227,6 +227,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
       else if (act == MOE8_ACT_SWIGLU_POST) kt->swiglu_post(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, plim);
       else if (act == MOE8_ACT_SWIGLU_SOFTCAP)
         kt->swiglu_softcap(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      else if (act == MOE8_ACT_GEGLU) kt->geglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
       else kt->swiglu(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F);
     if (fuse && moe8_quantize(&L->aspec, h + p0 * F, 1, p1 - p0, F, hq + p0 * F, sh + p0 * nbh, NULL) != MOE8_OK) qbad = true;
   }
@@ -387,8 +388,59 @@ static moe8_status fake_quant(const moe8_layer *L, float *v, int64_t rows, int64
   return st;
 }
 
+/* Gemma-4's RMSNorm of T rows of D: out[t] = ((x[t] · r_t) ⊙ w) · c with
+** r_t = (mean_d x[t, d]² + eps)^(-1/2), the mean summed in double in d
+** order (torch sums in f32 in its own order: within an ulp or two of r);
+** c = 1 is not multiplied.  out may not be x. */
+void moe8__rms_norm_rows(const float *x, int64_t T, int64_t D, float eps, const float *w, float c, float *out) {
+  #pragma omp parallel for num_threads(moe8__nt(3.0 * (double)T * (double)D)) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    const float *xt = x + t * D;
+    double ss = 0.0;
+    for (int64_t d = 0; d < D; d++) ss += (double)xt[d] * (double)xt[d];
+    const float r = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+    float *o = out + t * D;
+    for (int64_t d = 0; d < D; d++) o[d] = xt[d] * r * w[d];
+    if (c != 1.0f)
+      for (int64_t d = 0; d < D; d++) o[d] = o[d] * c;
+  }
+}
+
+/* Its backward from dy [T, D]: with g = c·w ⊙ dy, dx[t] += r·g - x[t]·r³·(g
+** · x[t]) / D (dx may be NULL), and dw[d] += c·dy[t, d]·x[t, d]·r_t (each
+** term in double, rounded) one token at a time in token order, an f32
+** chain per element that expert parallelism relays over the ranks in
+** order for the same bytes (dw may be NULL). */
+moe8_status moe8__rms_norm_backward(const float *x, int64_t T, int64_t D, float eps, const float *w, float c, const float *dy,
+                                    float *dx, float *dw) {
+  double *r = malloc(sizeof(double) * (size_t)(T + 1));
+  if (!r) return moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+  #pragma omp parallel for num_threads(moe8__nt(6.0 * (double)T * (double)D)) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    const float *xt = x + t * D;
+    double ss = 0.0, gx = 0.0;
+    for (int64_t d = 0; d < D; d++) ss += (double)xt[d] * (double)xt[d];
+    const double rt = 1.0 / sqrt(ss / (double)D + (double)eps);
+    r[t] = rt;
+    for (int64_t d = 0; d < D; d++) gx += (double)c * w[d] * dy[t * D + d] * xt[d];
+    if (dx)
+      for (int64_t d = 0; d < D; d++) dx[t * D + d] += (float)(rt * c * w[d] * dy[t * D + d] - xt[d] * rt * rt * rt * gx / (double)D);
+  }
+  if (dw) {
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D)) schedule(static)
+    for (int64_t d = 0; d < D; d++)
+      for (int64_t t = 0; t < T; t++) dw[d] += (float)((double)c * dy[t * D + d] * x[t * D + d] * r[t]);
+  }
+  free(r);
+  return MOE8_OK;
+}
+
 void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr) {
   const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
+  if (gr->dwrs && L->cfg.router_norm) memset(gr->dwrs, 0, sizeof(float) * (size_t)D);
+  if (gr->dwes && L->cfg.expert_scale) memset(gr->dwes, 0, sizeof(float) * (size_t)E);
+  if (gr->dwin && L->cfg.in_norm) memset(gr->dwin, 0, sizeof(float) * (size_t)D);
+  if (gr->dwon && L->cfg.out_norm) memset(gr->dwon, 0, sizeof(float) * (size_t)D);
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
   if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
   if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
@@ -522,7 +574,10 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   ** where |u| <= L (L the set's own, +inf for none).
   ** Softcapped (Inkling-2): h = A(g)·B(u), A = cg·tanh(g/cg)·σ(g), B =
   ** cu·tanh(u/cu): dg = dh·B·((1 - tanh²(g/cg))·σ(g) + cg·tanh(g/cg)·σ(g)(1-σ(g))),
-  ** du = dh·A·(1 - tanh²(u/cu)). */
+  ** du = dh·A·(1 - tanh²(u/cu)).
+  ** GeGLU (Gemma-4): h = G(g)·u, G(g) = 0.5·g·(1 + t), t = tanh(c), c =
+  ** k0·(g + k1·g³): dg = dh·u·(0.5·(1 + t) + 0.5·g·(1 - t²)·k0·(1 +
+  ** 3·k1·g²)), du = dh·G(g). */
   const moe8_expert_act act = moe8__set_act(L, set);
   const bool clampd = act == MOE8_ACT_SWIGLU_CLAMP, limd = act == MOE8_ACT_SWIGLU_LIMIT, postd = act == MOE8_ACT_SWIGLU_POST;
   const float al = L->cfg.act_alpha, lim = postd ? moe8__set_post_limit(L, set) : L->cfg.act_limit;
@@ -535,6 +590,12 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
         const float sg = 1.0f / (1.0f + moe8__expf(-al * gc));
         dgu[p * 2 * F + f] = gv <= lim ? d * (uc + 1.0f) * sg * (1.0f + al * gc * (1.0f - sg)) : 0.0f;
         dgu[p * 2 * F + F + f] = uv >= -lim && uv <= lim ? d * gc * sg : 0.0f;
+        continue;
+      }
+      if (act == MOE8_ACT_GEGLU) {
+        const float k0 = 0.7978845608f, k1 = 0.044715f, t = moe8__tanhf(k0 * (gv + k1 * (gv * gv * gv)));
+        dgu[p * 2 * F + f] = d * uv * (0.5f * (1.0f + t) + 0.5f * gv * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * gv * gv));
+        dgu[p * 2 * F + F + f] = d * (0.5f * gv * (1.0f + t));
         continue;
       }
       if (act == MOE8_ACT_SWIGLU_SOFTCAP) {

@@ -4,7 +4,8 @@
 ** One step: forward, the mean-squared-error loss against the target plus
 ** the auxiliary loss, backward, then Adam (β1 0.9, β2 0.999, ε 1e-8, bias
 ** corrected) on Wr, Wg, Wu, Wd, the shared expert's weights and gate, and
-** GPT-OSS's router and expert biases, JetMoE's output bias.  The selection bias is not trained:
+** GPT-OSS's router and expert biases, JetMoE's output bias, Gemma-4's norm
+** weights and scales.  The selection bias is not trained:
 ** it does not enter the weights, so it has no gradient.
 */
 #include "../core/internal.h"
@@ -14,10 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NTRAIN = 12 };
+enum { NTRAIN = 16 };
 static const moe8_weight_id k_ids[NTRAIN] = {MOE8_W_ROUTER, MOE8_W_GATE, MOE8_W_UP, MOE8_W_DOWN,
                                              MOE8_W_SHARED_GATE, MOE8_W_SHARED_UP, MOE8_W_SHARED_DOWN, MOE8_W_SHARED_GATE_W,
-                                             MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS, MOE8_W_OUT_BIAS};
+                                             MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS, MOE8_W_OUT_BIAS,
+                                             MOE8_W_ROUTER_SCALE, MOE8_W_EXPERT_SCALE, MOE8_W_IN_NORM, MOE8_W_OUT_NORM};
 
 struct moe8_trainer {
   moe8_layer *layer;
@@ -96,7 +98,7 @@ moe8_status moe8_trainer_step_tokens(moe8_trainer *tr, const float *x, const int
   }
   if (loss) *loss = (float)(sse / (double)TD) + aux;
   const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3], tr->g[4], tr->g[5], tr->g[6], tr->g[7], tr->g[8], tr->g[9],
-                              tr->g[10], tr->g[11]};
+                              tr->g[10], tr->g[11], tr->g[12], tr->g[13], tr->g[14], tr->g[15]};
   st = moe8_layer_backward(tr->layer, x, T, tr->dout, ws, ws_size, &g);
   if (st != MOE8_OK) return st;
   tr->step++;

@@ -392,3 +392,38 @@ def mxfp8_quant(w):
     ex = np.where(amax > 0, np.frexp(amax)[1] - 1 - 8, 0)
     s = np.where(amax > 0, np.exp2(np.clip(ex, -127, 127).astype(np.float64)), 1.0)[..., None]
     return (e4m3_round(b / s) * s).reshape(N, K)
+
+
+def rms_norm(x, w=None, eps=1e-6):
+    """Gemma-4's RMSNorm (Gemma4RMSNorm): x * (mean(x^2) + eps)^-1/2, times
+    its weight (not 1 + weight) when it has one."""
+    y = x * (np.mean(x * x, axis=-1, keepdims=True) + eps) ** -0.5
+    return y if w is None else y * w
+
+
+def gelu_tanh(v):
+    """gelu_pytorch_tanh: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))."""
+    return 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v ** 3)))
+
+
+def gemma4_branch(h, wr, scale, per_expert_scale, gu, dn, w_pre, w_post, k, eps=1e-6):
+    """Gemma4TextDecoderLayer's routed branch on the residual stream h [T, D]:
+    Gemma4TextRouter (RMSNorm(h) without weight, * scale * D^-1/2, proj,
+    softmax, top-k, divided by their sum, * per_expert_scale[idx]),
+    Gemma4TextExperts on pre_feedforward_layernorm_2(h) (gate_up_proj [E, 2F, D]
+    gate rows first, down_proj [E, D, F], gelu_pytorch_tanh(gate) * up), then
+    post_feedforward_layernorm_2 of the weighted sum."""
+    D = h.shape[1]
+    p = softmax((rms_norm(h, None, eps) * scale * D ** -0.5) @ wr.T)
+    ids = np.array([topk_idx(r, k) for r in p])
+    w = np.take_along_axis(p, ids, axis=1)
+    w = w / w.sum(axis=1, keepdims=True) * per_expert_scale[ids]
+    x = rms_norm(h, w_pre, eps)
+    F = gu.shape[1] // 2
+    y = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for j in range(k):
+            e = ids[t, j]
+            a = gu[e] @ x[t]
+            y[t] += w[t, j] * (dn[e] @ (gelu_tanh(a[:F]) * a[F:]))
+    return rms_norm(y, w_post, eps)

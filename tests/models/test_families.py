@@ -1536,6 +1536,80 @@ def test_cohere2_moe(tmp, rng):
             print("cohere2_moe with %s %r (%d): %s" % (key, val, rc, out))
 
 
+def test_gemma4(tmp, rng):
+    """Gemma-4's routed branch (Gemma4TextDecoderLayer with enable_moe_block,
+    hfref.gemma4_branch): the router reading the residual stream through
+    its weightless RMSNorm, router.scale and D^-1/2, the weights times
+    router.per_expert_scale, GeGLU experts on pre_feedforward_layernorm_2,
+    post_feedforward_layernorm_2 of their sum; every layer, bf16, as
+    transformers' save_pretrained writes it (fused, under the decoder layer)
+    and per expert; the multimodal gemma4 (text_config,
+    model.language_model.layers.) and diffusion_gemma (its decoder's layers,
+    model.decoder.layers., to which the encoder's are tied; no
+    enable_moe_block); the inference and the training loads;
+    enable_moe_block false and another hidden_activation refused by name."""
+    E, k, D, F, T = 16, 4, 128, 96, 24
+    cases = (("gemma4_text", "fused", None), ("gemma4_text", "per", 1e-5), ("diffusion_gemma", "fused", None), ("gemma4", "fused", 1e-6))
+    for mt, layout, eps in cases:
+        text = {"model_type": "gemma4_text", "hidden_size": D, "num_hidden_layers": 2, "enable_moe_block": True, "num_experts": E,
+                "top_k_experts": k, "moe_intermediate_size": F, "intermediate_size": 64, "hidden_activation": "gelu_pytorch_tanh"}
+        if eps is not None:
+            text["rms_norm_eps"] = eps
+        if mt == "diffusion_gemma":
+            del text["enable_moe_block"]
+            text["model_type"] = "diffusion_gemma_text"
+        cfg = text if mt == "gemma4_text" else {"model_type": mt, "text_config": text, "vision_config": {"hidden_size": 8}}
+        root = {"gemma4_text": "model.layers.", "gemma4": "model.language_model.layers.", "diffusion_gemma": "model.decoder.layers."}[mt]
+        t, refs = {}, {}
+        x = (rnd(rng, T, D) * 3.0).astype(np.float32).astype(np.float64)
+        for l in (0, 1):
+            p = "%s%d." % (root, l)
+            t[p + "mlp.gate_proj.weight"] = ("BF16", rnd(rng, 64, D).astype(np.float32))  # the dense MLP beside the branch
+            vals = {}
+            for name, shape, scale, base in (("router.proj.weight", (E, D), 1.0, 0.0), ("router.scale", (D,), 0.3, 1.0),
+                                              ("router.per_expert_scale", (E,), 0.3, 1.0),
+                                              ("pre_feedforward_layernorm_2.weight", (D,), 0.3, 1.0),
+                                              ("post_feedforward_layernorm_2.weight", (D,), 0.3, 1.0)):
+                v = rnd(rng, *shape, scale=scale) + base
+                t[p + name] = ("BF16", v.astype(np.float32))
+                vals[name] = store(v, "BF16")
+            ex = make_experts(rng, E, D, F)
+            if layout == "per":
+                experts = per_expert(t, p, ex, ("gate_proj", "up_proj", "down_proj"), "BF16")
+            else:
+                t[p + "experts.gate_up_proj"] = ("BF16", np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex]).astype(np.float32))
+                t[p + "experts.down_proj"] = ("BF16", np.stack([w for _, _, w in ex]).astype(np.float32))
+                experts = [tuple(store(w, "BF16") for w in e) for e in ex]
+            gu = np.stack([np.concatenate([g, u], axis=0) for g, u, _ in experts])
+            dn = np.stack([w for _, _, w in experts])
+            args = (x, vals["router.proj.weight"], vals["router.scale"], vals["router.per_expert_scale"], gu, dn,
+                    vals["pre_feedforward_layernorm_2.weight"], vals["post_feedforward_layernorm_2.weight"], k)
+            refs[l] = R.gemma4_branch(*args, eps=1e-6 if eps is None else eps)
+            ones = (x, vals["router.proj.weight"], np.ones(D), np.ones(E), gu, dn, np.ones(D), np.ones(D), k)
+            if rel(R.gemma4_branch(*ones), refs[l]) < 1e-2:
+                FAILS.append("gemma4: the norm weights and scales do not change the test's output")
+        d = os.path.join(tmp, "gemma4_%s_%s_%d" % (mt, layout, len(os.listdir(tmp))))
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("%s bf16 %s, layer %d" % (mt, layout, l), got, ref, 1e-5)
+            got2, _ = run(d, x, ("--layer", str(l), "--training-load"))
+            check("%s bf16 %s, layer %d, training load" % (mt, layout, l), got2, ref, 1e-5)
+        rc, out = info(d)
+        if rc != 0 or "gemma" not in out or "GeGLU" not in out:
+            FAILS.append("gemma4 info")
+            print("gemma4 info (%d): %s" % (rc, out))
+    for key, val, want in (("enable_moe_block", False, "enable_moe_block"), ("hidden_activation", "gelu", "hidden_activation"),
+                           ("moe_intermediate_size", None, "moe_intermediate_size")):
+        text2 = dict(text)
+        text2[key] = val
+        json.dump(dict(cfg, text_config=text2), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or want not in out:
+            FAILS.append("gemma4 %s %r" % (key, val))
+            print("gemma4 with %s %r (%d): %s" % (key, val, rc, out))
+
+
 def dsv4_refusals(d, x):
     """DeepSeek-V4's hash layers refuse what they cannot route, by name: no
     --token-ids, ids of the wrong length or past the table, a table entry
@@ -1654,6 +1728,7 @@ def main():
         test_ernie4_5_vl_moe(tmp, rng)
         test_inkling(tmp, rng)
         test_aria(tmp, rng)
+        test_gemma4(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

@@ -92,6 +92,8 @@ int cmd_info(int argc, char **argv) {
   } else if (c->layer.act == MOE8_ACT_SWIGLU_SOFTCAP)
     printf("experts: softcapped SwiGLU, down(%g tanh(gate(x) / %g) * sigmoid(gate(x)) * %g tanh(up(x) / %g))\n", (double)c->layer.act_alpha,
            (double)c->layer.act_alpha, (double)c->layer.act_limit, (double)c->layer.act_limit);
+  else if (c->layer.act == MOE8_ACT_GEGLU)
+    printf("experts: GeGLU, down(gelu_tanh(gate(x)) * up(x)) (gelu_pytorch_tanh)\n");
   else
     printf("experts: SwiGLU, down(silu(gate(x)) * up(x))\n");
   if (c->layer.shared_ffn > 0)
@@ -105,6 +107,10 @@ int cmd_info(int argc, char **argv) {
   if (c->layer.shared_ffn > 0 && c->layer.shared_scale != 0.0f && c->layer.shared_scale != 1.0f)
     printf("combination: routed sum x %g + shared expert x %g\n", (double)c->layer.routed_scaling_factor, (double)c->layer.shared_scale);
   if (c->layer.out_bias) printf("output bias: the block's bias [%lld] added to its output\n", (long long)c->layer.hidden);
+  if (c->layer.router_norm || c->layer.in_norm || c->layer.out_norm || c->layer.expert_scale)
+    printf("norms (Gemma-4's routed branch, eps %g): the router reads RMSNorm(h) * router.scale * %g; weights x "
+           "router.per_expert_scale; the experts read pre_feedforward_layernorm_2(h); the output is post_feedforward_layernorm_2 "
+           "of the routed sum\n", (double)c->layer.rms_eps, (double)c->layer.router_norm_scale);
   /* Which layers are MoE: runs of consecutive indices. */
   printf("moe layers:");
   int64_t nmoe = 0, run0 = -1;

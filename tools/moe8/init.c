@@ -105,7 +105,7 @@ int cmd_init(int argc, char **argv) {
   const bool bf = !strcmp(dtype, "bf16");
   const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
   const size_t es = bf ? 2 : 4;
-  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 5;
+  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 9;
   moe8_tensor_view *tv = calloc(per_layer * (size_t)NL, sizeof *tv);
   char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
   void **bufs = calloc(per_layer * (size_t)NL, sizeof *bufs);
@@ -126,7 +126,8 @@ int cmd_init(int argc, char **argv) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
     char p[96];
     snprintf(p, sizeof p, "%s%lld.%s", lroot, (long long)l,
-             hc.block_prefix[0] ? hc.block_prefix
+             hc.block_in_layer ? ""
+             : hc.block_prefix[0] ? hc.block_prefix
              : hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : hc.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
     if (hc.arch == MOE8_ARCH_GPT_OSS || hc.arch == MOE8_ARCH_LLAMA4) {
       /* Fused experts, x · W: [E, K, N] is E·K rows of N, fan-in K; a
@@ -214,6 +215,22 @@ int cmd_init(int argc, char **argv) {
       snprintf(names[nt], 256, "%sbias", p);
       bufs[nt] = calloc((size_t)D, 4);
       tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {D}, bufs[nt], 4 * (size_t)D, 0};
+      bytes += tv[nt].nbytes;
+      nt++;
+    }
+    /* Gemma-4's norm weights and scales, ones (as transformers initializes them) */
+    static const char *const norms[4] = {"router.scale", "router.per_expert_scale", "pre_feedforward_layernorm_2.weight",
+                                         "post_feedforward_layernorm_2.weight"};
+    const bool has_norm[4] = {hc.layer.router_norm, hc.layer.expert_scale, hc.layer.in_norm, hc.layer.out_norm};
+    for (int i = 0; i < 4 && rc == EXIT_OK; i++) {
+      if (!has_norm[i]) continue;
+      const int64_t n = i == 1 ? E : D;
+      snprintf(names[nt], 256, "%s%s", p, norms[i]);
+      float *one = malloc(sizeof(float) * (size_t)n);
+      if (!one) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+      for (int64_t j = 0; j < n; j++) one[j] = 1.0f;
+      bufs[nt] = one;
+      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {n}, bufs[nt], 4 * (size_t)n, 0};
       bytes += tv[nt].nbytes;
       nt++;
     }

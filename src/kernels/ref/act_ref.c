@@ -58,6 +58,15 @@ void moe8__ref_swiglu_softcap(float *h, const float *g, const float *u, size_t n
   }
 }
 
+/* Gemma-4's GeGLU (transformers' GELUTanh, gelu_pytorch_tanh: torch's
+** 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in f32), times u. */
+void moe8__ref_geglu(float *h, const float *g, const float *u, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const float x = g[i], c = 0.7978845608f * (x + 0.044715f * (x * x * x));
+    h[i] = 0.5f * x * (1.0f + moe8__tanhf(c)) * u[i];
+  }
+}
+
 void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
   for (int64_t t = 0; t < T; t++) {
     float *l = logits + t * E;

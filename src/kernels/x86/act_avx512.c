@@ -136,6 +136,23 @@ static void swiglu_softcap(float *h, const float *g, const float *u, size_t n, f
   }
 }
 
+/* Gemma-4's GeGLU, the reference's operations per lane. */
+static inline __m512 geglu16(__m512 g, __m512 u) {
+  const __m512 c = _mm512_mul_ps(_mm512_set1_ps(0.7978845608f),
+                                 _mm512_add_ps(g, _mm512_mul_ps(_mm512_set1_ps(0.044715f), _mm512_mul_ps(_mm512_mul_ps(g, g), g))));
+  const __m512 half = _mm512_mul_ps(_mm512_set1_ps(0.5f), g);
+  return _mm512_mul_ps(_mm512_mul_ps(half, _mm512_add_ps(_mm512_set1_ps(1.0f), tanh16(c))), u);
+}
+
+static void geglu(float *h, const float *g, const float *u, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, geglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, geglu16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
 static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
   const __m512 a = _mm512_set1_ps(alpha), l = _mm512_set1_ps(limit);
   size_t i = 0;
@@ -399,5 +416,6 @@ void moe8__act_init_avx512(moe8__ktable *k) {
   k->swiglu_limit  = swiglu_limit;
   k->swiglu_post   = swiglu_post;
   k->swiglu_softcap = swiglu_softcap;
+  k->geglu         = geglu;
   k->router_logits = router_logits;
 }
