@@ -88,7 +88,8 @@ typedef struct scenario {
                           ** 5 AXK2 (DeepSeek-V3's, one of 4 groups kept, the dropped groups' values 0.0) */
   int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
                           ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
-                          ** expert's own limit (Step), 4 softcapped (Inkling-2) */
+                          ** expert's own limit (Step), 4 softcapped (Inkling-2), 5 and 6 the ungated relu2 (Nemotron-H)
+                          ** and relu */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
@@ -262,6 +263,9 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, the softcapped SwiGLU, shared expert", 0, 0, 0, 0, 0, 1, MOE8_ACT_SWIGLU_SOFTCAP},
     {"f32, AXK2's group mask (0.0), negative selection values, shared expert", 0, 3, 1, 0.01f, 0, 5},
     {"fp8 1x16, AXK2's group mask (0.0), negative selection values", 2, 3, 0, 0, 0, 5},
+    {"f32, the ungated relu2 experts and shared expert (Nemotron-H)", 0, 0, 1, 0.01f, 0, 1, MOE8_ACT_RELU2},
+    {"fp8 1x16, the ungated relu2 experts, shared expert, expert 5 unused", 2, 1, 0, 0, 0, 1, MOE8_ACT_RELU2},
+    {"i8 per-token, the ungated relu experts", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_RELU},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;

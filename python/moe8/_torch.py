@@ -126,6 +126,8 @@ class MoE8Block(torch.nn.Module):
             self.param_names.remove("down_bias")
         if not self.layer.out_bias:
             self.param_names.remove("out_bias")
+        if getattr(self.layer, "act", None) in ("relu2", "relu"):  # ungated experts: no gate weights
+            self.param_names = [n for n in self.param_names if n not in ("gate", "shared_gate")]
         self._addr = {}
         if inference:  # no expert masters: only what the layer still holds in f32 (router, shared expert, ...)
             self.param_names = [n for n in self.param_names if n not in ("gate", "up", "down", "gate_up_bias", "down_bias")

@@ -127,6 +127,10 @@ typedef struct moe8__ktable {
   /* Inkling-2's softcapped SwiGLU: h = ((cg · tanh(g / cg)) · sg) · (cu ·
   ** tanh(u / cu)), tanh moe8__tanhf, sg = 1 / (1 + moe8__expf(-g)); cg, cu > 0. */
   void (*swiglu_softcap)(float *h, const float *g, const float *u, size_t n, float cg, float cu);
+  /* The ungated experts' activations: r = u < 0 ? 0 : u (a NaN and -0
+  ** kept), h = r · r (relu2, Nemotron-H's) or h = r (relu). */
+  void (*relu2)(float *h, const float *u, size_t n);
+  void (*relu)(float *h, const float *u, size_t n);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of
