@@ -1055,9 +1055,20 @@ ROWS = [
     dict(mt="deepseek_v4", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("routed_scaling_factor", 1.5), shared=("", 1),
          group="", place="all", dsv4=True, scoring="sigmoid", limit=("swiglu_limit", 10.0), prefix="ffn.", names=("w1", "w3", "w2"),
          shared_names=("w1", "w3", "w2"), bias="gate.bias", root="layers.", layouts=("per",)),
+    # Nemotron-H: DeepSeek-V3's block with ungated experts down(relu(up x)^2) (mlp_hidden_act relu2; relu) and one shared
+    # expert of that form (moe_shared_expert_intermediate_size); a layer MoE where hybrid_override_pattern has E (or
+    # layers_block_type "moe"; neither: the class's list, layer 1 of 4); the block under backbone.layers.L.mixer. (its
+    # files) or model.layers.L.mixer. (transformers' own names), experts per expert or fused experts.up_proj [E, F, D]
+    dict(mt="nemotron_h", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40), place="pattern", relu2="relu2",
+         root="backbone.layers.", prefix="mixer.", layouts=("per", "fused")),
+    dict(mt="nemotron_h", block="ds3", ekey="num_local_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40), place="blocktypes", relu2="relu",
+         root="model.layers.", prefix="mixer.", layouts=("fused", "per")),
 ]
 PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers",
-             "period": "expert_layer_period", "interval": "moe_layer_interval"}
+             "period": "expert_layer_period", "interval": "moe_layer_interval", "pattern": "hybrid_override_pattern",
+             "blocktypes": "layers_block_type"}
 
 
 def row_case(tmp, rng, row, layout, absent=False, T=24):
@@ -1089,6 +1100,10 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         elif place == "period":  # MoE where layer % period == offset (the class's defaults: 2, 1)
             cfg["expert_layer_period"] = 3
             cfg["expert_layer_offset"] = 1
+        elif place == "pattern":  # Nemotron-H: a mamba layer, then two MoE ones
+            cfg["hybrid_override_pattern"] = "MEE"
+        elif place == "blocktypes":
+            cfg["layers_block_type"] = ["mlp", "moe", "moe"]
     if row.get("types_required"):  # written in both cases: layer 0 dense
         L, dflt = 3, 1
     V, hash_layers = 40, set()  # DeepSeek-V4: its vocabulary (the hash tables' rows), the layers routed by token id
@@ -1103,6 +1118,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     if place == "period":
         period, offset = (2, 1) if absent else (3, 1)
         moe_layers = [l for l in range(L) if l % period == offset]
+    if place in ("pattern", "blocktypes") and absent:  # NemotronHConfig's default list: layer 1 of 4 MoE
+        moe_layers = [1]
+    act = row.get("relu2")  # Nemotron-H's ungated experts: mlp_hidden_act (relu2 is the class's default)
+    if act and (act != "relu2" or not absent):
+        cfg["mlp_hidden_act"] = act
     norm_key, norm = row.get("norm", (None, False))
     scale_key, scale = row.get("scale", (None, 1.0))
     if not absent:
@@ -1165,7 +1185,16 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         t[p + row.get("router", "gate.weight")] = ("BF16", wr.astype(np.float32))
         wr = store(wr, "BF16")
         ex = make_experts(rng, E, D, F)
-        if layout == "per":
+        if act and layout == "per":  # ungated: up and down only
+            for e, (_, wu, wd) in enumerate(ex):
+                t["%sexperts.%d.up_proj.weight" % (p, e)] = ("BF16", wu.astype(np.float32))
+                t["%sexperts.%d.down_proj.weight" % (p, e)] = ("BF16", wd.astype(np.float32))
+            experts = [(store(wu, "BF16"), store(wd, "BF16")) for _, wu, wd in ex]
+        elif act:  # transformers' NemotronHExperts: up_proj [E, F, D], down_proj [E, D, F]
+            t[p + "experts.up_proj"] = ("BF16", np.stack([wu for _, wu, _ in ex]).astype(np.float32))
+            t[p + "experts.down_proj"] = ("BF16", np.stack([wd for _, _, wd in ex]).astype(np.float32))
+            experts = [(store(wu, "BF16"), store(wd, "BF16")) for _, wu, wd in ex]
+        elif layout == "per":
             experts = per_expert(t, p, ex, names, "BF16")
         elif layout == "stacked":  # one 3-D tensor per projection (Step-3.7's files)
             for i, nm in enumerate(names):
@@ -1200,7 +1229,9 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
                 t[sb + "input_linear.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
                 t[sb + "output_linear.weight"] = ("BF16", sw[2].astype(np.float32))
                 shared = [store(w, "BF16") for w in sw]
-            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")),
+            if act:  # ungated: up and down
+                sw = sw[1:]
+            for nm, w in zip(row.get("shared_names", ("up_proj", "down_proj") if act else ("gate_proj", "up_proj", "down_proj")),
                              sw if not (row.get("shared_beside") or row.get("shared_fused")) else ()):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
@@ -1243,7 +1274,9 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             ob = rnd(rng, D, scale=0.5)
             t[p + row["out_bias"]] = ("BF16", ob.astype(np.float32))
             ob = store(ob, "BF16")
-        if row.get("oss"):
+        if act:
+            refs[l] = R.ungated_block(x, routing, experts, shared, act)
+        elif row.get("oss"):
             refs[l] = R.moe_block(x, routing, experts, shared, sgate, oss=oss)
             if not absent and rel(R.moe_block(x, routing, experts, shared, sgate, oss=(oss[0], 1e9)), refs[l]) < 1e-2:
                 FAILS.append("%s: swiglu_limit does not clamp the test's values" % row["mt"])
@@ -1453,6 +1486,14 @@ def test_rows(tmp, rng):
             if rc == 0 or "activation_function" not in out:
                 FAILS.append(row["mt"] + " activation_function gelu")
                 print("%s with activation_function gelu (%d): %s" % (row["mt"], rc, out))
+        if row.get("relu2"):  # Nemotron-H: a latent MoE, another activation, biases: refused naming the key
+            orig = json.load(open(os.path.join(d, "config.json")))
+            for key, val in (("moe_latent_size", 64), ("mlp_hidden_act", "silu"), ("mlp_bias", True)):
+                json.dump(dict(orig, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+                rc, out = info(d)
+                if rc == 0 or key not in out:
+                    FAILS.append("%s %s %r" % (row["mt"], key, val))
+                    print("%s with %s %r (%d): %s" % (row["mt"], key, val, rc, out))
         if row.get("types_required"):  # the class has no default list: refused naming it
             cfg = json.load(open(os.path.join(d, "config.json")))
             del cfg["mlp_layer_types"]
