@@ -1076,6 +1076,17 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       goto fail;
     }
   }
+  if (ungated(m)) { /* a gate in an ungated family's files: another model, never run as this one */
+    static const char *const gates[3] = {"experts.0.gate_proj.weight", "experts.gate_up_proj", "shared_experts.gate_proj.weight"};
+    for (int i = 0; i < 3; i++) {
+      snprintf(n, sizeof n, "%s%s", p, gates[i]);
+      if (moe8_model_find(m, n)) {
+        st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s' is a gate projection, but %s's experts are ungated (%s): the file does not hold "
+                        "this family's block", n, c->model_type, c->layer.act == MOE8_ACT_RELU ? "relu" : "relu2");
+        goto fail;
+      }
+    }
+  }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if (moe8_model_find(m, n)) {
     /* moe8's MXFP4 file (moe8 quantize, weight_qtype mxfp4): the OCP

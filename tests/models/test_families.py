@@ -1442,6 +1442,36 @@ def dsv4_refusals(d, x):
     refused("scoring_func softmax", ("--token-ids", os.path.join(d, "ids.npy")), '"scoring_func" is "softmax"', bad)
 
 
+def test_nemotron_h_gate(tmp, rng):
+    """Nemotron-H's experts are ungated: a file that holds a gate projection
+    (another block) is refused naming the tensor, never run without it."""
+    E, D, F, Fs = 8, 64, 32, 48
+    p = "backbone.layers.1.mixer."
+    t = {p + "gate.weight": ("BF16", rnd(rng, E, D).astype(np.float32)), p + "gate.e_score_correction_bias": ("F32", rnd(rng, E)),
+         p + "shared_experts.up_proj.weight": ("BF16", rnd(rng, Fs, D).astype(np.float32)),
+         p + "shared_experts.down_proj.weight": ("BF16", rnd(rng, D, Fs).astype(np.float32))}
+    for e in range(E):
+        t[p + "experts.%d.up_proj.weight" % e] = ("BF16", rnd(rng, F, D).astype(np.float32))
+        t[p + "experts.%d.down_proj.weight" % e] = ("BF16", rnd(rng, D, F).astype(np.float32))
+    cfg = {"model_type": "nemotron_h", "hidden_size": D, "n_routed_experts": E, "moe_intermediate_size": F,
+           "moe_shared_expert_intermediate_size": Fs, "hybrid_override_pattern": "ME"}
+    x = rnd(rng, 4, D)
+    for stray in (None, "experts.0.gate_proj.weight", "shared_experts.gate_proj.weight"):
+        d = os.path.join(tmp, "nemotron_h_gate_%s" % stray)
+        t2 = dict(t)
+        if stray:
+            t2[p + stray] = ("BF16", rnd(rng, Fs if "shared" in stray else F, D).astype(np.float32))
+        write_model(d, cfg, t2)
+        try:
+            run(d, x)
+            ok = stray is None
+        except RuntimeError as err:
+            ok = stray is not None and stray in str(err)
+        if not ok:
+            FAILS.append("nemotron_h with %s" % stray)
+            print("nemotron_h with a stray %s: not refused by name (or refused without one)" % stray)
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
@@ -1523,6 +1553,7 @@ def main():
         test_rows(tmp, rng)
         test_dbrx(tmp, rng)
         test_cohere2_moe(tmp, rng)
+        test_nemotron_h_gate(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)
