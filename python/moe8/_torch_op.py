@@ -221,11 +221,25 @@ class KExperts(torch.nn.Module):
 _LIMITED = ("Glm5NextTextExperts", "HYV4Experts", "HYV4VLExperts")
 
 
+# The activations of ungated experts (has_gate False: up_proj and
+# down_proj, Nemotron-H's) moe8 runs, by the act_fn's class name.
+_UNGATED_ACTS = {"ReLUSquaredActivation": "relu2", "ReLU": "relu"}
+
+
+def _ungated(module):
+    """moe8's act for an ungated experts module it runs, else None."""
+    if getattr(module, "has_gate", True) or not isinstance(getattr(module, "up_proj", None), torch.Tensor):
+        return None
+    return _UNGATED_ACTS.get(type(getattr(module, "act_fn", None)).__name__)
+
+
 def _act_of(module):
     """The Layer keywords of an experts module's activation ({} for the
     plain SwiGLU)."""
     if type(module).__name__ in _LIMITED:
         return {"act": "swiglu_limit", "act_limit": float(module.swiglu_limit)}
+    if _ungated(module):
+        return {"act": _ungated(module)}
     return {}
 
 
@@ -238,8 +252,8 @@ def _why_not(module):
         why.append("its own gate function (%s._apply_gate)" % type(module).__name__)
     if type(module).__name__ in _LIMITED and not (float(getattr(module, "swiglu_limit", 0) or 0) > 0):
         why.append("swiglu_limit %r (moe8 clamps at a positive limit)" % (getattr(module, "swiglu_limit", None),))
-    if not getattr(module, "has_gate", True):
-        why.append("no gate projection")
+    if not getattr(module, "has_gate", True) and not _ungated(module):
+        why.append("no gate projection, and an activation moe8 does not run ungated (relu2, relu)")
     if getattr(module, "has_bias", False):
         why.append("expert biases")
     if not getattr(module, "is_concatenated", True):
@@ -247,7 +261,7 @@ def _why_not(module):
     if getattr(module, "has_post_expert_norm", False):
         why.append("a norm after each expert")
     act = getattr(module, "act_fn", None)
-    if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation":
+    if act is not None and not isinstance(act, torch.nn.SiLU) and type(act).__name__ != "SiLUActivation" and not _ungated(module):
         why.append("activation %s (moe8 runs SwiGLU: SiLU)" % type(act).__name__)
     return why
 
@@ -255,18 +269,20 @@ def _why_not(module):
 def _lean_layer(gu, dn, transposed, k, rules, path, act=None):
     """The lean inference layer of fused expert weights (gate_up_proj
     [E, 2F, D] gate rows first and down_proj [E, D, F]; transposed:
-    [E, D, 2F] and [E, F, D]), built one expert at a time (one expert's
-    float32 copy at most beside the codes); the caller routes."""
+    [E, D, 2F] and [E, F, D]; ungated experts (act relu2 or relu): up_proj
+    [E, F, D] alone), built one expert at a time (one expert's float32 copy
+    at most beside the codes); the caller routes."""
     with torch.no_grad():
         E = gu.shape[0]
-        D, F = (gu.shape[1], gu.shape[2] // 2) if transposed else (gu.shape[2], gu.shape[1] // 2)
+        n1 = 1 if (act or {}).get("act") in ("relu2", "relu") else 2  # up alone, or gate and up
+        D, F = (gu.shape[1], gu.shape[2] // n1) if transposed else (gu.shape[2], gu.shape[1] // n1)
         want = (E, F, D) if transposed else (E, D, F)
         if tuple(dn.shape) != want or gu.shape[0] != dn.shape[0]:
             raise ValueError("moe8: %s: down_proj is %s, gate_up_proj %s needs %s" % (path, list(dn.shape), list(gu.shape), list(want)))
 
         # One float32 pair for every expert: each is handed over before the
         # next is asked for (new pages for each would be zeroed by the kernel).
-        bufs = torch.empty((D, 2 * F), dtype=torch.float32), torch.empty((F, D), dtype=torch.float32)
+        bufs = torch.empty((D, n1 * F), dtype=torch.float32), torch.empty((F, D), dtype=torch.float32)
 
         def expert(e):
             a, b = (gu[e], dn[e]) if transposed else (gu[e].t(), dn[e].t())
@@ -293,7 +309,7 @@ def _experts_layer(module, k):
             raise ValueError("moe8: %s was loaded with top_k = %d (the config's), called with %d experts a token"
                              % (module.__dict__.get("_moe8_path", "experts"), loaded.top_k, k))
         return loaded
-    gu, dn = module.gate_up_proj, module.down_proj
+    gu, dn = module.up_proj if _ungated(module) else module.gate_up_proj, module.down_proj
     try:
         key = (k, gu.data_ptr(), gu._version, dn.data_ptr(), dn._version)
     except RuntimeError:  # inference tensors keep no version counter (and cannot be written in place)
@@ -314,7 +330,11 @@ def _experts_layer(module, k):
     else:
         with torch.no_grad():
             gu32, dn32 = gu.detach().float(), dn.detach().float()
-            if getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
+            if _ungated(module):  # up_proj [E, F, D] alone (transposed: [E, D, F])
+                tr = getattr(module, "is_transposed", False)
+                E, D, F = (gu32.shape if tr else (gu32.shape[0], gu32.shape[2], gu32.shape[1]))
+                g, u, d = None, gu32 if tr else gu32.transpose(1, 2), dn32 if tr else dn32.transpose(1, 2)
+            elif getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
                 E, D, F2 = gu32.shape
                 F = F2 // 2
                 g, u, d = gu32[:, :, :F], gu32[:, :, F:], dn32
@@ -325,7 +345,8 @@ def _experts_layer(module, k):
             lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
                         module_path=module.__dict__.get("_moe8_path", "experts"), **_act_of(module))
             for name, t in (("gate", g), ("up", u), ("down", d)):
-                lay.weight(name)[:] = t.numpy()
+                if t is not None:  # an ungated layer has no gate
+                    lay.weight(name)[:] = t.numpy()
             lay.prepare()
     old = cached[1] if cached is not None else None
     if old is not None:
@@ -380,7 +401,8 @@ def set_experts_rules(model, rules):
     text = _rules_text(rules)
     n = 0
     for name, m in model.named_modules():
-        if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and isinstance(getattr(m, "down_proj", None), torch.Tensor):
+        if isinstance(getattr(m, "gate_up_proj", None) if _ungated(m) is None else m.up_proj, torch.Tensor) and \
+                isinstance(getattr(m, "down_proj", None), torch.Tensor):
             if "_moe8_loaded" in m.__dict__:
                 raise ValueError("moe8: %s was loaded by moe8's quantizer under its rules (its float weights are gone): "
                                  "load it again with Moe8Config(rules=...)" % (name or "experts"))
