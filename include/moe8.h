@@ -557,8 +557,15 @@ typedef enum moe8_expert_act {
                              ** clamp after the activation; limit 0: none (the plain SwiGLU)   */
   MOE8_ACT_SWIGLU_SOFTCAP = 4, /* Inkling-2: h = cg·tanh(g/cg) · sigmoid(g) · cu·tanh(u/cu) with
                              ** cg = act_alpha, cu = act_limit (mlp_gate_softcap, mlp_up_softcap) */
-  MOE8_ACT_GEGLU        = 5  /* Gemma-4: h = gelu_tanh(g) · u, gelu_tanh(g) = 0.5·g·(1 + tanh(√(2/π)·(g +
+  MOE8_ACT_GEGLU        = 5, /* Gemma-4: h = gelu_tanh(g) · u, gelu_tanh(g) = 0.5·g·(1 + tanh(√(2/π)·(g +
                              ** 0.044715·g³))) (transformers' gelu_pytorch_tanh)                */
+  /* Ungated experts: one input projection u = x·Wu [D, F] per expert, no
+  ** gate (MOE8_W_GATE and MOE8_W_SHARED_GATE absent: NULL, count 0), then
+  ** h = act(u) and the down projection.  The shared expert has the same
+  ** form.  Everything that holds gate|up [.., 2F] holds up alone [.., F]
+  ** (moe8_prepared, moe8_layer_put_expert, moe8's files). */
+  MOE8_ACT_RELU2 = 6,        /* Nemotron-H: h = relu(u)², relu(u) = u < 0 ? 0 : u (a NaN kept) */
+  MOE8_ACT_RELU = 7          /* h = relu(u) */
 } moe8_expert_act;
 
 typedef struct moe8_layer_config {
@@ -761,7 +768,8 @@ MOE8_API moe8_status moe8_layer_forward(moe8_layer *layer, const float *x, int64
 
 /* Gradients of L = Σ dout ⊙ out + aux_loss at the last forward (same x, T
 ** and ws).  Each pointer may be NULL to skip that gradient; the others are
-** overwritten: dx[T, D], dwr[D, E], dwg[E, D, F], dwu[E, D, F], dwd[E, F, D].
+** overwritten: dx[T, D], dwr[D, E], dwg[E, D, F], dwu[E, D, F], dwd[E, F, D]
+** (an ungated layer's dwg and dwsg, which it has no weight for: zeros).
 ** Quantizers are straight-through; with the rule's bwd_qtype, dout-like
 ** operands are quantized per row for the input gradients and per column
 ** for the weight gradients. */
@@ -814,7 +822,7 @@ MOE8_API moe8_status moe8_layer_forward_fused_tokens(moe8_layer *layer, const fl
                                                      void *ws, size_t ws_size);
 
 /* The prepared expert weights as the kernels consume them: gate|up fused
-** [E, D, 2F] and down [E, F, D], with dtype and scale (NULL when not
+** [E, D, 2F] (an ungated layer's up [E, D, F]) and down [E, F, D], with dtype and scale (NULL when not
 ** quantized; scale shape [E, nb, 1, N]).  Valid until the next prepare. */
 typedef struct moe8_prepared {
   moe8_dtype   dtype;
@@ -1134,7 +1142,8 @@ MOE8_API moe8_status moe8_model_quantize(const char *in_dir, const char *out_dir
 **   (with shared_ffn > 0) moe8_layer_put_expert(L, 1, 0, ...) for the
 **   shared expert;
 **   moe8_layer_finish_load(L): refused while an expert is missing.
-** gate_up is [D, 2F] (x · W layout: the gate's F columns, then the up's),
+** gate_up is [D, 2F] (x · W layout: the gate's F columns, then the up's;
+** an ungated layer's: the up [D, F] alone),
 ** down [F, D] (shared: F = shared_ffn); non-finite values are refused,
 ** naming the expert.  The layer then runs moe8_layer_forward_fused and
 ** moe8_layer_experts (no backward; moe8_layer_init_random refused), with

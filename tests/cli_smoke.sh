@@ -55,6 +55,7 @@ for fam in \
   "aria_text:\"moe_num_experts\": 8, \"intermediate_size\": 32, \"moe_topk\": 2, \"moe_num_shared_experts\": 1" \
   "gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
+  "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \
   "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []"; do
   name=${fam%%:*}
   printf '{"model_type": "%s", %s, %s}\n' "$name" "$k" "${fam#*:}" > "$tmp/$name.json"

@@ -96,7 +96,8 @@ typedef struct scenario {
                           ** 7 Inkling's router-scored shared expert (the last expert, every token's second slot) */
   int         act;        /* the experts' activation (moe8_expert_act), in the shared expert too: 0 SwiGLU, 1 GPT-OSS's
                           ** clamped one without biases (MiniMax-M3), 3 clamped after the activation with the shared
-                          ** expert's own limit (Step), 4 softcapped (Inkling-2) */
+                          ** expert's own limit (Step), 4 softcapped (Inkling-2), 5 and 6 the ungated relu2 (Nemotron-H)
+                          ** and relu */
 } scenario;
 
 static void run_scenario(const scenario *sc) {
@@ -302,6 +303,9 @@ static void test_ep_equals_single_process(void **state) {
     {"f32, Inkling's router-scored shared expert, expert 5 unused", 0, 1, 1, 0, 0, 7},
     {"fp8 1x16, Inkling's router-scored shared expert", 2, 0, 0, 0, 0, 7},
     {"i8 per-token, Inkling's router-scored shared expert", 3, 0, 1, 0, 0, 7},
+    {"f32, the ungated relu2 experts and shared expert (Nemotron-H)", 0, 0, 1, 0.01f, 0, 1, MOE8_ACT_RELU2},
+    {"fp8 1x16, the ungated relu2 experts, shared expert, expert 5 unused", 2, 1, 0, 0, 0, 1, MOE8_ACT_RELU2},
+    {"i8 per-token, the ungated relu experts", 3, 0, 1, 0.01f, 0, 0, MOE8_ACT_RELU},
   };
   for (int m = 0; m < 2; m++) {
     g_mode = m ? MOE8_EP_ALLTOALL : MOE8_EP_RING;

@@ -1515,6 +1515,47 @@ static void test_family_rows(void **state) {
   assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"mlp_bias\":true}"), MOE8_ERR_UNSUPPORTED);
   assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"hidden_act\":\"gelu\"}"), MOE8_ERR_UNSUPPORTED);
   assert_int_equal(PARSE("{\"model_type\":\"deepseek_v4\",\"vocab_size\":0}"), MOE8_ERR_PARSE);
+  /* Nemotron-H: DeepSeek-V3's block with ungated relu2 experts and one shared expert of
+  ** moe_shared_expert_intermediate_size; the layers from layers_block_type (its length the count), else
+  ** hybrid_override_pattern, else the class's default list; backbone.layers.L.mixer. */
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.act == MOE8_ACT_RELU2 && c.layer.score == MOE8_SCORE_SIGMOID &&
+              c.layer.num_experts == 8 && c.layer.top_k == 2 && c.layer.hidden == 4096 && c.layer.ffn == 7688 &&
+              c.layer.shared_ffn == 7688 && c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 1.0f && c.layer.norm_eps == 1e-20f &&
+              c.layer.n_group == 1 && c.has_bias && c.num_layers == 4 && !strcmp(c.block_prefix, "mixer.") &&
+              !strcmp(c.layers_root, "backbone.layers."));
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 1);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "default"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"num_hidden_layers\":52,\"hybrid_override_pattern\":\"M-E*E\","
+                         "\"n_routed_experts\":16,\"num_experts_per_tok\":4,\"moe_intermediate_size\":64,"
+                         "\"moe_shared_expert_intermediate_size\":96,\"n_shared_experts\":3,\"routed_scaling_factor\":2.5,"
+                         "\"n_group\":4,\"topk_group\":2,\"mlp_hidden_act\":\"relu\",\"hidden_act\":\"gelu\"}"), MOE8_OK);
+  assert_true(c.num_layers == 5 && c.layer.act == MOE8_ACT_RELU && c.layer.num_experts == 16 && c.layer.top_k == 4 && c.layer.ffn == 64 &&
+              c.layer.shared_ffn == 96 && c.layer.routed_scaling_factor == 2.5f && c.layer.n_group == 4 && c.layer.topk_group == 2);
+  assert_int_equal(moe8_hf_config_first_moe_layer(&c), 2);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 4), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 1), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "hybrid_override_pattern"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"hybrid_override_pattern\":\"MEM\",\"layers_block_type\":"
+                         "[\"moe\",\"mamba\",\"attention\",\"mlp\",\"moe\",\"linear_attention\"],\"num_local_experts\":4}"), MOE8_OK);
+  assert_true(c.num_layers == 6 && c.layer.num_experts == 4 && moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 4), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "layers_block_type"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"moe_latent_size\":1024}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "moe_latent_size"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"moe_latent_size\":null}"), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"mlp_hidden_act\":\"silu\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "mlp_hidden_act"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"mlp_bias\":true}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "mlp_bias"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"hybrid_override_pattern\":\"MEX\"}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "hybrid_override_pattern"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"layers_block_type\":[\"moe\",\"dense\"]}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "layers_block_type\"[1]"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"n_routed_experts\":8,\"num_local_experts\":16}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"scoring_func\":\"softmax\"}"), MOE8_ERR_UNSUPPORTED);
 #undef PARSE
 }
 

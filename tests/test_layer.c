@@ -1567,6 +1567,138 @@ static void test_clamp_shared_form_grads(void **state) {
   assert_true(memcmp(out[0], out[1], sizeof out[0]) != 0);
 }
 
+/* The ungated experts (Nemotron-H's relu2: down(relu(up(x))²), and relu),
+** routed and shared: no gate weight; the expert op on given routing
+** against a double reference of the form; every gradient against finite
+** differences (dwg and dwsg zeros); the fused forward's bytes under every
+** rule set; a layer built from memory (up [D, F] alone) gives the
+** training layer's bytes; the trainer steps; the forms it does not take
+** refused by name. */
+static void test_ungated_form(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 16, FS = 24, T = 6 };
+  for (int v = 0; v < 2; v++) {
+    const moe8_expert_act act = v ? MOE8_ACT_RELU : MOE8_ACT_RELU2;
+    const moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true,
+                                 .routed_scaling_factor = 2.5f, .use_selection_bias = true, .act = act, .shared_ffn = FS};
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 9), MOE8_OK);
+    size_t n = 1;
+    assert_null(moe8_layer_weight(L, MOE8_W_GATE, &n));
+    assert_null(moe8_layer_weight(L, MOE8_W_SHARED_GATE, &n));
+    /* the expert op on given routing against a double reference */
+    static float x[T * D], dout[T * D], y[T * D];
+    static const int32_t ids[T * K] = {0, 3, 1, 2, 2, 0, 3, 1, 1, 0, 2, 3};
+    static float w[T * K];
+    tu_rng_reset(31 + (uint64_t)v);
+    tu_fill_normal(x, T * D, 1.0f);
+    for (int i = 0; i < T * K; i++) w[i] = 0.2f + 0.1f * (float)(i % 5);
+    size_t wsz = moe8_layer_workspace_size(L, T);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    assert_int_equal(moe8_layer_experts(L, x, T, ids, w, y, ws, wsz), MOE8_OK);
+    const float *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL), *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+    const float *su = moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL), *sd = moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL);
+    for (int t = 0; t < T; t++)
+      for (int o = 0; o < D; o++) {
+        double r = 0, ymax = 0;
+        for (int j = 0; j <= K; j++) { /* the K routed experts, then the shared one (weight 1) */
+          const int64_t e = j < K ? ids[t * K + j] : 0, FF = j < K ? F : FS;
+          const float *U = j < K ? wu + e * D * F : su, *Dn = j < K ? wd + e * F * D : sd;
+          double acc = 0;
+          for (int64_t f = 0; f < FF; f++) {
+            double u = 0;
+            for (int d = 0; d < D; d++) u += (double)x[t * D + d] * U[d * FF + f];
+            const double h = u > 0 ? (v ? u : u * u) : 0.0;
+            acc += h * Dn[f * D + o];
+          }
+          r += (j < K ? w[t * K + j] : 1.0) * acc;
+          ymax = fmax(ymax, fabs(acc));
+        }
+        if (fabs(r - y[t * D + o]) > 1e-5 * (fabs(r) + ymax) + 1e-6)
+          TU_FAIL("%s: token %d column %d: %g, the double reference %g", v ? "relu" : "relu2", t, o, (double)y[t * D + o], r);
+      }
+    free(ws);
+    static float dx[T * D], dwr[D * E], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D], dsg[D * FS], dsu[D * FS], dsd[FS * D];
+    for (int i = 0; i < E * D * F; i++) dwg[i] = 7.0f;
+    for (int i = 0; i < D * FS; i++) dsg[i] = 7.0f;
+    const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsg = dsg, .dwsu = dsu, .dwsd = dsd};
+    form_backward(L, x, dout, T, D, 71 + (uint64_t)v, &g, &ws, &wsz);
+    for (int i = 0; i < E * D * F; i++) assert_true(dwg[i] == 0.0f); /* no gate: zeros */
+    for (int i = 0; i < D * FS; i++) assert_true(dsg[i] == 0.0f);
+    const form_grad t[] = {
+      {"x", x, T * D, dx}, {"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr},
+      {"up", moe8_layer_weight(L, MOE8_W_UP, NULL), E * D * F, dwu}, {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd},
+      {"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), D * FS, dsu},
+      {"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), FS * D, dsd}};
+    form_fd_check(v ? "ungated relu" : "ungated relu2", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+    free(ws);
+    /* the trainer steps (no gate weight to update) */
+    moe8_trainer *tr = NULL;
+    assert_int_equal(moe8_trainer_create(L, 1e-3f, &tr), MOE8_OK);
+    float loss = 0;
+    wsz = moe8_layer_workspace_size(L, T);
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    assert_int_equal(moe8_trainer_step(tr, x, dout, T, &loss, ws, wsz), MOE8_OK);
+    assert_true(isfinite(loss));
+    moe8_trainer_destroy(tr);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  /* fused bytes and a layer from memory, every rule set, T = 29 and 3 */
+  for (size_t it = 0; it < 2 * NRULES; it++) {
+    const size_t i = it % NRULES;
+    const int64_t TT = it < NRULES ? 29 : 3, EE = 6, DD = 48, FF = 40, FSS = 24;
+    const moe8_layer_config c = {.num_experts = EE, .top_k = 2, .hidden = DD, .ffn = FF, .score = MOE8_SCORE_SIGMOID, .norm_topk_prob = true,
+                                 .act = MOE8_ACT_RELU2, .shared_ffn = FSS};
+    moe8_rules *rs = NULL;
+    if (k_rules_txt[i]) assert_int_equal(moe8_rules_parse(k_rules_txt[i], strlen(k_rules_txt[i]), "inline", &rs), MOE8_OK);
+    moe8_layer *A = NULL, *B = NULL;
+    assert_int_equal(moe8_layer_create(&c, rs, "experts", &A), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(A, 80 + it), MOE8_OK);
+    float *x = malloc(sizeof(float) * (size_t)(TT * DD)), *ya = malloc(sizeof(float) * (size_t)(TT * DD));
+    float *yf = malloc(sizeof(float) * (size_t)(TT * DD)), *yb = malloc(sizeof(float) * (size_t)(TT * DD));
+    tu_rng_reset(700 + it);
+    tu_fill_normal(x, (size_t)(TT * DD), 1.0f);
+    const size_t wa = moe8_layer_workspace_size(A, TT);
+    void *wsa = NULL;
+    assert_int_equal(posix_memalign(&wsa, 64, wa), 0);
+    assert_int_equal(moe8_layer_forward(A, x, TT, ya, NULL, wsa, wa), MOE8_OK);
+    assert_int_equal(moe8_layer_prepare(A), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(A, x, TT, yf, wsa, wa), MOE8_OK);
+    if (memcmp(ya, yf, sizeof(float) * (size_t)(TT * DD)) != 0) TU_FAIL("relu2, rules %zu, T = %lld: fused bytes differ", i, (long long)TT);
+    moe8_prepared pr;
+    assert_int_equal(moe8_layer_prepared(A, &pr), MOE8_OK); /* up [E, D, F] */
+    assert_int_equal(moe8_layer_create_inference(&c, rs, "experts", &B), MOE8_OK);
+    memcpy(moe8_layer_weight(B, MOE8_W_ROUTER, NULL), moe8_layer_weight_read(A, MOE8_W_ROUTER, NULL), sizeof(float) * (size_t)(DD * EE));
+    const float *wu = moe8_layer_weight_read(A, MOE8_W_UP, NULL), *wd = moe8_layer_weight_read(A, MOE8_W_DOWN, NULL);
+    for (int64_t e = 0; e < EE; e++) assert_int_equal(moe8_layer_put_expert(B, 0, e, wu + e * DD * FF, wd + e * FF * DD), MOE8_OK);
+    assert_int_equal(moe8_layer_put_expert(B, 1, 0, moe8_layer_weight_read(A, MOE8_W_SHARED_UP, NULL),
+                                           moe8_layer_weight_read(A, MOE8_W_SHARED_DOWN, NULL)), MOE8_OK);
+    assert_int_equal(moe8_layer_finish_load(B), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(B, x, TT, yb, wsa, wa), MOE8_OK);
+    if (memcmp(ya, yb, sizeof(float) * (size_t)(TT * DD)) != 0)
+      TU_FAIL("relu2, rules %zu, T = %lld: the layer built from memory differs from the training layer's bytes", i, (long long)TT);
+    free(wsa); free(x); free(ya); free(yf); free(yb);
+    moe8_layer_destroy(A);
+    moe8_layer_destroy(B);
+    moe8_rules_destroy(rs);
+  }
+  /* the forms it does not take */
+  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU2, .expert_bias = true};
+  moe8_layer *B = NULL;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "expert_bias"));
+  bad.expert_bias = false;
+  bad.shared_plain_act = true;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "shared_plain_act"));
+  bad.shared_plain_act = false;
+  bad.act = (moe8_expert_act)(MOE8_ACT_RELU + 1); /* past the last */
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -1924,6 +2056,7 @@ int main(void) {
     cmocka_unit_test(test_post_form_grads),
     cmocka_unit_test(test_softcap_form_grads),
     cmocka_unit_test(test_gemma_form),
+    cmocka_unit_test(test_ungated_form),
     cmocka_unit_test(test_clamp_shared_form_grads),
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_scored_shared),

@@ -494,6 +494,42 @@ static void test_geglu(void **state) {
   }
 }
 
+/* The ungated experts' activations (Nemotron-H's relu2, and relu): the
+** reference is r = u < 0 ? 0 : u (a NaN and -0 kept, as torch.relu keeps
+** them), h = r·r or r, exactly; every ISA gives its bytes, tails included. */
+static void test_relu_acts(void **state) {
+  (void)state;
+  enum { N = 1000 };
+  static float u[N], want[N], got[N];
+  const moe8__ktable *ref = moe8__kernels_for(MOE8_ISA_REF);
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (int sq = 0; sq < 2; sq++)
+    for (int round = 0; round < 6; round++) {
+      tu_rng_reset(900 + (uint64_t)round);
+      tu_fill_normal(u, N, round < 3 ? 3.0f : 1e19f);
+      u[5] = NAN; u[6] = -0.0f; u[7] = 0.0f; u[8] = (float)INFINITY; u[9] = -(float)INFINITY; u[10] = 0x1p-149f; u[11] = -0x1p-149f;
+      (sq ? ref->relu2 : ref->relu)(want, u, N);
+      for (int j = 0; j < N; j++) {
+        const double r = u[j] < 0 ? 0.0 : (double)u[j], e = sq ? (double)(float)(r * r) : r;
+        if (isnan(u[j])) { if (!isnan(want[j])) TU_FAIL("relu%s: NaN input gave %a", sq ? "2" : "", (double)want[j]); continue; }
+        if (moe8__f32_bits(want[j]) != moe8__f32_bits((float)e))
+          TU_FAIL("relu%s (reference): u = %a: %a, want %a", sq ? "2" : "", (double)u[j], (double)want[j], e);
+      }
+      assert_true(moe8__f32_bits(want[6]) == (sq ? 0u : 0x80000000u)); /* relu(-0) = -0, squared +0 */
+      for (int i = 1; i < nisa; i++) {
+        const size_t len = N - (size_t)(round * 3 + sq);
+        memset(got, 0, sizeof got);
+        (sq ? moe8__kernels_for(isas[i])->relu2 : moe8__kernels_for(isas[i])->relu)(got, u, len);
+        for (size_t j = 0; j < len; j++)
+          if (moe8__f32_bits(got[j]) != moe8__f32_bits(want[j]) && !(isnan(got[j]) && isnan(want[j])))
+            TU_FAIL("relu%s on %s: u = %a: %a (0x%08x), want %a (0x%08x)", sq ? "2" : "", moe8_isa_name(isas[i]), (double)u[j],
+                    (double)got[j], moe8__f32_bits(got[j]), (double)want[j], moe8__f32_bits(want[j]));
+        for (size_t j = len; j < N; j++) assert_true(got[j] == 0.0f); /* nothing past n */
+      }
+    }
+}
+
 static void test_dispatch_sort(void **state) {
   (void)state;
   /* T = 4, k = 2, E = 4; expert 2 gets nothing. */
@@ -821,6 +857,7 @@ int main(void) {
     cmocka_unit_test(test_swiglu_isas),
     cmocka_unit_test(test_swiglu_softcap),
     cmocka_unit_test(test_geglu),
+    cmocka_unit_test(test_relu_acts),
     cmocka_unit_test(test_dispatch_sort),
     cmocka_unit_test(test_gather_scale_rule),
     cmocka_unit_test(test_combine),

@@ -79,7 +79,9 @@ def _check(st):
 
 
 # The experts' activations by moe8_expert_act value (include/moe8.h).
-ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap", "geglu")
+ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap", "geglu", "relu2", "relu")
+# The ungated ones: up [D, F] alone, no gate weight.
+UNGATED = ("relu2", "relu")
 # The router's score functions by moe8_score_func value.
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
 
@@ -478,8 +480,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
     if group_score not in gscores:
         raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
     if act not in ACTS:
-        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7) "
-                    "'swiglu_softcap' (Inkling-2) or 'geglu' (Gemma-4), not %r" % (act,))
+        raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7), "
+                    "'swiglu_softcap' (Inkling-2), 'geglu' (Gemma-4), 'relu2' (Nemotron-H, ungated) or 'relu' (ungated), not %r" % (act,))
     return _LayerConfig(num_experts, top_k, hidden, ffn, SCORES.index(score), norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
@@ -540,6 +542,7 @@ class Layer:
         self.router_norm, self.expert_scale = bool(c.router_norm), bool(c.expert_scale)  # Gemma-4's norms and scales
         self.in_norm, self.out_norm = bool(c.in_norm), bool(c.out_norm)
         self.score = SCORES[c.score]
+        self.act = ACTS[c.act] if 0 <= c.act < len(ACTS) else c.act
         self.hash_routing = bool(c.hash_routing)  # routes by token id: forward() needs token_ids
 
     @classmethod
@@ -599,6 +602,7 @@ class Layer:
         router is required.  progress(done, total) after each expert."""
         cfg = _layer_config(**config)
         E, D, F, Fs = cfg.num_experts, cfg.hidden, cfg.ffn, cfg.shared_ffn
+        ungated = ACTS[cfg.act] in UNGATED  # the experts' up [D, F] alone, no gate
         r = _as_rules(rules)
         h = _P()
         _check(_layer_create_inference(C.byref(cfg), r._h if r else None, module_path.encode(), C.byref(h)))
@@ -628,7 +632,7 @@ class Layer:
                 gu, dn = next(src)
             except StopIteration:
                 raise Error(1, "inference_from_experts: experts gave %d experts, the layer has %d" % (e, E)) from None
-            gu = _f32_any(gu, "expert %d gate_up" % e, (D, 2 * F))
+            gu = _f32_any(gu, "expert %d gate_up" % e, (D, F if ungated else 2 * F))
             dn = _f32_any(dn, "expert %d down" % e, (F, D))
             _check(_layer_put_expert(obj._h, 0, e, _ptr(gu), _ptr(dn)))
             del gu, dn
@@ -640,7 +644,7 @@ class Layer:
         if Fs:
             if shared is None:
                 raise Error(1, "inference_from_experts: shared_ffn = %d needs shared=(gate_up, down)" % Fs)
-            gu = _f32_any(shared[0], "shared gate_up", (D, 2 * Fs))
+            gu = _f32_any(shared[0], "shared gate_up", (D, Fs if ungated else 2 * Fs))
             dn = _f32_any(shared[1], "shared down", (Fs, D))
             _check(_layer_put_expert(obj._h, 1, 0, _ptr(gu), _ptr(dn)))
             del gu, dn
@@ -848,6 +852,9 @@ class Layer:
                       "shared_down": np.empty((Fs, D), np.float32)})
             if self.shared_gate:
                 g["shared_gate_w"] = np.empty((D,), np.float32)
+        if self.act in UNGATED:  # no gate weight, no gradient
+            g.pop("gate")
+            g.pop("shared_gate", None)
         if self.router_bias:
             g["router_bias"] = np.empty((E,), np.float32)
         if self.expert_bias:

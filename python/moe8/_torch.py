@@ -129,6 +129,8 @@ class MoE8Block(torch.nn.Module):
         for n in ("router_scale", "expert_scale", "in_norm", "out_norm"):  # Gemma-4's norms and scales
             if not getattr(self.layer, "router_norm" if n == "router_scale" else n):
                 self.param_names.remove(n)
+        if getattr(self.layer, "act", None) in ("relu2", "relu"):  # ungated experts: no gate weights
+            self.param_names = [n for n in self.param_names if n not in ("gate", "shared_gate")]
         self._addr = {}
         if inference:  # no expert masters: only what the layer still holds in f32 (router, shared expert, ...)
             self.param_names = [n for n in self.param_names if n not in ("gate", "up", "down", "gate_up_bias", "down_bias")

@@ -235,6 +235,18 @@ def _silu(act):
     return act is torch.nn.functional.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
+# The activations of ungated experts (has_gate False: up_proj and
+# down_proj, Nemotron-H's) moe8 runs, by the act_fn's class name.
+_UNGATED_ACTS = {"ReLUSquaredActivation": "relu2", "ReLU": "relu"}
+
+
+def _ungated(module):
+    """moe8's act for an ungated experts module it runs, else None."""
+    if getattr(module, "has_gate", True) or not isinstance(getattr(module, "up_proj", None), torch.Tensor):
+        return None
+    return _UNGATED_ACTS.get(type(getattr(module, "act_fn", None)).__name__)
+
+
 def _act_of(module):
     """The Layer keywords of an experts module's activation ({} for the
     plain SwiGLU)."""
@@ -247,6 +259,8 @@ def _act_of(module):
     if name in _SOFTCAP:
         return {"act": "swiglu_softcap", "act_alpha": float(module.act_fn.gate_softcap.softcap),
                 "act_limit": float(module.act_fn.up_softcap.softcap)}
+    if _ungated(module):
+        return {"act": _ungated(module)}
     if type(getattr(module, "act_fn", None)).__name__ == "GELUTanh":  # gelu_pytorch_tanh: Gemma-4's GeGLU experts
         return {"act": "geglu"}
     return {}
@@ -261,11 +275,13 @@ def _why_not(module):
     gate = getattr(type(module), "_apply_gate", None)
     if gate is not None and gate.__name__ != "_default_apply_gate" and not known:
         why.append("its own gate function (%s._apply_gate)" % name)
-    if not getattr(module, "has_gate", True) or not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor):
-        why.append("no gate projection (gate_up_proj)")
+    ung = _ungated(module)
+    if not ung and (not getattr(module, "has_gate", True) or not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor)):
+        why.append("no gate projection (gate_up_proj), and an activation moe8 does not run ungated (relu2, relu)")
     if not isinstance(getattr(module, "down_proj", None), torch.Tensor):
         why.append("no down_proj")
-    if not isinstance(getattr(module, "gate_up_proj", None), torch.Tensor) or not isinstance(getattr(module, "down_proj", None), torch.Tensor):
+    if not isinstance(getattr(module, "up_proj" if ung else "gate_up_proj", None), torch.Tensor) or \
+            not isinstance(getattr(module, "down_proj", None), torch.Tensor):
         return why
     act = _act_of(module)
     if act.get("act") in ("swiglu_limit", "swiglu_clamp", "swiglu_softcap") and not act.get("act_limit", 0) > 0:
@@ -279,7 +295,7 @@ def _why_not(module):
     if getattr(module, "has_post_expert_norm", False):
         why.append("a norm after each expert")
     fn = getattr(module, "act_fn", None)
-    if fn is not None and name not in _SOFTCAP and not _silu(fn) and type(fn).__name__ != "GELUTanh":
+    if fn is not None and name not in _SOFTCAP and not _silu(fn) and type(fn).__name__ != "GELUTanh" and not _ungated(module):
         why.append("activation %s (moe8 runs SwiGLU: SiLU, or GeGLU: GELUTanh)" % type(fn).__name__)
     return why
 
@@ -300,19 +316,21 @@ def _lean_layer(gu, dn, transposed, k, rules, path, act=None, interleaved=False,
     """The lean inference layer of fused expert weights (gate_up_proj
     [E, 2F, D] gate rows first and down_proj [E, D, F]; transposed:
     [E, D, 2F] and [E, F, D]; interleaved: gate and up alternate, GPT-OSS's
-    transposed layout), built one expert at a time (one expert's float32
-    copy at most beside the codes); biases: (gate_up [E, 2F] in the same
-    order, down [E, D]); the caller routes."""
+    transposed layout; ungated experts (act relu2 or relu): up_proj [E, F, D]
+    alone), built one expert at a time (one expert's float32 copy at most
+    beside the codes); biases: (gate_up [E, 2F] in the same order, down
+    [E, D]); the caller routes."""
     with torch.no_grad():
         E = gu.shape[0]
-        D, F = (gu.shape[1], gu.shape[2] // 2) if transposed else (gu.shape[2], gu.shape[1] // 2)
+        n1 = 1 if (act or {}).get("act") in ("relu2", "relu") else 2  # up alone, or gate and up
+        D, F = (gu.shape[1], gu.shape[2] // n1) if transposed else (gu.shape[2], gu.shape[1] // n1)
         want = (E, F, D) if transposed else (E, D, F)
         if tuple(dn.shape) != want or gu.shape[0] != dn.shape[0]:
             raise ValueError("moe8: %s: down_proj is %s, gate_up_proj %s needs %s" % (path, list(dn.shape), list(gu.shape), list(want)))
 
         # One float32 pair for every expert: each is handed over before the
         # next is asked for (new pages for each would be zeroed by the kernel).
-        bufs = torch.empty((D, 2 * F), dtype=torch.float32), torch.empty((F, D), dtype=torch.float32)
+        bufs = torch.empty((D, n1 * F), dtype=torch.float32), torch.empty((F, D), dtype=torch.float32)
 
         def expert(e):
             a, b = (gu[e], dn[e]) if transposed else (gu[e].t(), dn[e].t())
@@ -349,7 +367,7 @@ def _experts_layer(module, k):
     why = _why_not(module)
     if why:
         raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s: %s" % (type(module).__name__, ", ".join(why)))
-    gu, dn = module.gate_up_proj, module.down_proj
+    gu, dn = module.up_proj if _ungated(module) else module.gate_up_proj, module.down_proj
     biases = _biases(module) if getattr(module, "has_bias", False) else None
     interleaved = not getattr(module, "is_concatenated", True)
     try:
@@ -371,7 +389,11 @@ def _experts_layer(module, k):
     else:
         with torch.no_grad():
             gu32, dn32 = gu.detach().float(), dn.detach().float()
-            if getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
+            if _ungated(module):  # up_proj [E, F, D] alone (transposed: [E, D, F])
+                tr = getattr(module, "is_transposed", False)
+                E, D, F = (gu32.shape if tr else (gu32.shape[0], gu32.shape[2], gu32.shape[1]))
+                g, u, d = None, gu32 if tr else gu32.transpose(1, 2), dn32 if tr else dn32.transpose(1, 2)
+            elif getattr(module, "is_transposed", False):  # [E, D, 2F], [E, F, D]: already x @ W
                 E, D, F2 = gu32.shape
                 F = F2 // 2
                 gu32 = _halves(gu32, interleaved)
@@ -383,7 +405,8 @@ def _experts_layer(module, k):
             lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
                         module_path=module.__dict__.get("_moe8_path", "experts"), expert_bias=biases is not None, **_act_of(module))
             for name, t in (("gate", g), ("up", u), ("down", d)):
-                lay.weight(name)[:] = t.numpy()
+                if t is not None:  # an ungated layer has no gate
+                    lay.weight(name)[:] = t.numpy()
             if biases is not None:
                 lay.weight("gate_up_bias")[:] = _halves(biases[0].detach().float(), interleaved).numpy()
                 lay.weight("down_bias")[:] = biases[1].detach().float().numpy()
@@ -441,7 +464,8 @@ def set_experts_rules(model, rules):
     text = _rules_text(rules)
     n = 0
     for name, m in model.named_modules():
-        if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and isinstance(getattr(m, "down_proj", None), torch.Tensor):
+        if isinstance(getattr(m, "gate_up_proj", None) if _ungated(m) is None else m.up_proj, torch.Tensor) and \
+                isinstance(getattr(m, "down_proj", None), torch.Tensor):
             if "_moe8_loaded" in m.__dict__:
                 raise ValueError("moe8: %s was loaded by moe8's quantizer under its rules (its float weights are gone): "
                                  "load it again with Moe8Config(rules=...)" % (name or "experts"))

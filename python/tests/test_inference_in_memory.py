@@ -63,6 +63,33 @@ def test_inference_from_experts_is_a_prepared_training_layers_bytes(rules, share
         assert np.array_equal(again.forward(x, fused=True).view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("rules", list(RULES), ids=[str(k) for k in RULES])
+def test_ungated_relu2_from_experts(rules):
+    """Nemotron-H's ungated experts (act "relu2"): no gate weight or
+    gradient; inference_from_experts takes each expert's up [D, F] alone
+    (and the shared expert's) and gives the prepared training layer's bytes."""
+    path = "model.layers.1.mlp.experts"
+    cfg = dict(num_experts=E, top_k=K, hidden=D, ffn=F, norm_topk_prob=True, score="sigmoid", act="relu2", shared_ffn=FS)
+    train = moe8.Layer(rules=RULES[rules], module_path=path, **cfg)
+    train.init_random(5)
+    assert train.act == "relu2" and train.weight_copy("gate") is None and train.weight_copy("shared_gate") is None
+    x = np.random.default_rng(1).standard_normal((9, D)).astype(np.float32)
+    train.forward(x)
+    g = train.backward(x, np.ones_like(x))
+    assert "gate" not in g and "shared_gate" not in g and g["up"].shape == (E, D, F) and np.isfinite(g["up"]).all()
+    u, d = train.weight_copy("up"), train.weight_copy("down")
+    sh = (train.weight_copy("shared_up"), train.weight_copy("shared_down"))
+    got = moe8.Layer.inference_from_experts([(u[e], d[e]) for e in range(E)], rules=RULES[rules], module_path=path,
+                                            weights={"router": train.weight_copy("router")}, shared=sh, **cfg)
+    with pytest.raises(moe8.Error, match="shape"):  # gate|up [D, 2F] is a gated expert's
+        moe8.Layer.inference_from_experts([(np.zeros((D, 2 * F), np.float32), d[e]) for e in range(E)], module_path=path,
+                                          weights={"router": train.weight_copy("router")}, shared=sh, **cfg)
+    train.prepare()
+    for T in (29, 3):
+        x = np.random.default_rng(T).standard_normal((T, D)).astype(np.float32)
+        assert np.array_equal(got.forward(x, fused=True).view(np.uint32), train.forward(x, fused=True).view(np.uint32))
+
+
 def test_inference_from_experts_refusals():
     cfg = dict(num_experts=E, top_k=K, hidden=D, ffn=F)
     one = (np.zeros((D, 2 * F), np.float32), np.zeros((F, D), np.float32))

@@ -470,6 +470,45 @@ def test_transformers_experts_implementation(tmp_path):
             assert (m2(ids).logits - want).abs().max() <= 1e-5 * top
 
 
+def test_transformers_ungated_experts():
+    """Nemotron-H's ungated experts (NemotronHExperts: has_gate false,
+    up_proj and down_proj, relu2 or ReLU) under experts_implementation="moe8":
+    each NemotronHMoE block within f32 noise of eager's, in eval and in train
+    mode (the lean and the training layer)."""
+    transformers = _transformers_or_skip("experts_implementation=\"moe8\" on ungated experts")
+    if not hasattr(transformers, "NemotronHConfig"):
+        pytest.skip("this transformers has no NemotronH: the ungated experts are not tested")
+    from moe8.torch import register_transformers
+    assert register_transformers()
+    torch.manual_seed(0)
+    for act in ("relu2", "relu"):
+        cfg = transformers.NemotronHConfig(vocab_size=100, hidden_size=64, n_routed_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
+                                           routed_scaling_factor=2.5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, intermediate_size=64,
+                                           mlp_hidden_act=act, hybrid_override_pattern="ME*E-")
+        model = transformers.NemotronHForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "experts" in n or "mixer.gate" in n:
+                    p.normal_(0, p.shape[-1] ** -0.5 * 1.5)
+        blocks = [layer.mixer for layer in model.model.layers if type(layer.mixer).__name__ == "NemotronHMoE"]
+        assert len(blocks) == 2
+        x = torch.randn(1, 20, 64) * 2
+        with torch.no_grad():
+            model.set_experts_implementation("eager")
+            want = [b(x) for b in blocks]
+            model.set_experts_implementation("moe8")
+            got = [b(x) for b in blocks]
+        model.train()
+        trained = [b(x) for b in blocks]  # grad enabled, train mode: the layer with f32 masters
+        for g, t, w, b in zip(got, trained, want, blocks):
+            top = w.abs().max()
+            assert "_moe8_experts" in b.experts.__dict__  # moe8 ran (its layer is made)
+            assert (g - w).abs().max() <= 1e-5 * top  # within f32 noise
+            assert (t.detach() - w).abs().max() <= 1e-5 * top
+
+
 def test_transformers_quantizer(tmp_path):
     """transformers' quantizer plug-in: from_pretrained(...,
     quantization_config=Moe8Config(rules)) on bf16 Qwen3-MoE and Mixtral

@@ -131,6 +131,10 @@ typedef struct moe8__ktable {
   ** c = 0.7978845608 · (g + 0.044715 · ((g · g) · g)), h = ((0.5 · g) ·
   ** (1 + moe8__tanhf(c))) · u, in that order. */
   void (*geglu)(float *h, const float *g, const float *u, size_t n);
+  /* The ungated experts' activations: r = u < 0 ? 0 : u (a NaN and -0
+  ** kept), h = r · r (relu2, Nemotron-H's) or h = r (relu). */
+  void (*relu2)(float *h, const float *u, size_t n);
+  void (*relu)(float *h, const float *u, size_t n);
   /* MXFP4 weights (GPT-OSS): for n in [n0, n1) and rows p < rows,
   ** out[p·ldo + col(n)] = Σ_k x[p·ldx + k] · w(n, k) with w(n, k) the E2M1
   ** code of weight k of row n in moe8__mx4_repack's layout (blk, rows of

@@ -88,7 +88,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
   for (int s = 0; s < L->nsets && L->inference && L->wq; s++) {
     const moe8__xset *X = &L->xs[s];
     const int64_t tk = L->wspec.tile;
-    h = checksum(X->wgu_s, (size_t)(X->E * (tk ? moe8__cdiv(D, tk) : 1) * 2 * X->F), h);
+    h = checksum(X->wgu_s, (size_t)(X->E * (tk ? moe8__cdiv(D, tk) : 1) * X->N1), h);
     h = checksum(X->wd_s, (size_t)(X->E * (tk ? moe8__cdiv(X->F, tk) : 1) * D), h);
   }
   f.v[NFP - 1] = (int64_t)(h >> 1);

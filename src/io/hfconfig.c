@@ -150,6 +150,11 @@ typedef struct family {
   ** (enable_moe_block; NULL: always on) */
   bool        gemma;
   const char *moe_flag;
+  /* Nemotron-H (NemotronHConfig): ungated experts (mlp_hidden_act relu2
+  ** or relu), a layer MoE where layers_block_type (or the legacy
+  ** hybrid_override_pattern) says "moe" ("E"), the layers under
+  ** backbone.layers. (parse_nemotron) */
+  bool        nemotron;
 } family;
 
 /* Placement of the MoE layers. */
@@ -516,6 +521,15 @@ static const family k_families[] = {
   {.name = "diffusion_gemma_text", .arch = MOE8_ARCH_MIXTRAL, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size",
    .hidden = 2304, .layers = 30, .norm = true, .scaling = 1.0, .topk_key = "top_k_experts", .place = PLACE_ALL,
    .router_name = "router.proj.weight", .gemma = true},
+  /* NemotronHConfig (Nemotron-H, Nemotron-3): DeepSeek-V3's block (sigmoid,
+  ** correction bias, groups, / (Σ + 1e-20), routed_scaling_factor) with
+  ** ungated relu² experts down(relu(up(x))²) and one shared expert of that
+  ** form, width moe_shared_expert_intermediate_size (n_shared_experts is
+  ** not read: NemotronHMoE has one); the block under mixer. */
+  {.name = "nemotron_h", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 4096, .layers = 4, .experts = 8, .top_k = 2, .ffn = 7688, .shared = 1, .norm = true,
+   .scaling = 1.0, .n_group = 1, .topk_group = 1, .shared_key = "", .shared_width_key = "moe_shared_expert_intermediate_size",
+   .shared_width = 7688, .place = PLACE_ALL, .block_prefix = "mixer.", .norm_eps = 1e-20, .nemotron = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -774,7 +788,7 @@ static moe8_status get_placement(const cJSON *root, const char *file, const fami
       if (c->n_mlp_only >= MOE8_MAX_MLP_ONLY) return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld: too many dense layers", file, fam->dense_key, (long long)n);
       c->mlp_only_layers[c->n_mlp_only++] = l;
     }
-    c->decoder_sparse_step = -6;
+    c->decoder_sparse_step = -7;
     snprintf(c->dense_key, sizeof c->dense_key, "%s", fam->dense_key);
     c->first_k_dense_from_default = item(root, fam->dense_key) == NULL;
     return st;
@@ -1023,6 +1037,75 @@ static moe8_status parse_dsv4(const cJSON *root, const char *file, moe8_hf_confi
   return MOE8_OK;
 }
 
+/* Nemotron-H (NemotronHConfig): the layers are layers_block_type's
+** entries (its length is the layer count; num_hidden_layers is not read),
+** else the legacy hybrid_override_pattern's letters (M mamba, E moe, *
+** attention, - mlp), else the class's default list (linear_attention, moe,
+** full_attention, mlp); a layer is MoE where its entry is "moe".  The
+** experts' activation mlp_hidden_act (relu2, or relu); mlp_bias and
+** moe_latent_size refused by name. */
+static moe8_status parse_nemotron(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  moe8_status st;
+  const cJSON *a = item(root, "mlp_hidden_act");
+  if (a && !cJSON_IsString(a)) return moe8__fail(MOE8_ERR_PARSE, "%s: \"mlp_hidden_act\" must be a string", file);
+  if (a && strcmp(a->valuestring, "relu2") && strcmp(a->valuestring, "relu"))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_hidden_act\" is \"%.40s\": moe8 runs Nemotron-H's ungated experts with relu2 or "
+                      "relu", file, a->valuestring);
+  L->act = a && !strcmp(a->valuestring, "relu") ? MOE8_ACT_RELU : MOE8_ACT_RELU2;
+  bool mb = false;
+  if ((st = get_bool(root, file, "mlp_bias", false, &mb)) != MOE8_OK) return st;
+  if (mb) return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_bias\" is true: the experts' linear layers then have biases, which moe8 "
+                            "does not hold", file);
+  const cJSON *lat = item(root, "moe_latent_size");
+  if (lat)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"moe_latent_size\" is set: the routed experts then run in a latent space "
+                      "(fc1_latent_proj before them, fc2_latent_proj after), which moe8 does not compute", file);
+  static const char *const pat = "ME*-";
+  static const char *const names[6] = {"linear_attention", "moe", "full_attention", "mlp", "mamba", "attention"};
+  const cJSON *types = item(root, "layers_block_type"), *hp = item(root, "hybrid_override_pattern");
+  if (!types) types = item(root, "layer_types"); /* the class's attribute map */
+  bool moe[MOE8_MAX_MLP_ONLY];
+  int64_t n = 0;
+  if (types) {
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) < 1)
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"layers_block_type\" must be a list of layer types", file);
+    for (const cJSON *e = types->child; e; e = e->next, n++) {
+      int k = -1;
+      for (int i = 0; i < 6 && cJSON_IsString(e); i++)
+        if (!strcmp(e->valuestring, names[i])) k = i;
+      if (k < 0)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"layers_block_type\"[%lld] is not one of linear_attention, moe, full_attention, mlp "
+                          "(or mamba, attention)", file, (long long)n);
+      if (n >= MOE8_MAX_MLP_ONLY)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"layers_block_type\": moe8 reads at most %d layers", file, MOE8_MAX_MLP_ONLY);
+      moe[n] = k == 1;
+    }
+    c->decoder_sparse_step = -4;
+  } else if (hp) {
+    if (!cJSON_IsString(hp) || !hp->valuestring[0])
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"hybrid_override_pattern\" must be a string of layer letters (M, E, *, -)", file);
+    for (const char *q = hp->valuestring; *q; q++, n++) {
+      if (!strchr(pat, *q))
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"hybrid_override_pattern\"[%lld] is '%c', not a layer letter (M, E, *, -)", file,
+                          (long long)n, *q);
+      if (n >= MOE8_MAX_MLP_ONLY)
+        return moe8__fail(MOE8_ERR_PARSE, "%s: \"hybrid_override_pattern\": moe8 reads at most %d layers", file, MOE8_MAX_MLP_ONLY);
+      moe[n] = *q == 'E';
+    }
+    c->decoder_sparse_step = -5;
+  } else {
+    for (n = 0; n < 4; n++) moe[n] = n == 1;
+    c->decoder_sparse_step = -6;
+  }
+  c->num_layers = n;
+  c->n_mlp_only = 0;
+  for (int64_t l = 0; l < n; l++)
+    if (!moe[l]) c->mlp_only_layers[c->n_mlp_only++] = l;
+  snprintf(c->layers_root, sizeof c->layers_root, "backbone.layers.");
+  return MOE8_OK;
+}
+
 /* moe8_quantization: what moe8 quantize recorded (docs/files.md). */
 static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, moe8_hf_config *c) {
   const cJSON *mq = item(root, "moe8_quantization");
@@ -1121,7 +1204,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
     {"muse_spark_text", "its experts are latent (projected, normalized per expert)"},
-    {"nemotron_h", "its experts are relu-squared MLPs, not SwiGLU"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"switch_transformers", "its experts drop tokens past expert_capacity and are ReLU MLPs"},
     {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
@@ -1197,7 +1279,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"%s\" is false (or absent: %s's default): the model is dense, its decoder layers "
                         "have no MoE branch", file, fam->moe_flag, fam->name);
   }
-  if (!fam->step && !fam->softcap && !fam->m3 && !fam->gemma)
+  if (!fam->step && !fam->softcap && !fam->m3 && !fam->gemma && !fam->nemotron)
     TRY(want_str(root, file, fam->act_key ? fam->act_key : "hidden_act", "silu", "moe8's experts are SwiGLU with silu"));
   L->out_bias = fam->out_bias;
   TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
@@ -1307,7 +1389,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
     }
     L->shared_ffn = nsh * sw;
-    if (!fam->step && !fam->m3 && !fam->dsv4 && !fam->inkling) /* Step's, MiniMax-M3's, DeepSeek-V4's and Inkling's classes ignore these */
+    if (!fam->step && !fam->m3 && !fam->dsv4 && !fam->inkling && !fam->nemotron) /* Step's, MiniMax-M3's, DeepSeek-V4's, Inkling's and Nemotron-H's classes ignore these */
       TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
@@ -1478,6 +1560,7 @@ tail:
     c->top_layers = true; /* InklingTextModel's files: layers.L. */
   }
   if (fam->gemma) TRY(parse_gemma(root, file, fam, c));
+  if (fam->nemotron) TRY(parse_nemotron(root, file, c));
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));
@@ -1599,10 +1682,15 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
       if (c->decoder_sparse_step == 0)
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types[%lld] is \"dense\")", (long long)layer,
                           (long long)layer);
+      if (c->decoder_sparse_step <= -4 && c->decoder_sparse_step >= -6) /* Nemotron-H: a mamba, attention or MLP layer */
+        return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is not an MoE layer (%s)", (long long)layer,
+                          c->decoder_sparse_step == -4 ? "its layers_block_type entry is not \"moe\""
+                          : c->decoder_sparse_step == -5 ? "its hybrid_override_pattern letter is not 'E'"
+                                                         : "layers_block_type, the class's default: config.json does not set it; layer 1 is MoE");
       if (c->decoder_sparse_step == -3) /* PLACE_INTERVAL (ERNIE-4.5) */
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (moe_layer_interval, moe_layer_start_index and "
                           "moe_layer_end_index: MoE where (layer + 1) %% interval == 0 and start <= layer <= end)", (long long)layer);
-      if (c->decoder_sparse_step == -6) /* PLACE_TYPES_KEY: mlp_layer_types absent, the family's dense-count key */
+      if (c->decoder_sparse_step == -7) /* PLACE_TYPES_KEY: mlp_layer_types absent, the family's dense-count key */
         return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is a dense MLP layer (mlp_layer_types absent; %s = %lld%s)", (long long)layer,
                           c->dense_key, (long long)c->n_mlp_only, c->first_k_dense_from_default ? ", the family's default" : "");
       if (c->decoder_sparse_step == -2) /* PLACE_FIRST, whose one key is num_dense_layers */

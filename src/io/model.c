@@ -228,11 +228,16 @@ void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap
 
 const char *moe8__model_root(const moe8_model *m) { return m ? m->root : "model.layers."; }
 
+/* Ungated experts (Nemotron-H's relu2): an up projection and a down one,
+** no gate; their files name the first projection up_proj. */
+static bool ungated(const moe8_model *m) { return !moe8__act_gated(m->cfg.layer.act); }
+
 /* The block's fused float experts, gate_up (which 0) or down (1): the
-** family's names (Granite's input_linear / output_linear) or transformers'. */
+** family's names (Granite's input_linear / output_linear) or transformers'
+** (an ungated family's experts.up_proj [E, F, D]). */
 static void fused_name(const moe8_model *m, const char *p, int which, char *buf, size_t cap) {
   const char *own = which ? m->cfg.fused_dn : m->cfg.fused_gu;
-  snprintf(buf, cap, "%s%s", p, own[0] ? own : which ? "experts.down_proj" : "experts.gate_up_proj");
+  snprintf(buf, cap, "%s%s", p, own[0] ? own : which ? "experts.down_proj" : ungated(m) ? "experts.up_proj" : "experts.gate_up_proj");
   if (own[0] && m->cfg.fused_interleaved && !moe8_model_find(m, buf)) /* Inkling-2's files, or transformers' own names */
     snprintf(buf, cap, "%s%s", p, which ? "experts.down_proj" : "experts.gate_up_proj");
 }
@@ -332,7 +337,7 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   }
   char base[200];
   snprintf(base, sizeof base, "%sexperts.0.", p);
-  snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, 0));
+  snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, ungated(m)));
   t = moe8_model_find(m, n);
   if (t && t->dtype == MOE8_FDT_F8_E4M3) {
     snprintf(mm->fmt, sizeof mm->fmt, "deepseek f8e4m3 %lldx%lld blocks", (long long)m->cfg.block_n, (long long)m->cfg.block_k);
@@ -440,7 +445,8 @@ static moe8_status read_proj(loader *ld, const char *base, int w, int64_t F, boo
     if (!is_float_file(t->dtype))
       return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16%s", n, moe8_file_dtype_name(t->dtype),
                         t->dtype == MOE8_FDT_F8_E4M3 ? " (F8_E4M3 only when the routed experts are F8_E4M3)" : "");
-    return w == 2 ? put_float(t, t->data, N, K, b->dn, D, 0, ld->tmp) : put_float(t, t->data, N, K, b->gu, 2 * F, w ? F : 0, ld->tmp);
+    return w == 2 ? put_float(t, t->data, N, K, b->dn, D, 0, ld->tmp)
+                  : ungated(ld->m) ? put_float(t, t->data, N, K, b->gu, F, 0, ld->tmp) : put_float(t, t->data, N, K, b->gu, 2 * F, w ? F : 0, ld->tmp);
   }
   if (t->dtype != MOE8_FDT_F8_E4M3)
     return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s but the routed experts are F8_E4M3 (every expert weight must be)", n,
@@ -453,6 +459,7 @@ static moe8_status read_proj(loader *ld, const char *base, int w, int64_t F, boo
   if ((st = check_scale_tensor(ts)) != MOE8_OK) return st;
   used[1] = ts;
   if (w == 2) put_fp8(t, ts, N, K, ld->bn, ld->bk, b->dq, b->ds, D, 0);
+  else if (ungated(ld->m)) put_fp8(t, ts, N, K, ld->bn, ld->bk, b->gq, b->gs, F, 0);
   else put_fp8(t, ts, N, K, ld->bn, ld->bk, b->gq, b->gs, 2 * F, w ? F : 0);
   return MOE8_OK;
 }
@@ -460,7 +467,7 @@ static moe8_status read_proj(loader *ld, const char *base, int w, int64_t F, boo
 static moe8_status read_expert(loader *ld, const char *base, int64_t F, bool fp8, xbuf *b, bool drop) {
   const moe8_tensor_view *used[3][2] = {{0}};
   moe8_status st = MOE8_OK;
-  for (int w = 0; w < 3 && st == MOE8_OK; w++) st = read_proj(ld, base, w, F, fp8, b, used[w]);
+  for (int w = ungated(ld->m); w < 3 && st == MOE8_OK; w++) st = read_proj(ld, base, w, F, fp8, b, used[w]); /* ungated: no gate */
   for (int w = 0; w < 3 && drop; w++) { drop_pages(used[w][0]); drop_pages(used[w][1]); }
   return st;
 }
@@ -484,14 +491,14 @@ static void xbuf_free(xbuf *b) { free(b->gu); free(b->dn); free(b->gq); free(b->
 static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *borrowed) {
   const moe8_model *m = ld->m;
   const moe8_hf_config *c = &m->cfg;
-  const int64_t E = c->layer.num_experts, D = ld->D, F = c->layer.ffn;
+  const int64_t E = c->layer.num_experts, D = ld->D, F = c->layer.ffn, N1 = ungated(m) ? F : 2 * F; /* gate|up, or up alone */
   const char *p = ld->p;
   char n[320];
   const moe8_tensor_view *gq = NULL, *dq = NULL, *gs, *ds;
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   gs = moe8_model_find(m, n);
-  if (!gs || gs->ndim != 4 || gs->dtype != MOE8_FDT_F32 || gs->shape[0] != E || gs->shape[1] < 1 || gs->shape[2] != 1 || gs->shape[3] != 2 * F)
-    return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)(2 * F));
+  if (!gs || gs->ndim != 4 || gs->dtype != MOE8_FDT_F32 || gs->shape[0] != E || gs->shape[1] < 1 || gs->shape[2] != 1 || gs->shape[3] != N1)
+    return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)N1);
   /* The tile is in config.json (moe8_quantization.tile_size): a block
   ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128), so
   ** moe8 quantize also records it beside the scales (the file's
@@ -524,12 +531,12 @@ static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *bo
   qt = probe->dtype == MOE8_FDT_F8_E4M3 ? MOE8_DTYPE_F8E4M3 : probe->dtype == MOE8_FDT_I8 ? MOE8_DTYPE_I8 : MOE8_DTYPE_NONE;
   if (qt == MOE8_DTYPE_NONE) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' must be F8_E4M3 or I8, not %s", n, moe8_file_dtype_name(probe->dtype));
   if (packed) {
-    const int64_t s1[2] = {E, (int64_t)moe8_gmm_packed_size(qt, 1, D, 2 * F)}, s2[2] = {E, (int64_t)moe8_gmm_packed_size(qt, 1, F, D)};
+    const int64_t s1[2] = {E, (int64_t)moe8_gmm_packed_size(qt, 1, D, N1)}, s2[2] = {E, (int64_t)moe8_gmm_packed_size(qt, 1, F, D)};
     if ((st = need(m, n, 2, s1, &gq)) != MOE8_OK) return st;
     snprintf(n, sizeof n, "%sexperts.down_proj.qweight_packed", p);
     if ((st = need(m, n, 2, s2, &dq)) != MOE8_OK) return st;
   } else {
-    const int64_t s1[3] = {E, D, 2 * F}, s2[3] = {E, F, D};
+    const int64_t s1[3] = {E, D, N1}, s2[3] = {E, F, D};
     if ((st = need(m, n, 3, s1, &gq)) != MOE8_OK) return st;
     snprintf(n, sizeof n, "%sexperts.down_proj.qweight", p);
     if ((st = need(m, n, 3, s2, &dq)) != MOE8_OK) return st;
@@ -549,13 +556,13 @@ static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *bo
     if (st == MOE8_OK) { atomic_fetch_add(&mm->refs, 1); *borrowed = true; }
   } else if (packed) {
     /* A training layer (or a layout these sizes cannot use): unpack. */
-    uint8_t *g1 = malloc((size_t)(D * 2 * F)), *d1 = malloc((size_t)(F * D));
+    uint8_t *g1 = malloc((size_t)(D * N1)), *d1 = malloc((size_t)(F * D));
     if (!g1 || !d1) st = moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
-    const size_t pg = moe8_gmm_packed_size(qt, 1, D, 2 * F), pd = moe8_gmm_packed_size(qt, 1, F, D);
+    const size_t pg = moe8_gmm_packed_size(qt, 1, D, N1), pd = moe8_gmm_packed_size(qt, 1, F, D);
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
       const uint8_t *a = (const uint8_t *)gq->data + (size_t)e * pg, *b = (const uint8_t *)dq->data + (size_t)e * pd;
       for (int64_t k = 0; k < D; k++)
-        for (int64_t j = 0; j < 2 * F; j++) g1[k * 2 * F + j] = a[moe8__pk_offset(qt, D, 2 * F, k, j)];
+        for (int64_t j = 0; j < N1; j++) g1[k * N1 + j] = a[moe8__pk_offset(qt, D, N1, k, j)];
       for (int64_t k = 0; k < F; k++)
         for (int64_t j = 0; j < D; j++) d1[k * D + j] = b[moe8__pk_offset(qt, F, D, k, j)];
       st = moe8__layer_put_expert(L, 0, e, NULL, NULL, g1, sg + (size_t)e * ngs, d1, sd + (size_t)e * nds);
@@ -563,7 +570,7 @@ static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *bo
     free(g1); free(d1);
   } else {
     for (int64_t e = 0; e < E && st == MOE8_OK; e++)
-      st = moe8__layer_put_expert(L, 0, e, NULL, NULL, (const uint8_t *)gq->data + (size_t)(e * D * 2 * F), sg + (size_t)e * ngs,
+      st = moe8__layer_put_expert(L, 0, e, NULL, NULL, (const uint8_t *)gq->data + (size_t)(e * D * N1), sg + (size_t)e * ngs,
                                   (const uint8_t *)dq->data + (size_t)(e * F * D), sd + (size_t)e * nds);
     if (L->inference) { drop_pages(gq); drop_pages(dq); }
   }
@@ -802,7 +809,7 @@ static moe8_status put_routed(moe8_layer *L, const gptoss_w *wgu, const gptoss_w
   moe8_status st = MOE8_OK;
   double last = now_s();
   for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-    st = gptoss_read(wgu, e, D, 2 * F, gu, tmp);
+    st = gptoss_read(wgu, e, D, moe8__act_gated(L->cfg.act) ? 2 * F : F, gu, tmp);
     if (st == MOE8_OK) st = gptoss_read(wdn, e, F, D, dn, tmp);
     if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
     if (o && o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, total); }
@@ -1110,6 +1117,8 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     lc.shared_act_limit = c->shared_act_limits[layer];
   }
   const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
+  const int64_t N1 = ungated(m) ? F : 2 * F, N1s = ungated(m) ? Fs : 2 * Fs; /* the first projection's columns */
+  const int p0 = ungated(m); /* the first projection: gate, or (ungated) up */
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
   /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D] or fused [2Fs, D]. */
   int64_t rows_max = 2 * F > big ? (2 * F > E ? 2 * F : E) : (big > E ? big : E);
@@ -1138,7 +1147,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   {
     char per[256], fused[256], q[256], base[200];
     snprintf(base, sizeof base, "%sexperts.0.", p);
-    snprintf(per, sizeof per, "%s%s.weight", base, proj_name(m, base, 0));
+    snprintf(per, sizeof per, "%s%s.weight", base, proj_name(m, base, p0));
     fused_name(m, p, 0, fused, sizeof fused);
     snprintf(q, sizeof q, "%sexperts.gate_up_proj.scale", p);
     const char *other = moe8_model_find(m, q) ? q : moe8_model_find(m, fused) ? fused : NULL;
@@ -1148,6 +1157,17 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       goto fail;
     }
   }
+  if (ungated(m)) { /* a gate in an ungated family's files: another model, never run as this one */
+    static const char *const gates[3] = {"experts.0.gate_proj.weight", "experts.gate_up_proj", "shared_experts.gate_proj.weight"};
+    for (int i = 0; i < 3; i++) {
+      snprintf(n, sizeof n, "%s%s", p, gates[i]);
+      if (moe8_model_find(m, n)) {
+        st = moe8__fail(MOE8_ERR_FORMAT, "model: '%s' is a gate projection, but %s's experts are ungated (%s): the file does not hold "
+                        "this family's block", n, c->model_type, c->layer.act == MOE8_ACT_RELU ? "relu" : "relu2");
+        goto fail;
+      }
+    }
+  }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if (moe8_model_find(m, n)) {
     /* moe8's MXFP4 file (moe8 quantize, weight_qtype mxfp4): the OCP
@@ -1155,7 +1175,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     ** inference layer under the mxfp4 rule or a rule naming no weight
     ** format; decoded exactly otherwise. */
     gptoss_w wgu, wdn;
-    if ((st = gptoss_find(m, p, "gate_up_proj", E, D, 2 * F, &wgu)) != MOE8_OK || (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK)
+    if ((st = gptoss_find(m, p, "gate_up_proj", E, D, N1, &wgu)) != MOE8_OK || (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK)
       goto fail;
     if (!wdn.blocks) {
       st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has MXFP4 gate_up_proj blocks but a float down_proj: both or neither", (long long)layer);
@@ -1258,9 +1278,9 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     fused_name(m, p, 1, dname, sizeof dname);
     const moe8_tensor_view *dv = moe8_model_find(m, dname);
     const bool ilv = c->fused_interleaved && c->fused_gu[0] && strstr(n, c->fused_gu) != NULL;
-    const bool xw = !ilv && fgu->ndim == 3 && fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == 2 * F && dv && dv->ndim == 3 &&
+    const bool xw = !ilv && !ungated(m) && fgu->ndim == 3 && /* an ungated family's files: transformers' [E, F, D] only (D = F would fit both) */ fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == N1 && dv && dv->ndim == 3 &&
                     dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
-    const int64_t s1[3] = {E, xw ? D : 2 * F, xw ? 2 * F : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
+    const int64_t s1[3] = {E, xw ? D : N1, xw ? N1 : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
     if ((st = need(m, dname, 3, s2, &fdn)) != MOE8_OK) goto fail;
     if (!is_float_file(fgu->dtype) || !is_float_file(fdn->dtype)) {
@@ -1269,13 +1289,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       goto fail;
     }
     if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
-    const size_t es1 = moe8_file_dtype_size(fgu->dtype) * (size_t)(2 * F * D), es2 = moe8_file_dtype_size(fdn->dtype) * (size_t)(D * F);
+    const size_t es1 = moe8_file_dtype_size(fgu->dtype) * (size_t)(N1 * D), es2 = moe8_file_dtype_size(fdn->dtype) * (size_t)(D * F);
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
       if (xw) { /* already the layer's [D, 2F] and [F, D] */
-        st = moe8_file_to_f32(b.gu, (const char *)fgu->data + (size_t)e * es1, fgu->dtype, (size_t)(2 * F * D));
+        st = moe8_file_to_f32(b.gu, (const char *)fgu->data + (size_t)e * es1, fgu->dtype, (size_t)(N1 * D));
         if (st == MOE8_OK) st = moe8_file_to_f32(b.dn, (const char *)fdn->data + (size_t)e * es2, fdn->dtype, (size_t)(D * F));
       } else {
-        st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, 2 * F, D, b.gu, 2 * F, 0, ld.tmp);
+        st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, N1, D, b.gu, N1, 0, ld.tmp);
         if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
       }
       if (st == MOE8_OK && ilv) /* alternate gate / up columns to the layer's halves (ld.tmp is free again) */
@@ -1316,7 +1336,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (!routed_done) {
     char base[200];
     snprintf(base, sizeof base, "%sexperts.0.", p);
-    snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, 0));
+    snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, p0));
     const moe8_tensor_view *first = moe8_model_find(m, n);
     if (!first) {
       st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has no expert weights: none of '%s', '%sexperts.gate_up_proj', "
@@ -1374,7 +1394,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     for (int i = 0; i < 3; i++) {
       char b2[320], pr[400];
       snprintf(b2, sizeof b2, "%s%s.", p, sn[i]);
-      snprintf(pr, sizeof pr, "%s%s.weight", b2, proj_name(m, b2, 0));
+      snprintf(pr, sizeof pr, "%s%s.weight", b2, proj_name(m, b2, p0));
       if (moe8_model_find(m, pr)) { snprintf(n, sizeof n, "%s", b2); break; }
     }
     if (c->layer.act == MOE8_ACT_SWIGLU_POST) { /* Step-3.5/3.7's released files: share_expert.* in the decoder layer */
@@ -1384,7 +1404,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       if (moe8_model_find(m, pr)) snprintf(n, sizeof n, "%s", b2);
     }
     char probe[400];
-    snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, n, 0));
+    snprintf(probe, sizeof probe, "%s%s.weight", n, proj_name(m, n, p0));
     const moe8_tensor_view *sf = moe8_model_find(m, probe);
     const bool sfp8 = sf && sf->dtype == MOE8_FDT_F8_E4M3;
     if (sfp8 && !L->wq) {
@@ -1397,7 +1417,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       goto fail;
     }
     if ((st = xbuf_alloc(&b, D, Fs, sfp8, ld.bk)) == MOE8_OK && (st = read_expert(&ld, n, Fs, sfp8, &b, L->inference)) == MOE8_OK &&
-        mx_file && !L->wmx && !sfp8 && (st = mx4_round_trip(b.gu, D, 2 * Fs)) == MOE8_OK)
+        mx_file && !L->wmx && !sfp8 && (st = mx4_round_trip(b.gu, D, N1s)) == MOE8_OK)
       st = mx4_round_trip(b.dn, Fs, D);
     if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, b.gu, b.dn, b.gq, b.gs, b.dq, b.ds);
     xbuf_free(&b);

@@ -351,20 +351,22 @@ static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char
   if (st == MOE8_OK) st = moe8_layer_prepared(L, &pr);
   if (st != MOE8_OK) return st;
   const int64_t nbg = pr.tile ? (D + pr.tile - 1) / pr.tile : 1, nbd = pr.tile ? (F + pr.tile - 1) / pr.tile : 1;
+  /* gate|up [E, D, 2F], or an ungated layer's up alone [E, D, F] (under the same names) */
+  const int64_t N1 = moe8_layer_weight_read(L, MOE8_W_GATE, NULL) ? 2 * F : F;
   const moe8_file_dtype fq = pr.dtype == MOE8_DTYPE_I8 ? MOE8_FDT_I8 : MOE8_FDT_F8_E4M3;
   /* The kernels' packed layout when the K blocks allow (a run maps it in
   ** place), else the plain [E, K, N] codes. */
   const int64_t per = pr.dtype == MOE8_DTYPE_I8 ? 4 : 2;
   const bool pk = (!pr.tile || pr.tile % per == 0);
-  const size_t pgu = moe8_gmm_packed_size(pr.dtype, 1, D, 2 * F), pdn = moe8_gmm_packed_size(pr.dtype, 1, F, D);
-  const int64_t s1[3] = {E, D, 2 * F}, s2[4] = {E, nbg, 1, 2 * F}, s3[3] = {E, F, D}, s4[4] = {E, nbd, 1, D};
+  const size_t pgu = moe8_gmm_packed_size(pr.dtype, 1, D, N1), pdn = moe8_gmm_packed_size(pr.dtype, 1, F, D);
+  const int64_t s1[3] = {E, D, N1}, s2[4] = {E, nbg, 1, N1}, s3[3] = {E, F, D}, s4[4] = {E, nbd, 1, D};
   const int64_t p1[2] = {E, (int64_t)pgu}, p3[2] = {E, (int64_t)pdn};
-  const size_t b1 = pk ? (size_t)E * pgu : (size_t)(E * D * 2 * F), b2 = (size_t)(E * nbg * 2 * F) * 4;
+  const size_t b1 = pk ? (size_t)E * pgu : (size_t)(E * D * N1), b2 = (size_t)(E * nbg * N1) * 4;
   const size_t b3 = pk ? (size_t)E * pdn : (size_t)(E * F * D), b4 = (size_t)(E * nbd * D) * 4;
   void *c1 = malloc(b1), *c2 = malloc(b2), *c3 = malloc(b3), *c4 = malloc(b4);
   if (!c1 || !c2 || !c3 || !c4) { free(c1); free(c2); free(c3); free(c4); return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory"); }
   if (pk) {
-    st = moe8_gmm_pack_rhs(pr.dtype, pr.w_gate_up, E, D, 2 * F, c1);
+    st = moe8_gmm_pack_rhs(pr.dtype, pr.w_gate_up, E, D, N1, c1);
     if (st == MOE8_OK) st = moe8_gmm_pack_rhs(pr.dtype, pr.w_down, E, F, D, c3);
     if (st != MOE8_OK) { free(c1); free(c2); free(c3); free(c4); return st; }
   } else {
@@ -376,7 +378,7 @@ static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char
   const char *qn = pk ? "qweight_packed" : "qweight";
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.%s", p, qn);
   if ((st = add(o, n, fq, pk ? 2 : 3, pk ? p1 : s1, c1, b1, c1)) != MOE8_OK) { free(c2); free(c3); free(c4); return st; }
-  say(j, "quantize %s [%lld, %lld, %lld] -> %s%s", n, (long long)E, (long long)D, (long long)(2 * F), moe8_file_dtype_name(fq), pk ? " (packed)" : "");
+  say(j, "quantize %s [%lld, %lld, %lld] -> %s%s", n, (long long)E, (long long)D, (long long)N1, moe8_file_dtype_name(fq), pk ? " (packed)" : "");
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   if ((st = add(o, n, MOE8_FDT_F32, 4, s2, c2, b2, c2)) != MOE8_OK) { free(c3); free(c4); return st; }
   snprintf(n, sizeof n, "%sexperts.down_proj.%s", p, qn);
@@ -400,9 +402,10 @@ static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char 
                       "multiples of 32", p, (long long)D, (long long)F, (long long)Fs);
   const float *wg = moe8_layer_weight_read(L, MOE8_W_GATE, NULL), *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL),
               *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
-  const size_t bg = (size_t)(E * 2 * F * D / 2), sg = (size_t)(E * 2 * F * (D / 32)), bd = (size_t)(E * D * F / 2), sd = (size_t)(E * D * (F / 32));
+  const int64_t N1 = wg ? 2 * F : F; /* an ungated layer's up alone */
+  const size_t bg = (size_t)(E * N1 * D / 2), sg = (size_t)(E * N1 * (D / 32)), bd = (size_t)(E * D * F / 2), sd = (size_t)(E * D * (F / 32));
   uint8_t *b1 = malloc(bg), *s1 = malloc(sg), *b2 = malloc(bd), *s2 = malloc(sd);
-  float *gu = malloc(sizeof(float) * (size_t)(D * 2 * F));
+  float *gu = malloc(sizeof(float) * (size_t)(D * N1));
   if (!b1 || !s1 || !b2 || !s2 || !gu) {
     free(b1); free(s1); free(b2); free(s2); free(gu);
     return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory");
@@ -415,20 +418,20 @@ static moe8_status layer_mx4(const job *j, outset *o, moe8_layer *L, const char 
           gu[d * 2 * F + 2 * f + 1] = wu[(e * D + d) * F + f];
         }
       else {
-        memcpy(gu + d * 2 * F, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
-        memcpy(gu + d * 2 * F + F, wu + (e * D + d) * F, sizeof(float) * (size_t)F);
+        if (wg) memcpy(gu + d * N1, wg + (e * D + d) * F, sizeof(float) * (size_t)F);
+        memcpy(gu + d * N1 + (wg ? F : 0), wu + (e * D + d) * F, sizeof(float) * (size_t)F);
       }
     }
-    moe8__mx4_quantize(gu, D, 2 * F, b1 + (size_t)e * (bg / (size_t)E), s1 + (size_t)e * (sg / (size_t)E));
+    moe8__mx4_quantize(gu, D, N1, b1 + (size_t)e * (bg / (size_t)E), s1 + (size_t)e * (sg / (size_t)E));
     moe8__mx4_quantize(wd + e * F * D, F, D, b2 + (size_t)e * (bd / (size_t)E), s2 + (size_t)e * (sd / (size_t)E));
   }
   free(gu);
-  const int64_t g1[4] = {E, 2 * F, D / 32, 16}, g2[3] = {E, 2 * F, D / 32}, d1[4] = {E, D, F / 32, 16}, d2[3] = {E, D, F / 32};
+  const int64_t g1[4] = {E, N1, D / 32, 16}, g2[3] = {E, N1, D / 32}, d1[4] = {E, D, F / 32, 16}, d2[3] = {E, D, F / 32};
   char n[256];
   moe8_status st;
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_blocks", p);
   if ((st = add(o, n, MOE8_FDT_U8, 4, g1, b1, bg, b1)) != MOE8_OK) { free(s1); free(b2); free(s2); return st; }
-  say(j, "quantize %sexperts.gate_up_proj [%lld, %lld, %lld] -> MXFP4 blocks and E8M0 scales", p, (long long)E, (long long)D, (long long)(2 * F));
+  say(j, "quantize %sexperts.gate_up_proj [%lld, %lld, %lld] -> MXFP4 blocks and E8M0 scales", p, (long long)E, (long long)D, (long long)N1);
   snprintf(n, sizeof n, "%sexperts.gate_up_proj_scales", p);
   if ((st = add(o, n, MOE8_FDT_U8, 3, g2, s1, sg, s1)) != MOE8_OK) { free(b2); free(s2); return st; }
   snprintf(n, sizeof n, "%sexperts.down_proj_blocks", p);
@@ -454,7 +457,7 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
   moe8_status st = MOE8_OK;
   /* e = E is the shared expert (when the layer has one). */
   for (int64_t e = 0; e < E + (Fs > 0) && st == MOE8_OK; e++)
-    for (int w = 0; w < 3 && st == MOE8_OK; w++) {
+    for (int w = mw[0] ? 0 : 1; w < 3 && st == MOE8_OK; w++) { /* an ungated layer: up and down */
       const bool sh = e == E;
       const int64_t FF = sh ? Fs : F, N = w == 2 ? D : FF, K = w == 2 ? FF : D;
       float *wt = malloc(sizeof(float) * (size_t)(N * K));

@@ -113,12 +113,16 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (!isfinite(cfg->aux_loss_weight) || !isfinite(cfg->capacity_factor) || !isfinite(cfg->routed_scaling_factor))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
   if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT &&
-      cfg->act != MOE8_ACT_SWIGLU_POST && cfg->act != MOE8_ACT_SWIGLU_SOFTCAP && cfg->act != MOE8_ACT_GEGLU)
+      cfg->act != MOE8_ACT_SWIGLU_POST && cfg->act != MOE8_ACT_SWIGLU_SOFTCAP && cfg->act != MOE8_ACT_GEGLU && cfg->act != MOE8_ACT_RELU2 &&
+      cfg->act != MOE8_ACT_RELU)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: act %d is not an expert activation (swiglu 0, swiglu_clamp 1, swiglu_limit 2, "
-                      "swiglu_post 3, swiglu_softcap 4, geglu 5)", (int)cfg->act);
+                      "swiglu_post 3, swiglu_softcap 4, geglu 5, relu2 6, relu 7)", (int)cfg->act);
   if (!(cfg->rms_eps >= 0.0f && cfg->rms_eps < 1e30f) || !isfinite(cfg->router_norm_scale))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: rms_eps %g must be in [0, 1e30) and router_norm_scale %g finite", (double)cfg->rms_eps,
                       (double)cfg->router_norm_scale);
+  if (!moe8__act_gated(cfg->act) && (cfg->expert_bias || cfg->shared_plain_act))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the ungated experts (act %s) take no %s", cfg->act == MOE8_ACT_RELU2 ? "relu2" : "relu",
+                      cfg->expert_bias ? "expert_bias (its gate|up bias is a gated expert's)" : "shared_plain_act (their shared expert is ungated too)");
   if (cfg->act == MOE8_ACT_SWIGLU_SOFTCAP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e30f && cfg->act_limit > 0.0f &&
                                                cfg->act_limit < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the softcapped SwiGLU needs its caps act_alpha (gate) and act_limit (up) in "
@@ -176,8 +180,10 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   strncat(L->describe, notice, sizeof L->describe - strlen(L->describe) - 1);
 
   L->nsets = Fs > 0 ? 2 : 1;
-  L->xs[0] = (moe8__xset){.E = E, .F = F, .wg = MOE8_W_GATE, .wu = MOE8_W_UP, .wd = MOE8_W_DOWN};
-  L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .wg = MOE8_W_SHARED_GATE, .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
+  L->xs[0] = (moe8__xset){.E = E, .F = F, .N1 = moe8__act_gated(moe8__set_act(L, 0)) ? 2 * F : F, .wg = MOE8_W_GATE, .wu = MOE8_W_UP,
+                          .wd = MOE8_W_DOWN};
+  L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .N1 = moe8__act_gated(moe8__set_act(L, 1)) ? 2 * Fs : Fs, .wg = MOE8_W_SHARED_GATE,
+                          .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
   L->n[MOE8_W_ROUTER] = (size_t)(D * E);
   L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)E : 0;
   L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
@@ -193,19 +199,20 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     for (int s = 0; s < L->nsets; s++) {
       const moe8__xset *X = &L->xs[s];
       L->n[X->wg] = L->n[X->wu] = L->n[X->wd] = (size_t)(X->E * D * X->F);
+      if (X->N1 == X->F) L->n[X->wg] = 0; /* ungated: no gate weight */
     }
   bool ok = true;
   for (int i = 0; i < MOE8_W_COUNT; i++)
     if (L->n[i]) ok &= (L->w[i] = calloc(L->n[i], sizeof(float))) != NULL;
   for (int s = 0; s < L->nsets && !inference; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t XF = X->F, XE = X->E;
+    const int64_t XF = X->F, XE = X->E, N1 = X->N1;
     X->wd_f32 = L->w[X->wd];
-    ok &= (X->wgu_f32 = malloc(sizeof(float) * (size_t)(XE * D * 2 * XF))) != NULL;
+    ok &= (X->wgu_f32 = malloc(sizeof(float) * (size_t)(XE * D * N1))) != NULL;
     if (L->wq) {
-      ok &= (X->wgu_q = malloc((size_t)(XE * D * 2 * XF))) != NULL;
+      ok &= (X->wgu_q = malloc((size_t)(XE * D * N1))) != NULL;
       ok &= (X->wd_q = malloc((size_t)(XE * XF * D))) != NULL;
-      ok &= (X->wgu_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(D, L->wspec.tile) * 2 * XF))) != NULL;
+      ok &= (X->wgu_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(D, L->wspec.tile) * N1))) != NULL;
       ok &= (X->wd_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(XF, L->wspec.tile) * D))) != NULL;
     }
   }
@@ -387,7 +394,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(sx, float, T * nbD);
   TAKE(xsq, uint8_t, L->aq ? A * D : 0);
   TAKE(sxs, float, A * nbD);
-  TAKE(gu, float, A * 2 * F);
+  TAKE(gu, float, A * L->xs[0].N1);
   TAKE(h, float, A * F);
   TAKE(hq, uint8_t, L->aq ? A * F : 0);
   TAKE(sh, float, A * nbF);
@@ -483,8 +490,9 @@ static moe8_status check_weights(const moe8_layer *L) {
 
 /* [Wg | Wu] rows (E·D of them, F wide each) from the separate masters, and
 ** back; per-column scales make quantizing the joined rows equal to
-** quantizing the two separately. */
+** quantizing the two separately.  Ungated (wg NULL): the rows are Wu's. */
 static void gate_up_join(float *gu, const float *wg, const float *wu, int64_t rows, int64_t F) {
+  if (!wg) { memcpy(gu, wu, sizeof(float) * (size_t)(rows * F)); return; }
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t i = 0; i < rows; i++) {
     memcpy(gu + i * 2 * F, wg + i * F, sizeof(float) * (size_t)F);
@@ -493,6 +501,7 @@ static void gate_up_join(float *gu, const float *wg, const float *wu, int64_t ro
 }
 
 static void gate_up_split(float *wg, float *wu, const float *gu, int64_t rows, int64_t F) {
+  if (!wg) { memcpy(wu, gu, sizeof(float) * (size_t)(rows * F)); return; }
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)F)) schedule(static)
   for (int64_t i = 0; i < rows; i++) {
     memcpy(wg + i * F, gu + i * 2 * F, sizeof(float) * (size_t)F);
@@ -505,7 +514,7 @@ static moe8_status quantize_set(moe8_layer *L, moe8__xset *X) {
   const int64_t D = L->cfg.hidden, E = X->E, F = X->F;
   gate_up_join(X->wgu_f32, L->w[X->wg], L->w[X->wu], E * D, F);
   if (!L->wq) return MOE8_OK;
-  moe8_status st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, 2 * F, X->wgu_q, X->wgu_s, NULL);
+  moe8_status st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, X->N1, X->wgu_q, X->wgu_s, NULL);
   return st == MOE8_OK ? moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL) : st;
 }
 
@@ -542,20 +551,20 @@ static moe8_status pack_weights(moe8_layer *L) {
   const bool i8 = wt == MOE8_DTYPE_I8;
   for (int s = 0; s < L->nsets; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t E = X->E, F = X->F;
+    const int64_t E = X->E, F = X->F, N1 = X->N1;
     free(X->wgu_pk); free(X->wd_pk);
     X->wgu_pk = X->wd_pk = NULL;
     if (!L->wq || !L->aq || !moe8__kernel_pair(L->aspec.qtype, wt) ||
         !(i8 ? moe8__kernels()->has_vnni : moe8__kernels()->has_bf16) || !moe8__layer_packable(L, s))
       continue;
-    X->wgu_pk = moe8__alloc_weights(moe8_gmm_packed_size(wt, E, D, 2 * F));
+    X->wgu_pk = moe8__alloc_weights(moe8_gmm_packed_size(wt, E, D, N1));
     X->wd_pk = moe8__alloc_weights(moe8_gmm_packed_size(wt, E, F, D));
     if (!X->wgu_pk || !X->wd_pk) {
       free(X->wgu_pk); free(X->wd_pk);
       X->wgu_pk = X->wd_pk = NULL;
       return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the packed expert weights");
     }
-    moe8_status st = moe8_gmm_pack_rhs(wt, X->wgu_q, E, D, 2 * F, X->wgu_pk);
+    moe8_status st = moe8_gmm_pack_rhs(wt, X->wgu_q, E, D, N1, X->wgu_pk);
     if (st == MOE8_OK) st = moe8_gmm_pack_rhs(wt, X->wd_q, E, F, D, X->wd_pk);
     if (st != MOE8_OK) return st;
   }
@@ -612,18 +621,18 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
   for (int s = 0; s < L->nsets; s++) L->xs[s].coded = false;
   for (int s = 0; s < L->nsets; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t E = X->E, F = X->F;
+    const int64_t E = X->E, F = X->F, N1 = X->N1;
     if (!L->inference) {
       if (qt == MOE8_DTYPE_NONE) continue; /* the masters take the values */
       free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
-      X->wgu_q = malloc((size_t)(E * D * 2 * F));
+      X->wgu_q = malloc((size_t)(E * D * N1));
       X->wd_q = malloc((size_t)(E * F * D));
     } else {
       free_set(X);
       if (L->wmx) { /* MXFP4 blocks and scales, filled expert by expert (moe8__layer_put_expert) */
         X->mx_cols = L->aq;
-        X->mx_gu_b = moe8__alloc_weights((size_t)(E * moe8__mx4_bytes(2 * F, D, X->mx_cols)));
-        X->mx_gu_s = moe8__alloc_weights((size_t)(E * 2 * F * (D / 32)));
+        X->mx_gu_b = moe8__alloc_weights((size_t)(E * moe8__mx4_bytes(N1, D, X->mx_cols)));
+        X->mx_gu_s = moe8__alloc_weights((size_t)(E * N1 * (D / 32)));
         X->mx_dn_b = moe8__alloc_weights((size_t)(E * moe8__mx4_bytes(D, F, X->mx_cols)));
         X->mx_dn_s = moe8__alloc_weights((size_t)(E * D * (F / 32)));
         X->mx_split = 0;
@@ -631,21 +640,21 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
         continue;
       }
       if (!L->wq) {
-        X->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * 2 * F));
+        X->wgu_f32 = malloc(sizeof(float) * (size_t)(E * D * N1));
         X->wd_f32 = malloc(sizeof(float) * (size_t)(E * F * D));
         X->own_wd = true;
         if (!X->wgu_f32 || !X->wd_f32) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
         continue;
       }
       if (moe8__layer_packable(L, s)) {
-        X->wgu_pk = moe8__alloc_weights(moe8_gmm_packed_size(L->wspec.qtype, E, D, 2 * F));
+        X->wgu_pk = moe8__alloc_weights(moe8_gmm_packed_size(L->wspec.qtype, E, D, N1));
         X->wd_pk = moe8__alloc_weights(moe8_gmm_packed_size(L->wspec.qtype, E, F, D));
       } else {
-        X->wgu_q = malloc((size_t)(E * D * 2 * F));
+        X->wgu_q = malloc((size_t)(E * D * N1));
         X->wd_q = malloc((size_t)(E * F * D));
       }
     }
-    X->wgu_s = malloc(sizeof(float) * (size_t)(E * moe8__nblocks(D, L->wspec.tile) * 2 * F));
+    X->wgu_s = malloc(sizeof(float) * (size_t)(E * moe8__nblocks(D, L->wspec.tile) * N1));
     X->wd_s = malloc(sizeof(float) * (size_t)(E * moe8__nblocks(F, L->wspec.tile) * D));
     if (!(X->wgu_q || X->wgu_pk) || !(X->wd_q || X->wd_pk) || !X->wgu_s || !X->wd_s)
       return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
@@ -654,7 +663,7 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
 }
 
 static moe8_status put_codes(moe8_layer *L, moe8__xset *X, bool down, int64_t e, const uint8_t *q, const float *sc) {
-  const int64_t D = L->cfg.hidden, K = down ? X->F : D, N = down ? D : 2 * X->F;
+  const int64_t D = L->cfg.hidden, K = down ? X->F : D, N = down ? D : X->N1;
   const moe8_dtype wt = L->wspec.qtype;
   const size_t nsc = (size_t)(moe8__nblocks(K, L->wspec.tile) * N);
   uint8_t *pk = down ? X->wd_pk : X->wgu_pk, *qq = down ? X->wd_q : X->wgu_q;
@@ -668,40 +677,40 @@ static moe8_status put_codes(moe8_layer *L, moe8__xset *X, bool down, int64_t e,
 moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float *gu, const float *dn, const uint8_t *gq,
                                    const float *gs, const uint8_t *dq, const float *ds) {
   moe8__xset *X = &L->xs[s];
-  const int64_t D = L->cfg.hidden, F = X->F;
+  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
   if (gq) { /* codes as the file has them */
     moe8_status st = put_codes(L, X, false, e, gq, gs);
     return st == MOE8_OK ? put_codes(L, X, true, e, dq, ds) : st;
   }
   if (!L->inference) { /* f32 values into the masters */
-    gate_up_split(L->w[X->wg] + e * D * F, L->w[X->wu] + e * D * F, gu, D, F);
+    gate_up_split(L->w[X->wg] ? L->w[X->wg] + e * D * F : NULL, L->w[X->wu] + e * D * F, gu, D, F);
     memcpy(L->w[X->wd] + e * F * D, dn, sizeof(float) * (size_t)(F * D));
     return MOE8_OK;
   }
-  size_t bad = moe8__count_nonfinite(gu, (size_t)(D * 2 * F)) + moe8__count_nonfinite(dn, (size_t)(F * D));
+  size_t bad = moe8__count_nonfinite(gu, (size_t)(D * N1)) + moe8__count_nonfinite(dn, (size_t)(F * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s expert %lld has %zu non-finite weight(s)", L->module_path,
                              s ? "shared" : "routed", (long long)e, bad);
   if (L->wmx) {
     /* the OCP layout, then the kernels' */
-    const size_t ngs = (size_t)(2 * F * (D / 32)), nds = (size_t)(D * (F / 32));
-    uint8_t *ocp = malloc((size_t)((2 * F * D + F * D) / 2) + ngs + nds), *os = ocp + (2 * F * D + F * D) / 2;
+    const size_t ngs = (size_t)(N1 * (D / 32)), nds = (size_t)(D * (F / 32));
+    uint8_t *ocp = malloc((size_t)((N1 * D + F * D) / 2) + ngs + nds), *os = ocp + (N1 * D + F * D) / 2;
     if (!ocp) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
-    uint8_t *gsc = X->mx_gu_s + (size_t)e * ngs, *dsc = X->mx_dn_s + (size_t)e * nds;
-    moe8__mx4_quantize(gu, D, 2 * F, ocp, X->mx_cols ? os : gsc);
-    moe8__mx4_quantize(dn, F, D, ocp + F * D, X->mx_cols ? os + ngs : dsc);
-    uint8_t *gb = X->mx_gu_b + (size_t)(e * moe8__mx4_bytes(2 * F, D, X->mx_cols)), *db = X->mx_dn_b + (size_t)(e * moe8__mx4_bytes(D, F, X->mx_cols));
+    uint8_t *gsc = X->mx_gu_s + (size_t)e * ngs, *dsc = X->mx_dn_s + (size_t)e * nds, *ocd = ocp + N1 * D / 2;
+    moe8__mx4_quantize(gu, D, N1, ocp, X->mx_cols ? os : gsc);
+    moe8__mx4_quantize(dn, F, D, ocd, X->mx_cols ? os + ngs : dsc);
+    uint8_t *gb = X->mx_gu_b + (size_t)(e * moe8__mx4_bytes(N1, D, X->mx_cols)), *db = X->mx_dn_b + (size_t)(e * moe8__mx4_bytes(D, F, X->mx_cols));
     if (X->mx_cols) {
-      moe8__mx4_to_cols(gb, gsc, ocp, os, 2 * F, D);
-      moe8__mx4_to_cols(db, dsc, ocp + F * D, os + ngs, D, F);
+      moe8__mx4_to_cols(gb, gsc, ocp, os, N1, D);
+      moe8__mx4_to_cols(db, dsc, ocd, os + ngs, D, F);
     } else {
-      moe8__mx4_repack(gb, ocp, 2 * F, D);
-      moe8__mx4_repack(db, ocp + F * D, D, F);
+      moe8__mx4_repack(gb, ocp, N1, D);
+      moe8__mx4_repack(db, ocd, D, F);
     }
     free(ocp);
     return MOE8_OK;
   }
   if (!L->wq) {
-    memcpy(X->wgu_f32 + e * D * 2 * F, gu, sizeof(float) * (size_t)(D * 2 * F));
+    memcpy(X->wgu_f32 + e * D * N1, gu, sizeof(float) * (size_t)(D * N1));
     memcpy(X->wd_f32 + e * F * D, dn, sizeof(float) * (size_t)(F * D));
     return MOE8_OK;
   }
@@ -711,7 +720,7 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
   uint8_t *q = malloc((size_t)(big * 2 * big) + 64);
   float *sc = malloc(sizeof(float) * (size_t)(moe8__nblocks(big, L->wspec.tile) * 2 * big) + 64);
   moe8_status st = q && sc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
-  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, gu, 1, D, 2 * F, q, sc, NULL);
+  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, gu, 1, D, N1, q, sc, NULL);
   if (st == MOE8_OK) st = put_codes(L, X, false, e, q, sc);
   if (st == MOE8_OK) st = moe8_quantize(&L->wspec, dn, 1, F, D, q, sc, NULL);
   if (st == MOE8_OK) st = put_codes(L, X, true, e, q, sc);
@@ -732,7 +741,7 @@ moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, c
   X->wgu_pk = (uint8_t *)gu_pk;
   X->wd_pk = (uint8_t *)dn_pk;
   X->pk_borrowed = true;
-  memcpy(X->wgu_s, gs, sizeof(float) * (size_t)(E * moe8__nblocks(D, L->wspec.tile) * 2 * F));
+  memcpy(X->wgu_s, gs, sizeof(float) * (size_t)(E * moe8__nblocks(D, L->wspec.tile) * X->N1));
   memcpy(X->wd_s, ds, sizeof(float) * (size_t)(E * moe8__nblocks(F, L->wspec.tile) * D));
   return MOE8_OK;
 }
@@ -742,7 +751,7 @@ static moe8_status check_scales(const moe8_layer *L) {
   for (int s = 0; s < L->nsets; s++) {
     const moe8__xset *X = &L->xs[s];
     if (!L->inference && !X->coded) continue; /* quantized from its masters at the end of the load */
-    const size_t n[2] = {(size_t)(X->E * moe8__nblocks(D, L->wspec.tile) * 2 * X->F), (size_t)(X->E * moe8__nblocks(X->F, L->wspec.tile) * D)};
+    const size_t n[2] = {(size_t)(X->E * moe8__nblocks(D, L->wspec.tile) * X->N1), (size_t)(X->E * moe8__nblocks(X->F, L->wspec.tile) * D)};
     const float *p[2] = {X->wgu_s, X->wd_s};
     for (int w = 0; w < 2; w++)
       for (size_t i = 0; i < n[w]; i++)
@@ -767,7 +776,7 @@ static moe8_status finish_training(moe8_layer *L) {
       st = quantize_set(L, X);
       continue;
     }
-    st = moe8_dequantize(&L->wspec, X->wgu_q, X->wgu_s, E, D, 2 * F, X->wgu_f32);
+    st = moe8_dequantize(&L->wspec, X->wgu_q, X->wgu_s, E, D, X->N1, X->wgu_f32);
     if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, X->wd_q, X->wd_s, E, F, D, X->wd_f32);
     if (st == MOE8_OK) gate_up_split(L->w[X->wg], L->w[X->wu], X->wgu_f32, E * D, F);
   }
@@ -898,8 +907,8 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   moe8_status st = moe8__layer_begin_load(L, p->dtype, p->tile);
   if (st != MOE8_OK) return st;
   moe8__xset *X = &L->xs[0];
-  const size_t ngu = (size_t)(E * moe8__nblocks(D, p->tile) * 2 * F), nd = (size_t)(E * moe8__nblocks(F, p->tile) * D);
-  memcpy(X->wgu_q, p->w_gate_up, (size_t)(E * D * 2 * F));
+  const size_t ngu = (size_t)(E * moe8__nblocks(D, p->tile) * X->N1), nd = (size_t)(E * moe8__nblocks(F, p->tile) * D);
+  memcpy(X->wgu_q, p->w_gate_up, (size_t)(E * D * X->N1));
   memcpy(X->wd_q, p->w_down, (size_t)(E * F * D));
   memcpy(X->wgu_s, p->s_gate_up, ngu * sizeof(float));
   memcpy(X->wd_s, p->s_down, nd * sizeof(float));

@@ -18,6 +18,7 @@
 ** (E of width F) or the shared expert (one of width Fs). */
 typedef struct moe8__xset {
   int64_t  E, F;
+  int64_t  N1;                      /* the first projection's columns: 2F (gate|up), or F (an ungated expert's up) */
   int      wg, wu, wd;              /* master ids of gate, up, down            */
   float   *wgu_f32;                 /* [E, D, 2F] fused unquantized weights    */
   float   *wd_f32;                  /* [E, F, D]: the down master, or owned    */
@@ -188,6 +189,10 @@ bool moe8__layer_packable(const moe8_layer *L, int set);
 static inline moe8_expert_act moe8__set_act(const moe8_layer *L, int set) {
   return set && L->cfg.shared_plain_act ? MOE8_ACT_SWIGLU : L->cfg.act;
 }
+
+/* An activation of gate and up (the SwiGLUs), or of up alone (the
+** ungated experts: relu2, relu). */
+static inline bool moe8__act_gated(moe8_expert_act a) { return a != MOE8_ACT_RELU2 && a != MOE8_ACT_RELU; }
 
 /* MOE8_ACT_SWIGLU_POST's limit for expert set `set`: the set's own, +inf
 ** where it is 0 (no clamp). */

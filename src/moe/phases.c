@@ -47,11 +47,11 @@ size_t moe8__count_nonfinite_par(const float *x, size_t n) {
 
 static moe8_operand weight_operand(const moe8_layer *L, int s, bool down, int64_t g0) {
   const moe8__xset *X = &L->xs[s];
-  const int64_t D = L->cfg.hidden, F = X->F;
-  const int64_t per = down ? F * D : D * 2 * F; /* elements of one expert */
+  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
+  const int64_t per = down ? F * D : D * N1; /* elements of one expert */
   if (!L->wq)
     return (moe8_operand){MOE8_DTYPE_F32, (down ? X->wd_f32 : X->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
-  const int64_t nb = moe8__nblocks(down ? F : D, L->wspec.tile), N = down ? D : 2 * F;
+  const int64_t nb = moe8__nblocks(down ? F : D, L->wspec.tile), N = down ? D : N1;
   const uint8_t *q = down ? X->wd_q : X->wgu_q;
   return (moe8_operand){L->wspec.qtype, q ? q + g0 * per : NULL, (down ? X->wd_s : X->wgu_s) + g0 * nb * N,
                         L->wspec.tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, L->wspec.tile};
@@ -192,27 +192,27 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
                                   int64_t G, float *xs, const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq,
                                   float *sh, float *y, void *scratch, size_t scratch_bytes) {
   const moe8__xset *X = &L->xs[set];
-  const int64_t D = L->cfg.hidden, F = X->F;
+  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
-  moe8_gmm_args g = {.M = rows, .K = D, .N = 2 * F, .num_groups = G, .group_sizes = gsz, .num_local = G,
+  moe8_gmm_args g = {.M = rows, .K = D, .N = N1, .num_groups = G, .group_sizes = gsz, .num_local = G,
                      .rhs = X->mx_gu_b ? (moe8_operand){0} : weight_operand(L, set, false, g0), .out_dtype = MOE8_DTYPE_F32,
                      .out = gu, .order = order,
-                     .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, 2 * F) : NULL};
+                     .rhs_packed = pk ? X->wgu_pk + (size_t)g0 * moe8_gmm_packed_size(L->wspec.qtype, 1, D, N1) : NULL};
   /* MXFP4 weights (f32 activations, or int8 ones under a rule) run their
   ** own kernels; everything between the two matmuls is shared. */
   moe8_status st = MOE8_OK;
   if (X->mx_gu_b)
-    st = mx4_grouped(L, xs, X->mx_cols ? xsq : NULL, sxs, rows, gsz, g0, G, D, 2 * F, X->mx_gu_b, X->mx_gu_s, gu, 2 * F, X->mx_split, scratch,
+    st = mx4_grouped(L, xs, X->mx_cols ? xsq : NULL, sxs, rows, gsz, g0, G, D, N1, X->mx_gu_b, X->mx_gu_s, gu, N1, X->mx_split, scratch,
                      scratch_bytes);
   else if ((st = act_operand(L, xs, xsq, sxs, rows, D, &g.lhs)) == MOE8_OK) st = moe8__gmm(&g, scratch, scratch_bytes);
   if (st != MOE8_OK) return st;
   const bool xb = set == 0 && L->cfg.expert_bias;
   const moe8_expert_act act = moe8__set_act(L, set);
-  if (xb) add_group_bias(gu, 2 * F, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
-  /* h = silu(g)·u, and (per-row scales) its quantization, a few rows at a
-  ** time while they are in cache; a per-row quantizer gives the same bytes
-  ** on any chunk of rows. */
+  if (xb) add_group_bias(gu, N1, gsz, g0, G, L->w[MOE8_W_GU_BIAS]);
+  /* h = silu(g)·u (or act(u), ungated), and (per-row scales) its
+  ** quantization, a few rows at a time while they are in cache; a per-row
+  ** quantizer gives the same bytes on any chunk of rows. */
   const moe8__ktable *kt = moe8__kernels();
   const float plim = moe8__set_post_limit(L, set);
   const bool fuse = L->aq && (L->aspec.gran == MOE8_GRAN_ROW || L->aspec.gran == MOE8_GRAN_ROW_TILE);
@@ -222,7 +222,9 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   for (int64_t p0 = 0; p0 < rows; p0 += 8) {
     const int64_t p1 = p0 + 8 < rows ? p0 + 8 : rows;
     for (int64_t p = p0; p < p1; p++)
-      if (act == MOE8_ACT_SWIGLU_CLAMP) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
+      if (act == MOE8_ACT_RELU2) kt->relu2(h + p * F, gu + p * N1, (size_t)F);
+      else if (act == MOE8_ACT_RELU) kt->relu(h + p * F, gu + p * N1, (size_t)F);
+      else if (act == MOE8_ACT_SWIGLU_CLAMP) kt->swiglu_clamp(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_alpha, L->cfg.act_limit);
       else if (act == MOE8_ACT_SWIGLU_LIMIT) kt->swiglu_limit(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, L->cfg.act_limit);
       else if (act == MOE8_ACT_SWIGLU_POST) kt->swiglu_post(h + p * F, gu + p * 2 * F, gu + p * 2 * F + F, (size_t)F, plim);
       else if (act == MOE8_ACT_SWIGLU_SOFTCAP)
@@ -234,9 +236,10 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   /* Unfused specs, or an error (then the whole-tensor call names the place). */
   if (L->aq && (!fuse || qbad) && (st = moe8_quantize(&L->aspec, h, 1, rows, F, hq, sh, NULL)) != MOE8_OK) {
     if (st == MOE8_ERR_NONFINITE)
-      return moe8__fail(st, "layer %s: the %s expert hidden activations h = silu(x Wg) * (x Wu) [%lld, %lld] are not finite "
+      return moe8__fail(st, "layer %s: the %s expert hidden activations h = %s [%lld, %lld] are not finite "
                         "(the gate/up weights or their scales are too large or hold NaN/inf codes, or the input is too large)",
-                        L->module_path, set ? "shared" : "routed", (long long)rows, (long long)F);
+                        L->module_path, set ? "shared" : "routed", moe8__act_gated(act) ? "silu(x Wg) * (x Wu)" : "act(x Wu)",
+                        (long long)rows, (long long)F);
     return st;
   }
   moe8_gmm_args g2 = {.M = rows, .K = F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
@@ -516,9 +519,9 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
                                    const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd, float *dbgu,
                                    float *dbd) {
-  const int64_t D = L->cfg.hidden, F = L->xs[set].F;
+  const int64_t D = L->cfg.hidden, F = L->xs[set].F, N1 = L->xs[set].N1;
   const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
-  const int64_t nw = G * D * 2 * F, nd = G * F * D;
+  const int64_t nw = G * D * N1, nd = G * F * D;
   float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
   float *dgu = malloc(sizeof(float) * (2 * RF + 1)), *dgur = malloc(sizeof(float) * (2 * RF + 1)), *xh = malloc(sizeof(float) * (RD + 1));
   float *wgu = malloc(sizeof(float) * (size_t)(nw + 1)), *wd = malloc(sizeof(float) * (size_t)(nd + 1));
@@ -532,7 +535,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   {
     const moe8_operand gw = weight_operand(L, set, false, g0), dw = weight_operand(L, set, true, g0);
     if (L->wq) {
-      st = moe8_dequantize(&L->wspec, gw.data, gw.scale, G, D, 2 * F, wgu);
+      st = moe8_dequantize(&L->wspec, gw.data, gw.scale, G, D, N1, wgu);
       if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, dw.data, dw.scale, G, F, D, wd);
       if (st != MOE8_OK) goto done;
     } else {
@@ -578,11 +581,21 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   ** GeGLU (Gemma-4): h = G(g)·u, G(g) = 0.5·g·(1 + t), t = tanh(c), c =
   ** k0·(g + k1·g³): dg = dh·u·(0.5·(1 + t) + 0.5·g·(1 - t²)·k0·(1 +
   ** 3·k1·g²)), du = dh·G(g). */
+  /* Ungated: h = relu(u)² -> du = dh·2·relu(u); h = relu(u) -> du = dh
+  ** where u > 0, else 0 (torch's: 0 at u = 0). */
   const moe8_expert_act act = moe8__set_act(L, set);
+  if (!moe8__act_gated(act)) {
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)F)) schedule(static)
+    for (int64_t p = 0; p < rows; p++)
+      for (int64_t f = 0; f < F; f++) {
+        const float uv = gu[p * N1 + f], d = dh[p * F + f];
+        dgu[p * N1 + f] = act == MOE8_ACT_RELU2 ? (uv > 0.0f ? d * (2.0f * uv) : 0.0f) : (uv > 0.0f ? d : 0.0f);
+      }
+  }
   const bool clampd = act == MOE8_ACT_SWIGLU_CLAMP, limd = act == MOE8_ACT_SWIGLU_LIMIT, postd = act == MOE8_ACT_SWIGLU_POST;
   const float al = L->cfg.act_alpha, lim = postd ? moe8__set_post_limit(L, set) : L->cfg.act_limit;
   #pragma omp parallel for num_threads(moe8__nt(10.0 * (double)rows * (double)F)) schedule(static)
-  for (int64_t p = 0; p < rows; p++)
+  for (int64_t p = 0; p < (moe8__act_gated(act) ? rows : 0); p++)
     for (int64_t f = 0; f < F; f++) {
       const float gv = gu[p * 2 * F + f], uv = gu[p * 2 * F + F + f], d = dh[p * F + f];
       if (clampd) {
@@ -626,29 +639,30 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
     for (int64_t g = 0; g < G; g++)
       for (int64_t r = 0; r < gsz[g]; r++, p++) {
         if (dbgu)
-          for (int64_t c = 0; c < 2 * F; c++) dbgu[(g0 + g) * 2 * F + c] += dgu[p * 2 * F + c];
+          for (int64_t c = 0; c < N1; c++) dbgu[(g0 + g) * N1 + c] += dgu[p * N1 + c];
         if (dbd)
           for (int64_t c = 0; c < D; c++) dbd[(g0 + g) * D + c] += dyr[p * D + c];
       }
   }
-  memcpy(dgur, dgu, sizeof(float) * 2 * RF);
-  if ((st = fake_quant(L, dgu, rows, 2 * F, NULL, 0)) != MOE8_OK) goto done;
-  if ((st = fake_quant(L, dgur, rows, 2 * F, gsz, G)) != MOE8_OK) goto done;
+  memcpy(dgur, dgu, sizeof(float) * (size_t)(rows * N1));
+  if ((st = fake_quant(L, dgu, rows, N1, NULL, 0)) != MOE8_OK) goto done;
+  if ((st = fake_quant(L, dgur, rows, N1, gsz, G)) != MOE8_OK) goto done;
   /* dxs = dgu · Ŵguᵀ; dWgu = x̂sᵀ · dgu */
   {
-    const moe8_gmm_args a = {.M = rows, .K = 2 * F, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
+    const moe8_gmm_args a = {.M = rows, .K = N1, .N = D, .num_groups = G, .group_sizes = gsz, .num_local = G,
                              .lhs = {MOE8_DTYPE_F32, dgu, NULL, 0, 0}, .rhs = {MOE8_DTYPE_F32, wgu, NULL, 0, 0},
                              .rhs_transposed = true, .out_dtype = MOE8_DTYPE_F32, .out = dxs};
     if ((st = moe8_gmm(&a)) != MOE8_OK) goto done;
     if (dwg || dwu) {
       const moe8_operand l = {MOE8_DTYPE_F32, xh, NULL, 0, 0}, r = {MOE8_DTYPE_F32, dgur, NULL, 0, 0};
-      if ((st = moe8_tgmm(&l, &r, rows, D, 2 * F, G, gsz, 0, G, dwgu)) != MOE8_OK) goto done;
+      if ((st = moe8_tgmm(&l, &r, rows, D, N1, G, gsz, 0, G, dwgu)) != MOE8_OK) goto done;
+      const bool gated = moe8__act_gated(act); /* ungated: the rows are up's alone, dwg stays zero */
       #pragma omp parallel for collapse(2) num_threads(moe8__nt(2.0 * (double)G * (double)D * (double)F)) schedule(static)
       for (int64_t e = 0; e < G; e++)
         for (int64_t d = 0; d < D; d++) {
-          const float *src = dwgu + (e * D + d) * 2 * F;
-          if (dwg) memcpy(dwg + ((g0 + e) * D + d) * F, src, sizeof(float) * (size_t)F);
-          if (dwu) memcpy(dwu + ((g0 + e) * D + d) * F, src + F, sizeof(float) * (size_t)F);
+          const float *src = dwgu + (e * D + d) * N1;
+          if (dwg && gated) memcpy(dwg + ((g0 + e) * D + d) * F, src, sizeof(float) * (size_t)F);
+          if (dwu) memcpy(dwu + ((g0 + e) * D + d) * F, gated ? src + F : src, sizeof(float) * (size_t)F);
         }
     }
   }

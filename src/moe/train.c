@@ -48,7 +48,7 @@ moe8_status moe8_trainer_create(moe8_layer *layer, float lr, moe8_trainer **out)
   if (!tr) return moe8__fail(MOE8_ERR_NOMEM, "trainer: out of memory");
   tr->layer = layer;
   tr->lr = lr;
-  if (!moe8_layer_weight(layer, MOE8_W_GATE, NULL)) {
+  if (!moe8_layer_weight(layer, MOE8_W_UP, NULL)) {
     free(tr);
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "trainer: the layer was loaded for inference (no f32 masters)");
   }

@@ -3,7 +3,7 @@ tiny safetensors / .npy toolkit, for the family tests.  Nothing here is
 moe8's code: every formula is written from the reference implementations
 (Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
 DeepseekV3MoE with its TopkRouter, DeepseekV4SparseMoeBlock with its
-TopKRouter and HashRouter, ...)."""
+TopKRouter and HashRouter, NemotronHMoE, ...)."""
 import json
 import struct
 
@@ -156,6 +156,23 @@ def mlp(x, wg, wu, wd, act_q=None, limit=None, post=False, softcap=None, oss=Non
     if act_q:
         h = act_q(h)
     return h @ wd.T
+
+
+def ungated_block(x, routing, experts, shared=None, act="relu2"):
+    """NemotronHMoE (no latent projection): experts[e] = (wu [F, D], wd [D, F]),
+    HF Linear weights; each chosen expert down(act(up x)) with act relu2
+    (ReLUSquaredActivation: relu(v)^2) or relu, weighted and summed; shared =
+    (wu, wd) of the same form (NemotronHMLP) added on every token."""
+    a = (lambda v: np.maximum(v, 0.0) ** 2) if act == "relu2" else (lambda v: np.maximum(v, 0.0))
+    ids, w = routing
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            wu, wd = experts[ids[t, j]]
+            out[t] += w[t, j] * (a(x[t] @ wu.T) @ wd.T)
+    if shared is not None:
+        out = out + a(x @ shared[0].T) @ shared[1].T
+    return out
 
 
 def softmax(l):

@@ -1072,9 +1072,20 @@ ROWS = [
     dict(mt="deepseek_v4", block="ds3", ekey="n_routed_experts", norm=(None, True), scale=("routed_scaling_factor", 1.5), shared=("", 1),
          group="", place="all", dsv4=True, scoring="sigmoid", limit=("swiglu_limit", 10.0), prefix="ffn.", names=("w1", "w3", "w2"),
          shared_names=("w1", "w3", "w2"), bias="gate.bias", root="layers.", layouts=("per",)),
+    # Nemotron-H: DeepSeek-V3's block with ungated experts down(relu(up x)^2) (mlp_hidden_act relu2; relu) and one shared
+    # expert of that form (moe_shared_expert_intermediate_size); a layer MoE where hybrid_override_pattern has E (or
+    # layers_block_type "moe"; neither: the class's list, layer 1 of 4); the block under backbone.layers.L.mixer. (its
+    # files) or model.layers.L.mixer. (transformers' own names), experts per expert or fused experts.up_proj [E, F, D]
+    dict(mt="nemotron_h", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40), place="pattern", relu2="relu2",
+         root="backbone.layers.", prefix="mixer.", layouts=("per", "fused")),
+    dict(mt="nemotron_h", block="ds3", ekey="num_local_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
+         shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40), place="blocktypes", relu2="relu",
+         root="model.layers.", prefix="mixer.", layouts=("fused", "per")),
 ]
 PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers",
-             "period": "expert_layer_period", "interval": "moe_layer_interval"}
+             "period": "expert_layer_period", "interval": "moe_layer_interval", "pattern": "hybrid_override_pattern",
+             "blocktypes": "layers_block_type"}
 
 
 def row_case(tmp, rng, row, layout, absent=False, T=24):
@@ -1106,6 +1117,10 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         elif place == "period":  # MoE where layer % period == offset (the class's defaults: 2, 1)
             cfg["expert_layer_period"] = 3
             cfg["expert_layer_offset"] = 1
+        elif place == "pattern":  # Nemotron-H: a mamba layer, then two MoE ones
+            cfg["hybrid_override_pattern"] = "MEE"
+        elif place == "blocktypes":
+            cfg["layers_block_type"] = ["mlp", "moe", "moe"]
     if row.get("types_required"):  # written in both cases: layer 0 dense
         L, dflt = 3, 1
     V, hash_layers = 40, set()  # DeepSeek-V4: its vocabulary (the hash tables' rows), the layers routed by token id
@@ -1120,6 +1135,11 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     if place == "period":
         period, offset = (2, 1) if absent else (3, 1)
         moe_layers = [l for l in range(L) if l % period == offset]
+    if place in ("pattern", "blocktypes") and absent:  # NemotronHConfig's default list: layer 1 of 4 MoE
+        moe_layers = [1]
+    act = row.get("relu2")  # Nemotron-H's ungated experts: mlp_hidden_act (relu2 is the class's default)
+    if act and (act != "relu2" or not absent):
+        cfg["mlp_hidden_act"] = act
     norm_key, norm = row.get("norm", (None, False))
     scale_key, scale = row.get("scale", (None, 1.0))
     if not absent:
@@ -1182,7 +1202,16 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         t[p + row.get("router", "gate.weight")] = ("BF16", wr.astype(np.float32))
         wr = store(wr, "BF16")
         ex = make_experts(rng, E, D, F)
-        if layout == "per":
+        if act and layout == "per":  # ungated: up and down only
+            for e, (_, wu, wd) in enumerate(ex):
+                t["%sexperts.%d.up_proj.weight" % (p, e)] = ("BF16", wu.astype(np.float32))
+                t["%sexperts.%d.down_proj.weight" % (p, e)] = ("BF16", wd.astype(np.float32))
+            experts = [(store(wu, "BF16"), store(wd, "BF16")) for _, wu, wd in ex]
+        elif act:  # transformers' NemotronHExperts: up_proj [E, F, D], down_proj [E, D, F]
+            t[p + "experts.up_proj"] = ("BF16", np.stack([wu for _, wu, _ in ex]).astype(np.float32))
+            t[p + "experts.down_proj"] = ("BF16", np.stack([wd for _, _, wd in ex]).astype(np.float32))
+            experts = [(store(wu, "BF16"), store(wd, "BF16")) for _, wu, wd in ex]
+        elif layout == "per":
             experts = per_expert(t, p, ex, names, "BF16")
         elif layout == "stacked":  # one 3-D tensor per projection (Step-3.7's files)
             for i, nm in enumerate(names):
@@ -1217,7 +1246,9 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
                 t[sb + "input_linear.weight"] = ("BF16", np.concatenate([sw[0], sw[1]], axis=0).astype(np.float32))
                 t[sb + "output_linear.weight"] = ("BF16", sw[2].astype(np.float32))
                 shared = [store(w, "BF16") for w in sw]
-            for nm, w in zip(row.get("shared_names", ("gate_proj", "up_proj", "down_proj")),
+            if act:  # ungated: up and down
+                sw = sw[1:]
+            for nm, w in zip(row.get("shared_names", ("up_proj", "down_proj") if act else ("gate_proj", "up_proj", "down_proj")),
                              sw if not (row.get("shared_beside") or row.get("shared_fused")) else ()):
                 t[sp + nm + ".weight"] = ("BF16", w.astype(np.float32))
                 shared.append(store(w, "BF16"))
@@ -1260,7 +1291,9 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             ob = rnd(rng, D, scale=0.5)
             t[p + row["out_bias"]] = ("BF16", ob.astype(np.float32))
             ob = store(ob, "BF16")
-        if row.get("oss"):
+        if act:
+            refs[l] = R.ungated_block(x, routing, experts, shared, act)
+        elif row.get("oss"):
             refs[l] = R.moe_block(x, routing, experts, shared, sgate, oss=oss)
             if not absent and rel(R.moe_block(x, routing, experts, shared, sgate, oss=(oss[0], 1e9)), refs[l]) < 1e-2:
                 FAILS.append("%s: swiglu_limit does not clamp the test's values" % row["mt"])
@@ -1652,6 +1685,36 @@ def dsv4_refusals(d, x):
     refused("scoring_func softmax", ("--token-ids", os.path.join(d, "ids.npy")), '"scoring_func" is "softmax"', bad)
 
 
+def test_nemotron_h_gate(tmp, rng):
+    """Nemotron-H's experts are ungated: a file that holds a gate projection
+    (another block) is refused naming the tensor, never run without it."""
+    E, D, F, Fs = 8, 64, 32, 48
+    p = "backbone.layers.1.mixer."
+    t = {p + "gate.weight": ("BF16", rnd(rng, E, D).astype(np.float32)), p + "gate.e_score_correction_bias": ("F32", rnd(rng, E)),
+         p + "shared_experts.up_proj.weight": ("BF16", rnd(rng, Fs, D).astype(np.float32)),
+         p + "shared_experts.down_proj.weight": ("BF16", rnd(rng, D, Fs).astype(np.float32))}
+    for e in range(E):
+        t[p + "experts.%d.up_proj.weight" % e] = ("BF16", rnd(rng, F, D).astype(np.float32))
+        t[p + "experts.%d.down_proj.weight" % e] = ("BF16", rnd(rng, D, F).astype(np.float32))
+    cfg = {"model_type": "nemotron_h", "hidden_size": D, "n_routed_experts": E, "moe_intermediate_size": F,
+           "moe_shared_expert_intermediate_size": Fs, "hybrid_override_pattern": "ME"}
+    x = rnd(rng, 4, D)
+    for stray in (None, "experts.0.gate_proj.weight", "shared_experts.gate_proj.weight"):
+        d = os.path.join(tmp, "nemotron_h_gate_%s" % stray)
+        t2 = dict(t)
+        if stray:
+            t2[p + stray] = ("BF16", rnd(rng, Fs if "shared" in stray else F, D).astype(np.float32))
+        write_model(d, cfg, t2)
+        try:
+            run(d, x)
+            ok = stray is None
+        except RuntimeError as err:
+            ok = stray is not None and stray in str(err)
+        if not ok:
+            FAILS.append("nemotron_h with %s" % stray)
+            print("nemotron_h with a stray %s: not refused by name (or refused without one)" % stray)
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
@@ -1696,6 +1759,14 @@ def test_rows(tmp, rng):
             if rc == 0 or "activation_function" not in out:
                 FAILS.append(row["mt"] + " activation_function gelu")
                 print("%s with activation_function gelu (%d): %s" % (row["mt"], rc, out))
+        if row.get("relu2"):  # Nemotron-H: a latent MoE, another activation, biases: refused naming the key
+            orig = json.load(open(os.path.join(d, "config.json")))
+            for key, val in (("moe_latent_size", 64), ("mlp_hidden_act", "silu"), ("mlp_bias", True)):
+                json.dump(dict(orig, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+                rc, out = info(d)
+                if rc == 0 or key not in out:
+                    FAILS.append("%s %s %r" % (row["mt"], key, val))
+                    print("%s with %s %r (%d): %s" % (row["mt"], key, val, rc, out))
         if row.get("types_required"):  # the class has no default list: refused naming it
             cfg = json.load(open(os.path.join(d, "config.json")))
             del cfg["mlp_layer_types"]
@@ -1729,6 +1800,7 @@ def main():
         test_inkling(tmp, rng)
         test_aria(tmp, rng)
         test_gemma4(tmp, rng)
+        test_nemotron_h_gate(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

@@ -89,7 +89,10 @@ int cmd_info(int argc, char **argv) {
       nl += c->act_limits[l] > 0 || c->shared_act_limits[l] > 0;
     printf("experts: SwiGLU clamped after the activation, down(min(silu(gate(x)), L) * clamp(up(x), -L, L)), L per layer "
            "(swiglu_limits, swiglu_limits_shared): %lld layer(s) clamped\n", (long long)nl);
-  } else if (c->layer.act == MOE8_ACT_SWIGLU_SOFTCAP)
+  } else if (c->layer.act == MOE8_ACT_RELU2 || c->layer.act == MOE8_ACT_RELU)
+    printf("experts: ungated, down(%s(up(x))%s) (no gate projection)%s\n", "relu", c->layer.act == MOE8_ACT_RELU2 ? "^2" : "",
+           c->layer.shared_ffn > 0 ? "; the shared expert too" : "");
+  else if (c->layer.act == MOE8_ACT_SWIGLU_SOFTCAP)
     printf("experts: softcapped SwiGLU, down(%g tanh(gate(x) / %g) * sigmoid(gate(x)) * %g tanh(up(x) / %g))\n", (double)c->layer.act_alpha,
            (double)c->layer.act_alpha, (double)c->layer.act_limit, (double)c->layer.act_limit);
   else if (c->layer.act == MOE8_ACT_GEGLU)

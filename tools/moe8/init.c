@@ -14,6 +14,8 @@
 **                                   {gate,up,down}_proj.weight; llama4 (multimodal) under
 **                                   language_model.model.layers. and its text_config's layer count;
 **                                   the other multimodal wrappers under model.language_model.layers.
+**   Nemotron-H                      backbone.layers.L.mixer.gate.weight, ...experts.e.{up,down}_proj.weight
+**                                   (ungated: no gate_proj), shared_experts.{up,down}_proj.weight
 **
 ** Each tensor is drawn straight into its file dtype, row by row from its
 ** own stream (seed, layer, tensor, row), on every thread: the memory is
@@ -100,6 +102,13 @@ int cmd_init(int argc, char **argv) {
   moe8_hf_config hc;
   moe8_status st = moe8_hf_config_load(config, &hc);
   if (st != MOE8_OK) return cli_report(st, "init");
+  /* Nemotron-H's layers are its layers_block_type (hybrid_override_pattern)
+  ** entries: --layers keeps the first N of them (written so below). */
+  const bool typed = hc.decoder_sparse_step <= -4 && hc.decoder_sparse_step >= -6; /* Nemotron-H's layer types */
+  if (typed && layers > hc.num_layers) {
+    fprintf(stderr, "moe8 init: --layers %lld: the config's layers_block_type has %lld layers\n", (long long)layers, (long long)hc.num_layers);
+    return EXIT_USAGE;
+  }
   if (layers > 0) hc.num_layers = layers;
   const int64_t E = hc.layer.num_experts, D = hc.layer.hidden, F = hc.layer.ffn, NL = hc.num_layers;
   const bool bf = !strcmp(dtype, "bf16");
@@ -120,7 +129,7 @@ int cmd_init(int argc, char **argv) {
   ** MoE, Qwen3.5-MoE, GLM-4.5V, ...) as model.language_model.layers. */
   const bool multimodal = strstr(hc.model_type, " (text_config)") != NULL;
   /* ERNIE-4.5-VL's files keep its layers at model.layers. (as released) */
-  const char *lroot = !multimodal || hc.text_of_two ? "model.layers."
+  const char *lroot = !multimodal || hc.text_of_two ? (typed ? hc.layers_root : "model.layers.") /* Nemotron-H's backbone.layers. */
                       : !strncmp(hc.model_type, "llama4 ", 7) ? "language_model.model.layers." : "model.language_model.layers.";
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
@@ -186,8 +195,9 @@ int cmd_init(int argc, char **argv) {
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
     /* e = -1 the router, e = E the shared expert, e = E + 1 its gate; each
     ** stored [N, K] = out x in. */
+    const int w0 = hc.layer.act == MOE8_ACT_RELU2 || hc.layer.act == MOE8_ACT_RELU; /* ungated experts: up and down */
     for (int64_t e = -1; e < E + (Fs > 0 ? 2 : 0) && rc == EXIT_OK; e++)
-      for (int w = 0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
+      for (int w = e < 0 || e == E + 1 ? 0 : w0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
         int64_t N, K;
         if (e < 0) { /* ERNIE-4.5-VL's router is stored in x out */
           N = hc.text_of_two ? D : E; K = hc.text_of_two ? E : D;
@@ -269,6 +279,10 @@ int cmd_init(int argc, char **argv) {
       cJSON *lc = multimodal ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : root; /* where the count is read */
       cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_hidden_layers");
       cJSON_AddNumberToObject(lc, "num_hidden_layers", (double)NL);
+      /* Nemotron-H: its layer list, or pattern, cut to the layers written */
+      cJSON *lt = cJSON_GetObjectItemCaseSensitive(lc, "layers_block_type"), *hp = cJSON_GetObjectItemCaseSensitive(lc, "hybrid_override_pattern");
+      while (typed && cJSON_IsArray(lt) && cJSON_GetArraySize(lt) > NL) cJSON_DeleteItemFromArray(lt, cJSON_GetArraySize(lt) - 1);
+      if (typed && !cJSON_IsArray(lt) && cJSON_IsString(hp) && (int64_t)strlen(hp->valuestring) > NL) hp->valuestring[NL] = 0;
       snprintf(path, sizeof path, "%s/config.json", outdir);
       rc = cli_write_json(path, root);
       cJSON_Delete(root);

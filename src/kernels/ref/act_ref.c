@@ -67,6 +67,20 @@ void moe8__ref_geglu(float *h, const float *g, const float *u, size_t n) {
   }
 }
 
+/* The ungated experts' activations (Nemotron-H's relu2, ReLU):
+** relu(u) = u < 0 ? 0 : u, so a NaN passes through as torch.relu keeps it
+** (and -0 stays -0); relu2 squares it, relu(u) · relu(u). */
+void moe8__ref_relu2(float *h, const float *u, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const float r = u[i] < 0.0f ? 0.0f : u[i];
+    h[i] = r * r;
+  }
+}
+
+void moe8__ref_relu(float *h, const float *u, size_t n) {
+  for (size_t i = 0; i < n; i++) h[i] = u[i] < 0.0f ? 0.0f : u[i];
+}
+
 void moe8__ref_router_logits(float *logits, const float *x, const float *wr, int64_t T, int64_t D, int64_t E) {
   for (int64_t t = 0; t < T; t++) {
     float *l = logits + t * E;

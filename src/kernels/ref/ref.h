@@ -25,6 +25,8 @@ void   moe8__ref_swiglu_limit(float *h, const float *g, const float *u, size_t n
 void   moe8__ref_swiglu_post(float *h, const float *g, const float *u, size_t n, float limit);
 void   moe8__ref_swiglu_softcap(float *h, const float *g, const float *u, size_t n, float cg, float cu);
 void   moe8__ref_geglu(float *h, const float *g, const float *u, size_t n);
+void   moe8__ref_relu2(float *h, const float *u, size_t n);
+void   moe8__ref_relu(float *h, const float *u, size_t n);
 void   moe8__ref_mx4_rows(const float *x, int64_t rows, int64_t ldx, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,
                           int64_t n1, float *out, int64_t ldo, int64_t split);
 void   moe8__ref_mx4_rows_i8(const uint8_t *xp, int64_t rows, int64_t ldxp, int64_t K, const uint8_t *blk, const uint8_t *sc, int64_t n0,

@@ -25,6 +25,8 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->swiglu_post  = moe8__ref_swiglu_post;
   k->swiglu_softcap = moe8__ref_swiglu_softcap;
   k->geglu        = moe8__ref_geglu;
+  k->relu2        = moe8__ref_relu2;
+  k->relu         = moe8__ref_relu;
   k->mx4_rows     = moe8__ref_mx4_rows;
   k->mx4_rows_i8  = moe8__ref_mx4_rows_i8;
   k->router_logits = moe8__ref_router_logits;

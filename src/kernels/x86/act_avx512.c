@@ -153,6 +153,34 @@ static void geglu(float *h, const float *g, const float *u, size_t n) {
   }
 }
 
+/* The reference's relu: u where u < 0 is false (a NaN and -0 kept), else 0. */
+static inline __m512 relu16(__m512 u) {
+  const __m512 z = _mm512_setzero_ps();
+  return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(u, z, _CMP_LT_OQ), z);
+}
+
+static void relu2(float *h, const float *u, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 r = relu16(_mm512_loadu_ps(u + i));
+    _mm512_storeu_ps(h + i, _mm512_mul_ps(r, r));
+  }
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    const __m512 r = relu16(_mm512_maskz_loadu_ps(m, u + i));
+    _mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(r, r));
+  }
+}
+
+static void relu(float *h, const float *u, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(h + i, relu16(_mm512_loadu_ps(u + i)));
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(h + i, m, relu16(_mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
 static void swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit) {
   const __m512 a = _mm512_set1_ps(alpha), l = _mm512_set1_ps(limit);
   size_t i = 0;
@@ -417,5 +445,7 @@ void moe8__act_init_avx512(moe8__ktable *k) {
   k->swiglu_post   = swiglu_post;
   k->swiglu_softcap = swiglu_softcap;
   k->geglu         = geglu;
+  k->relu2         = relu2;
+  k->relu          = relu;
   k->router_logits = router_logits;
 }
