@@ -353,7 +353,20 @@ typedef enum moe8_score_func {
   MOE8_SCORE_SIGMOID,
   /* DeepSeek-V4: sqrt(softplus(l)), softplus(l) = log1p(exp(l)) for
   ** l <= 20 and l above (torch's threshold) */
-  MOE8_SCORE_SQRTSOFTPLUS
+  MOE8_SCORE_SQRTSOFTPLUS,
+  /* PhiMoE's sparsemixer in inference (transformers' sparsemixer with
+  ** training false): always two experts.  The first is the top logit m1
+  ** (ties to the lower index), weighted by its softmax over the experts
+  ** whose (m1 - l) / max(|l|, m1) <= 2·jitter_eps (the others -inf); the
+  ** second is the top logit m2 of the others, weighted by its softmax over
+  ** the experts but the first whose (m2 - l) / max(|l|, m2) <= 2·jitter_eps.
+  ** Not renormalized; top_k must be 2; no selection bias, groups,
+  ** select_logits, hash table or norm_topk_prob with it.  The scores
+  ** written are the first choice's masked softmax.  All in f32 (the
+  ** threshold 2·jitter_eps is an f32, as torch compares the f32 logits
+  ** with it).  No backward: transformers samples the choice in training
+  ** (Gumbel), which is not this rule. */
+  MOE8_SCORE_SPARSEMIXER
 } moe8_score_func;
 
 /* How group-limited routing scores a group of experts. */
@@ -411,6 +424,9 @@ typedef struct moe8_router_config {
   ** scores, renormalized and scaled together.  0: none; else
   ** 0 < scored_shared < top_k, no groups, no hash routing. */
   int64_t          scored_shared;
+  /* MOE8_SCORE_SPARSEMIXER's jitter_eps (PhiMoE's router_jitter_noise):
+  ** the mask's threshold is 2·jitter_eps; a finite value >= 0. */
+  float            jitter_eps;
 } moe8_router_config;
 
 /* logits[T, E] = x[T, D] · wr[D, E] in f32, each element summed over d in
@@ -665,19 +681,36 @@ typedef struct moe8_layer_config {
   bool            router_norm, expert_scale, in_norm, out_norm;
   float           router_norm_scale;      /* 0 means 1                            */
   float           rms_eps;                /* the norms' epsilon, >= 0             */
+  /* MOE8_SCORE_SPARSEMIXER's jitter_eps (moe8_router_config; PhiMoE's
+  ** router_jitter_noise, default there 0.01).  Forward, fused and both
+  ** expert-parallel modes forward; the backward and the trainer are
+  ** refused (MOE8_ERR_UNSUPPORTED). */
+  float           router_jitter;
+  /* LongCat-Flash's zero-computation experts: the router scores
+  ** num_experts + zero_experts experts (the router's weight is [D, E + Z],
+  ** its bias and the selection bias [E + Z]; scores [T, E + Z]), and a
+  ** chosen id e >= num_experts is an identity expert: its slot adds
+  ** w · x (no weights, no rows in the dispatch).  The identity slots are
+  ** summed in slot order after the routed experts' combine, before the
+  ** shared expert.  Forward, fused, backward (the identity's gradient:
+  ** dx += w · dout, dw = dout · x), the trainer and both expert-parallel
+  ** modes (the identity slots stay on the token's owner); no capacity
+  ** factor, aux loss, groups, weight_input, hash routing or sparsemixer
+  ** with it.  0: none. */
+  int64_t         zero_experts;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
-  MOE8_W_ROUTER = 0,  /* [D, E]    */
+  MOE8_W_ROUTER = 0,  /* [D, E] (E + zero_experts columns with them) */
   MOE8_W_GATE,        /* [E, D, F] */
   MOE8_W_UP,          /* [E, D, F] */
   MOE8_W_DOWN,        /* [E, F, D] */
-  MOE8_W_BIAS,        /* [E]       */
+  MOE8_W_BIAS,        /* [E]       (E + zero_experts) */
   MOE8_W_SHARED_GATE, /* [D, Fs]   shared expert (when shared_ffn > 0) */
   MOE8_W_SHARED_UP,   /* [D, Fs]   */
   MOE8_W_SHARED_DOWN, /* [Fs, D]   */
   MOE8_W_SHARED_GATE_W, /* [D]     the shared expert's sigmoid gate (shared_gate) */
-  MOE8_W_ROUTER_BIAS, /* [E]       router_bias */
+  MOE8_W_ROUTER_BIAS, /* [E]       router_bias (E + zero_experts) */
   MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
   MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
   MOE8_W_OUT_BIAS,    /* [D]       out_bias */
@@ -729,7 +762,8 @@ MOE8_API void moe8_layer_set_allow_nonfinite(moe8_layer *layer, bool allow);
 /* The layer's experts on tokens the caller routed: the expert op of a
 ** serving stack (docs/integration.md).  topk_ids [T, top_k] int32 and
 ** topk_weights [T, top_k] f32, as the caller's router produced them; an id
-** < 0 is skipped (its slot adds nothing), an id >= E is an error; the
+** < 0 is skipped (its slot adds nothing), an id in [E, E + zero_experts)
+** is an identity expert (its slot adds w · x), a larger one is an error; the
 ** weights are used as given (no renormalization, no scaling).  Then
 ** dispatch, the expert matmuls (prepared/packed weights when the layer is
 ** prepared), combine and the shared expert, exactly as moe8_layer_forward

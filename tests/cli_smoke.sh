@@ -54,11 +54,15 @@ for fam in \
   "inkling_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1" \
   "aria_text:\"moe_num_experts\": 8, \"intermediate_size\": 32, \"moe_topk\": 2, \"moe_num_shared_experts\": 1" \
   "gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32" \
+  "phimoe:\"num_local_experts\": 8, \"intermediate_size\": 32" \
+  "longcat_flash:\"n_routed_experts\": 8, \"zero_expert_num\": 4, \"expert_ffn_hidden_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \
   "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []"; do
   name=${fam%%:*}
-  printf '{"model_type": "%s", %s, %s}\n' "$name" "$k" "${fam#*:}" > "$tmp/$name.json"
+  kf="$k" # LongCat-Flash counts its layers as num_layers (num_hidden_layers is twice it)
+  [ "$name" = longcat_flash ] && kf='"hidden_size": 64, "num_layers": 1, "num_experts_per_tok": 2'
+  printf '{"model_type": "%s", %s, %s}\n' "$name" "$kf" "${fam#*:}" > "$tmp/$name.json"
   "$moe8" init --config "$tmp/$name.json" --out "$tmp/init-$name" >/dev/null 2>"$tmp/err" || fail "init $name: $(cat "$tmp/err")"
   "$moe8" run --model "$tmp/init-$name" --input "$x" --output "$tmp/y-$name.npy" >/dev/null 2>"$tmp/err" ||
     fail "run on init's $name model: $(cat "$tmp/err")"

@@ -650,6 +650,85 @@ static void test_ep_dsv4(void **state) {
   g_mode = MOE8_EP_RING;
 }
 
+/* PhiMoE's sparsemixer router (always 2 experts, its own weights): both
+** modes give the single process's forward bytes (f32, FP8 1x16
+** quantize-before and after, i8), and its backward is refused on every
+** rank by name.  LongCat-Flash's identity experts (3 of them after the 8
+** routed, chosen by score + bias, weights the scores x 6): both modes give
+** the single process's bytes, forward and every gradient, the router's
+** [D, E + 3] included. */
+static void test_ep_phimoe_longcat(void **state) {
+  (void)state;
+  enum { E = 8, Z = 3, D = 64, F = 48, T = 37 };
+  float *x = malloc(sizeof(float) * (size_t)(T * D)), *r = malloc(sizeof(float) * (size_t)(T * D));
+  tu_rng_reset(6160);
+  tu_fill_normal(x, (size_t)(T * D), 1.0f);
+  tu_fill_normal(r, (size_t)(T * D), 1.0f);
+  int64_t off[9];
+  shards(1, T, off);
+  const int64_t T0 = off[g_rank], Tl = off[g_rank + 1] - off[g_rank];
+  for (int form = 0; form < 2; form++) /* 0 sparsemixer, 1 identity experts */
+  for (int mode = 0; mode < 4; mode++) {
+    if (mode == 1) continue;
+    for (int m = 0; m < 4; m++) {
+      const bool before = m & 2;
+      if (!mode && before) continue;
+      g_mode = m & 1 ? MOE8_EP_ALLTOALL : MOE8_EP_RING;
+      moe8_layer_config cfg = {.num_experts = E, .top_k = form ? 3 : 2, .hidden = D, .ffn = F};
+      if (form) { cfg.zero_experts = Z; cfg.use_selection_bias = true; cfg.routed_scaling_factor = 6.0f; }
+      else { cfg.score = MOE8_SCORE_SPARSEMIXER; cfg.router_jitter = 0.05f; }
+      const int64_t ER = E + cfg.zero_experts;
+      moe8_rules *rules = rules_for(mode, before);
+      moe8_layer *L;
+      assert_int_equal(moe8_layer_create(&cfg, rules, "model.layers.0.mlp.experts", &L), MOE8_OK);
+      assert_int_equal(moe8_layer_init_random(L, 43), MOE8_OK);
+      if (form) { /* identity experts chosen often, not always */
+        float *b = moe8_layer_weight(L, MOE8_W_BIAS, NULL);
+        for (int64_t e = 0; e < ER; e++) b[e] = e >= E ? 0.08f : 0.0f;
+      }
+      const size_t wsz = moe8_layer_workspace_size(L, T);
+      void *ws;
+      assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+      float *ref = malloc(sizeof(float) * (size_t)(T * D)), ref_aux;
+      grads g, eg;
+      grads_alloc(&g, T, D, ER, F);
+      grads_alloc(&eg, Tl, D, ER, F);
+      assert_int_equal(moe8_layer_forward(L, x, T, ref, &ref_aux, ws, wsz), MOE8_OK);
+      const moe8_layer_grads lg = {g.dx, g.dwr, g.dwg, g.dwu, g.dwd};
+      if (form) assert_int_equal(moe8_layer_backward(L, x, T, r, ws, wsz, &lg), MOE8_OK);
+      moe8_ep *ep;
+      assert_int_equal(ep_create(L, &ep), MOE8_OK);
+      float *out = malloc(sizeof(float) * (size_t)(Tl * D + 1)), aux;
+      const char *what = g_mode == MOE8_EP_ALLTOALL ? "all-to-all" : "ring", *fn = form ? "identity experts" : "sparsemixer";
+      moe8_status st = moe8_ep_forward(ep, x + T0 * D, Tl, out, &aux);
+      if (st != MOE8_OK) TU_FAIL("%s (%s): ep forward: %s", fn, what, moe8_last_error());
+      if (memcmp(out, ref + T0 * D, sizeof(float) * (size_t)(Tl * D)))
+        TU_FAIL("%s (mode %d, %s, %s, P=%d): output differs from the single process", fn, mode, what,
+                before ? "quantize-before" : "quantize-after", g_size);
+      const moe8_layer_grads el = {eg.dx, eg.dwr, eg.dwg, eg.dwu, eg.dwd};
+      st = moe8_ep_backward(ep, x + T0 * D, Tl, r + T0 * D, &el);
+      if (!form && (st != MOE8_ERR_UNSUPPORTED || !strstr(moe8_last_error(), "sparsemixer")))
+        TU_FAIL("sparsemixer (%s): ep backward: %d %s", what, (int)st, moe8_last_error());
+      if (form && st != MOE8_OK) TU_FAIL("identity experts (%s): ep backward: %s", what, moe8_last_error());
+      const int64_t Eloc = E / g_size, e0 = g_rank * Eloc;
+      if (form && (memcmp(eg.dx, g.dx + T0 * D, sizeof(float) * (size_t)(Tl * D)) || memcmp(eg.dwr, g.dwr, sizeof(float) * (size_t)(D * ER)) ||
+                   memcmp(eg.dwg + e0 * D * F, g.dwg + e0 * D * F, sizeof(float) * (size_t)(Eloc * D * F)) ||
+                   memcmp(eg.dwu + e0 * D * F, g.dwu + e0 * D * F, sizeof(float) * (size_t)(Eloc * D * F)) ||
+                   memcmp(eg.dwd + e0 * F * D, g.dwd + e0 * F * D, sizeof(float) * (size_t)(Eloc * F * D))))
+        TU_FAIL("identity experts (mode %d, %s, %s, P=%d): a gradient differs from the single process", mode, what,
+                before ? "quantize-before" : "quantize-after", g_size);
+      moe8_ep_destroy(ep);
+      grads_free(&g);
+      grads_free(&eg);
+      free(ref); free(out); free(ws);
+      moe8_layer_destroy(L);
+      moe8_rules_destroy(rules);
+    }
+  }
+  free(x); free(r);
+  g_mode = MOE8_EP_RING;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -663,6 +742,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_ep_bytes_p8),
     cmocka_unit_test(test_ep_gpt_oss_form),
     cmocka_unit_test(test_ep_dsv4),
+    cmocka_unit_test(test_ep_phimoe_longcat),
   };
   const int rc = cmocka_run_group_tests(tests, NULL, NULL);
   moe8_comm_destroy(g_comm);

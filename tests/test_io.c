@@ -1478,8 +1478,43 @@ static void test_family_rows(void **state) {
   assert_non_null(strstr(moe8_last_error(), "\"n_group\""));
   assert_int_equal(PARSE("{\"model_type\":\"deepseek_v3\"}"), MOE8_OK);
   assert_false(c.layer.group_mask_zero);
-  assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_ERR_UNSUPPORTED);
-  assert_non_null(strstr(moe8_last_error(), "sparsemixer"));
+  /* PhiMoE: Mixtral's experts routed by sparsemixer, 2 experts whatever num_experts_per_tok says, router_jitter_noise */
+  assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_MIXTRAL && c.layer.score == MOE8_SCORE_SPARSEMIXER && c.layer.num_experts == 16 && c.layer.top_k == 2 &&
+              c.layer.hidden == 4096 && c.num_layers == 32 && c.layer.ffn == 6400 && c.layer.router_jitter == 0.01f &&
+              !c.layer.norm_topk_prob && !c.has_bias && c.layer.shared_ffn == 0 && moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(PARSE("{\"model_type\":\"phimoe\",\"num_experts_per_tok\":4,\"router_jitter_noise\":0.3,\"num_local_experts\":8}"),
+                   MOE8_OK);
+  assert_true(c.layer.top_k == 2 && c.layer.router_jitter == 0.3f && c.layer.num_experts == 8);
+  assert_int_equal(PARSE("{\"model_type\":\"phimoe\",\"router_jitter_noise\":-1}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "router_jitter_noise"));
+  assert_int_equal(PARSE("{\"model_type\":\"phimoe\",\"num_local_experts\":1,\"num_experts_per_tok\":1}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "num_local_experts"));
+  assert_int_equal(PARSE("{\"model_type\":\"phimoe\",\"hidden_act\":\"gelu\"}"), MOE8_ERR_UNSUPPORTED);
+  /* LongCat-Flash: softmax over n_routed_experts + zero_expert_num, the top-k of score + bias, weights x 6.0, the
+  ** identity experts after the routed ones; num_layers its layers (num_hidden_layers twice it) */
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.score == MOE8_SCORE_SOFTMAX && c.layer.num_experts == 512 &&
+              c.layer.zero_experts == 256 && c.layer.top_k == 12 && c.layer.hidden == 6144 && c.num_layers == 28 && c.layer.ffn == 2048 &&
+              c.layer.routed_scaling_factor == 6.0f && !c.layer.norm_topk_prob && c.has_bias && c.layer.n_group <= 1 &&
+              c.layer.shared_ffn == 0 && moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"num_local_experts\":16,\"zero_expert_num\":8,\"num_experts_per_tok\":20,"
+                         "\"moe_intermediate_size\":96,\"num_hidden_layers\":6}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 16 && c.layer.zero_experts == 8 && c.layer.top_k == 20 && c.layer.ffn == 96 && c.num_layers == 3);
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"zero_expert_num\":null,\"num_layers\":2,\"num_hidden_layers\":4}"), MOE8_OK);
+  assert_true(c.layer.zero_experts == 0 && c.num_layers == 2);
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"num_layers\":3,\"num_hidden_layers\":5}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "\"num_hidden_layers\" = 5 is not twice \"num_layers\""));
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"router_bias\":true}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "\"router_bias\""));
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"n_routed_experts\":16,\"zero_expert_num\":4,\"moe_topk\":21}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "\"moe_topk\" = 21 exceeds the 20 experts"));
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"expert_ffn_hidden_size\":64,\"moe_intermediate_size\":32}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "disagree"));
+  assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"moe_topk\":4,\"num_experts_per_tok\":5}"), MOE8_ERR_PARSE);
+  /* a family whose block differs: refused with the reason */
+  assert_int_equal(PARSE("{\"model_type\":\"muse_spark\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "latent"));
   /* DeepSeek-V4: sqrt-softplus scores (or sigmoid; softmax refused), 1.5, 1e-20, the limited SwiGLU in the one
   ** shared expert too, every layer MoE and the hash_moe ones routed by token id (default: the first 3), the
   ** layers at the top allowed, vocab_size the tables' rows; intermediate_size the experts' width's alias */

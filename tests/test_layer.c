@@ -1699,6 +1699,212 @@ static void test_ungated_form(void **state) {
   assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
 }
 
+/* PhiMoE's sparsemixer, written here from transformers' sparsemixer
+** (training false) in f32: choice c's top logit m (the first over all,
+** ties to the lower index; the second over all but the first), the
+** experts with (m - l) / max(|l|, m) > thr masked, weight exp(0) / Σ of
+** exp(l - m) over the others (the first always out of the second's sum);
+** a 0 / 0 (l = m = 0) is NaN in torch, not > thr: not masked. */
+static void sparsemixer_ref(const float *l, int E, float thr, int32_t *ids, float *w, int *masked) {
+  int first = -1;
+  for (int c = 0; c < 2; c++) {
+    int best = -1;
+    for (int e = 0; e < E; e++)
+      if (e != first && (best < 0 || l[e] > l[best])) best = e;
+    const float m = l[best];
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) {
+      if (e == first) continue;
+      const float f = fabsf(l[e]) > m ? fabsf(l[e]) : m;
+      const float q = (m - l[e]) / f; /* NaN for 0 / 0 */
+      if (q > thr) { (*masked)++; continue; }
+      sum += expf(l[e] - m);
+    }
+    ids[c] = best;
+    w[c] = 1.0f / sum;
+    first = best;
+  }
+}
+
+/* The sparsemixer router's choices and weights to the byte against the
+** rule above (random logits at two thresholds, all-negative logits, a tie
+** at the top, zeros, a logit just inside and one just outside the
+** threshold), with the routed scaling; its layer: the forward is the
+** experts on those choices and weights (moe8_layer_experts) to the byte,
+** the fused forward the same bytes; top_k other than 2, norm_topk_prob or
+** a selection bias refused at create; backward and trainer refused by
+** name. */
+static void test_sparsemixer(void **state) {
+  (void)state;
+  enum { E = 8, T = 64, D = 32, F = 16 };
+  static float l[T * E], w[T * 2], sc[T * E];
+  static int32_t ids[T * 2];
+  tu_rng_reset(7070);
+  tu_fill_normal(l, T * E, 1.0f);
+  for (int e = 0; e < E; e++) {
+    l[0 * E + e] = -1.0f - 0.01f * (float)e;                 /* all negative: factor |l| */
+    l[1 * E + e] = e == 2 || e == 5 ? 3.0f : 0.1f * (float)e; /* a tie at the top */
+    l[2 * E + e] = e < 3 ? 0.0f : -0.5f;                      /* the top is 0: 0 / 0 for the other zeros */
+    l[3 * E + e] = e == 0 ? 1.0f : e == 1 ? 0.985f : e == 2 ? 0.975f : -2.0f; /* inside and outside 2 x 0.01 */
+    l[4 * E + e] = e == 0 ? 1.0f : e == 1 ? 0.5f : -3.0f; /* at jitter 0.25, (1 - 0.5) / 1 is the threshold exactly: kept */
+  }
+  for (int pass = 0; pass < 3; pass++) {
+    const float jit = pass == 2 ? 0.25f : pass ? 0.3f : 0.01f, scale = pass == 1 ? 1.5f : 0.0f;
+    const moe8_router_config rc = {.num_experts = E, .top_k = 2, .score = MOE8_SCORE_SPARSEMIXER, .routed_scaling_factor = scale,
+                                   .jitter_eps = jit};
+    assert_int_equal(moe8_route(&rc, l, T, sc, ids, w), MOE8_OK);
+    int masked = 0, unmasked_second = 0;
+    for (int t = 0; t < T; t++) {
+      int32_t ri[2];
+      float rw[2];
+      sparsemixer_ref(l + t * E, E, 2.0f * jit, ri, rw, &masked);
+      for (int j = 0; j < 2; j++) {
+        const float want = pass == 1 ? rw[j] * scale : rw[j];
+        if (ids[t * 2 + j] != ri[j] || moe8__f32_bits(w[t * 2 + j]) != moe8__f32_bits(want))
+          TU_FAIL("sparsemixer (jitter %g): token %d slot %d: expert %d weight %a, want %d %a", (double)jit, t, j, ids[t * 2 + j],
+                  (double)w[t * 2 + j], ri[j], (double)want);
+      }
+      unmasked_second += rw[1] < 1.0f;
+    }
+    if (!masked || !unmasked_second) TU_FAIL("sparsemixer (jitter %g): the mask never (%d) or always binds (%d)", (double)jit, masked,
+                                             unmasked_second);
+    if (!pass) { /* the designed tokens */
+      assert_true(ids[2] == 2 && ids[3] == 5 && w[3] == 1.0f); /* the tie: the lower first, then the other, alone within 2% of it */
+      assert_true(ids[4] == 0 && ids[5] == 1);                  /* zeros: 0 / 0 not masked, so the others share */
+      assert_true(w[4] == 1.0f / 3.0f && w[5] == 0.5f);
+      assert_true(ids[6] == 0 && ids[7] == 1 && w[6] == 1.0f / (1.0f + expf(0.985f - 1.0f))); /* 0.975 outside 0.02 of 1, 0.985 inside */
+    }
+    if (pass == 2) assert_true(ids[8] == 0 && w[8] == 1.0f / (1.0f + expf(-0.5f))); /* torch masks above the threshold, not at it */
+  }
+  /* the router refuses what the rule does not take */
+  moe8_router_config bad = {.num_experts = E, .top_k = 3, .score = MOE8_SCORE_SPARSEMIXER, .jitter_eps = 0.01f};
+  assert_int_equal(moe8_route(&bad, l, T, NULL, ids, w), MOE8_ERR_INVALID_ARG);
+  bad.top_k = 2;
+  bad.norm_topk_prob = true;
+  assert_int_equal(moe8_route(&bad, l, T, NULL, ids, w), MOE8_ERR_INVALID_ARG);
+  /* the layer */
+  moe8_layer_config c = {.num_experts = E, .top_k = 2, .hidden = D, .ffn = F, .score = MOE8_SCORE_SPARSEMIXER, .router_jitter = 0.01f,
+                         .shared_ffn = 24};
+  moe8_layer *L;
+  static float x[T * D], y0[T * D], y1[T * D], y2[T * D], lg[T * E];
+  moe8_layer_config cb = c;
+  cb.top_k = 3;
+  assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
+  cb = c;
+  cb.norm_topk_prob = true;
+  assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
+  cb = c;
+  cb.use_selection_bias = true;
+  assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 71), MOE8_OK);
+  tu_fill_normal(x, T * D, 1.0f);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lg), MOE8_OK);
+  const moe8_router_config rc = {.num_experts = E, .top_k = 2, .score = MOE8_SCORE_SPARSEMIXER, .jitter_eps = 0.01f};
+  assert_int_equal(moe8_route(&rc, lg, T, NULL, ids, w), MOE8_OK);
+  assert_int_equal(moe8_layer_experts(L, x, T, ids, w, y1, ws, wsz), MOE8_OK);
+  assert_memory_equal(y0, y1, sizeof y0);
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  static float dx[T * D];
+  const moe8_layer_grads g = {.dx = dx};
+  assert_int_equal(moe8_layer_backward(L, x, T, x, ws, wsz, &g), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "sparsemixer"));
+  moe8_trainer *tr = NULL;
+  assert_int_equal(moe8_trainer_create(L, 0.01f, &tr), MOE8_ERR_UNSUPPORTED);
+  assert_null(tr);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(L, x, T, y2, ws, wsz), MOE8_OK);
+  assert_memory_equal(y0, y2, sizeof y0);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
+/* LongCat-Flash's identity experts (zero_experts): the router scores E + Z
+** experts; the forward is the routed experts' combine on the real slots
+** (moe8_layer_experts_routed, the identity slots skipped) plus Σ w · x
+** over the identity slots in slot order, to the byte; the caller-routed
+** moe8_layer_experts with identity ids gives the same bytes, and so does
+** the fused forward; every gradient (the router's identity columns
+** included) against finite differences; the trainer runs; a capacity
+** factor with it is refused. */
+static void test_zero_experts(void **state) {
+  (void)state;
+  enum { E = 4, Z = 3, ER = E + Z, K = 3, D = 32, F = 16, T = 6 };
+  static float x[T * D], dout[T * D], y0[T * D], y1[T * D], y2[T * D], lg[T * ER], w[T * K], idn[T * D];
+  static float dx[T * D], dwr[D * ER], dwg[E * D * F], dwu[E * D * F], dwd[E * F * D];
+  static int32_t ids[T * K], real[T * K];
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .use_selection_bias = true, .routed_scaling_factor = 6.0f,
+                         .zero_experts = Z};
+  moe8_layer *L;
+  moe8_layer_config cb = c;
+  cb.capacity_factor = 1.0f;
+  assert_int_equal(moe8_layer_create(&cb, NULL, "experts", &L), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 81), MOE8_OK);
+  size_t n = 0;
+  float *bias = moe8_layer_weight(L, MOE8_W_BIAS, &n), *wr = moe8_layer_weight(L, MOE8_W_ROUTER, NULL);
+  assert_int_equal(n, ER);
+  assert_int_equal(moe8_layer_get_config(L)->zero_experts, Z);
+  for (int e = 0; e < ER; e++) bias[e] = e >= E ? 0.05f : 0.0f;
+  const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = dwg, .dwu = dwu, .dwd = dwd};
+  void *ws;
+  size_t wsz;
+  memset(dwr, 0xFF, sizeof dwr); /* NaN: the backward must zero all E + Z columns */
+  form_backward(L, x, dout, T, D, 82, &g, &ws, &wsz);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  /* the reference: the routing, the routed experts on the real slots, the identity slots added */
+  assert_int_equal(moe8_router_logits(x, wr, T, D, ER, lg), MOE8_OK);
+  const moe8_router_config rc = {.num_experts = ER, .top_k = K, .routed_scaling_factor = 6.0f, .selection_bias = bias};
+  assert_int_equal(moe8_route(&rc, lg, T, NULL, ids, w), MOE8_OK);
+  int nid = 0;
+  for (int t = 0; t < T; t++) {
+    for (int d = 0; d < D; d++) idn[t * D + d] = 0.0f;
+    for (int j = 0; j < K; j++) {
+      real[t * K + j] = ids[t * K + j] < E ? ids[t * K + j] : -1;
+      if (ids[t * K + j] < E) continue;
+      nid++;
+      for (int d = 0; d < D; d++) idn[t * D + d] += w[t * K + j] * x[t * D + d];
+    }
+  }
+  if (nid == 0 || nid == T * K) TU_FAIL("zero_experts: %d of %d slots on identity experts (want some, not all)", nid, T * K);
+  assert_int_equal(moe8_layer_experts_routed(L, x, T, real, w, y1, ws, wsz), MOE8_OK);
+  for (int i = 0; i < T * D; i++)
+    if (moe8__f32_bits(y0[i]) != moe8__f32_bits(y1[i] + idn[i]))
+      TU_FAIL("zero_experts: element %d is %a, want %a", i, (double)y0[i], (double)(y1[i] + idn[i]));
+  assert_int_equal(moe8_layer_experts(L, x, T, ids, w, y2, ws, wsz), MOE8_OK);
+  assert_memory_equal(y0, y2, sizeof y0);
+  ids[0] = ER; /* past the identity experts: refused */
+  assert_int_equal(moe8_layer_experts(L, x, T, ids, w, y2, ws, wsz), MOE8_ERR_SHAPE);
+  /* the gradients (form_backward's, above) */
+  const form_grad t[] = {
+    {"x", x, T * D, dx}, {"router", wr, D * ER, dwr}, {"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), E * D * F, dwg},
+    {"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), E * F * D, dwd}};
+  form_fd_check("zero_experts", L, x, dout, T, D, ws, wsz, t, sizeof t / sizeof t[0]);
+  /* the identity columns of the router get a gradient */
+  float gid = 0.0f;
+  for (int d = 0; d < D; d++)
+    for (int e = E; e < ER; e++) gid += fabsf(dwr[d * ER + e]);
+  assert_true(gid > 0.0f);
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(L, x, T, y2, ws, wsz), MOE8_OK);
+  assert_memory_equal(y0, y2, sizeof y0);
+  moe8_trainer *tr;
+  assert_int_equal(moe8_trainer_create(L, 0.01f, &tr), MOE8_OK);
+  float loss;
+  assert_int_equal(moe8_trainer_step(tr, x, dout, T, &loss, ws, wsz), MOE8_OK);
+  assert_true(isfinite(loss));
+  moe8_trainer_destroy(tr);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -2061,6 +2267,8 @@ int main(void) {
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_scored_shared),
     cmocka_unit_test(test_output_forms),
+    cmocka_unit_test(test_sparsemixer),
+    cmocka_unit_test(test_zero_experts),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

@@ -160,9 +160,9 @@ static void test_router_sqrt_softplus_and_hash(void **state) {
   h.selection_bias = NULL;
   assert_int_equal(moe8_route(&h, logits, T, sc, ids, w), MOE8_OK);
   moe8_router_config bad = cfg;
-  bad.score = (moe8_score_func)3;
+  bad.score = (moe8_score_func)4;
   assert_int_equal(moe8_route(&bad, logits, T, sc, ids, w), MOE8_ERR_INVALID_ARG);
-  assert_non_null(strstr(moe8_last_error(), "unknown score function 3"));
+  assert_non_null(strstr(moe8_last_error(), "unknown score function 4"));
 }
 
 /* DeepSeek-V3's group-limited top-k: E = 64 in 8 groups, the best 4

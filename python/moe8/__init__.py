@@ -83,7 +83,7 @@ ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap
 # The ungated ones: up [D, F] alone, no gate weight.
 UNGATED = ("relu2", "relu")
 # The router's score functions by moe8_score_func value.
-SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
+SCORES = ("softmax", "sigmoid", "sqrtsoftplus", "sparsemixer")
 
 
 class _LayerConfig(C.Structure):
@@ -96,7 +96,8 @@ class _LayerConfig(C.Structure):
                 ("norm_eps", C.c_float), ("select_logits", C.c_bool), ("out_bias", C.c_bool),
                 ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool),
                 ("group_mask_zero", C.c_bool), ("scored_shared", _i64), ("router_norm", C.c_bool), ("expert_scale", C.c_bool),
-                ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float)]
+                ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
+                ("router_jitter", C.c_float), ("zero_experts", _i64)]
 
 
 class _QuantSpec(C.Structure):
@@ -467,12 +468,13 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
-                  router_norm_scale=0.0, rms_eps=0.0):
+                  router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
-        raise Error(1, "score must be 'softmax', 'sigmoid' or 'sqrtsoftplus' (DeepSeek-V4), not %r" % (score,))
+        raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
     num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
-    top_k = _int_arg(top_k, "top_k", 1, num_experts)
+    zero_experts = _int_arg(zero_experts, "zero_experts", 0, 4096 - num_experts)
+    top_k = _int_arg(top_k, "top_k", 1, num_experts + zero_experts)
     hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
     n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
     shared_ffn = _int_arg(shared_ffn, "shared_ffn")
@@ -488,7 +490,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
                         bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
                         bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"), bool(router_norm), bool(expert_scale),
-                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps))
+                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts)
 
 
 def _f32_any(a, name, shape):
@@ -514,7 +516,7 @@ class Layer:
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
-                 rules=None,
+                 router_jitter=0.0, zero_experts=0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -529,7 +531,8 @@ class Layer:
                                 capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate, group_score, act,
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
-                                group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps)
+                                group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
+                                router_jitter, zero_experts)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -544,6 +547,7 @@ class Layer:
         self.score = SCORES[c.score]
         self.act = ACTS[c.act] if 0 <= c.act < len(ACTS) else c.act
         self.hash_routing = bool(c.hash_routing)  # routes by token id: forward() needs token_ids
+        self.zero_experts = c.zero_experts  # identity experts after the routed ones (LongCat-Flash): the router's E + Z columns
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -664,8 +668,9 @@ class Layer:
 
     def _shape(self, name):
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
-        return {"router": (D, E), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (E,), "shared_gate": (D, Fs),
-                "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (E,), "gate_up_bias": (E, 2 * F),
+        Er = E + self.zero_experts  # the router's experts
+        return {"router": (D, Er), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (Er,), "shared_gate": (D, Fs),
+                "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,), "gate_up_bias": (E, 2 * F),
                 "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
                 "out_norm": (D,)}[name]
 
@@ -819,13 +824,13 @@ class Layer:
         if ids.shape != (T, self.top_k) or ids.dtype.kind not in "iu":
             raise Error(2, "topk_ids must be an integer array of shape %s, got %s %s" % ((T, self.top_k), ids.dtype, list(ids.shape)))
         if ids.size:
-            bad = ids >= self.num_experts
+            bad = ids >= self.num_experts + self.zero_experts
             if ids.dtype.kind == "i" and ids.dtype.itemsize > 4:
                 bad |= ids < -(2 ** 31)  # would not survive the conversion to int32
             if bad.any():
                 t, j = (int(i) for i in np.argwhere(bad)[0])
-                raise Error(2, "topk_ids[%d, %d] = %d: ids must be in [-2^31, num_experts = %d) (ids < 0 are skipped)"
-                            % (t, j, int(ids[t, j]), self.num_experts))
+                raise Error(2, "topk_ids[%d, %d] = %d: ids must be in [-2^31, num_experts + zero_experts = %d) (ids < 0 are skipped)"
+                            % (t, j, int(ids[t, j]), self.num_experts + self.zero_experts))
         ids = np.require(ids.astype(np.int32, copy=False), requirements=["C", "A"])
         w = _f32(topk_weights, "topk_weights", 2, (T, self.top_k))
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
@@ -845,7 +850,8 @@ class Layer:
         dout = _f32(dout, "dout", 2, (T, self.hidden))
         ws = workspace or getattr(self._tls, "saved", None) or self._workspace(T)
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
-        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, E), np.float32), "gate": np.empty((E, D, F), np.float32),
+        Er = E + self.zero_experts  # the router's experts
+        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, Er), np.float32), "gate": np.empty((E, D, F), np.float32),
              "up": np.empty((E, D, F), np.float32), "down": np.empty((E, F, D), np.float32)}
         if Fs:
             g.update({"shared_gate": np.empty((D, Fs), np.float32), "shared_up": np.empty((D, Fs), np.float32),
@@ -856,7 +862,7 @@ class Layer:
             g.pop("gate")
             g.pop("shared_gate", None)
         if self.router_bias:
-            g["router_bias"] = np.empty((E,), np.float32)
+            g["router_bias"] = np.empty((Er,), np.float32)
         if self.expert_bias:
             g["gate_up_bias"] = np.empty((E, 2 * F), np.float32)
             g["down_bias"] = np.empty((E, D), np.float32)

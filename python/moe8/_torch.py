@@ -167,7 +167,8 @@ class MoE8Block(torch.nn.Module):
         for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
                   "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
                   "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit",
-                  "group_mask_zero", "scored_shared", "router_norm", "expert_scale", "in_norm", "out_norm", "router_norm_scale", "rms_eps"):
+                  "group_mask_zero", "scored_shared", "router_norm", "expert_scale", "in_norm", "out_norm", "router_norm_scale", "rms_eps",
+                  "router_jitter", "zero_experts"):
             cfg[k] = getattr(_cfg(lay), k)
         block = cls(lay.hidden, lay.ffn, lay.num_experts, lay.top_k, rules=text, _layer=lay, module_path=lay.module_path, **cfg)
         block._codes = codes
@@ -497,7 +498,8 @@ def _from_hf_inference(block, family, cfg, rules, module_path):
     for k in ("norm_topk_prob", "routed_scaling_factor", "use_selection_bias", "capacity_factor", "aux_loss_weight", "n_group",
               "topk_group", "shared_ffn", "shared_gate", "act_alpha", "act_limit", "router_bias", "expert_bias", "weight_input",
                   "shared_plain_act", "norm_min", "norm_eps", "select_logits", "out_bias", "norm_p", "shared_scale", "shared_act_limit",
-                  "group_mask_zero", "scored_shared", "router_norm", "expert_scale", "in_norm", "out_norm", "router_norm_scale", "rms_eps"):
+                  "group_mask_zero", "scored_shared", "router_norm", "expert_scale", "in_norm", "out_norm", "router_norm_scale", "rms_eps",
+                  "router_jitter", "zero_experts"):
         kw[k] = getattr(c, k)
     out = MoE8Block.__new__(MoE8Block)
     torch.nn.Module.__init__(out)

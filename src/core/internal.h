@@ -298,10 +298,11 @@ void moe8__map_register(const void *p, size_t len, const char *path);
 void moe8__map_unregister(const void *p);
 
 /* moe8_dispatch_sort; with skip_negative an id < 0 is an assignment the
-** caller skipped (pos_of = -1, no row). */
+** caller skipped (pos_of = -1, no row); an id in [E, E + zero) is an
+** identity expert's (LongCat-Flash's zero_experts: pos_of = -1, no row). */
 struct moe8_dispatch;
-moe8_status moe8__dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, float capacity_factor, bool skip_negative,
-                                struct moe8_dispatch *d);
+moe8_status moe8__dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, int64_t zero, float capacity_factor,
+                                bool skip_negative, struct moe8_dispatch *d);
 
 /* Scalar f32 -> i8 as the quantizer needs it: round half even, clamp. */
 int8_t moe8__f32_to_i8(float x);

@@ -26,7 +26,7 @@ void moe8_ep_destroy(moe8_ep *ep) {
 const moe8_ep_stats *moe8_ep_get_stats(const moe8_ep *ep) { return ep ? &ep->st : NULL; }
 
 /* ---- create: the ranks must agree ---------------------------------------- */
-#define NFP 31
+#define NFP 33
 typedef struct fingerprint {
   int64_t v[NFP];
 } fingerprint;
@@ -37,7 +37,7 @@ static const char *const k_fp_names[NFP] = {
   "activation quantization", "activation qtype", "activation tile", "bwd_qtype", "quantize_before_ep_all_gather",
   "number of ranks", "n_group", "topk_group", "shared_ffn", "shared_gate", "group score", "expert form (activation, biases, input scaling)",
   "activation alpha and limit", "expert-parallel mode",
-  "output form (out_bias, shared_scale, norm_p, Gemma-4's norms, rms_eps, router_norm_scale)", "hash routing (and its table's checksum), or scored_shared", "summation order", "weights (checksum)"};
+  "output form (out_bias, shared_scale, norm_p, Gemma-4's norms, rms_eps, router_norm_scale)", "router_jitter (sparsemixer)", "zero_experts", "hash routing (and its table's checksum), or scored_shared", "summation order", "weights (checksum)"};
 
 /* The summation order as the fingerprint holds it: 1 canonical (the same
 ** bytes on every table), else 2 + 2·table + has_bf16 (one table's own). */
@@ -74,7 +74,7 @@ static fingerprint make_fp(const moe8_ep *ep) {
                     (int64_t)((uint64_t)c->out_bias ^ ((uint64_t)c->group_mask_zero << 63) ^ ((uint64_t)moe8__f32_bits(c->norm_p) << 1) ^ ((uint64_t)moe8__f32_bits(c->shared_scale) << 32) ^
                               ((uint64_t)(c->router_norm | c->expert_scale << 1 | c->in_norm << 2 | c->out_norm << 3) << 59) ^
                               ((uint64_t)moe8__f32_bits(c->rms_eps) << 13) ^ ((uint64_t)moe8__f32_bits(c->router_norm_scale) << 27)),
-                    c->scored_shared, order_code(L), 0}};
+                    moe8__f32_bits(c->router_jitter), c->zero_experts, c->scored_shared, order_code(L), 0}};
   if (c->hash_routing) { /* the flag, the table's rows and entries */
     uint64_t th = 0xCBF29CE484222325ULL ^ (uint64_t)L->hash_vocab;
     for (int64_t i = 0; L->tid2eid && i < L->hash_vocab * c->top_k; i++) th = (th ^ (uint32_t)L->tid2eid[i]) * 0x100000001B3ULL;

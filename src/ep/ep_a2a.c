@@ -111,7 +111,7 @@ static moe8_status a2a_rows(moe8_ep *ep, const void *send, const size_t *cnt, vo
 ** token order (relayed rank to rank), then the single-process formula. */
 static moe8_status aux_loss(moe8_ep *ep, a2a_state *s, bool want_aux, float *aux) {
   moe8_layer *L = ep->L;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, T = s->T, A = T * K;
+  const int64_t E = moe8__router_width(L), K = L->cfg.top_k, T = s->T, A = T * K; /* the router's experts */
   const int P = ep->P;
   int64_t *cnt = calloc((size_t)(E * (P + 1)), sizeof(int64_t));
   double *Pe = calloc((size_t)E + 1, sizeof(double));
@@ -145,6 +145,7 @@ static moe8_status aux_loss(moe8_ep *ep, a2a_state *s, bool want_aux, float *aux
 moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *tok, float *out, float *aux) {
   moe8_layer *L = ep->L;
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, Eloc = ep->Eloc, g0 = ep->g0;
+  const int64_t ER = moe8__router_width(L); /* with LongCat-Flash's identity experts (ids >= E: no rank, no rows) */
   const int P = ep->P;
   /* 1. the input checked on every rank, the token counts */
   moe8_status st = moe8__ep_begin_forward(ep, x, Tl, tok, out);
@@ -159,7 +160,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   bool ok = true;
   /* 2. local routing */
   float *logits;
-  ALLOC(logits, Tl * E); ALLOC(s->ids, Tl * K); ALLOC(s->w, Tl * K); ALLOC(s->scores, Tl * E);
+  ALLOC(logits, Tl * ER); ALLOC(s->ids, Tl * K); ALLOC(s->w, Tl * K); ALLOC(s->scores, Tl * ER);
   ALLOC(s->scnt, P); ALLOC(s->rcnt, P); ALLOC(s->bcnt, P); ALLOC(s->brcnt, P); ALLOC(s->recvrow, Tl * K);
   if (!ok) { free(logits); return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory")); }
   const moe8_router_config rc = moe8__router_config(L, tok);
@@ -177,6 +178,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   if (!ok) return moe8__ep_agree(ep, moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory"));
   for (int64_t t = 0; st == MOE8_OK && t < Tl; t++)
     for (int64_t j = 0; j < K; j++) {
+      if (s->ids[t * K + j] >= E) continue; /* an identity expert's slot: computed here */
       const int64_t q = s->ids[t * K + j] / Eloc;
       bool first = true; /* the first of this token's slots on rank q */
       for (int64_t i = 0; i < j && first; i++) first = s->ids[t * K + i] / Eloc != q;
@@ -189,6 +191,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
   for (int q = 0; q < P; q++) { at[q] = s->nsend; s->nsend += (int64_t)s->scnt[q]; }
   for (int64_t t = 0; st == MOE8_OK && t < Tl; t++) /* (after a routing failure the ids are not read: it is agreed below) */
     for (int64_t j = 0; j < K; j++) {
+      if (s->ids[t * K + j] >= E) continue;
       const int64_t q = s->ids[t * K + j] / Eloc;
       bool first = true;
       for (int64_t i = 0; i < j && first; i++) first = s->ids[t * K + i] / Eloc != q;
@@ -331,6 +334,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
       for (int q = 0; q < P; q++) base[q + 1] = base[q] + (int64_t)s->brcnt[q];
       for (int64_t t = 0; t < Tl; t++)
         for (int64_t j = 0; j < K; j++) {
+          if (s->ids[t * K + j] >= E) { s->recvrow[t * K + j] = -1; continue; } /* an identity expert's slot */
           const int q = (int)(s->ids[t * K + j] / Eloc);
           const int64_t i = base[q]++;
           s->recvrow[t * K + j] = brecv[i * (D + 1) + D] != 0.0f ? (int32_t)i : -1;
@@ -340,8 +344,16 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
     }
   }
   free(brecv);
+  /* LongCat-Flash's identity slots on the owner, as the single process
+  ** sums them (before the combine writes out) */
+  float *idn = L->cfg.zero_experts && st == MOE8_OK ? malloc(sizeof(float) * (size_t)(Tl * D) + 4) : NULL;
+  if (L->cfg.zero_experts && st == MOE8_OK && !idn) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (idn) moe8__identity_rows(L, x, Tl, s->ids, s->w, idn);
   /* Llama-4: the outputs summed unweighted */
   if (st == MOE8_OK) st = moe8_combine(rx, s->nbrecv, s->recvrow, wi ? NULL : s->w, Tl, K, D, out);
+  if (st == MOE8_OK && idn)
+    for (int64_t i = 0; i < Tl * D; i++) out[i] = out[i] + idn[i];
+  free(idn);
   free(rx);
   /* 7. the shared expert, the output check, the aux loss */
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && Tl > 0) st = moe8__ep_shared_run(ep, xe, Tl, out, NULL, NULL, NULL);
@@ -358,7 +370,7 @@ moe8_status moe8__a2a_forward(moe8_ep *ep, const float *x, int64_t Tl, const int
 
 moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, Eloc = ep->Eloc, g0 = ep->g0;
+  const int64_t E = moe8__router_width(L), K = L->cfg.top_k, D = L->cfg.hidden, Eloc = ep->Eloc, g0 = ep->g0; /* E: the router's here */
   a2a_state *s = ep->a2a;
   moe8_status st = moe8__ep_begin_backward(ep, x, Tl, dout, gr);
   if (st != MOE8_OK) return st;
@@ -422,6 +434,8 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
       const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
       moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, xe, s->scores, s->ids, c, dxe, dw_l);
     } else if (dxe) st = moe8_combine(rx, s->nbrecv, s->recvrow, NULL, Tl, K, D, dxe);
+    /* LongCat-Flash's identity slots, after the combine as in the single process (not with Gemma-4's norms: refused) */
+    if (st == MOE8_OK && L->cfg.zero_experts) moe8__identity_backward(L, xe, Tl, s->ids, s->w, dout, dxe, dw_l);
     /* Gemma-4: the weight gradients through the per-expert scale first */
     if (st == MOE8_OK) st = moe8__ep_scale_dw(ep, Tl, s->ids, dw_l, &dwp);
     if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores, s->ids, dw_l, s->f, s->T, dl);

@@ -146,7 +146,7 @@ moe8_status moe8__ep_begin_backward(moe8_ep *ep, const float *x, int64_t Tl, con
 moe8_status moe8__ep_router_tail(moe8_ep *ep, const float *x, int64_t Tl, const float *dl, const float *dout, float *dx,
                                  const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
-  const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
+  const int64_t D = L->cfg.hidden, E = moe8__router_width(L); /* with LongCat-Flash's identity experts */
   /* dWr [D, E], the router bias's [E] after it when the layer has one, and
   ** JetMoE's output bias's [D] last (the same relay: one chain per element
   ** over the global token order, as the single process sums it) */

@@ -99,7 +99,9 @@ static moe8_status shared_local(moe8_ep *ep, const float *x, int64_t Tl, float *
 /* ---- forward -------------------------------------------------------------------- */
 moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const int32_t *token_ids, float *out, float *aux) {
   moe8_layer *L = ep->L;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
+  /* E: the routed experts (the sort's groups); ER: the router's, with
+  ** LongCat-Flash's identity experts (logits, scores) */
+  const int64_t E = L->cfg.num_experts, ER = moe8__router_width(L), K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn;
   const int P = ep->P;
   /* 1, 2. the input checked on every rank, the token counts */
   moe8_status st = moe8__ep_begin_forward(ep, x, Tl, token_ids, out);
@@ -115,8 +117,8 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   bool ok = true;
   float *logits, *route_l, *route_g, *xg;
   uint8_t *xq_l = NULL;
-  ALLOC(logits, Tl * E); ALLOC(route_l, Tl * (2 * K + E)); ALLOC(route_g, T * (2 * K + E));
-  ALLOC(s->scores_g, T * E); ALLOC(s->w_g, A); ALLOC(s->ids_g, A);
+  ALLOC(logits, Tl * ER); ALLOC(route_l, Tl * (2 * K + ER)); ALLOC(route_g, T * (2 * K + ER));
+  ALLOC(s->scores_g, T * ER); ALLOC(s->w_g, A); ALLOC(s->ids_g, A);
   ALLOC(s->token_of, A); ALLOC(s->slot_of, A); ALLOC(s->pos_of, A); ALLOC(s->gsz, E); ALLOC(s->offs, E + 1);
   /* Llama-4's rows are scaled before they are quantized: f32 on the wire */
   const bool before = L->aq && L->before_sort && !L->cfg.weight_input, wi = L->cfg.weight_input;
@@ -126,9 +128,9 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   /* Gemma-4: the router reads n(x) ⊙ s · c, the experts n(x) ⊙ w_in (x without the norms) */
   const float *xr = x, *xe = x;
   st = moe8__ep_norms_in(ep, x, Tl, &xr, &xe);
-  /* 3. local routing, packed per token as ids[K] | weights[K] | scores[E] */
+  /* 3. local routing, packed per token as ids[K] | weights[K] | scores[ER] */
   const moe8_router_config rc = moe8__router_config(L, token_ids);
-  float *sc_l = malloc(sizeof(float) * (size_t)(Tl * E + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
+  float *sc_l = malloc(sizeof(float) * (size_t)(Tl * ER + 1)), *w_l = malloc(sizeof(float) * (size_t)(Tl * K + 1));
   int32_t *id_l = malloc(sizeof(int32_t) * (size_t)(Tl * K + 1));
   if (!sc_l || !w_l || !id_l) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
   if (st == MOE8_OK) st = moe8__router_logits(L, xr, Tl, logits);
@@ -136,10 +138,10 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   if (st == MOE8_OK) st = moe8__ep_scale_weights(ep, Tl, id_l, w_l);
   if (st == MOE8_OK)
     for (int64_t t = 0; t < Tl; t++) {
-      float *row = route_l + t * (2 * K + E);
+      float *row = route_l + t * (2 * K + ER);
       memcpy(row, id_l + t * K, sizeof(float) * (size_t)K);
       memcpy(row + K, w_l + t * K, sizeof(float) * (size_t)K);
-      memcpy(row + 2 * K, sc_l + t * E, sizeof(float) * (size_t)E);
+      memcpy(row + 2 * K, sc_l + t * ER, sizeof(float) * (size_t)ER);
     }
   /* 4. local token rows, quantized first when asked */
   if (st == MOE8_OK && before) {
@@ -161,26 +163,26 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   ep->st.tokens_bytes = (uint64_t)T * (before ? qrow : sizeof(float) * (size_t)D);
   free(xq_l);
   t0 = moe8__ep_now();
-  if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, route_l, sizeof(float) * (size_t)(2 * K + E), route_g);
+  if (st == MOE8_OK) st = moe8__ep_allgather_rows(ep, route_l, sizeof(float) * (size_t)(2 * K + ER), route_g);
   ep->st.routing_s = moe8__ep_now() - t0;
-  ep->st.routing_bytes = (uint64_t)T * sizeof(float) * (uint64_t)(2 * K + E);
+  ep->st.routing_bytes = (uint64_t)T * sizeof(float) * (uint64_t)(2 * K + ER);
   {
-    const uint64_t row = (before ? qrow : sizeof(float) * (size_t)D) + sizeof(float) * (size_t)(2 * K + E);
+    const uint64_t row = (before ? qrow : sizeof(float) * (size_t)D) + sizeof(float) * (size_t)(2 * K + ER);
     ep->st.fwd_sent_bytes += (uint64_t)Tl * row * (uint64_t)(P - 1);
     ep->st.fwd_recv_bytes += (uint64_t)(T - Tl) * row;
   }
   free(route_l);
   if (st != MOE8_OK) { free(route_g); free(xg); return st; }
   for (int64_t t = 0; t < T; t++) {
-    const float *row = route_g + t * (2 * K + E);
+    const float *row = route_g + t * (2 * K + ER);
     memcpy(s->ids_g + t * K, row, sizeof(float) * (size_t)K);
     memcpy(s->w_g + t * K, row + K, sizeof(float) * (size_t)K);
-    memcpy(s->scores_g + t * E, row + 2 * K, sizeof(float) * (size_t)E);
+    memcpy(s->scores_g + t * ER, row + 2 * K, sizeof(float) * (size_t)ER);
   }
   free(route_g);
   /* 6. the global sort; this rank's rows */
   moe8_dispatch d = {s->token_of, s->slot_of, s->gsz, s->offs, s->pos_of, 0};
-  st = moe8_dispatch_sort(s->ids_g, T, K, E, L->cfg.capacity_factor, &d);
+  st = moe8__dispatch_sort(s->ids_g, T, K, E, L->cfg.zero_experts, L->cfg.capacity_factor, false, &d); /* identity slots: no rows */
   if (st != MOE8_OK) { free(xg); return st; }
   s->P0 = s->offs[ep->g0];
   const int64_t rows = s->rows = s->offs[ep->g0 + ep->Eloc] - s->P0;
@@ -237,8 +239,16 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
   t0 = moe8__ep_now();
   st = exchange(ep, s->y, D, &recv, &ep->st.combine_bytes, &ep->st.fwd_sent_bytes, &ep->st.fwd_recv_bytes);
   ep->st.combine_s = moe8__ep_now() - t0;
+  /* LongCat-Flash's identity slots on the owner, as the single process
+  ** sums them (before the combine writes out) */
+  float *idn = L->cfg.zero_experts && st == MOE8_OK ? malloc(sizeof(float) * (size_t)(Tl * D) + 4) : NULL;
+  if (L->cfg.zero_experts && st == MOE8_OK && !idn) st = moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
+  if (idn) moe8__identity_rows(L, x, Tl, s->ids_g + T0 * K, s->w_g + T0 * K, idn);
   /* Llama-4: the outputs summed unweighted */
   if (st == MOE8_OK) st = moe8_combine(recv, s->nrecv, s->recvrow, wi ? NULL : s->w_g + T0 * K, Tl, K, D, out);
+  if (st == MOE8_OK && idn)
+    for (int64_t i = 0; i < Tl * D; i++) out[i] = out[i] + idn[i];
+  free(idn);
   free(recv);
   /* The shared expert: the owner's tokens, on the owner (rows are
   ** independent, so the bytes are the single-process layer's). */
@@ -257,7 +267,7 @@ moe8_status moe8__ring_forward(moe8_ep *ep, const float *x, int64_t Tl, const in
 /* ---- backward ------------------------------------------------------------------- */
 moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr) {
   moe8_layer *L = ep->L;
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
+  const int64_t E = moe8__router_width(L), K = L->cfg.top_k, D = L->cfg.hidden; /* E: the router's experts here */
   moe8_status st = moe8__ep_begin_backward(ep, x, Tl, dout, gr);
   if (st != MOE8_OK) return st;
   const ring_state *s = ep->ring;
@@ -314,6 +324,8 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
     moe8__input_weight_backward(Tl, K, D, E, s->recvrow, rx, xe, s->scores_g + T0 * E, s->ids_g + T0 * K, c, dxe, dw_l);
   } else if (dxe) st = moe8_combine(rx, s->nrecv, s->recvrow, NULL, Tl, K, D, dxe);
   free(rx);
+  /* LongCat-Flash's identity slots, after the combine as in the single process (not with Gemma-4's norms: refused) */
+  if (st == MOE8_OK && L->cfg.zero_experts) moe8__identity_backward(L, xe, Tl, s->ids_g + T0 * K, s->w_g + T0 * K, dout, dxe, dw_l);
   /* router (Gemma-4: the weight gradients through the per-expert scale first) */
   if (st == MOE8_OK) st = moe8__ep_scale_dw(ep, Tl, s->ids_g + T0 * K, dw_l, &dwp);
   if (st == MOE8_OK) moe8__router_backward(L, Tl, s->scores_g + T0 * E, s->ids_g + T0 * K, dw_l, s->f, T, dl);

@@ -155,6 +155,9 @@ typedef struct family {
   ** hybrid_override_pattern) says "moe" ("E"), the layers under
   ** backbone.layers. (parse_nemotron) */
   bool        nemotron;
+  /* PhiMoE (PhimoeConfig): the sparsemixer router (parse_phimoe); LongCat-Flash
+  ** (LongcatFlashConfig): zero-computation experts (parse_longcat) */
+  bool        sparsemixer, longcat;
 } family;
 
 /* Placement of the MoE layers. */
@@ -212,6 +215,10 @@ static const family k_families[] = {
   ** renormalized (MiniMaxM2TopKRouter); num_experts is an alias */
   {"minimax_m2", MOE8_ARCH_MIXTRAL, "num_local_experts", "intermediate_size", "num_experts", 3072, 62, 256, 8, 1536, 0, true, 1.0, 0, 0, 0,
    true},
+  /* PhimoeConfig (Phi-3.5-MoE): Mixtral's experts and names, routed by
+  ** sparsemixer (always 2 experts, router_jitter_noise; parse_phimoe) */
+  {.name = "phimoe", .arch = MOE8_ARCH_MIXTRAL, .experts_key = "num_local_experts", .ffn_key = "intermediate_size", .hidden = 4096,
+   .layers = 32, .experts = 16, .top_k = 2, .ffn = 6400, .norm = true, .scaling = 1.0, .place = PLACE_ALL, .sparsemixer = true},
   /* Families whose block is one of the above, as data: the class's keys
   ** and defaults (transformers' configuration classes). */
   /* Qwen3VLMoeTextConfig: Qwen3-MoE's block, always renormalized */
@@ -530,6 +537,17 @@ static const family k_families[] = {
    .alias = "num_local_experts", .hidden = 4096, .layers = 4, .experts = 8, .top_k = 2, .ffn = 7688, .shared = 1, .norm = true,
    .scaling = 1.0, .n_group = 1, .topk_group = 1, .shared_key = "", .shared_width_key = "moe_shared_expert_intermediate_size",
    .shared_width = 7688, .place = PLACE_ALL, .block_prefix = "mixer.", .norm_eps = 1e-20, .nemotron = true},
+  /* LongcatFlashConfig: softmax over n_routed_experts + zero_expert_num,
+  ** the top-k of score + router.e_score_correction_bias, weights the scores
+  ** times routed_scaling_factor (no renormalization, no groups, no shared
+  ** expert), the ids past n_routed_experts identity experts; one MoE per
+  ** decoder layer (num_layers of them; parse_longcat); the router is
+  ** mlp.router.classifier.weight (src/io/model.c) */
+  {.name = "longcat_flash", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "expert_ffn_hidden_size",
+   .alias = "num_local_experts", .hidden = 6144, .layers = 28, .experts = 512, .top_k = 12, .ffn = 2048, .shared = 0, .norm = false,
+   .scaling = 6.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_topk|num_experts_per_tok", .norm_key = "", .group_key = "",
+   .shared_key = "", .place = PLACE_ALL, .block_prefix = "mlp.", .softmax_scores = true,
+   .longcat = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -984,6 +1002,62 @@ static moe8_status parse_gemma(const cJSON *root, const char *file, const family
   return MOE8_OK;
 }
 
+/* PhiMoE: the sparsemixer router (MOE8_SCORE_SPARSEMIXER), which chooses 2
+** experts whatever num_experts_per_tok says (transformers' sparsemixer
+** does), weighted without renormalization; its threshold's
+** router_jitter_noise (default 0.01); input_jitter_noise acts in training
+** only. */
+static moe8_status parse_phimoe(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  if (L->num_experts < 2)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_local_experts\" = %lld: the sparsemixer router chooses 2 experts", file,
+                      (long long)L->num_experts);
+  L->score = MOE8_SCORE_SPARSEMIXER;
+  L->norm_topk_prob = false;
+  L->top_k = 2;
+  return get_pos(root, file, "router_jitter_noise", 0.01, true, " (the sparsemixer's threshold is twice it)", &L->router_jitter);
+}
+
+/* LongCat-Flash: zero_expert_num identity experts after the
+** n_routed_experts (null: none), the top-k over all of them; the layer
+** count is num_layers (each decoder layer holds one MoE between its two
+** sublayers; the class's num_hidden_layers is twice it); the expert width
+** expert_ffn_hidden_size (alias moe_intermediate_size).  router_bias true
+** is refused: LongcatFlashTopkRouter then holds classifier.bias but its
+** forward does not add it, and moe8 does not pick one. */
+static moe8_status parse_longcat(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  moe8_status st;
+  const cJSON *z = cJSON_GetObjectItemCaseSensitive(root, "zero_expert_num"); /* item() reads null as absent */
+  if (z && cJSON_IsNull(z)) L->zero_experts = 0; /* the class's "or 0" */
+  else if ((st = get_int(root, file, "zero_expert_num", 256, 0, MOE8_MAX_EXPERTS - L->num_experts, &L->zero_experts)) != MOE8_OK) return st;
+  if (L->top_k > L->num_experts + L->zero_experts)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_topk\" = %lld exceeds the %lld experts", file, (long long)L->top_k,
+                      (long long)(L->num_experts + L->zero_experts));
+  int64_t f2 = L->ffn;
+  if ((st = get_int(root, file, "moe_intermediate_size", L->ffn, 1, (int64_t)1 << 30, &f2)) != MOE8_OK) return st;
+  if (item(root, "moe_intermediate_size") && item(root, "expert_ffn_hidden_size") && f2 != L->ffn)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_intermediate_size\" = %lld and its alias \"expert_ffn_hidden_size\" = %lld disagree", file,
+                      (long long)f2, (long long)L->ffn);
+  L->ffn = f2;
+  int64_t nl = 28, nh = 0;
+  if ((st = get_int(root, file, "num_hidden_layers", 56, 2, 1 << 21, &nh)) != MOE8_OK) return st;
+  if ((st = get_int(root, file, "num_layers", item(root, "num_hidden_layers") ? nh / 2 : 28, 1, 1 << 20, &nl)) != MOE8_OK) return st;
+  if (item(root, "num_layers") && item(root, "num_hidden_layers") && nh != 2 * nl)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_hidden_layers\" = %lld is not twice \"num_layers\" = %lld (each layer has two sublayers)",
+                      file, (long long)nh, (long long)nl);
+  if (nl < 1)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_hidden_layers\" = %lld: LongCat-Flash's layers hold two sublayers each (num_layers = "
+                      "num_hidden_layers / 2 is 0)", file, (long long)nh);
+  c->num_layers = nl;
+  bool rb = false;
+  if ((st = get_bool(root, file, "router_bias", false, &rb)) != MOE8_OK) return st;
+  if (rb)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"router_bias\" is true: transformers' LongcatFlashTopkRouter then holds a classifier bias "
+                      "its forward does not add; moe8 does not pick one", file);
+  return MOE8_OK;
+}
+
 /* DeepSeek-V4 (DeepseekV4Config): every layer MoE, those whose
 ** mlp_layer_types entry is "hash_moe" (the others "moe") routed by token
 ** id; the list trimmed to num_hidden_layers as the class does (shorter:
@@ -1183,7 +1257,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   ** block is known to compute something else is refused even then, never
   ** run silently wrong (docs/models.md). */
   static const struct { const char *type, *why; } k_differs[] = {
-    {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
     {"llama4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"qwen3_vl_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"qwen3_5_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
@@ -1199,7 +1272,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"inkling_mm_model", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling2", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"inkling2_loop", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"longcat_flash", "it has zero-computation experts (zero_expert_num) and a shortcut MoE across sublayers"},
     {"minimax_m3_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
@@ -1218,6 +1290,16 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
         return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run: %s", file, k_differs[i].type,
                           k_differs[i].why);
       }
+  /* Families whose block is their own: run as another family (an
+  ** override) they would compute something else. */
+  static const struct { const char *type, *why; } k_own[] = {
+    {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
+    {"longcat_flash", "it has zero-computation (identity) experts (zero_expert_num)"},
+  };
+  for (size_t i = 0; mt && override && i < sizeof k_own / sizeof k_own[0]; i++)
+    if (!strcmp(mt->valuestring, k_own[i].type) && strcmp(override, k_own[i].type))
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"model_type\" is \"%s\", which moe8 does not run as %s: %s", file, k_own[i].type,
+                        override, k_own[i].why);
   /* A multimodal model as released (Llama-4 Scout and Maverick, Qwen3-VL,
   ** ...): its text model's keys are its text_config; its tensors are found
   ** under the language model's root (moe8_model_open). */
@@ -1321,7 +1403,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     c->text_of_two = true;
   } else
     TRY(get_int(root, file, fam->ffn_key, fam->ffn, 1, BIG, &L->ffn));
-  if (L->top_k > L->num_experts)
+  if (L->top_k > L->num_experts && !fam->longcat) /* LongCat-Flash's count its identity experts too (parse_longcat) */
     return moe8__fail(MOE8_ERR_PARSE, "%s: \"%s\" = %lld exceeds \"%s\" = %lld", file, kk, (long long)L->top_k,
                       fam->experts_key, (long long)L->num_experts);
   /* Routing. */
@@ -1561,6 +1643,8 @@ tail:
   }
   if (fam->gemma) TRY(parse_gemma(root, file, fam, c));
   if (fam->nemotron) TRY(parse_nemotron(root, file, c));
+  if (fam->sparsemixer) TRY(parse_phimoe(root, file, c));
+  if (fam->longcat) TRY(parse_longcat(root, file, c));
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));

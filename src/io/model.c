@@ -266,7 +266,8 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
 static const char *const k_bias_names[] = {"gate.e_score_correction_bias", "e_score_correction_bias", "gate.expert_bias", "expert_bias",
                                            "moe_statics.e_score_correction_bias" /* ERNIE-4.5's, [1, E] */,
                                            "experts.e_score_correction_bias" /* Laguna's files */,
-                                           "gate.bias" /* Inkling-2's files */, "router_bias" /* Step-3.5/3.7's */};
+                                           "gate.bias" /* Inkling-2's files */, "router_bias" /* Step-3.5/3.7's */,
+                                           "router.e_score_correction_bias" /* LongCat-Flash's */};
 
 static void dims(char *buf, size_t cap, int ndim, const int64_t *shape) {
   buf[0] = 0;
@@ -1036,13 +1037,15 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const moe8_tensor_view *t;
   /* Router and bias first: every format has them. */
   snprintf(n, sizeof n, "%s%s", p, c->router_name[0] ? c->router_name : "gate.weight"); /* the family's own (Jamba: router.weight) */
-  static const char *const router_names[2] = {"router.gate.weight", "gate.wg.weight"}; /* AFMoE's, HY-V3's files; HunYuan's */
-  for (int i = 0; i < 2 && !moe8_model_find(m, n); i++) {
+  /* AFMoE's, HY-V3's files; HunYuan's; transformers' own PhiMoE block (mlp.router.weight); LongCat-Flash's */
+  static const char *const router_names[4] = {"router.gate.weight", "gate.wg.weight", "router.weight", "router.classifier.weight"};
+  for (int i = 0; i < 4 && !moe8_model_find(m, n); i++) {
     char n2[320];
     snprintf(n2, sizeof n2, "%s%s", p, router_names[i]);
     if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
   }
-  const int64_t rshape[2] = {c->text_of_two ? D : E, c->text_of_two ? E : D}; /* ERNIE-4.5-VL's router is in x out */
+  const int64_t ER = E + c->layer.zero_experts; /* the router's experts: LongCat-Flash's identity ones after the routed */
+  const int64_t rshape[2] = {c->text_of_two ? D : ER, c->text_of_two ? ER : D}; /* ERNIE-4.5-VL's router is in x out */
   if ((st = need(m, n, 2, rshape, &t)) != MOE8_OK) return st;
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
   const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL, *hasht = NULL;
@@ -1065,7 +1068,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     }
     /* ERNIE-4.5-VL's [2, E]: the text experts' row first; Inkling's: its
     ** routed experts' (the shared ones, the layer's last, are not chosen) */
-    const int64_t EB = E - c->layer.scored_shared;
+    const int64_t EB = ER - c->layer.scored_shared; /* (LongCat-Flash's: [E + Z]) */
     if (bias && (!(bias->ndim == 1 || (bias->ndim == 2 && (bias->shape[0] == 1 || (c->text_of_two && bias->shape[0] == 2)))) ||
                  bias->shape[bias->ndim - 1] != EB || !is_float_file(bias->dtype)))
       return moe8__fail(MOE8_ERR_SHAPE, "model: '%s' must be a float vector of %lld (or [1, %lld]%s)", n, (long long)EB, (long long)EB,
@@ -1121,7 +1124,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const int p0 = ungated(m); /* the first projection: gate, or (ungated) up */
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
   /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D] or fused [2Fs, D]. */
-  int64_t rows_max = 2 * F > big ? (2 * F > E ? 2 * F : E) : (big > E ? big : E);
+  int64_t rows_max = 2 * F > big ? (2 * F > ER ? 2 * F : ER) : (big > ER ? big : ER);
   if (2 * Fs > rows_max) rows_max = 2 * Fs;
   ld.tmp = malloc(sizeof(float) * (size_t)(rows_max * big + 16));
   if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
@@ -1129,11 +1132,11 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   bool borrowed = false, routed_done = false, mx_file = false;
   xbuf b = {0};
   if ((st = moe8__layer_create(&lc, rules, mp, o.mode == MOE8_LOAD_INFERENCE, &L)) != MOE8_OK) { free(ld.tmp); return st; }
-  if (c->text_of_two) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER], router->data, router->dtype, (size_t)(D * E)); /* [D, E] as held */
-  else st = put_float(router, router->data, E, D, L->w[MOE8_W_ROUTER], E, 0, ld.tmp);
+  if (c->text_of_two) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER], router->data, router->dtype, (size_t)(D * ER)); /* [D, E] as held */
+  else st = put_float(router, router->data, ER, D, L->w[MOE8_W_ROUTER], ER, 0, ld.tmp);
   if (st != MOE8_OK) goto fail;
-  if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)(E - lc.scored_shared))) != MOE8_OK) goto fail;
-  if (bias) memset(L->w[MOE8_W_BIAS] + (E - lc.scored_shared), 0, sizeof(float) * (size_t)lc.scored_shared); /* Inkling's shared: never chosen */
+  if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)(ER - lc.scored_shared))) != MOE8_OK) goto fail;
+  if (bias) memset(L->w[MOE8_W_BIAS] + (ER - lc.scored_shared), 0, sizeof(float) * (size_t)lc.scored_shared); /* Inkling's shared: never chosen */
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
   if (obias && (st = moe8_file_to_f32(L->w[MOE8_W_OUT_BIAS], obias->data, obias->dtype, (size_t)D)) != MOE8_OK) goto fail;
   for (int i = 0; i < 4; i++)
@@ -1280,7 +1283,8 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     const bool ilv = c->fused_interleaved && c->fused_gu[0] && strstr(n, c->fused_gu) != NULL;
     const bool xw = !ilv && !ungated(m) && fgu->ndim == 3 && /* an ungated family's files: transformers' [E, F, D] only (D = F would fit both) */ fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == N1 && dv && dv->ndim == 3 &&
                     dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
-    const int64_t s1[3] = {E, xw ? D : N1, xw ? N1 : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
+    /* LongCat-Flash's gate_up_proj has rows for its identity experts too (never read) */
+    const int64_t s1[3] = {ER, xw ? D : N1, xw ? N1 : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
     if ((st = need(m, dname, 3, s2, &fdn)) != MOE8_OK) goto fail;
     if (!is_float_file(fgu->dtype) || !is_float_file(fdn->dtype)) {

@@ -16,28 +16,28 @@
 
 moe8_status moe8_dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, float capacity_factor,
                                moe8_dispatch *d) {
-  return moe8__dispatch_sort(ids, T, K, E, capacity_factor, false, d);
+  return moe8__dispatch_sort(ids, T, K, E, 0, capacity_factor, false, d);
 }
 
-moe8_status moe8__dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, float capacity_factor, bool skip_negative,
-                                moe8_dispatch *d) {
+moe8_status moe8__dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_t E, int64_t zero, float capacity_factor,
+                                bool skip_negative, moe8_dispatch *d) {
   if (!d) return moe8__fail(MOE8_ERR_INVALID_ARG, "dispatch: NULL output");
-  if (T < 0 || K <= 0 || E <= 0 || K > E || T * K > INT32_MAX)
+  if (T < 0 || K <= 0 || E <= 0 || zero < 0 || K > E + zero || T * K > INT32_MAX)
     return moe8__fail(MOE8_ERR_SHAPE, "dispatch: bad sizes T=%lld top_k=%lld E=%lld", (long long)T, (long long)K,
                       (long long)E);
   const int64_t A = T * K;
   if ((A > 0 && (!ids || !d->token_of || !d->slot_of || !d->pos_of)) || !d->group_sizes || !d->offsets)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "dispatch: NULL buffer");
   for (int64_t a = 0; a < A; a++)
-    if ((ids[a] < 0 && !skip_negative) || ids[a] >= E)
+    if ((ids[a] < 0 && !skip_negative) || ids[a] >= E + zero)
       return moe8__fail(MOE8_ERR_SHAPE, "dispatch: expert_ids[%lld] (token %lld, slot %lld) = %d is outside [0, %lld)%s",
-                        (long long)a, (long long)(a / K), (long long)(a % K), ids[a], (long long)E,
+                        (long long)a, (long long)(a / K), (long long)(a % K), ids[a], (long long)(E + zero),
                         skip_negative ? " (negative ids are skipped)" : "");
   int64_t cap = INT64_MAX;
   if (capacity_factor > 0.0f) cap = (int64_t)ceil((double)A / (double)E * (double)capacity_factor);
   for (int64_t e = 0; e < E; e++) d->group_sizes[e] = 0;
   for (int64_t a = 0; a < A; a++)
-    if (ids[a] >= 0 && d->group_sizes[ids[a]] < cap) d->group_sizes[ids[a]]++;
+    if (ids[a] >= 0 && ids[a] < E && d->group_sizes[ids[a]] < cap) d->group_sizes[ids[a]]++;
   d->offsets[0] = 0;
   for (int64_t e = 0; e < E; e++) d->offsets[e + 1] = d->offsets[e] + d->group_sizes[e];
   d->num_rows = d->offsets[E];
@@ -46,7 +46,7 @@ moe8_status moe8__dispatch_sort(const int32_t *ids, int64_t T, int64_t K, int64_
   for (int64_t e = 0; e < E; e++) d->group_sizes[e] = 0;
   for (int64_t a = 0; a < A; a++) {
     const int32_t e = ids[a];
-    if (e < 0) { d->pos_of[a] = -1; continue; } /* skipped by the caller */
+    if (e < 0 || e >= E) { d->pos_of[a] = -1; continue; } /* skipped by the caller, or an identity expert's */
     const int64_t p = d->offsets[e] + d->group_sizes[e];
     if (p < d->offsets[e + 1]) {
       d->group_sizes[e]++;

@@ -82,24 +82,42 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                                moe8_layer **out) {
   if (!cfg || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
   *out = NULL;
-  const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn, Fs = cfg->shared_ffn;
+  const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn, Fs = cfg->shared_ffn, Z = cfg->zero_experts;
   if (E <= 0 || E > MOE8_MAX_EXPERTS)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: num_experts = %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
-  if (K <= 0 || K > E)
-    return moe8__fail(MOE8_ERR_SHAPE, "layer: top_k = %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
+  if (Z < 0 || Z > MOE8_MAX_EXPERTS - E)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: zero_experts = %lld must be in [0, %lld] (num_experts + zero_experts at most %d)", (long long)Z,
+                      (long long)(MOE8_MAX_EXPERTS - E), MOE8_MAX_EXPERTS);
+  if (K <= 0 || K > E + Z)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: top_k = %lld must be in [1, num_experts + zero_experts = %lld]", (long long)K, (long long)(E + Z));
+  if (Z > 0 && (cfg->capacity_factor > 0.0f || cfg->aux_loss_weight != 0.0f || cfg->n_group > 1 || cfg->weight_input || cfg->hash_routing ||
+                cfg->score == MOE8_SCORE_SPARSEMIXER || cfg->router_norm || cfg->expert_scale || cfg->in_norm || cfg->out_norm ||
+                cfg->scored_shared))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: zero_experts (identity experts, LongCat-Flash's) with a capacity factor, an aux loss, "
+                      "groups, weight_input, hash routing, the sparsemixer router, Gemma-4's norms and scales or scored_shared: not "
+                      "implemented");
   if (D <= 0 || F <= 0 || Fs < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld, ffn = %lld must be positive and shared_ffn = %lld non-negative",
                       (long long)D, (long long)F, (long long)Fs);
   if (mul4(E, D, 2 * F, 4) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: sizes E = %lld, hidden = %lld, ffn = %lld, shared_ffn = %lld overflow 64-bit byte counts",
                       (long long)E, (long long)D, (long long)F, (long long)Fs);
-  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS)
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d (softmax 0, sigmoid 1, sqrtsoftplus 2)", (int)cfg->score);
+  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS &&
+      cfg->score != MOE8_SCORE_SPARSEMIXER)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: unknown score function %d (softmax 0, sigmoid 1, sqrtsoftplus 2, sparsemixer 3)",
+                      (int)cfg->score);
+  if (cfg->score == MOE8_SCORE_SPARSEMIXER &&
+      (K != 2 || cfg->use_selection_bias || cfg->n_group > 1 || cfg->select_logits || cfg->hash_routing || cfg->norm_topk_prob ||
+       cfg->weight_input || !(cfg->router_jitter >= 0.0f && cfg->router_jitter < 1e30f)))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the sparsemixer router (PhiMoE) chooses 2 experts (top_k %lld) by its own rule: no "
+                      "selection bias, groups, select_logits, hash routing, norm_topk_prob or weight_input with it, and router_jitter "
+                      "(%g) finite and >= 0", (long long)K, (double)cfg->router_jitter);
   if (cfg->hash_routing && (cfg->use_selection_bias || cfg->n_group > 1 || cfg->select_logits || cfg->weight_input))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: hash routing takes each token's experts from its table: no selection bias, groups, "
                       "select_logits or weight_input with it");
-  if (cfg->scored_shared < 0 || (cfg->scored_shared > 0 && (cfg->scored_shared >= K || cfg->n_group > 1 || cfg->hash_routing)))
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: scored_shared = %lld must be 0, or in [1, top_k = %lld) without groups or hash routing",
+  if (cfg->scored_shared < 0 ||
+      (cfg->scored_shared > 0 && (cfg->scored_shared >= K || cfg->n_group > 1 || cfg->hash_routing || cfg->score == MOE8_SCORE_SPARSEMIXER)))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: scored_shared = %lld must be 0, or in [1, top_k = %lld) without groups, hash routing or the sparsemixer router",
                       (long long)cfg->scored_shared, (long long)K);
   if (!(cfg->norm_min >= 0.0f && cfg->norm_min < 1e30f) || !(cfg->norm_eps >= 0.0f && cfg->norm_eps < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: norm_min %g and norm_eps %g must be in [0, 1e30)", (double)cfg->norm_min,
@@ -184,10 +202,10 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                           .wd = MOE8_W_DOWN};
   L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .N1 = moe8__act_gated(moe8__set_act(L, 1)) ? 2 * Fs : Fs, .wg = MOE8_W_SHARED_GATE,
                           .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
-  L->n[MOE8_W_ROUTER] = (size_t)(D * E);
-  L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)E : 0;
+  L->n[MOE8_W_ROUTER] = (size_t)(D * (E + Z));
+  L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)(E + Z) : 0;
   L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
-  L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)E : 0;
+  L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)(E + Z) : 0;
   L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * 2 * F) : 0;
   L->n[MOE8_W_DOWN_BIAS] = cfg->expert_bias ? (size_t)(E * D) : 0;
   L->n[MOE8_W_OUT_BIAS] = cfg->out_bias ? (size_t)D : 0;
@@ -339,7 +357,7 @@ const moe8_layer_config *moe8_layer_get_config(const moe8_layer *L) { return L ?
 
 /* ---- workspace ---------------------------------------------------------------- */
 typedef struct ws_layout {
-  float   *logits, *scores, *w, *xs, *gu, *h, *y, *sx, *sxs, *sh;
+  float   *logits, *scores, *w, *xs, *gu, *h, *y, *sx, *sxs, *sh, *idn;
   float   *xr, *xe, *yb, *wn;           /* Gemma-4's norms: router input, experts' input, output before its norm, weights before the per-expert scale */
   int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
   int64_t *offs;
@@ -370,7 +388,7 @@ static void ws_mark(void *ws, const moe8_layer *L, int64_t T, uint64_t kind) {
 ** is about T·top_k·(E + D + F + Fs) floats several times over) stays far
 ** from 64-bit overflow. */
 static int64_t max_tokens(const moe8_layer *L) {
-  const int64_t per = 64 * L->cfg.top_k * (L->cfg.num_experts + L->cfg.hidden + L->cfg.ffn + L->cfg.shared_ffn + 64);
+  const int64_t per = 64 * L->cfg.top_k * (moe8__router_width(L) + L->cfg.hidden + L->cfg.ffn + L->cfg.shared_ffn + 64);
   return ((int64_t)1 << 62) / per;
 }
 
@@ -380,8 +398,8 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   const int64_t Fs = L->cfg.shared_ffn;
   size_t off = WS_HEAD;
 #define TAKE(field, type, count) do { o->field = (type *)(base ? base + off : NULL); off += moe8__al64(sizeof(type) * (size_t)(count)); } while (0)
-  TAKE(logits, float, T * E);
-  TAKE(scores, float, T * E);
+  TAKE(logits, float, T * moe8__router_width(L));
+  TAKE(scores, float, T * moe8__router_width(L));
   TAKE(ids, int32_t, A);
   TAKE(w, float, A);
   TAKE(token_of, int32_t, A);
@@ -403,6 +421,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(xe, float, L->cfg.in_norm ? T * D : 0);
   TAKE(yb, float, L->cfg.out_norm ? T * D : 0);
   TAKE(wn, float, L->cfg.expert_scale ? A : 0);
+  TAKE(idn, float, L->cfg.zero_experts ? T * D : 0);
 #undef TAKE
   o->shared = base ? base + off : NULL;
   off += moe8__shared_buf_size(L, T);
@@ -991,8 +1010,10 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   }
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
-  if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.capacity_factor, ids_in != NULL, &d);
+  if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.zero_experts, L->cfg.capacity_factor, ids_in != NULL, &d);
   if (st != MOE8_OK) return st;
+  /* LongCat-Flash's identity experts, while x is whole (out may be x) */
+  if (L->cfg.zero_experts) moe8__identity_rows(L, x, T, w.ids, w.w, w.idn);
   const int64_t rows = d.num_rows;
   if (aux && L->cfg.aux_loss_weight != 0.0f && !ids_in) {
     double f[MOE8_MAX_EXPERTS];
@@ -1025,7 +1046,8 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, order, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
-  if (st == MOE8_OK) st = moe8__finish_output(L, T, w.y, w.pos_of, L->cfg.weight_input ? NULL : w.w, &sb, out);
+  if (st == MOE8_OK)
+    st = moe8__finish_output(L, T, w.y, w.pos_of, L->cfg.weight_input ? NULL : w.w, L->cfg.zero_experts ? w.idn : NULL, &sb, out);
   if (st == MOE8_OK && L->cfg.out_norm) { /* Gemma-4: the output's RMSNorm (the backward keeps what it normed) */
     memcpy(w.yb, out, sizeof(float) * (size_t)(T * D));
     moe8__rms_norm_rows(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, out);
@@ -1163,7 +1185,8 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const int64_t rows = w.offs[E];
   float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
-  float *dl = malloc(sizeof(float) * (size_t)(T * E + 1));
+  const int64_t ER = moe8__router_width(L); /* the router's experts: with the identity ones */
+  float *dl = malloc(sizeof(float) * (size_t)(T * ER + 1));
   /* Gemma-4's norms: the gradient at the output before its norm (dz), and
   ** the experts' and the router's input gradients apart (dxe, dxr), each
   ** taken back through its norm to dx at the end. */
@@ -1206,12 +1229,14 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
       dw[a] = dw[a] * c[e];
     }
   }
+  /* LongCat-Flash's identity slots: dw = dout · x, dx += w · dout */
+  if (L->cfg.zero_experts) moe8__identity_backward(L, x, T, w.ids, w.w, dout, gr->dx, dw);
   moe8__aux_loss(L, T, w.ids, w.scores, f);
   moe8__router_backward(L, T, w.scores, w.ids, dw, f, T, dl);
-  if (gr->dwr) moe8__router_wgrad(gr->dwr, xr, dl, T, D, E);
+  if (gr->dwr) moe8__router_wgrad(gr->dwr, xr, dl, T, D, ER);
   if (gr->dwrb && L->cfg.router_bias)
     for (int64_t t = 0; t < T; t++)
-      for (int64_t e = 0; e < E; e++) gr->dwrb[e] += dl[t * E + e];
+      for (int64_t e = 0; e < ER; e++) gr->dwrb[e] += dl[t * ER + e];
   if (dxr && (st = moe8__router_dx(L, dl, T, dxr)) != MOE8_OK) goto done;
   if (Fs > 0) {
     moe8__shared_buf sb;

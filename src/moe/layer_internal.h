@@ -85,6 +85,9 @@ struct moe8_layer {
 };
 
 /* ---- small helpers of layer.c and phases.c ---------------------------------- */
+/* The router's experts: the routed ones and LongCat-Flash's identity
+** experts after them (moe8_layer_config.zero_experts). */
+static inline int64_t moe8__router_width(const moe8_layer *L) { return L->cfg.num_experts + L->cfg.zero_experts; }
 static inline size_t moe8__al64(size_t n) { return (n + 63) & ~(size_t)63; }
 static inline int64_t moe8__nblocks(int64_t K, int64_t tile) { return tile > 0 ? moe8__cdiv(K, tile) : 1; }
 /* MXFP4 experts take f32 activations, or int8 ones per row or per 1 x tile
@@ -263,7 +266,16 @@ moe8_status moe8__rms_norm_backward(const float *x, int64_t T, int64_t D, float 
 ** holds NaN or inf. */
 moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T);
 moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, const int32_t *pos_of, const float *w,
-                                const moe8__shared_buf *b, float *out);
+                                const float *idn, const moe8__shared_buf *b, float *out);
+/* LongCat-Flash's identity experts (zero_experts): idn[t] = Σ_j w[t·K + j]
+** · x[t] over the slots j whose id is >= num_experts, in slot order from
+** zero (moe8__finish_output adds idn after the combine, NULL: none). */
+void moe8__identity_rows(const moe8_layer *L, const float *x, int64_t T, const int32_t *ids, const float *w, float *idn);
+/* Their backward: for each identity slot, dw[t·K + j] = dout[t] · x[t]
+** (increasing d) and dx[t] += w · dout[t] (dx may be NULL), slots in
+** order. */
+void moe8__identity_backward(const moe8_layer *L, const float *x, int64_t T, const int32_t *ids, const float *w, const float *dout,
+                             float *dx, float *dw);
 
 /* Quantizes the expert weights from the masters (unless prepared). */
 moe8_status moe8__layer_quantize_weights(moe8_layer *L);

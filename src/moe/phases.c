@@ -76,11 +76,11 @@ static moe8_status act_operand(const moe8_layer *L, float *f, const uint8_t *q, 
 
 moe8_router_config moe8__router_config(const moe8_layer *L, const int32_t *token_ids) {
   const moe8_layer_config *c = &L->cfg;
-  return (moe8_router_config){c->num_experts, c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
+  return (moe8_router_config){moe8__router_width(L), c->top_k, c->score, c->norm_topk_prob, c->routed_scaling_factor,
                               c->use_selection_bias ? L->w[MOE8_W_BIAS] : NULL, c->n_group, c->topk_group, c->group_score,
                               c->norm_min, c->norm_eps, c->select_logits, c->norm_p,
                               c->hash_routing ? L->tid2eid : NULL, c->hash_routing ? L->hash_vocab : 0,
-                              c->hash_routing ? token_ids : NULL, c->group_mask_zero, c->scored_shared};
+                              c->hash_routing ? token_ids : NULL, c->group_mask_zero, c->scored_shared, c->router_jitter};
 }
 
 moe8_status moe8__check_tokens(const moe8_layer *L, const int32_t *token_ids, int64_t T, const char *what) {
@@ -99,7 +99,7 @@ moe8_status moe8__check_tokens(const moe8_layer *L, const int32_t *token_ids, in
 }
 
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits) {
-  const int64_t D = L->cfg.hidden, E = L->cfg.num_experts;
+  const int64_t D = L->cfg.hidden, E = moe8__router_width(L);
   moe8_status st = moe8_router_logits(x, L->w[MOE8_W_ROUTER], T, D, E, logits);
   const float *b = L->cfg.router_bias ? L->w[MOE8_W_ROUTER_BIAS] : NULL;
   if (st == MOE8_OK && b)
@@ -117,6 +117,13 @@ moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   if (c->weight_input && c->norm_topk_prob)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s scales the expert input by renormalized weights: that backward is not "
                       "implemented (Llama-4's are its sigmoid scores, norm_topk_prob false)", what, L->module_path);
+  /* PhiMoE's router: transformers trains it by sampling the choice
+  ** (Gumbel) with its own gradient estimator, which is not the
+  ** deterministic rule moe8 computes; the rule's own gradient would train
+  ** something else. */
+  if (c->score == MOE8_SCORE_SPARSEMIXER)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s routes by sparsemixer (PhiMoE): moe8 computes its inference rule, while "
+                      "training samples the choice (Gumbel) with its own gradient estimator; no backward", what, L->module_path);
   return MOE8_OK;
 }
 
@@ -297,7 +304,7 @@ void moe8__shared_add(const moe8_layer *L, int64_t T, const moe8__shared_buf *b,
 ** scan: one pass over out instead of three.  The same operations in the
 ** same order as moe8_combine, moe8__shared_add and moe8__check_output. */
 moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, const int32_t *pos_of, const float *w,
-                                const moe8__shared_buf *b, float *out) {
+                                const float *idn, const moe8__shared_buf *b, float *out) {
   const int64_t D = L->cfg.hidden, K = L->cfg.top_k;
   const bool shared = L->cfg.shared_ffn > 0 && b && b->y, scan = !L->allow_nonfinite;
   const float *ob = L->cfg.out_bias ? L->w[MOE8_W_OUT_BIAS] : NULL;
@@ -306,12 +313,44 @@ moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, 
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
     moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
+    if (idn)
+      for (int64_t d = 0; d < D; d++) o[d] = o[d] + idn[t * D + d];
     if (shared) shared_add_row(L, b, t, o);
     if (ob)
       for (int64_t d = 0; d < D; d++) o[d] = o[d] + ob[d];
     if (scan) bad += moe8__count_nonfinite(o, (size_t)D);
   }
   return bad ? moe8__check_output(L, out, T) : MOE8_OK;
+}
+
+void moe8__identity_rows(const moe8_layer *L, const float *x, int64_t T, const int32_t *ids, const float *w, float *idn) {
+  const int64_t D = L->cfg.hidden, K = L->cfg.top_k, E = L->cfg.num_experts;
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float *o = idn + t * D;
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+      if (ids[t * K + j] < E) continue;
+      const float wj = w[t * K + j];
+      for (int64_t d = 0; d < D; d++) o[d] += wj * x[t * D + d];
+    }
+  }
+}
+
+void moe8__identity_backward(const moe8_layer *L, const float *x, int64_t T, const int32_t *ids, const float *w, const float *dout,
+                             float *dx, float *dw) {
+  const int64_t D = L->cfg.hidden, K = L->cfg.top_k, E = L->cfg.num_experts;
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)T * (double)K * (double)D)) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t j = 0; j < K; j++) {
+      if (ids[t * K + j] < E) continue;
+      const float *g = dout + t * D, *xt = x + t * D, wj = w[t * K + j];
+      float s = 0.0f;
+      for (int64_t d = 0; d < D; d++) s += g[d] * xt[d];
+      dw[t * K + j] = s;
+      if (dx)
+        for (int64_t d = 0; d < D; d++) dx[t * D + d] += wj * g[d];
+    }
 }
 
 /* JetMoE's output bias on rows already combined (the expert-parallel
@@ -334,7 +373,7 @@ void moe8__out_bias_grad(const moe8_layer *L, const float *dout, int64_t T, floa
 }
 
 float moe8__aux_loss(const moe8_layer *L, int64_t T, const int32_t *ids, const float *scores, double *f) {
-  const int64_t E = L->cfg.num_experts, A = T * L->cfg.top_k;
+  const int64_t E = moe8__router_width(L), A = T * L->cfg.top_k;
   double s = 0.0;
   for (int64_t e = 0; e < E; e++) f[e] = 0.0;
   for (int64_t a = 0; a < A; a++) f[ids[a]] += 1.0;
@@ -445,7 +484,7 @@ void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr
   if (gr->dwin && L->cfg.in_norm) memset(gr->dwin, 0, sizeof(float) * (size_t)D);
   if (gr->dwon && L->cfg.out_norm) memset(gr->dwon, 0, sizeof(float) * (size_t)D);
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
-  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * E));
+  if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * moe8__router_width(L)));
   if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
   if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
   if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
@@ -453,14 +492,14 @@ void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr
   if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
   if (gr->dwsgate && Fs > 0 && L->cfg.shared_gate) memset(gr->dwsgate, 0, sizeof(float) * (size_t)D);
-  if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)E);
+  if (gr->dwrb && L->cfg.router_bias) memset(gr->dwrb, 0, sizeof(float) * (size_t)moe8__router_width(L));
   if (gr->dwgub && L->cfg.expert_bias) memset(gr->dwgub, 0, sizeof(float) * (size_t)(E * 2 * F));
   if (gr->dwdb && L->cfg.expert_bias) memset(gr->dwdb, 0, sizeof(float) * (size_t)(E * D));
   if (gr->dwob && L->cfg.out_bias) memset(gr->dwob, 0, sizeof(float) * (size_t)D);
 }
 
 moe8_status moe8__router_dx(const moe8_layer *L, const float *dl, int64_t T, float *dx) {
-  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden;
+  const int64_t E = moe8__router_width(L), D = L->cfg.hidden;
   if (T <= 0) return MOE8_OK;
   float *tmp = malloc(sizeof(float) * (size_t)(T * D) + 4);
   if (!tmp) return moe8__fail(MOE8_ERR_NOMEM, "backward: out of memory");
@@ -673,7 +712,7 @@ done:
 
 void moe8__router_backward(const moe8_layer *L, int64_t T, const float *scores, const int32_t *ids, const float *dw,
                            const double *f, int64_t T_total, float *dl) {
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k;
+  const int64_t E = moe8__router_width(L), K = L->cfg.top_k;
   const float c = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
   const bool use_aux = L->cfg.aux_loss_weight != 0.0f;
   #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)T * (double)E)) schedule(static)

@@ -24,6 +24,39 @@ moe8_status moe8_router_logits(const float *x, const float *wr, int64_t T, int64
   return MOE8_OK;
 }
 
+/* PhiMoE's sparsemixer in inference, for one token's logits l[E]
+** (transformers' sparsemixer, training false).  Choice c's top logit m
+** (the first: over all; the second: over all but the first), ties to the
+** lower index as torch's max; the experts with (m - l) / max(|l|, m) >
+** thr are masked (-inf: exp gives 0), the first choice always is for the
+** second; the weight is the chosen expert's softmax over the rest,
+** exp(0) / Σ = 1 / Σ, the sum in e order.  max(|l|, m) is 0 only where
+** l = m = 0: torch's 0 / 0 is NaN, which is not > thr (not masked).
+** sc[E] gets the first choice's masked softmax. */
+static void sparsemixer(const float *l, int64_t E, float thr, float *sc, int32_t *ids, float *w) {
+  int64_t first = 0;
+  for (int64_t c = 0; c < 2; c++) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; e++)
+      if ((c == 0 || e != first) && (best < 0 || l[e] > l[best])) best = e;
+    const float m = l[best];
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; e++) {
+      const float a = fabsf(l[e]), f = a < m ? m : a; /* clamp(|l|, min=m) */
+      const bool masked = (c == 1 && e == first) || (f != 0.0f && (m - l[e]) / f > thr);
+      const float p = masked ? 0.0f : expf(l[e] - m);
+      if (c == 0) sc[e] = p;
+      sum += p;
+    }
+    ids[c] = (int32_t)best;
+    w[c] = 1.0f / sum;
+    if (c == 0) {
+      for (int64_t e = 0; e < E; e++) sc[e] /= sum;
+      first = best;
+    }
+  }
+}
+
 moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64_t T, float *scores,
                        int32_t *expert_ids, float *weights) {
   if (!cfg) return moe8__fail(MOE8_ERR_INVALID_ARG, "route: NULL config");
@@ -32,9 +65,15 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     return moe8__fail(MOE8_ERR_SHAPE, "route: num_experts %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
   if (K <= 0 || K > E)
     return moe8__fail(MOE8_ERR_SHAPE, "route: top_k %lld must be in [1, num_experts = %lld]", (long long)K, (long long)E);
-  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS)
+  if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS &&
+      cfg->score != MOE8_SCORE_SPARSEMIXER)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "route: unknown score function %d", (int)cfg->score);
-  const bool hash = cfg->hash_table != NULL;
+  const bool hash = cfg->hash_table != NULL, smix = cfg->score == MOE8_SCORE_SPARSEMIXER;
+  if (smix && (K != 2 || cfg->selection_bias || cfg->n_group > 1 || cfg->select_logits || hash || cfg->norm_topk_prob))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: the sparsemixer router chooses 2 experts (top_k %lld) by its own rule: no selection "
+                      "bias, groups, select_logits, hash table or norm_topk_prob with it", (long long)K);
+  if (smix && !(cfg->jitter_eps >= 0.0f && cfg->jitter_eps < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "route: the sparsemixer's jitter_eps %g must be finite and >= 0", (double)cfg->jitter_eps);
   if (hash && (cfg->hash_vocab <= 0 || (T > 0 && !cfg->token_ids)))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "route: hash routing needs hash_vocab > 0 (not %lld) and the token ids", (long long)cfg->hash_vocab);
   if (hash && (cfg->selection_bias || cfg->n_group > 1 || cfg->select_logits))
@@ -94,6 +133,10 @@ moe8_status moe8_route(const moe8_router_config *cfg, const float *logits, int64
     uint64_t taken[MOE8_MAX_EXPERTS / 64];
     const float *l = logits + t * E;
     float *sc = scores ? scores + t * E : sbuf;
+    if (smix) { /* PhiMoE: its own choice and weights, then the scaling below */
+      sparsemixer(l, E, 2.0f * cfg->jitter_eps, sc, expert_ids + t * K, weights + t * K);
+      goto normalize;
+    }
     if (cfg->score == MOE8_SCORE_SOFTMAX) {
       float m = l[0], sum = 0.0f;
       for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;

@@ -3,7 +3,8 @@ tiny safetensors / .npy toolkit, for the family tests.  Nothing here is
 moe8's code: every formula is written from the reference implementations
 (Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
 DeepseekV3MoE with its TopkRouter, DeepseekV4SparseMoeBlock with its
-TopKRouter and HashRouter, NemotronHMoE, ...)."""
+TopKRouter and HashRouter, NemotronHMoE, PhimoeSparseMoeBlock's sparsemixer,
+LongcatFlashMoE's identity experts, ...)."""
 import json
 import struct
 
@@ -292,6 +293,32 @@ def route_deepseek_v4(x, wr, bias, k, scale, scoring="sqrtsoftplus", tid2eid=Non
     return ids, w / (w.sum(axis=1, keepdims=True) + 1e-20) * scale
 
 
+def route_sparsemixer(x, wr, jitter):
+    """PhiMoE's router in inference (PhimoeTopKRouter, sparsemixer with
+    training False): always 2 experts.  Choice c's top logit m (the first
+    over all, the second over all but the first; ties to the lower index, as
+    torch's max); the experts with (m - l) / max(|l|, m) > 2 * jitter are
+    masked (-inf), the first always for the second; the weight is the chosen
+    expert's softmax over the others, exp(0) / sum; not renormalized.  A
+    0 / 0 (l = m = 0) is NaN, which is not > the threshold: not masked."""
+    lg = x @ wr.T
+    T, E = lg.shape
+    ids, w = np.zeros((T, 2), dtype=np.int64), np.zeros((T, 2))
+    for t in range(T):
+        r, first = lg[t], -1
+        for c in range(2):
+            best = min((e for e in range(E) if e != first), key=lambda e: (-r[e], e))
+            m = r[best]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                q = (m - r) / np.maximum(np.abs(r), m)
+            keep = ~(q > 2 * jitter)
+            if first >= 0:
+                keep[first] = False
+            ids[t, c], w[t, c] = best, 1.0 / np.exp(r[keep] - m).sum()
+            first = best
+    return ids, w
+
+
 def route_deepseek_v2(x, wr, k, n_group, topk_group, scale, grouped):
     """DeepSeek-V2's gate (norm_topk_prob false): softmax scores; greedy
     top-k, or group_limited_greedy (a group's score is its best expert's
@@ -312,7 +339,9 @@ def route_deepseek_v2(x, wr, k, n_group, topk_group, scale, grouped):
 
 def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, limit=None, shared_limit=None, post=False, softcap=None,
               oss=None, out_bias=None, average=False):
-    """routing: (ids [T, k], weights [T, k]); experts[e] = (wg, wu, wd);
+    """routing: (ids [T, k], weights [T, k]); experts[e] = (wg, wu, wd), or
+    None for an identity expert (LongCat-Flash's zero-computation experts:
+    its slot adds w * x);
     shared = (wg, wu, wd) or None; shared_gate: [1, D] (Qwen2) or None;
     limit / shared_limit: the routed / shared experts' SwiGLU limit (mlp);
     out_bias: [D] added to the block's output (JetMoeMoE's bias) or None;
@@ -321,6 +350,9 @@ def moe_block(x, routing, experts, shared=None, shared_gate=None, act_q=None, li
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
+            if experts[ids[t, j]] is None:
+                out[t] += w[t, j] * x[t]
+                continue
             wg, wu, wd = experts[ids[t, j]]
             out[t] += w[t, j] * mlp(x[t:t + 1], wg, wu, wd, act_q, limit, post, softcap, oss)[0]
     if shared is not None:

@@ -1082,6 +1082,13 @@ ROWS = [
     dict(mt="nemotron_h", block="ds3", ekey="num_local_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
          shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40), place="blocktypes", relu2="relu",
          root="model.layers.", prefix="mixer.", layouts=("fused", "per")),
+    # PhiMoE: Mixtral's experts routed by sparsemixer (2 experts whatever num_experts_per_tok says: the test's is 4;
+    # router_jitter_noise, default 0.01), as save_pretrained writes them (block_sparse_moe., w1/w3/w2, gate.weight) and
+    # in transformers' own names (mlp., fused, router.weight)
+    dict(mt="phimoe", block="qwen3", ekey="num_local_experts", fkey="intermediate_size", place="all", sparsemixer=True,
+         prefix="block_sparse_moe.", names=("w1", "w3", "w2"), layouts=("per",)),
+    dict(mt="phimoe", block="qwen3", ekey="num_local_experts", fkey="intermediate_size", place="all", sparsemixer=True,
+         router="router.weight", layouts=("fused",)),
 ]
 PLACE_KEY = {"types": "mlp_layer_types", "fk": "first_k_dense_replace", "qwen": "mlp_only_layers", "first": "num_dense_layers",
              "period": "expert_layer_period", "interval": "moe_layer_interval", "pattern": "hybrid_override_pattern",
@@ -1165,6 +1172,9 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
     if softcap and not absent:
         softcap = (1.5, 2.0)  # small enough to bind on the test's pre-activations
         cfg["mlp_gate_softcap"], cfg["mlp_up_softcap"] = softcap
+    jitter = 0.01  # PhiMoE's router_jitter_noise (the class's default)
+    if row.get("sparsemixer") and not absent:
+        jitter = cfg["router_jitter_noise"] = 0.1  # a threshold of 0.2: the test's logits are masked and kept
     post = {}  # Step's per-layer limits (routed, shared) by layer
     if row.get("post") and not absent:
         cfg["swiglu_limits"] = [0.0, 0.05, None]  # layer 1 clamped, layer 2 not (null), as the class reads them
@@ -1269,6 +1279,8 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
             bias = rnd(rng, E, scale=0.5)
             t["%s%d.%s" % (root, l, row["logits_bias"])] = ("F32", bias)
             routing = R.route_logits_bias(x, wr, store(bias, "F32"), k, norm)
+        elif row.get("sparsemixer"):
+            routing = R.route_sparsemixer(x, wr, jitter)
         elif row.get("sigmoid"):
             routing = R.route_sigmoid(x, wr, k, norm)
         elif blk in ("qwen3", "qwen2"):
@@ -1507,6 +1519,60 @@ def test_aria(tmp, rng):
         for l, ref in refs.items():
             got, _ = run(d, x, ("--layer", str(l)))
             check("aria %s%sbf16 fused x.W, layer %d" % (wrap + " " if wrap else "", "defaults, " if absent else "", l), got, ref, 1e-5)
+def test_longcat_flash(tmp, rng):
+    """LongCat-Flash: softmax over n_routed_experts + zero_expert_num, the
+    top-k of score + router.e_score_correction_bias, weights the scores x
+    routed_scaling_factor (6.0 when absent), an id past the routed experts an
+    identity expert (its slot adds w x); the router mlp.router.classifier.weight
+    [E + Z, D]; per expert as save_pretrained writes them (gate_proj/up_proj for
+    every id, down_proj for the routed ones) or fused (gate_up_proj [E + Z, 2F, D],
+    down_proj [E, D, F]); num_layers its layers."""
+    E, Z, k, D, F, T = 16, 8, 4, 128, 96, 24
+    for layout in ("per", "fused", "absent"):
+        cfg = {"model_type": "longcat_flash", "n_routed_experts": E, "zero_expert_num": Z, "moe_topk": k, "hidden_size": D,
+               "expert_ffn_hidden_size": F, "num_layers": 2}
+        scale = 6.0
+        if layout != "absent":
+            scale = cfg["routed_scaling_factor"] = 1.75
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        for l in range(2):
+            p = "model.layers.%d.mlp." % l
+            wr = rnd(rng, E + Z, D, scale=0.5)
+            t[p + "router.classifier.weight"] = ("BF16", wr.astype(np.float32))
+            bias = rnd(rng, E + Z, scale=0.05) + np.where(np.arange(E + Z) >= E, 0.03, 0.0)
+            t[p + "router.e_score_correction_bias"] = ("F32", bias)
+            ex = make_experts(rng, E + Z, D, F)  # the identity ids' gate/up rows are in the files, never used
+            if layout == "fused":
+                t[p + "experts.gate_up_proj"] = ("BF16", np.stack([np.concatenate([g, u]) for g, u, _ in ex]).astype(np.float32))
+                t[p + "experts.down_proj"] = ("BF16", np.stack([w for _, _, w in ex[:E]]).astype(np.float32))
+            else:
+                for e, (g, u, w) in enumerate(ex):
+                    t[p + "experts.%d.gate_proj.weight" % e] = ("BF16", g.astype(np.float32))
+                    t[p + "experts.%d.up_proj.weight" % e] = ("BF16", u.astype(np.float32))
+                    if e < E:
+                        t[p + "experts.%d.down_proj.weight" % e] = ("BF16", w.astype(np.float32))
+            experts = [tuple(store(w, "BF16") for w in e) for e in ex[:E]] + [None] * Z
+            routing = R.route_deepseek(x, store(wr, "BF16"), store(bias, "F32"), k, 1, 1, False, scale, softmax_scores=True)
+            nid = int((routing[0] >= E).sum())
+            if nid == 0 or nid == routing[0].size:
+                FAILS.append("longcat_flash: %d of %d slots on identity experts (want some)" % (nid, routing[0].size))
+            refs[l] = R.moe_block(x, routing, experts)
+        d = os.path.join(tmp, "longcat_%s" % layout)
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("longcat_flash bf16 %s, layer %d" % (layout, l), got, ref, 1e-5)
+    rc, out = info(d)
+    if rc != 0 or "longcat_flash" not in out or "identity experts" not in out:
+        FAILS.append("longcat_flash info")
+        print("longcat_flash info (%d): %s" % (rc, out))
+    for key, val in (("router_bias", True), ("num_hidden_layers", 5)):
+        json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key not in out:
+            FAILS.append("longcat_flash %s %r" % (key, val))
+            print("longcat_flash with %s %r (%d): %s" % (key, val, rc, out))
 
 
 def test_cohere2_moe(tmp, rng):
@@ -1801,6 +1867,7 @@ def main():
         test_aria(tmp, rng)
         test_gemma4(tmp, rng)
         test_nemotron_h_gate(tmp, rng)
+        test_longcat_flash(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

@@ -30,7 +30,8 @@ int cmd_info(int argc, char **argv) {
   printf("architecture: %s (model_type \"%s\"), %lld layer(s)\n", moe8_arch_name(c->arch), c->model_type, (long long)c->num_layers);
   printf("moe: experts %lld, top_k %lld, hidden %lld, expert ffn %lld, score %s, norm_topk_prob %s, routed_scaling_factor %g%s\n",
          (long long)c->layer.num_experts, (long long)c->layer.top_k, (long long)c->layer.hidden, (long long)c->layer.ffn,
-         c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid" : c->layer.score == MOE8_SCORE_SQRTSOFTPLUS ? "sqrtsoftplus" : "softmax",
+         c->layer.score == MOE8_SCORE_SIGMOID ? "sigmoid" : c->layer.score == MOE8_SCORE_SQRTSOFTPLUS ? "sqrtsoftplus"
+         : c->layer.score == MOE8_SCORE_SPARSEMIXER ? "sparsemixer" : "softmax",
          c->layer.norm_topk_prob ? "true" : "false",
          c->layer.routed_scaling_factor ? (double)c->layer.routed_scaling_factor : 1.0, c->has_bias ? ", selection bias" : "");
   if (c->layer.n_group > 1)
@@ -41,6 +42,15 @@ int cmd_info(int argc, char **argv) {
   else if (c->layer.weight_input)
     printf("routing: top-%lld of %lld logits, sigmoid of each chosen logit scaling that expert's input (Llama-4), outputs summed\n",
            (long long)c->layer.top_k, (long long)c->layer.num_experts);
+  else if (c->layer.score == MOE8_SCORE_SPARSEMIXER)
+    printf("routing: sparsemixer (PhiMoE), 2 of %lld: the top logit, then the top of the others, each weighted by its softmax over the "
+           "experts within 2 x %g (router_jitter_noise) of it, relative to max(|logit|, top)\n", (long long)c->layer.num_experts,
+           (double)c->layer.router_jitter);
+  else if (c->layer.zero_experts)
+    printf("routing: top-%lld of %lld + %lld identity experts (softmax over all, chosen by score + correction bias), weights the "
+           "scores x %g; an identity expert adds its weight x the input (LongCat-Flash's zero-computation experts)\n",
+           (long long)c->layer.top_k, (long long)c->layer.num_experts, (long long)c->layer.zero_experts,
+           c->layer.routed_scaling_factor ? (double)c->layer.routed_scaling_factor : 1.0);
   else if (c->arch == MOE8_ARCH_GPT_OSS)
     printf("routing: logits + router bias, top-%lld of %lld, softmax over the %lld chosen logits\n", (long long)c->layer.top_k,
            (long long)c->layer.num_experts, (long long)c->layer.top_k);

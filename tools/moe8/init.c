@@ -111,6 +111,10 @@ int cmd_init(int argc, char **argv) {
   }
   if (layers > 0) hc.num_layers = layers;
   const int64_t E = hc.layer.num_experts, D = hc.layer.hidden, F = hc.layer.ffn, NL = hc.num_layers;
+  /* LongCat-Flash: a router (and bias) over its identity experts too, its
+  ** own bias name, and its layer count under num_layers */
+  const bool longcat = !strncmp(hc.model_type, "longcat_flash", 13);
+  const int64_t ER = E + hc.layer.zero_experts;
   const bool bf = !strcmp(dtype, "bf16");
   const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
   const size_t es = bf ? 2 : 4;
@@ -200,8 +204,8 @@ int cmd_init(int argc, char **argv) {
       for (int w = e < 0 || e == E + 1 ? 0 : w0; w < (e < 0 || e == E + 1 ? 1 : 3); w++) {
         int64_t N, K;
         if (e < 0) { /* ERNIE-4.5-VL's router is stored in x out */
-          N = hc.text_of_two ? D : E; K = hc.text_of_two ? E : D;
-          snprintf(names[nt], 256, "%s%s", p, hc.router_name[0] ? hc.router_name : "gate.weight");
+          N = hc.text_of_two ? D : ER; K = hc.text_of_two ? ER : D;
+          snprintf(names[nt], 256, "%s%s", p, longcat ? "router.classifier.weight" : hc.router_name[0] ? hc.router_name : "gate.weight");
         }
         else if (e == E + 1) {
           if (!hc.layer.shared_gate) continue;
@@ -251,9 +255,9 @@ int cmd_init(int argc, char **argv) {
       bytes += tv[nt].nbytes;
       nt++;
     } else if (hc.has_bias && rc == EXIT_OK) {
-      snprintf(names[nt], 256, "%sgate.e_score_correction_bias", p);
-      bufs[nt] = calloc((size_t)E, 4);
-      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {E}, bufs[nt], 4 * (size_t)E, 0};
+      snprintf(names[nt], 256, "%s%s", p, longcat ? "router.e_score_correction_bias" : "gate.e_score_correction_bias");
+      bufs[nt] = calloc((size_t)ER, 4);
+      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {ER}, bufs[nt], 4 * (size_t)ER, 0};
       bytes += tv[nt].nbytes;
       nt++;
     }
@@ -278,7 +282,8 @@ int cmd_init(int argc, char **argv) {
     else {
       cJSON *lc = multimodal ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : root; /* where the count is read */
       cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_hidden_layers");
-      cJSON_AddNumberToObject(lc, "num_hidden_layers", (double)NL);
+      cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_layers");
+      cJSON_AddNumberToObject(lc, longcat ? "num_layers" : "num_hidden_layers", (double)NL);
       /* Nemotron-H: its layer list, or pattern, cut to the layers written */
       cJSON *lt = cJSON_GetObjectItemCaseSensitive(lc, "layers_block_type"), *hp = cJSON_GetObjectItemCaseSensitive(lc, "hybrid_override_pattern");
       while (typed && cJSON_IsArray(lt) && cJSON_GetArraySize(lt) > NL) cJSON_DeleteItemFromArray(lt, cJSON_GetArraySize(lt) - 1);
