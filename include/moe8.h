@@ -1057,6 +1057,10 @@ typedef struct moe8_hf_config {
   ** (layers.L.router.proj.weight, layers.L.experts.*, its norms), with
   ** no block prefix. */
   bool              block_in_layer;
+  /* The block's output norm's weight when it is not Gemma-4's
+  ** post_feedforward_layernorm_2 (A.X-K1's post_mlp_layernorm.weight: in
+  ** the block, or beside it in the decoder layer as its files hold it). */
+  char              out_norm_name[48];
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -55,6 +55,7 @@ for fam in \
   "aria_text:\"moe_num_experts\": 8, \"intermediate_size\": 32, \"moe_topk\": 2, \"moe_num_shared_experts\": 1" \
   "gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32" \
   "phimoe:\"num_local_experts\": 8, \"intermediate_size\": 32" \
+  "axk1:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_group\": 2, \"topk_group\": 1, \"first_k_dense_replace\": 0" \
   "longcat_flash:\"n_routed_experts\": 8, \"zero_expert_num\": 4, \"expert_ffn_hidden_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \

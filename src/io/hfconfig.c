@@ -158,6 +158,10 @@ typedef struct family {
   /* PhiMoE (PhimoeConfig): the sparsemixer router (parse_phimoe); LongCat-Flash
   ** (LongcatFlashConfig): zero-computation experts (parse_longcat) */
   bool        sparsemixer, longcat;
+  /* A.X-K1 (AXK1Config): DeepSeek-V3's block with an RMSNorm on its output
+  ** (moe8_layer_config.out_norm, eps rms_norm_eps), its weight
+  ** post_mlp_layernorm.weight in the decoder layer */
+  bool        axk1;
 } family;
 
 /* Placement of the MoE layers. */
@@ -351,6 +355,13 @@ static const family k_families[] = {
   ** selection values 0.0; MoE layers by mlp_layer_types ("sparse"), else
   ** the list the class builds from first_k_dense_replace (1) and
   ** moe_layer_freq (1) */
+  /* AXK1Config (A.X-K1): DeepSeek-V3's block (groups, -inf mask) whose
+  ** output (routed + shared) goes through post_mlp_layernorm, an RMSNorm
+  ** multiplying by its weight; MoE layers by mlp_layer_types or the list
+  ** the class builds from first_k_dense_replace (1) and moe_layer_freq (1) */
+  {.name = "axk1", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
+   .alias = "num_local_experts", .hidden = 7168, .layers = 61, .experts = 192, .top_k = 8, .ffn = 2048, .shared = 1, .norm = true,
+   .scaling = 2.5, .n_group = 8, .topk_group = 4, .first_dense = 1, .place = PLACE_TYPES_FKF, .norm_eps = 1e-20, .axk1 = true},
   {.name = "axk2", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "n_routed_experts", .ffn_key = "moe_intermediate_size",
    .alias = "num_local_experts", .hidden = 2048, .layers = 48, .experts = 128, .top_k = 8, .ffn = 512, .shared = 1, .norm = true,
    .scaling = 2.5, .n_group = 1, .topk_group = 1, .first_dense = 1, .place = PLACE_TYPES_FKF, .norm_eps = 1e-20, .group_zero = true},
@@ -1262,7 +1273,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"qwen3_5_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"glm4v_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"axk1", "an RMSNorm (post_mlp_layernorm) is applied to the block's output"},
     {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"gemma4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
@@ -1643,6 +1653,13 @@ tail:
   }
   if (fam->gemma) TRY(parse_gemma(root, file, fam, c));
   if (fam->nemotron) TRY(parse_nemotron(root, file, c));
+  if (fam->axk1) { /* the block's output RMSNorm: post_mlp_layernorm in the decoder layer */
+    float eps = 1e-6f;
+    TRY(get_pos(root, file, "rms_norm_eps", 1e-6, true, " (post_mlp_layernorm's epsilon)", &eps));
+    L->out_norm = true;
+    L->rms_eps = eps;
+    snprintf(c->out_norm_name, sizeof c->out_norm_name, "post_mlp_layernorm.weight");
+  }
   if (fam->sparsemixer) TRY(parse_phimoe(root, file, c));
   if (fam->longcat) TRY(parse_longcat(root, file, c));
   if (fam->softcap) {

@@ -1095,7 +1095,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const moe8_tensor_view *normv[4] = {NULL, NULL, NULL, NULL};
   for (int i = 0; i < 4; i++) {
     if (!has_norm[i]) continue;
-    snprintf(n, sizeof n, "%s%s", p, k_norms[i].name);
+    const char *nm = i == 3 && c->out_norm_name[0] ? c->out_norm_name : k_norms[i].name;
+    snprintf(n, sizeof n, "%s%s", p, nm);
+    if (i == 3 && c->out_norm_name[0] && !moe8_model_find(m, n)) /* A.X-K1's files: the decoder layer's */
+      snprintf(n, sizeof n, "%s%lld.%s", m->root, (long long)layer, nm);
     const int64_t vshape[1] = {i == 1 ? E : D};
     if ((st = need(m, n, 1, vshape, &normv[i])) != MOE8_OK) return st;
     if (!is_float_file(normv[i]->dtype))

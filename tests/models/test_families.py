@@ -1575,6 +1575,50 @@ def test_longcat_flash(tmp, rng):
             print("longcat_flash with %s %r (%d): %s" % (key, val, rc, out))
 
 
+def test_axk1(tmp, rng):
+    """A.X-K1 (axk1): DeepSeek-V3's block (sigmoid + bias, groups with the
+    -inf mask, renormalized, routed_scaling_factor, one shared expert)
+    whose output goes through post_mlp_layernorm, an RMSNorm multiplying
+    by its weight (eps rms_norm_eps), the weight in the decoder layer
+    (layers.L.post_mlp_layernorm.weight) as save_pretrained writes it, or
+    in the block (mlp.post_mlp_layernorm.weight, transformers' own name);
+    the class's defaults (8 groups, 4 kept, scaling 2.5, eps 1e-6)."""
+    E, k, D, F, T = 32, 4, 96, 40, 24
+    for absent, inner in ((False, False), (True, True)):
+        cfg = {"model_type": "axk1", "hidden_size": D, "num_hidden_layers": 3, "n_routed_experts": E, "num_experts_per_tok": k,
+               "moe_intermediate_size": F}
+        ng, kg, scale, eps = (8, 4, 2.5, 1e-6) if absent else (4, 2, 1.5, 1e-5)
+        if not absent:
+            cfg.update(n_group=ng, topk_group=kg, routed_scaling_factor=scale, rms_norm_eps=eps, n_shared_experts=1,
+                       first_k_dense_replace=1)
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        t["model.layers.0.mlp.gate_proj.weight"] = ("BF16", rnd(rng, 32, D).astype(np.float32))
+        for l in (1, 2):
+            p = "model.layers.%d.mlp." % l
+            wr = rnd(rng, E, D, scale=0.5)
+            bias = rnd(rng, E, scale=0.2)
+            t[p + "gate.weight"] = ("BF16", wr.astype(np.float32))
+            t[p + "gate.e_score_correction_bias"] = ("F32", bias)
+            experts = per_expert(t, p, make_experts(rng, E, D, F), ("gate_proj", "up_proj", "down_proj"), "BF16")
+            sw = make_experts(rng, 1, D, F)[0]
+            for nm, w in zip(("gate_proj", "up_proj", "down_proj"), sw):
+                t[p + "shared_experts." + nm + ".weight"] = ("BF16", w.astype(np.float32))
+            wn = 1.0 + rnd(rng, D, scale=0.3)
+            t[(p if inner else "model.layers.%d." % l) + "post_mlp_layernorm.weight"] = ("F32", wn)
+            routing = R.route_deepseek(x, store(wr, "BF16"), store(bias, "F32"), k, ng, kg, True, scale)
+            y = R.moe_block(x, routing, experts, [store(w, "BF16") for w in sw])
+            refs[l] = R.rms_norm(y, store(wn, "F32"), eps)
+            if rel(y, refs[l]) < 1e-2:
+                FAILS.append("axk1: the output norm does not change the test's values")
+        d = os.path.join(tmp, "axk1_%d" % absent)
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("axk1 bf16 per-expert, output norm %s%s, layer %d" % ("in the block" if inner else "in the layer",
+                                                                        ", defaults" if absent else "", l), got, ref, 1e-5)
+
+
 def test_cohere2_moe(tmp, rng):
     """Cohere2-MoE: the top-k of the logits, weighted by their softmax
     ("softmax", norm_topk_prob not read) or their sigmoid, divided by the sum
@@ -1868,6 +1912,7 @@ def main():
         test_gemma4(tmp, rng)
         test_nemotron_h_gate(tmp, rng)
         test_longcat_flash(tmp, rng)
+        test_axk1(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

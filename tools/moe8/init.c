@@ -239,7 +239,7 @@ int cmd_init(int argc, char **argv) {
     for (int i = 0; i < 4 && rc == EXIT_OK; i++) {
       if (!has_norm[i]) continue;
       const int64_t n = i == 1 ? E : D;
-      snprintf(names[nt], 256, "%s%s", p, norms[i]);
+      snprintf(names[nt], 256, "%s%s", p, i == 3 && hc.out_norm_name[0] ? hc.out_norm_name : norms[i]); /* A.X-K1's name */
       float *one = malloc(sizeof(float) * (size_t)n);
       if (!one) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
       for (int64_t j = 0; j < n; j++) one[j] = 1.0f;
