@@ -114,14 +114,20 @@ VBMI_TARGET INLINE void direct_fp8_vbmi(const int mr, const int ng, const moe8__
 }
 
 /* The B panel of kp pairs from pair c0 / 2 of a packed rhs. */
-VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss) {
+VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss,
+                                int64_t pf) {
   __m512i tab[4];
   byte_tables(b->rt, tab);
   const int64_t nst = ntp / 32;
   const uint8_t *r = pk_at(b, c0 / 2);
+  /* pf > 0: the stream pf pairs ahead into L2, a line per line
+  ** converted, so the next chunks' lines arrive while this one converts
+  ** (the AMX kernel's few-row tasks: a burst of next-chunk prefetches per
+  ** tile step stalled them, 31% of their time; measured). */
   for (int64_t p = 0; p < kp; p++, r += nst * 64)
     for (int64_t s = 0; s < nst; s++) {
       __m512i v0, v1;
+      if (pf) _mm_prefetch((const char *)(r + pf * nst * 64 + 64 * s), PKHINT);
       pk_strip(r + 64 * s, tab, &v0, &v1);
       _mm512_storeu_si512(Bp + p * ps + s * ss, v0);
       _mm512_storeu_si512(Bp + p * ps + s * ss + 16, v1);
@@ -166,7 +172,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + p]);
 #pragma GCC unroll 4
-    for (int s = 0; s < ns; s++) _mm_prefetch((const char *)(r + PKPF * step + 64 * s), _MM_HINT_T0);
+    for (int s = 0; s < ns; s++) _mm_prefetch((const char *)(r + PKPF * step + 64 * s), PKHINT);
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
@@ -273,7 +279,7 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
         ao[i] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
       }
 #pragma GCC unroll 4
-      for (int t = 0; t < ns; t++) _mm_prefetch((const char *)(r + PKPF * step + 64 * t), _MM_HINT_T0);
+      for (int t = 0; t < ns; t++) _mm_prefetch((const char *)(r + PKPF * step + 64 * t), PKHINT);
 #pragma GCC unroll 4
       for (int t = 0; t < ns; t++) {
         __m512i b0, b1;
@@ -454,7 +460,7 @@ VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
   float *rsv = (float *)(Bp + kp * ntp), *carry = rsv + b->nbk * ntp; /* RF rows × 16 (out_how) */
   const int64_t words = packed_words(b, PATH_BF16);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
-  pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32);
+  pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32, 0);
   for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;
   for (int64_t i = 0; i < mt; i += RF) {
