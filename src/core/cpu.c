@@ -117,6 +117,10 @@ static void detect(void) {
   const bool f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
   if (!(f && dq && bw && vl)) return;
   unsigned fs = F_AVX512;
+  { /* the vendor, a report like the others: "GenuineIntel" in EBX, EDX, ECX */
+    unsigned v0, v1, v2, v3;
+    if (__get_cpuid(0, &v0, &v1, &v2, &v3) && v1 == 0x756E6547u && v3 == 0x49656E69u && v2 == 0x6C65746Eu) fs |= MOE8__CPU_INTEL;
+  }
   if ((c >> 11) & 1) fs |= F_VNNI;
   if ((c >> 1) & 1) fs |= F_VBMI;
   const bool amx_cpu = ((d >> 24) & 1) && ((d >> 22) & 1) && ((d >> 25) & 1);
@@ -135,7 +139,7 @@ static void detect(void) {
   else if (!amx_os && !refuse) g_amx_reason = "the OS does not enable tile state (XCR0 bits 17-18)";
   else if (amx_permission(refuse)) { fs |= F_AMX_TILE | F_AMX_BF16 | F_AMX_INT8; g_amx_reason = NULL; }
   if (keep_set) {
-    fs &= keep;
+    fs &= keep | MOE8__CPU_INTEL; /* the vendor is not a feature to hide */
     if (!(keep & F_AMX_TILE) && !g_amx_reason) g_amx_reason = "MOE8_CPU_FEATURES leaves AMX out";
   }
   g_features = fs;

@@ -175,6 +175,7 @@ enum {
   MOE8__CPU_AMX_TILE = 1 << 4, /* with XCR0 17-18 and the tile permission */
   MOE8__CPU_AMX_BF16 = 1 << 5,
   MOE8__CPU_AMX_INT8 = 1 << 6,
+  MOE8__CPU_INTEL = 1 << 7,    /* GenuineIntel (how far ahead the decode kernels prefetch) */
 };
 unsigned moe8__cpu_features(void);
 

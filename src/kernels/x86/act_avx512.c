@@ -9,15 +9,14 @@
 #include <immintrin.h>
 
 #include "dot_avx512.h"
-#ifndef MXI_PF
-#define MXI_PF 16384 /* bytes of the int8 kernel's code stream ahead, into L2 */
-#endif
-#ifndef MX_PFC
-#define MX_PFC 16 /* the f32 kernel: tiles of columns ahead */
-#endif
-#ifndef MX_HINT
-#define MX_HINT _MM_HINT_T1
-#endif
+/* The MXFP4 decode kernels' prefetch, by vendor as the packed FP8 ones
+** (gmm_x86.h): on Intel further ahead into L2 (measured), on AMD Zen the
+** nearer prefetch into L1 it was tuned with. */
+static inline bool mx_far(void) { return (moe8__cpu_features() & MOE8__CPU_INTEL) != 0; }
+static inline __attribute__((always_inline)) void mx_prefetch(const void *p, bool far) {
+  if (far) _mm_prefetch((const char *)p, _MM_HINT_T1);
+  else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
 
 /* moe8__expf, 16 lanes.  The clamp keeps NaN as the scalar code does
 ** (max/min return their second operand when one is NaN). */
@@ -264,14 +263,17 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
       b[c][r] = _mm512_setzero_ps();
     }
   const int64_t ng = nb / 8;
+  const bool far = mx_far();
+  const int64_t pfc = far ? 16 : 4;
   float fs[MX_NC][8];
   for (int64_t g = 0; g < ng; g++) {
 #pragma GCC unroll 8
     for (int c = 0; c < nc; c++) {
       e8m0_8(fs[c], sc + c * nb + g * 8);
-      /* the lines MX_PFC tiles ahead, into L2 (decode streams from memory) */
-      _mm_prefetch((const char *)(q + (c + MX_PFC * nc) * rs + g * 128), MX_HINT);
-      _mm_prefetch((const char *)(q + (c + MX_PFC * nc) * rs + g * 128 + 64), MX_HINT);
+      /* the lines 16 tiles ahead into L2 (Intel) or 4 into L1 (decode
+      ** streams from memory) */
+      mx_prefetch(q + (c + pfc * nc) * rs + g * 128, far);
+      mx_prefetch(q + (c + pfc * nc) * rs + g * 128 + 64, far);
     }
     /* The group's codes stay in registers when they fit beside the
     ** accumulators and one block's x; else they are read from L1 at each
@@ -370,13 +372,16 @@ enum { MXI_NR = 4 }; /* a tile: one column group (16 columns) x up to 4 rows */
 ** -12 · Σ q, takes 8 vpdpbusd against broadcast dwords of q (so each
 ** lane's sum is the exact Σ w2 · q of its column), and goes into the
 ** column's chain as fma(I, 2^(e - 127) · sh, chain).  The codes are one
-** sequential stream (a task's groups follow each other), prefetched MXI_PF
-** bytes ahead into L2 (16 KiB: 84-88% of the read bandwidth at decode
-** became 86-98% against 4 KiB into L1, measured on an AMX Xeon): two column groups at a time (two streams) were slower from
+** sequential stream (a task's groups follow each other), prefetched 16 KiB
+** ahead into L2 on Intel (84-88% of the read bandwidth at decode became
+** 86-98% against 4 KiB into L1, measured on an AMX Xeon), 4 KiB into L1 on
+** AMD Zen: two column groups at a time (two streams) were slower from
 ** memory though faster in cache. */
 MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint8_t *xp, int64_t ldxp, int rr, const uint8_t *q,
                                                                      const uint8_t *sc, int64_t K, __m512 res[MXI_NR]) {
   const int64_t nb = K / 32;
+  const bool far = mx_far();
+  const int64_t pfb = far ? 16384 : 4096;
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 f[MXI_NR];
@@ -385,7 +390,7 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t *qb = q + b * 256;
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; u++) _mm_prefetch((const char *)(qb + MXI_PF + 64 * u), MX_HINT);
+    for (int u = 0; u < 4; u++) mx_prefetch(qb + pfb + 64 * u, far);
     const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + b * 16)));
     const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
                                                                 _mm512_set1_epi32(0x00400000)));

@@ -301,7 +301,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     } else if (conv) {
       /* Packed FP8: converted straight into the strips, rows past zero. */
       const int64_t kp = moe8__cdiv(kc, 2), rows = 16 * npc;
-      pack_b_pk_vbmi(b, c0, kp, ntp, (uint32_t *)Bs, 32, rows * 32, few ? PKPF : 0);
+      pack_b_pk_vbmi(b, c0, kp, ntp, (uint32_t *)Bs, 32, rows * 32, few ? PKPF_FAR : 0);
       for (int64_t s = 0; s < ntp / 32; s++) memset(Bs + (s * rows + kp) * 128, 0, (size_t)((rows - kp) * 128));
     } else {
       panel_bf16(b, c0, kc, ntp, Bp, tmp);

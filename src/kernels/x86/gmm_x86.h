@@ -27,16 +27,19 @@
 #include <string.h>
 
 enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32, PF = 8 /* pairs of rows prefetched ahead */ };
-/* The packed FP8 decode kernels prefetch their stream PKPF pairs ahead
-** into L2: 32 KiB ahead into L2 took FP8 decode T=1 from 8.5 to 11.0 GB/s
-** (65% to 84% of one core's read bandwidth) against 8 KiB into L1, whose
-** fill buffers the prefetches held (measured on an AMX Xeon). */
-#ifndef PKPF
-#define PKPF 128
-#endif
-#ifndef PKHINT
-#define PKHINT _MM_HINT_T1
-#endif
+/* How far ahead the packed decode kernels prefetch their stream, by
+** vendor (moe8__cpu_features): on Intel 128 pairs (32 KiB of a 4-strip
+** tile) into L2 took FP8 decode T=1 from 8.5 to 11.0 GB/s on one core of
+** an AMX Xeon (65% to 84% of its read bandwidth) against 32 pairs into
+** L1, whose fill buffers the prefetches held; on AMD Zen 32 pairs into L1
+** is the tuned one (docs/performance.md; the far one is unmeasured there)
+** and stays.  pk_prefetch issues either. */
+enum { PKPF_NEAR = 32, PKPF_FAR = 128 };
+static inline bool pk_far(void) { return (moe8__cpu_features() & MOE8__CPU_INTEL) != 0; }
+static inline __attribute__((always_inline)) void pk_prefetch(const void *p, bool far) {
+  if (far) _mm_prefetch((const char *)p, _MM_HINT_T1);
+  else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
 
 #define INLINE static inline __attribute__((always_inline))
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))

@@ -127,7 +127,7 @@ VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp
   for (int64_t p = 0; p < kp; p++, r += nst * 64)
     for (int64_t s = 0; s < nst; s++) {
       __m512i v0, v1;
-      if (pf) _mm_prefetch((const char *)(r + pf * nst * 64 + 64 * s), PKHINT);
+      if (pf) _mm_prefetch((const char *)(r + pf * nst * 64 + 64 * s), _MM_HINT_T1);
       pk_strip(r + 64 * s, tab, &v0, &v1);
       _mm512_storeu_si512(Bp + p * ps + s * ss, v0);
       _mm512_storeu_si512(Bp + p * ps + s * ss + 16, v1);
@@ -164,15 +164,17 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
-  /* The tile's stream from memory: its lines PKPF pairs ahead (a task
-  ** starts cold on a new stream, which the prefetchers pick up late;
-  ** a prefetch past the end does not fault). */
+  /* The tile's stream from memory: its lines PKPF_NEAR / _FAR pairs
+  ** ahead (a task starts cold on a new stream, which the prefetchers pick
+  ** up late; a prefetch past the end does not fault). */
+  const bool far = pk_far();
+  const size_t pfd = far ? PKPF_FAR : PKPF_NEAR;
   for (int64_t p = 0; p < kp; p++, r += step) {
     __m512i a[4];
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + p]);
 #pragma GCC unroll 4
-    for (int s = 0; s < ns; s++) _mm_prefetch((const char *)(r + PKPF * step + 64 * s), PKHINT);
+    for (int s = 0; s < ns; s++) pk_prefetch(r + pfd * step + 64 * s, far);
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
@@ -258,6 +260,8 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
   const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
   const size_t step = (size_t)nst * 64;
   const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  const bool far = pk_far();
+  const size_t pfd = far ? PKPF_FAR : PKPF_NEAR;
   __m512 s[4][4][2];
 #pragma GCC unroll 4
   for (int i = 0; i < mr; i++)
@@ -279,7 +283,7 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
         ao[i] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
       }
 #pragma GCC unroll 4
-      for (int t = 0; t < ns; t++) _mm_prefetch((const char *)(r + PKPF * step + 64 * t), PKHINT);
+      for (int t = 0; t < ns; t++) pk_prefetch(r + pfd * step + 64 * t, far);
 #pragma GCC unroll 4
       for (int t = 0; t < ns; t++) {
         __m512i b0, b1;
