@@ -73,12 +73,14 @@ printf '{"model_type": "llama4", "text_config": {"model_type": "llama4_text", %s
 "$moe8" init --config "$tmp/llama4.json" --out "$tmp/init-llama4" --layers 2 >/dev/null 2>"$tmp/err" || fail "init llama4: $(cat "$tmp/err")"
 "$moe8" run --model "$tmp/init-llama4" --input "$x" --output "$tmp/y-llama4.npy" --layer 1 >/dev/null 2>"$tmp/err" ||
   fail "run on init's llama4 model: $(cat "$tmp/err")"
-# the other multimodal wrappers: text_config, layers under model.language_model.
+# the other multimodal wrappers: text_config, layers under model.language_model. (Nemotron-H's: their files' roots)
 for w in "qwen3_vl_moe:qwen3_vl_moe_text:\"num_experts\": 8, \"moe_intermediate_size\": 32" \
          "qwen3_5_moe:qwen3_5_moe_text:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32" \
          "glm4v_moe:glm4v_moe_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
          "ernie4_5_vl_moe:ernie4_5_vl_moe_text:\"moe_num_experts\": 8, \"moe_intermediate_size\": [32, 16], \"mlp_layer_types\": [\"sparse\"]" \
-         "gemma4:gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32"; do
+         "gemma4:gemma4_text:\"enable_moe_block\": true, \"num_experts\": 8, \"top_k_experts\": 2, \"moe_intermediate_size\": 32" \
+         "nemotron_h_omni:nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"hybrid_override_pattern\": \"ME\"" \
+         "nemo_speechlm:nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"hybrid_override_pattern\": \"MEM*E\""; do
   outer=${w%%:*}; rest=${w#*:}; inner=${rest%%:*}
   printf '{"model_type": "%s", "text_config": {"model_type": "%s", %s, %s}}\n' "$outer" "$inner" "$k" "${rest#*:}" > "$tmp/$outer.json"
   "$moe8" init --config "$tmp/$outer.json" --out "$tmp/init-$outer" >/dev/null 2>"$tmp/err" || fail "init $outer: $(cat "$tmp/err")"

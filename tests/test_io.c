@@ -1358,6 +1358,24 @@ static void test_family_rows(void **state) {
   assert_true(c.layer.num_experts == 8 && !strcmp(c.model_type, "qwen3_vl_moe (text_config)"));
   assert_int_equal(PARSE("{\"model_type\":\"glm4v_moe\"}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "text_config"));
+  /* Nemotron-3 Nano Omni: text_config, or the legacy llm_config (text_config wins); Nemotron-3.5 Transcribe */
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h_omni\",\"llm_config\":{\"model_type\":\"nemotron_h\",\"n_routed_experts\":16,"
+                         "\"moe_intermediate_size\":32,\"hybrid_override_pattern\":\"ME\"}}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 16 && c.layer.act == MOE8_ACT_RELU2 && !strcmp(c.model_type, "nemotron_h_omni (text_config)"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h_omni\",\"text_config\":{\"n_routed_experts\":16},"
+                         "\"llm_config\":{\"n_routed_experts\":1}}"), MOE8_OK);
+  assert_int_equal(c.layer.num_experts, 16);
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h_omni\",\"text_config\":null,\"llm_config\":{\"n_routed_experts\":24}}"), MOE8_OK);
+  assert_int_equal(c.layer.num_experts, 24);
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h_omni\"}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "llm_config"));
+  assert_int_equal(PARSE("{\"model_type\":\"nemo_speechlm\",\"llm_config\":{\"n_routed_experts\":16}}"), MOE8_ERR_PARSE);
+  assert_int_equal(PARSE("{\"model_type\":\"nemo_speechlm\",\"text_config\":{\"n_routed_experts\":16,\"mlp_hidden_act\":\"relu\"}}"),
+                   MOE8_OK);
+  assert_true(c.layer.num_experts == 16 && c.layer.act == MOE8_ACT_RELU && c.layer.shared_ffn == 7688);
+  static const char sl[] = "{\"model_type\":\"nemo_speechlm\",\"text_config\":{}}";
+  assert_int_equal(moe8_hf_config_parse_as(sl, strlen(sl), "config.json", "nemotron_h", &c), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "multimodal"));
   /* ERNIE-4.5: softmax scores with the bias, max(sum, moe_norm_min), MoE by interval / start / end */
   assert_int_equal(PARSE("{\"model_type\":\"ernie4_5_moe\",\"num_hidden_layers\":6,\"moe_layer_interval\":2,\"moe_norm_min\":0.25}"), MOE8_OK);
   assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.score == MOE8_SCORE_SOFTMAX && c.layer.use_selection_bias && c.layer.norm_min == 0.25f &&

@@ -586,6 +586,8 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"aria", "aria_text"},
   {"gemma4", "gemma4_text"},
   {"diffusion_gemma", "diffusion_gemma_text"},
+  {"nemotron_h_omni", "nemotron_h"}, /* Nemotron-3 Nano Omni: text_config (llm_config as released) */
+  {"nemo_speechlm", "nemotron_h"},   /* Nemotron-3.5 Transcribe */
 };
 
 /* The number tokens of a JSON text in document order (strings skipped),
@@ -1286,6 +1288,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"muse_spark", "its experts are latent (projected, normalized per expert)"},
     {"muse_spark_text", "its experts are latent (projected, normalized per expert)"},
+    {"nemo_speechlm", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"nemotron_h_omni", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"switch_transformers", "its experts drop tokens past expert_capacity and are ReLU MLPs"},
     {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
@@ -1316,8 +1320,13 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   for (size_t w = 0; !override && type && w < sizeof k_wrappers / sizeof k_wrappers[0]; w++) {
     if (strcmp(type, k_wrappers[w].type)) continue;
     const cJSON *tc = item(root, "text_config");
+    /* Nemotron-3 Nano Omni as released: the text model under the legacy
+    ** llm_config (its class reads it when text_config is absent) */
+    const bool legacy = !strcmp(type, "nemotron_h_omni");
+    if (!tc && legacy) tc = item(root, "llm_config");
     if (!cJSON_IsObject(tc))
-      return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" is \"%s\" but \"text_config\" is missing or not an object", file, type);
+      return moe8__fail(MOE8_ERR_PARSE, "%s: \"model_type\" is \"%s\" but \"text_config\"%s is missing or not an object", file, type,
+                        legacy ? " (or \"llm_config\")" : "");
     const cJSON *q = item(root, "quantization_config");
     if (q) {
       const cJSON *m = cJSON_IsObject(q) ? item(q, "quant_method") : NULL;

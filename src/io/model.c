@@ -168,10 +168,14 @@ moe8_status moe8_model_open_as(const char *dir, const char *model_type, moe8_mod
   ** to them: one copy in the file, either one); transformers 5.24's
   ** save_pretrained of Kimi K2.5 writes its language model's layers as
   ** language_model.model.blocks. */
-  enum { NWRAP = 6, PLAIN = NWRAP, TOP };
+  /* Nemotron-3 Nano Omni's released files and transformers' save_pretrained
+  ** of it: language_model.backbone.layers.; Nemotron-3.5 Transcribe's
+  ** (NeMo's names, which save_pretrained writes too): llm.model.layers. */
+  enum { NWRAP = 8, PLAIN = NWRAP, TOP };
   static const char *const roots[NWRAP + 2] = {"language_model.model.layers.", "model.language_model.layers.", "model.llm.layers.",
                                                "model.decoder.layers.", "model.encoder.language_model.layers.",
-                                               "language_model.model.blocks.", "model.layers.", "layers."};
+                                               "language_model.model.blocks.", "language_model.backbone.layers.", "llm.model.layers.",
+                                               "model.layers.", "layers."};
   int ri = PLAIN;
   for (size_t i = 0; i < m->count && ri == PLAIN; i++)
     for (int r = 0; r < NWRAP; r++)

@@ -1082,6 +1082,23 @@ ROWS = [
     dict(mt="nemotron_h", block="ds3", ekey="num_local_experts", norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0),
          shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40), place="blocktypes", relu2="relu",
          root="model.layers.", prefix="mixer.", layouts=("fused", "per")),
+    # the multimodal models whose decoder is Nemotron-H: Nemotron-3 Nano Omni (nemotron_h_omni; its text model under
+    # text_config, or llm_config as released) under language_model.backbone.layers. (its files and transformers'
+    # save_pretrained) or language_model.model.layers. (transformers' own names); Nemotron-3.5 Transcribe (nemo_speechlm)
+    # under llm.model.layers. (NeMo's names, which save_pretrained writes too) or model.language_model.layers.
+    dict(mt="nemotron_h_omni", wrap="nemotron_h", text_key="llm_config", block="ds3", ekey="n_routed_experts",
+         norm=("norm_topk_prob", True), scale=("routed_scaling_factor", 1.0), shared=("", 1),
+         shared_width=("moe_shared_expert_intermediate_size", 40), place="pattern", relu2="relu2", root="language_model.backbone.layers.",
+         prefix="mixer.", layouts=("per", "fused"), multimodal=True),
+    dict(mt="nemotron_h_omni", wrap="nemotron_h", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
+         scale=("routed_scaling_factor", 1.0), shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40),
+         place="blocktypes", relu2="relu", root="language_model.model.layers.", prefix="mixer.", layouts=("fused",), multimodal=True),
+    dict(mt="nemo_speechlm", wrap="nemotron_h", block="ds3", ekey="n_routed_experts", norm=("norm_topk_prob", True),
+         scale=("routed_scaling_factor", 1.0), shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40),
+         place="pattern", relu2="relu2", root="llm.model.layers.", prefix="mixer.", layouts=("per", "fused"), multimodal=True),
+    dict(mt="nemo_speechlm", wrap="nemotron_h", block="ds3", ekey="num_local_experts", norm=("norm_topk_prob", True),
+         scale=("routed_scaling_factor", 1.0), shared=("", 1), shared_width=("moe_shared_expert_intermediate_size", 40),
+         place="blocktypes", relu2="relu2", root="model.language_model.layers.", prefix="mixer.", layouts=("per",), multimodal=True),
     # PhiMoE: Mixtral's experts routed by sparsemixer (2 experts whatever num_experts_per_tok says: the test's is 4;
     # router_jitter_noise, default 0.01), as save_pretrained writes them (block_sparse_moe., w1/w3/w2, gate.weight) and
     # in transformers' own names (mlp., fused, router.weight)
@@ -1196,7 +1213,7 @@ def row_case(tmp, rng, row, layout, absent=False, T=24):
         cfg[row.get("shared_key", "shared_expert_intermediate_size")] = Fs
     if row.get("wrap"):
         text = dict(cfg, model_type=row["wrap"])
-        cfg = {"model_type": row["mt"], "text_config": text, "vision_config": {"hidden_size": 8}}
+        cfg = {"model_type": row["mt"], row.get("text_key", "text_config"): text, "vision_config": {"hidden_size": 8}}
     root = row.get("root") or ("model.language_model.layers." if row.get("wrap") else "model.layers.")
     pre = row.get("prefix", "mlp.")
     names = row.get("names", ("gate_proj", "up_proj", "down_proj"))
@@ -1853,6 +1870,28 @@ def test_rows(tmp, rng):
         if rc != 0 or row["mt"] not in out:
             FAILS.append(row["mt"] + " info")
             print("%s info (%d): %s" % (row["mt"], rc, out))
+        if row.get("multimodal"):  # an override (--arch) of the multimodal model is refused: run it without one
+            for arch in (row["wrap"], row["mt"]):
+                rc, out = run_rc(d, x, ("--arch", arch, "--layer", str(min(refs))))
+                if rc == 0 or "multimodal" not in out or row["mt"] not in out:
+                    FAILS.append("%s --arch %s" % (row["mt"], arch))
+                    print("%s run as --arch %s not refused as the multimodal model (%d): %s" % (row["mt"], arch, rc, out))
+        if row.get("text_key"):  # text_config and the legacy key both given: text_config is read (as the class does)
+            orig_txt = open(os.path.join(d, "config.json")).read()
+            cfg = json.loads(orig_txt)
+            cfg["text_config"] = cfg[row["text_key"]]
+            cfg[row["text_key"]] = dict(cfg["text_config"], **{row["ekey"]: 3})  # fewer experts than top-k: refused if read
+            json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+            for l, ref in refs.items():
+                got, _ = run(d, x, ("--layer", str(l)))
+                check("%s text_config and %s, layer %d" % (row["mt"], row["text_key"], l), got, ref, 1e-5)
+            del cfg["text_config"]
+            json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+            rc, out = info(d)
+            if rc == 0 or row["ekey"] not in out:
+                FAILS.append("%s %s read" % (row["mt"], row["text_key"]))
+                print("%s: its %s (3 experts, top-4) not read without text_config (%d): %s" % (row["mt"], row["text_key"], rc, out))
+            open(os.path.join(d, "config.json"), "w").write(orig_txt)
         if row["place"] == "period":  # JambaConfig refuses an offset not below the period
             cfg = json.load(open(os.path.join(d, "config.json")))
             cfg["expert_layer_period"], cfg["expert_layer_offset"] = 2, 2
@@ -1872,7 +1911,9 @@ def test_rows(tmp, rng):
         if row.get("relu2"):  # Nemotron-H: a latent MoE, another activation, biases: refused naming the key
             orig = json.load(open(os.path.join(d, "config.json")))
             for key, val in (("moe_latent_size", 64), ("mlp_hidden_act", "silu"), ("mlp_bias", True)):
-                json.dump(dict(orig, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+                tk = row.get("text_key", "text_config")  # a multimodal model's: in its text model's keys
+                bad = dict(orig, **{tk: dict(orig[tk], **{key: val})}) if row.get("wrap") else dict(orig, **{key: val})
+                json.dump(bad, open(os.path.join(d, "config.json"), "w"))
                 rc, out = info(d)
                 if rc == 0 or key not in out:
                     FAILS.append("%s %s %r" % (row["mt"], key, val))

@@ -16,6 +16,8 @@
 **                                   the other multimodal wrappers under model.language_model.layers.
 **   Nemotron-H                      backbone.layers.L.mixer.gate.weight, ...experts.e.{up,down}_proj.weight
 **                                   (ungated: no gate_proj), shared_experts.{up,down}_proj.weight
+**                                   (nemotron_h_omni under language_model.backbone.layers.,
+**                                   nemo_speechlm under llm.model.layers., as their files are)
 **
 ** Each tensor is drawn straight into its file dtype, row by row from its
 ** own stream (seed, layer, tensor, row), on every thread: the memory is
@@ -134,7 +136,9 @@ int cmd_init(int argc, char **argv) {
   const bool multimodal = strstr(hc.model_type, " (text_config)") != NULL;
   /* ERNIE-4.5-VL's files keep its layers at model.layers. (as released) */
   const char *lroot = !multimodal || hc.text_of_two ? (typed ? hc.layers_root : "model.layers.") /* Nemotron-H's backbone.layers. */
-                      : !strncmp(hc.model_type, "llama4 ", 7) ? "language_model.model.layers." : "model.language_model.layers.";
+                      : !strncmp(hc.model_type, "llama4 ", 7) ? "language_model.model.layers."
+                      : !strncmp(hc.model_type, "nemotron_h_omni ", 16) ? "language_model.backbone.layers."
+                      : !strncmp(hc.model_type, "nemo_speechlm ", 14) ? "llm.model.layers." : "model.language_model.layers.";
   for (int64_t l = 0; l < NL && rc == EXIT_OK; l++) {
     if (moe8_hf_config_check_moe_layer(&hc, l) != MOE8_OK) { moe8_clear_error(); continue; } /* dense MLP layers are not moe8's */
     char p[96];
@@ -281,6 +285,7 @@ int cmd_init(int argc, char **argv) {
     if (!root) { fprintf(stderr, "moe8 init: cannot re-read %s\n", config); rc = EXIT_FAIL; }
     else {
       cJSON *lc = multimodal ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : root; /* where the count is read */
+      if (multimodal && !cJSON_IsObject(lc)) lc = cJSON_GetObjectItemCaseSensitive(root, "llm_config"); /* Nemotron-3 Nano Omni's */
       cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_hidden_layers");
       cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_layers");
       cJSON_AddNumberToObject(lc, longcat ? "num_layers" : "num_hidden_layers", (double)NL);
