@@ -1376,6 +1376,19 @@ static void test_family_rows(void **state) {
   static const char sl[] = "{\"model_type\":\"nemo_speechlm\",\"text_config\":{}}";
   assert_int_equal(moe8_hf_config_parse_as(sl, strlen(sl), "config.json", "nemotron_h", &c), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "multimodal"));
+  /* Every wrapper refuses an override as the multimodal model (Kimi K2.5
+  ** and Aria had no row: their files ran as the override's top keys). */
+  static const char *const mm[] = {"{\"model_type\":\"kimi_k25\",\"text_config\":{}}", "{\"model_type\":\"aria\",\"text_config\":{}}"};
+  for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+    assert_int_equal(moe8_hf_config_parse_as(mm[i], strlen(mm[i]), "config.json", "deepseek_v3", &c), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "multimodal"));
+  }
+  /* An unknown model_type's message lists every family and wrapper, to
+  ** its end (it outgrew a 1 KiB message buffer: the last names and the
+  ** --arch hint were cut). */
+  assert_int_equal(PARSE("{\"model_type\":\"no_such_moe\",\"num_experts\":4}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "nemo_speechlm"));
+  assert_non_null(strstr(moe8_last_error(), "(--arch)"));
   /* ERNIE-4.5: softmax scores with the bias, max(sum, moe_norm_min), MoE by interval / start / end */
   assert_int_equal(PARSE("{\"model_type\":\"ernie4_5_moe\",\"num_hidden_layers\":6,\"moe_layer_interval\":2,\"moe_norm_min\":0.25}"), MOE8_OK);
   assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.score == MOE8_SCORE_SOFTMAX && c.layer.use_selection_bias && c.layer.norm_min == 0.25f &&

@@ -12,7 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-static _Thread_local char g_last_error[1024];
+static _Thread_local char g_last_error[4096]; /* the longest, the family list of an unknown model_type, is ~1.5 KB */
 
 const char *moe8_status_str(moe8_status status) {
   switch (status) {
