@@ -30,7 +30,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from . import Layer, Rules
-from ._torch_op import _act_of, _lean_layer, _why_not, register_layer
+from ._torch_op import _act_of, _lean_layer, _ungated, _why_not, register_layer
 
 METHOD = "moe8"
 
@@ -129,11 +129,20 @@ def _release(ranges, model):
 
 def _experts_modules(model):
     """(name, module) of each experts module (transformers' experts
-    classes: fused gate_up_proj and down_proj tensors)."""
+    classes: fused gate_up_proj, or up_proj alone for ungated experts, and
+    down_proj tensors)."""
     for name, m in model.named_modules():
-        gu, dn = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        gu, dn = getattr(m, "gate_up_proj", getattr(m, "up_proj", None)), getattr(m, "down_proj", None)
         if isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and hasattr(m, "is_concatenated"):
             yield name, m
+
+
+def _tensors_of(m):
+    """The names of the tensors an experts module's lean layer is built
+    from: up_proj for ungated experts (Nemotron-H's), gate_up_proj else;
+    down_proj; with expert biases (GPT-OSS's), both biases."""
+    names = ("up_proj" if _ungated(m) else "gate_up_proj", "down_proj")
+    return names + (("gate_up_proj_bias", "down_proj_bias") if getattr(m, "has_bias", False) else ())
 
 
 def _rule_for(text, name):
@@ -178,8 +187,9 @@ class Moe8Quantize(ConversionOps):
             slot = q._pending.setdefault(path, {})
             slot[name] = t
             out[key] = torch.empty(0, dtype=t.dtype)
-            if "gate_up_proj" in slot and "down_proj" in slot:
-                q._build(path, slot.pop("gate_up_proj"), slot.pop("down_proj"))
+            need = _tensors_of(q._targets[path])
+            if all(n in slot for n in need):
+                q._build(path, *(slot.pop(n) for n in need))
                 del q._pending[path]
         return out
 
@@ -190,9 +200,11 @@ class Moe8Quantize(ConversionOps):
 
 class Moe8HfQuantizer(HfQuantizer):
     """moe8's HfQuantizer: quantizes on the fly (a float checkpoint: bf16,
-    f16 or f32); the experts modules moe8 runs (SwiGLU, gate and up
-    concatenated, no expert biases) are loaded into lean moe8 layers, any
-    other module is loaded by transformers unchanged.  Inference only."""
+    f16 or f32); the experts modules moe8 runs (what experts_implementation
+    "moe8" runs: SwiGLU and its clamped forms, GeGLU, ungated relu² / relu,
+    GPT-OSS's interleaved experts with biases) are loaded into lean moe8
+    layers, any other module is loaded by transformers unchanged.
+    Inference only."""
 
     requires_calibration = False
 
@@ -215,13 +227,13 @@ class Moe8HfQuantizer(HfQuantizer):
         for name, m in _experts_modules(model):
             if skip and name.startswith(skip):
                 continue
-            if _why_not(m) or getattr(m, "has_bias", False) or not getattr(m, "is_concatenated", True):
-                continue  # transformers loads and runs it as it is (GPT-OSS's biased experts: experts_implementation="moe8")
+            if _why_not(m):
+                continue  # transformers loads and runs it as it is
             m.__dict__["_moe8_rules"], m.__dict__["_moe8_path"] = self.quantization_config.rules, name or "experts"
             self._targets[name] = m
         if not self._targets:
-            raise ValueError("moe8: %s has no experts module moe8 runs (gate_up_proj and down_proj, SwiGLU, no expert biases)"
-                             % type(model).__name__)
+            raise ValueError("moe8: %s has no experts module moe8 runs (what experts_implementation \"moe8\" runs: gate_up_proj "
+                             "or ungated up_proj, and down_proj)" % type(model).__name__)
 
     def _load_from_files(self, model, checkpoint_files):
         """Every experts module of a MoE layer: its moe8 inference layer
@@ -265,17 +277,18 @@ class Moe8HfQuantizer(HfQuantizer):
         if self.quantization_config.experts_from_files:
             return False
         path, _, name = param_name.rpartition(".")
-        return name in ("gate_up_proj", "down_proj") and path in self._targets
+        return path in self._targets and name in _tensors_of(self._targets[path])
 
     def get_quantize_ops(self):
         return Moe8Quantize(self)
 
-    def _build(self, path, gu, dn):
+    def _build(self, path, gu, dn, *biases):
         m = self._targets[path]
-        lay = _lean_layer(gu, dn, getattr(m, "is_transposed", False), self._k, m.__dict__.get("_moe8_rules"), path, _act_of(m))
+        lay = _lean_layer(gu, dn, getattr(m, "is_transposed", False), self._k, m.__dict__.get("_moe8_rules"), path, _act_of(m),
+                          not getattr(m, "is_concatenated", True), tuple(biases) if biases else None)
         register_layer(lay)
         m.__dict__["_moe8_loaded"] = lay
-        del gu, dn
+        del gu, dn, biases
         _release(self._ranges, self._model)
 
     def _process_model_after_weight_loading(self, model, **kwargs):

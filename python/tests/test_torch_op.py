@@ -551,6 +551,60 @@ def test_transformers_quantizer(tmp_path):
                 set_experts_rules(q, rules)
 
 
+def test_transformers_quantizer_ungated_and_biased(tmp_path):
+    """moe8's quantizer on the experts forms beyond SwiGLU: Nemotron-H's
+    ungated relu² experts (up_proj alone) and GPT-OSS's interleaved,
+    biased, clamped experts, from bf16 checkpoints: no float expert tensor
+    or bias is kept, and the logits are the bytes of the same checkpoint
+    loaded by transformers and run through experts_implementation="moe8"
+    under the same rules."""
+    transformers = _transformers_or_skip("the moe8 quantizer on ungated and biased experts")
+    if not hasattr(transformers, "NemotronHConfig") or not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no NemotronH or GPT-OSS: the quantizer on their experts is not tested")
+    from moe8.torch import register_transformers, set_experts_rules
+    assert register_transformers()
+    from moe8.torch import Moe8Config
+    torch.manual_seed(2)
+    rules = {"rules": [{"module_path": r"layers\.[0-9]+\.(mlp|mixer)\.experts", "weight_qtype": "float8_e4m3fn",
+                        "act_qtype": "float8_e4m3fn", "tile_size": 32}]}
+    nemo = transformers.NemotronHConfig(vocab_size=128, hidden_size=64, n_routed_experts=8, num_experts_per_tok=2,
+                                        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
+                                        routed_scaling_factor=2.5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, intermediate_size=64,
+                                        mlp_hidden_act="relu2", hybrid_override_pattern="ME*E")
+    oss = transformers.GptOssConfig(hidden_size=64, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, experts_per_token=2,
+                                    intermediate_size=64, vocab_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    ids = torch.randint(0, 128, (2, 7))
+    for cls, cfg, where, names in ((transformers.NemotronHForCausalLM, nemo, "mixer.experts", ("up_proj", "down_proj")),
+                                   (transformers.GptOssForCausalLM, oss, "mlp.experts",
+                                    ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"))):
+        model = cls(cfg)
+        with torch.no_grad():  # weights away from the init's zeros and ones (biases included)
+            for n, p in model.named_parameters():
+                if ".experts." in n or "router" in n or "mixer.gate" in n:
+                    p.normal_(0, 0.05 if n.endswith("bias") else p.shape[-1] ** -0.5 * 1.5)
+        d = tmp_path / cls.__name__
+        model.to(torch.bfloat16).save_pretrained(d)
+        for r in (None, rules):
+            ref = cls.from_pretrained(d, experts_implementation="moe8").eval()
+            set_experts_rules(ref, r)
+            q = transformers.AutoModelForCausalLM.from_pretrained(d, quantization_config=Moe8Config(rules=r))
+            experts = [(n, m) for n, m in q.named_modules() if n.endswith(where)]
+            assert len(experts) == 2
+            for n, m in experts:
+                assert "_moe8_loaded" in m.__dict__, n
+                for t in names:
+                    assert getattr(m, t).numel() == 0, (n, t)
+            big = [n for n, t in list(q.named_parameters()) + list(q.named_buffers())
+                   if ".experts." in n and t.is_floating_point() and t.numel() > 0]
+            assert big == []
+            with torch.no_grad():
+                want, got = ref(ids).logits, q(ids).logits
+            assert torch.isfinite(want).all() and want.abs().max() > 0
+            assert torch.equal(got, want), (cls.__name__, r is not None, (got.float() - want.float()).abs().max())
+
+
 def _gpt_oss_mxfp4(transformers, d, layers=2, experts=4, k=2, hidden=64, ffn=64, vocab=128, seed=0):
     """A tiny GPT-OSS checkpoint in its released MXFP4 layout (random E2M1
     codes and E8M0 scales for the experts, bf16 for the rest)."""
