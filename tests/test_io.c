@@ -1533,6 +1533,10 @@ static void test_family_rows(void **state) {
                          "\"moe_intermediate_size\":96,\"num_hidden_layers\":6}"), MOE8_OK);
   assert_true(c.layer.num_experts == 16 && c.layer.zero_experts == 8 && c.layer.top_k == 20 && c.layer.ffn == 96 && c.num_layers == 3);
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"zero_expert_num\":null,\"num_layers\":2,\"num_hidden_layers\":4}"), MOE8_OK);
+  /* a layer past the count names the key LongCat counts its layers by */
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 2), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "num_layers = 2"));
+  assert_null(strstr(moe8_last_error(), "num_hidden_layers"));
   assert_true(c.layer.zero_experts == 0 && c.num_layers == 2);
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"num_layers\":3,\"num_hidden_layers\":5}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "\"num_hidden_layers\" = 5 is not twice \"num_layers\""));

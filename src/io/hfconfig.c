@@ -1755,8 +1755,12 @@ moe8_status moe8_hf_config_parse(const char *json, size_t len, const char *name,
 
 moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t layer) {
   if (!c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL");
-  if (layer < 0 || layer >= c->num_layers)
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, num_hidden_layers = %lld)", (long long)layer, (long long)c->num_layers);
+  if (layer < 0 || layer >= c->num_layers) {
+    /* the key the family counts its layers by (LongCat-Flash: num_layers,
+    ** its num_hidden_layers being the sublayers; DBRX: n_layers) */
+    const char *key = !strcmp(c->model_type, "longcat_flash") ? "num_layers" : !strcmp(c->model_type, "dbrx") ? "n_layers" : "num_hidden_layers";
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, %s = %lld)", (long long)layer, key, (long long)c->num_layers);
+  }
   {
     if (layer < c->first_k_dense_replace) {
       const int64_t first = moe8_hf_config_first_moe_layer(c);
