@@ -385,16 +385,13 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   ALLOC(rx, s->nbrecv * D); ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E);
   /* Gemma-4's norms: dz the gradient before the output norm, the experts'
   ** and the router's input gradients apart (dxe, dxr), as the single process */
-  const moe8_layer_config *lc = &L->cfg;
-  float *dz = NULL, *dwp = NULL;
-  float *dxe_b = lc->in_norm && (gr->dx || gr->dwin) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
-  float *dxr_b = lc->router_norm && (gr->dx || gr->dwrs) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
-  float *dxe = lc->in_norm ? dxe_b : gr->dx, *dxr = lc->router_norm ? dxr_b : gr->dx;
-  const float *xe = lc->in_norm ? ep->nxe : x, *xr = lc->router_norm ? ep->nxr : x;
-  if (!ok || (lc->in_norm && (gr->dx || gr->dwin) && !dxe_b) || (lc->router_norm && (gr->dx || gr->dwrs) && !dxr_b))
-    st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-  if (st == MOE8_OK) st = moe8__ep_norm_dout(ep, Tl, dout, &dz);
-  const float *dzz = dz ? dz : dout;
+  float *dwp = NULL;
+  moe8__ep_norm_grads ng;
+  moe8_status sn = moe8__ep_norm_grads_open(ep, x, Tl, dout, gr, &ng);
+  if (!ok) st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  else st = sn;
+  float *dxe = ng.dxe, *dxr = ng.dxr;
+  const float *xe = ng.xe, *xr = ng.xr, *dzz = ng.dz ? ng.dz : dout;
   for (int64_t n = 0; st == MOE8_OK && n < s->nsend; n++) { /* the forward's dispatch plan */
     const int64_t t = s->send_tok[n];
     float *o = osend + (size_t)n * (size_t)(K + D);
@@ -443,10 +440,11 @@ moe8_status moe8__a2a_backward(moe8_ep *ep, const float *x, int64_t Tl, const fl
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   st = moe8__ep_router_tail(ep, xr, Tl, dl, dzz, dxr, gr);
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, xe, Tl, dzz, NULL, dxe, gr);
-  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_norms_tail(ep, x, Tl, dout, s->ids, dwp, dxe_b, dxr_b, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_norms_tail(ep, x, Tl, dout, s->ids, dwp, ng.dxe_b, ng.dxr_b, gr);
   st = moe8__ep_agree(ep, st);
 done:
   free(osend); free(orecv); free(wr); free(dr); free(dy); free(dwrow); free(dxs); free(bsend); free(brecv); free(rx);
-  free(dw_l); free(dl); free(dz); free(dwp); free(dxe_b); free(dxr_b);
+  free(dw_l); free(dl); free(dwp);
+  moe8__ep_norm_grads_close(&ng);
   return st;
 }

@@ -259,6 +259,29 @@ moe8_status moe8__ep_norm_dout(moe8_ep *ep, int64_t Tl, const float *dout, float
   return moe8__rms_norm_backward(ep->nyb, Tl, D, L->cfg.rms_eps, L->w[MOE8_W_OUT_NORM], 1.0f, dout, *dz, NULL);
 }
 
+moe8_status moe8__ep_norm_grads_open(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr,
+                                     moe8__ep_norm_grads *g) {
+  const moe8_layer_config *lc = &ep->L->cfg;
+  const int64_t D = lc->hidden;
+  *g = (moe8__ep_norm_grads){0};
+  g->dxe_b = lc->in_norm && (gr->dx || gr->dwin) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
+  g->dxr_b = lc->router_norm && (gr->dx || gr->dwrs) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
+  g->dxe = lc->in_norm ? g->dxe_b : gr->dx;
+  g->dxr = lc->router_norm ? g->dxr_b : gr->dx;
+  g->xe = lc->in_norm ? ep->nxe : x;
+  g->xr = lc->router_norm ? ep->nxr : x;
+  if ((lc->in_norm && (gr->dx || gr->dwin) && !g->dxe_b) || (lc->router_norm && (gr->dx || gr->dwrs) && !g->dxr_b))
+    return moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
+  return moe8__ep_norm_dout(ep, Tl, dout, &g->dz);
+}
+
+void moe8__ep_norm_grads_close(moe8__ep_norm_grads *g) {
+  free(g->dz);
+  free(g->dxe_b);
+  free(g->dxr_b);
+  *g = (moe8__ep_norm_grads){0};
+}
+
 moe8_status moe8__ep_scale_dw(moe8_ep *ep, int64_t Tl, const int32_t *ids, float *dw, float **dwp) {
   const moe8_layer *L = ep->L;
   const int64_t A = Tl * L->cfg.top_k;

@@ -82,7 +82,20 @@ moe8_status moe8__ep_shared_backward(moe8_ep *ep, const float *x, int64_t Tl, co
 ** norms_tail: the four vectors' gradients, one f32 chain per element over
 ** the global token order relayed over the ranks in order, and the input
 ** gradients dxe (the experts') and dxr (the router's, either NULL) through
-** their norms into gr->dx. */
+** their norms into gr->dx.
+** norm_grads_open: a backward's buffers for the norms (both modes): dz
+** (norm_dout's), the experts' and the router's input gradients apart
+** (dxe, dxr: own zeroed buffers with the input norms, else gr->dx) and
+** the inputs they saw (xe, xr: the normed rows, else x); *g is set even on
+** failure, and norm_grads_close frees what it holds. */
+typedef struct moe8__ep_norm_grads {
+  float       *dz, *dxe_b, *dxr_b; /* owned (NULL when the layer has no such norm) */
+  float       *dxe, *dxr;
+  const float *xe, *xr;
+} moe8__ep_norm_grads;
+moe8_status moe8__ep_norm_grads_open(moe8_ep *ep, const float *x, int64_t Tl, const float *dout, const moe8_layer_grads *gr,
+                                     moe8__ep_norm_grads *g);
+void        moe8__ep_norm_grads_close(moe8__ep_norm_grads *g);
 moe8_status moe8__ep_norms_in(moe8_ep *ep, const float *x, int64_t Tl, const float **xr, const float **xe);
 moe8_status moe8__ep_scale_weights(moe8_ep *ep, int64_t Tl, const int32_t *ids, float *w);
 moe8_status moe8__ep_norm_out(moe8_ep *ep, int64_t Tl, float *out);

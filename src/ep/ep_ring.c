@@ -278,19 +278,15 @@ moe8_status moe8__ring_backward(moe8_ep *ep, const float *x, int64_t Tl, const f
   float *Dg, *dy, *dwrow, *dxs, *packed, *dw_l, *dl;
   /* Gemma-4's norms: dz the gradient before the output norm, the experts'
   ** and the router's input gradients apart (dxe, dxr), as the single process */
-  const moe8_layer_config *lc = &L->cfg;
-  float *dz = NULL, *dwp = NULL;
-  float *dxe_b = lc->in_norm && (gr->dx || gr->dwin) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
-  float *dxr_b = lc->router_norm && (gr->dx || gr->dwrs) ? calloc((size_t)(Tl * D) + 1, sizeof(float)) : NULL;
-  float *dxe = lc->in_norm ? dxe_b : gr->dx, *dxr = lc->router_norm ? dxr_b : gr->dx;
-  const float *xe = lc->in_norm ? ep->nxe : x, *xr = lc->router_norm ? ep->nxr : x;
+  float *dwp = NULL;
+  moe8__ep_norm_grads ng;
+  const moe8_status sn = moe8__ep_norm_grads_open(ep, x, Tl, dout, gr, &ng);
+  float *dxe = ng.dxe, *dxr = ng.dxr;
+  const float *xe = ng.xe, *xr = ng.xr, *dzz = ng.dz ? ng.dz : dout;
   ALLOC(Dg, T * D); ALLOC(dy, rows * D); ALLOC(dwrow, rows); ALLOC(dxs, rows * D); ALLOC(packed, rows * (D + 1));
   ALLOC(dw_l, Tl * K); ALLOC(dl, Tl * E);
-  if (!ok || (lc->in_norm && (gr->dx || gr->dwin) && !dxe_b) || (lc->router_norm && (gr->dx || gr->dwrs) && !dxr_b))
-    st = moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory");
-  if (st == MOE8_OK) st = moe8__ep_norm_dout(ep, Tl, dout, &dz);
+  st = !ok ? moe8__fail(MOE8_ERR_NOMEM, "ep backward: out of memory") : sn;
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
-  const float *dzz = dz ? dz : dout;
   double t0 = moe8__ep_now();
   st = moe8__ep_allgather_rows(ep, dzz, sizeof(float) * (size_t)D, Dg);
   ep->st.dout_s = moe8__ep_now() - t0;
@@ -333,10 +329,11 @@ agreed:
   if ((st = moe8__ep_agree(ep, st)) != MOE8_OK) goto done;
   st = moe8__ep_router_tail(ep, xr, Tl, dl, dzz, dxr, gr);
   if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_shared_backward(ep, xe, Tl, dzz, Dg, dxe, gr);
-  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_norms_tail(ep, x, Tl, dout, s->ids_g + T0 * K, dwp, dxe_b, dxr_b, gr);
+  if ((st = moe8__ep_agree(ep, st)) == MOE8_OK) st = moe8__ep_norms_tail(ep, x, Tl, dout, s->ids_g + T0 * K, dwp, ng.dxe_b, ng.dxr_b, gr);
   st = moe8__ep_agree(ep, st);
 done:
   free(Dg); free(dy); free(dwrow); free(dxs); free(packed); free(dw_l); free(dl);
-  free(dz); free(dwp); free(dxe_b); free(dxr_b);
+  free(dwp);
+  moe8__ep_norm_grads_close(&ng);
   return st;
 }
