@@ -97,7 +97,8 @@ class _LayerConfig(C.Structure):
                 ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool),
                 ("group_mask_zero", C.c_bool), ("scored_shared", _i64), ("router_norm", C.c_bool), ("expert_scale", C.c_bool),
                 ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
-                ("router_jitter", C.c_float), ("zero_experts", _i64)]
+                ("router_jitter", C.c_float), ("zero_experts", _i64), ("latent", _i64), ("latent_norm", C.c_bool),
+                ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float)]
 
 
 class _QuantSpec(C.Structure):

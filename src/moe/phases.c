@@ -47,7 +47,7 @@ size_t moe8__count_nonfinite_par(const float *x, size_t n) {
 
 static moe8_operand weight_operand(const moe8_layer *L, int s, bool down, int64_t g0) {
   const moe8__xset *X = &L->xs[s];
-  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
+  const int64_t D = X->D, F = X->F, N1 = X->N1;
   const int64_t per = down ? F * D : D * N1; /* elements of one expert */
   if (!L->wq)
     return (moe8_operand){MOE8_DTYPE_F32, (down ? X->wd_f32 : X->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
@@ -121,6 +121,9 @@ moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   ** (Gumbel) with its own gradient estimator, which is not the
   ** deterministic rule moe8 computes; the rule's own gradient would train
   ** something else. */
+  if (c->latent > 0 || c->expert_out_norm)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s: its backward is not implemented (forward and fused inference only)",
+                      what, L->module_path, c->latent > 0 ? "latent experts (the projections around them)" : "a per-expert output norm");
   if (c->score == MOE8_SCORE_SPARSEMIXER)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s routes by sparsemixer (PhiMoE): moe8 computes its inference rule, while "
                       "training samples the choice (Gumbel) with its own gradient estimator; no backward", what, L->module_path);
@@ -199,7 +202,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
                                   int64_t G, float *xs, const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq,
                                   float *sh, float *y, void *scratch, size_t scratch_bytes) {
   const moe8__xset *X = &L->xs[set];
-  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
+  const int64_t D = X->D, F = X->F, N1 = X->N1;
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = N1, .num_groups = G, .group_sizes = gsz, .num_local = G,
@@ -256,7 +259,37 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   if (X->mx_gu_b) st = mx4_grouped(L, h, X->mx_cols ? hq : NULL, sh, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0, scratch, scratch_bytes);
   else if ((st = act_operand(L, h, hq, sh, rows, F, &g2.lhs)) == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
   if (st == MOE8_OK && xb) add_group_bias(y, D, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
+  if (st == MOE8_OK && set == 0 && L->cfg.expert_out_norm)
+    moe8__expert_out_norm_rows(y, rows, D, L->cfg.expert_out_eps, L->w[MOE8_W_EXPERT_OUT_NORM]);
   return st;
+}
+
+/* The scale first, then the RMS over the scaled row (MuSE-Spark's
+** post_expert_norm, "input scaled"); the sum of squares in double, as
+** moe8__rms_norm_rows takes it. */
+void moe8__expert_out_norm_rows(float *y, int64_t rows, int64_t D, float eps, const float *s) {
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)rows * (double)D)) schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    float *yp = y + p * D;
+    double ss = 0.0;
+    for (int64_t d = 0; d < D; d++) {
+      yp[d] = yp[d] * s[d];
+      ss += (double)yp[d] * (double)yp[d];
+    }
+    const float r = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+    for (int64_t d = 0; d < D; d++) yp[d] = yp[d] * r;
+  }
+}
+
+moe8_status moe8__latent_in(const moe8_layer *L, const float *x, int64_t T, float *z) {
+  const int64_t D = L->cfg.hidden, H = L->cfg.latent;
+  moe8_status st = moe8_router_logits(x, L->w[MOE8_W_LATENT_IN], T, D, H, z);
+  if (st == MOE8_OK && L->cfg.latent_norm) moe8__rms_norm_rows(z, T, H, L->cfg.rms_eps, L->w[MOE8_W_LATENT_NORM], 1.0f, z);
+  return st;
+}
+
+moe8_status moe8__latent_out(const moe8_layer *L, const float *c, int64_t T, float *out) {
+  return moe8_router_logits(c, L->w[MOE8_W_LATENT_OUT], T, L->cfg.latent, L->cfg.hidden, out);
 }
 
 /* ---- the shared expert -------------------------------------------------------- */
@@ -312,7 +345,7 @@ moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, 
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static) reduction(+ : bad)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
-    moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
+    if (y) moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
     if (idn)
       for (int64_t d = 0; d < D; d++) o[d] = o[d] + idn[t * D + d];
     if (shared) shared_add_row(L, b, t, o);
@@ -558,7 +591,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
                                    const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd, float *dbgu,
                                    float *dbd) {
-  const int64_t D = L->cfg.hidden, F = L->xs[set].F, N1 = L->xs[set].N1;
+  const int64_t D = L->xs[set].D, F = L->xs[set].F, N1 = L->xs[set].N1;
   const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
   const int64_t nw = G * D * N1, nd = G * F * D;
   float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
