@@ -99,6 +99,12 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (D <= 0 || F <= 0 || Fs < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld, ffn = %lld must be positive and shared_ffn = %lld non-negative",
                       (long long)D, (long long)F, (long long)Fs);
+  if (cfg->latent < 0 || cfg->latent > ((int64_t)1 << 40) ||
+      (cfg->latent > 0 && (cfg->expert_bias || cfg->in_norm || cfg->weight_input || Z > 0)) || (cfg->latent_norm && cfg->latent <= 0))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: latent = %lld must be 0 or a positive width, without expert_bias, in_norm, "
+                      "weight_input or zero_experts, and latent_norm needs it", (long long)cfg->latent);
+  if (!(cfg->expert_out_eps >= 0.0f && cfg->expert_out_eps < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: expert_out_eps %g must be in [0, 1e30)", (double)cfg->expert_out_eps);
   if (mul4(E, D, 2 * F, 4) < 0 || mul4(E, cfg->latent, 2 * F, 4) < 0 || mul4(D, cfg->latent, 4, 1) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: sizes E = %lld, hidden = %lld, ffn = %lld, shared_ffn = %lld overflow 64-bit byte counts",
                       (long long)E, (long long)D, (long long)F, (long long)Fs);
@@ -154,12 +160,6 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (cfg->act == MOE8_ACT_SWIGLU_CLAMP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e6f && cfg->act_limit > 0.0f && cfg->act_limit < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the clamped SwiGLU needs act_alpha in (0, 1e6) and act_limit in (0, 1e30), not %g and %g",
                       (double)cfg->act_alpha, (double)cfg->act_limit);
-  if (cfg->latent < 0 || cfg->latent > ((int64_t)1 << 40) ||
-      (cfg->latent > 0 && (cfg->expert_bias || cfg->in_norm || cfg->weight_input || Z > 0)) || (cfg->latent_norm && cfg->latent <= 0))
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: latent = %lld must be 0 or a positive width, without expert_bias, in_norm, "
-                      "weight_input or zero_experts, and latent_norm needs it", (long long)cfg->latent);
-  if (!(cfg->expert_out_eps >= 0.0f && cfg->expert_out_eps < 1e30f))
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: expert_out_eps %g must be in [0, 1e30)", (double)cfg->expert_out_eps);
   if (cfg->group_score != MOE8_GROUP_TOP2_SUM && cfg->group_score != MOE8_GROUP_MAX)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: group_score %d is not a group score (top-2 sum 0, max 1)", (int)cfg->group_score);
   if (cfg->n_group > 1) {
