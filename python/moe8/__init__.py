@@ -385,7 +385,8 @@ def convert(x, dst="f8e4m3", src="f32", saturate=True):
 # ---- the layer ---------------------------------------------------------------------------
 _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
             "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11,
-            "out_bias": 12, "router_scale": 13, "expert_scale": 14, "in_norm": 15, "out_norm": 16}
+            "out_bias": 12, "router_scale": 13, "expert_scale": 14, "in_norm": 15, "out_norm": 16,
+            "latent_in": 17, "latent_out": 18, "latent_norm": 19, "expert_out_norm": 20}
 
 
 _QT_JSON = {0: None, 3: "float8_e4m3fn", 4: "float8_e5m2", 5: "int8"}
@@ -469,7 +470,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
-                  router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0):
+                  router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False,
+                  expert_out_norm=False, expert_out_eps=0.0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
@@ -491,7 +493,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
                         bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
                         bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"), bool(router_norm), bool(expert_scale),
-                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts)
+                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts,
+                        _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps))
 
 
 def _f32_any(a, name, shape):
@@ -517,7 +520,7 @@ class Layer:
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
-                 router_jitter=0.0, zero_experts=0, rules=None,
+                 router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -533,7 +536,7 @@ class Layer:
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
                                 group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
-                                router_jitter, zero_experts)
+                                router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -549,6 +552,8 @@ class Layer:
         self.act = ACTS[c.act] if 0 <= c.act < len(ACTS) else c.act
         self.hash_routing = bool(c.hash_routing)  # routes by token id: forward() needs token_ids
         self.zero_experts = c.zero_experts  # identity experts after the routed ones (LongCat-Flash): the router's E + Z columns
+        self.latent, self.latent_norm = c.latent, bool(c.latent_norm)  # latent experts: their width (0: hidden)
+        self.expert_out_norm = bool(c.expert_out_norm)  # MuSE-Spark's norm of each expert's output
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -607,6 +612,7 @@ class Layer:
         router is required.  progress(done, total) after each expert."""
         cfg = _layer_config(**config)
         E, D, F, Fs = cfg.num_experts, cfg.hidden, cfg.ffn, cfg.shared_ffn
+        H = cfg.latent or D  # the routed experts' width (latent experts')
         ungated = ACTS[cfg.act] in UNGATED  # the experts' up [D, F] alone, no gate
         r = _as_rules(rules)
         h = _P()
@@ -637,8 +643,8 @@ class Layer:
                 gu, dn = next(src)
             except StopIteration:
                 raise Error(1, "inference_from_experts: experts gave %d experts, the layer has %d" % (e, E)) from None
-            gu = _f32_any(gu, "expert %d gate_up" % e, (D, F if ungated else 2 * F))
-            dn = _f32_any(dn, "expert %d down" % e, (F, D))
+            gu = _f32_any(gu, "expert %d gate_up" % e, (H, F if ungated else 2 * F))
+            dn = _f32_any(dn, "expert %d down" % e, (F, H))
             _check(_layer_put_expert(obj._h, 0, e, _ptr(gu), _ptr(dn)))
             del gu, dn
             if progress is not None:
@@ -669,11 +675,12 @@ class Layer:
 
     def _shape(self, name):
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        H = self.latent or D  # the routed experts' width
         Er = E + self.zero_experts  # the router's experts
-        return {"router": (D, Er), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (Er,), "shared_gate": (D, Fs),
+        return {"router": (D, Er), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,), "gate_up_bias": (E, 2 * F),
                 "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
-                "out_norm": (D,)}[name]
+                "out_norm": (D,), "latent_in": (D, H), "latent_out": (H, D), "latent_norm": (H,), "expert_out_norm": (H,)}[name]
 
     def weight(self, name):
         """The f32 master weight `name` (router [D, E], gate/up [E, D, F],

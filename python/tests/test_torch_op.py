@@ -324,7 +324,8 @@ def test_experts_forms_of_transformers_classes(name):
 def test_experts_forms_refused_by_name():
     """An experts class moe8 cannot compute is refused naming the class and
     the reason, never run wrong: a gate function of its own, no gate
-    projection (relu² experts), a norm after each expert."""
+    projection (relu² experts), a norm after each expert other than
+    MuSE-Spark's."""
     from moe8._torch_op import transformers_experts_forward
     x, ids, w = _routing(seed=6)
     odd = type("OddExperts", (_Experts,), {"_apply_gate": lambda self, gu: gu[..., :F] * 2})(
@@ -507,6 +508,49 @@ def test_transformers_ungated_experts():
             assert "_moe8_experts" in b.experts.__dict__  # moe8 ran (its layer is made)
             assert (g - w).abs().max() <= 1e-5 * top  # within f32 noise
             assert (t.detach() - w).abs().max() <= 1e-5 * top
+
+
+def test_transformers_post_expert_norm():
+    """MuSE-Spark's experts (MuseSparkExperts: a norm after each expert,
+    MuseSparkTextInputScaledRMSNorm, the output times 1 + w then
+    RMS-normalized) under experts_implementation="moe8": each MuseSparkMoE
+    block within f32 noise of eager's in eval mode (its latent projections
+    and router transformers' own); a weight written in place is seen on
+    the next call; train mode with grad refused by name (no backward)."""
+    transformers = _transformers_or_skip("experts_implementation=\"moe8\" on MuSE-Spark's experts")
+    try:
+        from transformers.models.muse_spark.modeling_muse_spark import MuseSparkTextModel
+    except ImportError:
+        pytest.skip("this transformers has no MuSE-Spark: its experts are not tested")
+    from moe8.torch import register_transformers
+    assert register_transformers()
+    torch.manual_seed(0)
+    cfg = transformers.MuseSparkTextConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=3,
+                                           moe_intermediate_size=32, moe_hidden_size=48, routed_scaling_factor=2.0, post_norm_eps=1e-6)
+    model = MuseSparkTextModel(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".mlp." in n:
+                p.normal_(0, p.shape[-1] ** -0.5 if p.dim() > 1 else 0.3)
+    blocks = [layer.mlp for layer in model.layers if type(layer.mlp).__name__ == "MuseSparkMoE"]
+    assert len(blocks) == 2
+    x = torch.randn(1, 20, 64)
+    for step in range(2):
+        with torch.no_grad():
+            model.set_experts_implementation("eager")
+            want = [b(x) for b in blocks]
+            model.set_experts_implementation("moe8")
+            got = [b(x) for b in blocks]
+        for g, w, b in zip(got, want, blocks):
+            assert "_moe8_experts" in b.experts.__dict__  # moe8 ran (its layer is made)
+            assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+        with torch.no_grad():  # the norm's weight changed in place: the layer is made again
+            for b in blocks:
+                b.experts.post_expert_norm.weight.add_(0.5)
+    model.train()
+    with pytest.raises(TypeError, match="cannot run MuseSparkExperts in training"):
+        blocks[0](x)
 
 
 def test_transformers_quantizer(tmp_path):
