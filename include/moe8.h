@@ -711,10 +711,10 @@ typedef struct moe8_layer_config {
   ** hidden without latent) becomes u · (mean(u²) + expert_out_eps)^(-1/2),
   ** u = o ⊙ s (MOE8_W_EXPERT_OUT_NORM [width]; MuSE-Spark's
   ** post_expert_norm, its 1 + w), before the routing weight.
-  ** Forward and fused inference; the backward, the trainer and both
-  ** expert-parallel modes are refused for a layer with either
-  ** (MOE8_ERR_UNSUPPORTED); no expert_bias, in_norm, weight_input or
-  ** zero_experts with latent. */
+  ** Forward, fused inference, backward (moe8_layer_grads dwli, dwlo, dwln,
+  ** dweon) and the trainer; both expert-parallel modes are refused for a
+  ** layer with either (MOE8_ERR_UNSUPPORTED); no expert_bias, in_norm,
+  ** weight_input or zero_experts with latent. */
   int64_t         latent;
   bool            latent_norm, expert_out_norm;
   float           expert_out_eps;
@@ -844,6 +844,10 @@ typedef struct moe8_layer_grads {
   /* With router_norm, expert_scale, in_norm, out_norm: [D], [E], [D], [D]
   ** (NULL: not wanted). */
   float *dwrs, *dwes, *dwin, *dwon;
+  /* With latent: P [D, latent], Q [latent, D], and with latent_norm its
+  ** weight [latent]; with expert_out_norm its scale [latent, or D] (NULL:
+  ** not wanted). */
+  float *dwli, *dwlo, *dwln, *dweon;
 } moe8_layer_grads;
 
 MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,

@@ -1659,8 +1659,9 @@ static void latent_init(moe8_layer *L, uint64_t seed) {
 ** forward and its experts entry (given routing) within 1e-5 of the
 ** largest |out| of latent_ref, the fused forward's bytes the forward's,
 ** each norm changing the output; fused bytes, and the layer built from
-** memory, under every rule set at T = 29 and 3; the backward, the trainer
-** and expert parallelism refused naming the feature; bad configs refused. */
+** memory, under every rule set at T = 29 and 3; every gradient (x, the
+** router, the experts, the shared expert, both projections, both norms)
+** against finite differences and a trainer step; bad configs refused. */
 static void test_latent_form(void **state) {
   (void)state;
   enum { T = 7, D = 32, K = 2 };
@@ -1696,17 +1697,46 @@ static void test_latent_form(void **state) {
     assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
     assert_int_equal(moe8_layer_forward_fused(L, x, T, fused, ws, wsz), MOE8_OK);
     assert_memory_equal(fused, out[v], sizeof fused);
-    if (v == 0) { /* no backward, trainer or expert parallelism: refused by name */
-      static float dx[T * D];
-      const moe8_layer_grads g = {.dx = dx};
-      assert_int_equal(moe8_layer_forward(L, x, T, out[v], NULL, ws, wsz), MOE8_OK);
-      assert_int_equal(moe8_layer_backward(L, x, T, x, ws, wsz, &g), MOE8_ERR_UNSUPPORTED);
-      assert_non_null(strstr(moe8_last_error(), "latent"));
-      moe8_trainer *tr = NULL;
-      assert_int_equal(moe8_trainer_create(L, 1e-3f, &tr), MOE8_ERR_UNSUPPORTED);
-      assert_non_null(strstr(moe8_last_error(), "latent"));
-    }
     free(ws);
+    if (v < 3) { /* every gradient against finite differences, then a trainer step */
+      enum { E = 6, H = 32, F = 16, FS = 20 };
+      const int64_t HH = c.latent > 0 ? c.latent : D;
+      static float xg[T * D], dout[T * D], dx[T * D], dwr[D * E], dwg[E * H * F], dwu[E * H * F], dwd[E * F * H];
+      static float dsu[D * FS], dsd[FS * D], dli[D * H], dlo[H * D], dln[H], deo[H];
+      const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = c.act == MOE8_ACT_RELU2 ? NULL : dwg, .dwu = dwu, .dwd = dwd,
+                                  .dwsu = c.shared_ffn ? dsu : NULL, .dwsd = c.shared_ffn ? dsd : NULL, .dwli = dli, .dwlo = dlo,
+                                  .dwln = dln, .dweon = deo};
+      void *wsg;
+      size_t wszg;
+      form_backward(L, xg, dout, T, D, 83 + (uint64_t)v, &g, &wsg, &wszg);
+      const size_t ne = (size_t)(E * HH * c.ffn);
+      form_grad t[12];
+      size_t nt = 0;
+      t[nt++] = (form_grad){"x", xg, T * D, dx};
+      t[nt++] = (form_grad){"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr};
+      if (c.act != MOE8_ACT_RELU2) t[nt++] = (form_grad){"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), ne, dwg};
+      t[nt++] = (form_grad){"up", moe8_layer_weight(L, MOE8_W_UP, NULL), ne, dwu};
+      t[nt++] = (form_grad){"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), ne, dwd};
+      if (c.shared_ffn) {
+        t[nt++] = (form_grad){"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), (size_t)(D * c.shared_ffn), dsu};
+        t[nt++] = (form_grad){"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), (size_t)(D * c.shared_ffn), dsd};
+      }
+      if (c.latent > 0) {
+        t[nt++] = (form_grad){"latent in", moe8_layer_weight(L, MOE8_W_LATENT_IN, NULL), (size_t)(D * HH), dli};
+        t[nt++] = (form_grad){"latent out", moe8_layer_weight(L, MOE8_W_LATENT_OUT, NULL), (size_t)(D * HH), dlo};
+      }
+      if (c.latent_norm) t[nt++] = (form_grad){"latent norm", moe8_layer_weight(L, MOE8_W_LATENT_NORM, NULL), (size_t)HH, dln};
+      if (c.expert_out_norm) t[nt++] = (form_grad){"expert output norm", moe8_layer_weight(L, MOE8_W_EXPERT_OUT_NORM, NULL), (size_t)HH, deo};
+      form_fd_check(v == 0 ? "latent experts, both norms" : v == 1 ? "latent relu2 experts, shared expert" : "expert output norm",
+                    L, xg, dout, T, D, wsg, wszg, t, nt);
+      moe8_trainer *tr = NULL;
+      assert_int_equal(moe8_trainer_create(L, 1e-3f, &tr), MOE8_OK);
+      float loss = 0;
+      assert_int_equal(moe8_trainer_step(tr, xg, dout, T, &loss, wsg, wszg), MOE8_OK);
+      assert_true(isfinite(loss));
+      moe8_trainer_destroy(tr);
+      free(wsg);
+    }
     moe8_layer_destroy(L);
   }
   for (int v = 3; v < 5; v++) {

@@ -108,7 +108,7 @@ class _QuantSpec(C.Structure):
 
 class _Grads(C.Structure):
     _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb", "dwob",
-                                      "dwrs", "dwes", "dwin", "dwon")]
+                                      "dwrs", "dwes", "dwin", "dwon", "dwli", "dwlo", "dwln", "dweon")]
 
 
 _PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_int64, C.c_int64)
@@ -852,15 +852,23 @@ class Layer:
         """Gradients of sum(dout * out) + aux_loss at the last forward (same
         x): a dict of dx, router, gate, up, down and, with a shared expert,
         shared_gate, shared_up, shared_down (and shared_gate_w); with biases
-        router_bias, gate_up_bias, down_bias."""
+        router_bias, gate_up_bias, down_bias; with latent experts latent_in,
+        latent_out (and latent_norm), with expert_out_norm its scale's."""
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
         dout = _f32(dout, "dout", 2, (T, self.hidden))
         ws = workspace or getattr(self._tls, "saved", None) or self._workspace(T)
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        H = self.latent or D  # the routed experts' width
         Er = E + self.zero_experts  # the router's experts
-        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, Er), np.float32), "gate": np.empty((E, D, F), np.float32),
-             "up": np.empty((E, D, F), np.float32), "down": np.empty((E, F, D), np.float32)}
+        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, Er), np.float32), "gate": np.empty((E, H, F), np.float32),
+             "up": np.empty((E, H, F), np.float32), "down": np.empty((E, F, H), np.float32)}
+        if self.latent:
+            g.update({"latent_in": np.empty((D, H), np.float32), "latent_out": np.empty((H, D), np.float32)})
+        if self.latent_norm:
+            g["latent_norm"] = np.empty((H,), np.float32)
+        if self.expert_out_norm:
+            g["expert_out_norm"] = np.empty((H,), np.float32)
         if Fs:
             g.update({"shared_gate": np.empty((D, Fs), np.float32), "shared_up": np.empty((D, Fs), np.float32),
                       "shared_down": np.empty((Fs, D), np.float32)})
@@ -882,6 +890,7 @@ class Layer:
                 g[n] = np.empty((size,), np.float32)
         cg = _Grads(*[_ptr(g.get(k)) for k in ("dx", "router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
                                                   "shared_gate_w", "router_bias", "gate_up_bias", "down_bias",
-                                                  "out_bias", "router_scale", "expert_scale", "in_norm", "out_norm")])
+                                                  "out_bias", "router_scale", "expert_scale", "in_norm", "out_norm",
+                                                  "latent_in", "latent_out", "latent_norm", "expert_out_norm")])
         _check(_layer_backward(self._h, _ptr(x), T, _ptr(dout), ws.ptr, ws.n, C.byref(cg)))
         return g

@@ -371,6 +371,7 @@ typedef struct ws_layout {
   float   *logits, *scores, *w, *xs, *gu, *h, *y, *sx, *sxs, *sh, *idn;
   float   *xr, *xe, *yb, *wn;           /* Gemma-4's norms: router input, experts' input, output before its norm, weights before the per-expert scale */
   float   *z, *sz, *c;                  /* latent: the experts' input rows [T, latent], their scales, the weighted sum */
+  float   *yo;                          /* expert_out_norm: the expert rows before their norm (for the backward) */
   uint8_t *zq;
   int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
   int64_t *offs;
@@ -436,6 +437,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(zq, uint8_t, L->aq ? lat : 0);
   TAKE(sz, float, lat ? T * nbX : 0);
   TAKE(c, float, lat);
+  TAKE(yo, float, L->cfg.expert_out_norm ? A * DX : 0);
   TAKE(xr, float, L->cfg.router_norm ? T * D : 0);
   TAKE(xe, float, L->cfg.in_norm ? T * D : 0);
   TAKE(yb, float, L->cfg.out_norm ? T * D : 0);
@@ -1081,6 +1083,10 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, order, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
+  if (st == MOE8_OK && L->cfg.expert_out_norm) { /* MuSE-Spark: each expert row's norm (the backward keeps the rows before it) */
+    if (kind != WS_FUSED) memcpy(w.yo, w.y, sizeof(float) * (size_t)(rows * DX));
+    moe8__expert_out_norm_rows(w.y, rows, DX, L->cfg.expert_out_eps, L->w[MOE8_W_EXPERT_OUT_NORM]);
+  }
   if (st == MOE8_OK && lat) { /* the weighted sum in the latent width, then back to D */
     _Pragma("omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)DX)) schedule(static)")
     for (int64_t t = 0; t < T; t++) moe8__combine_row(w.c + t * DX, w.y, w.pos_of + t * K, w.w + t * K, K, DX);
@@ -1224,7 +1230,12 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const size_t bad = moe8__count_nonfinite_par(dout, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
   const int64_t rows = w.offs[E];
-  float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
+  /* Latent experts: the routed rows are H wide; the gradient at their
+  ** weighted sum (dc) and at their input z (dzl) apart from dx. */
+  const bool lat = L->cfg.latent > 0;
+  const int64_t H = moe8__routed_width(L);
+  float *dc = lat ? malloc(sizeof(float) * (size_t)(T * H + 1)) : NULL, *dzl = lat ? calloc((size_t)(T * H + 1), sizeof(float)) : NULL;
+  float *dy = malloc(sizeof(float) * (size_t)(rows * H + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * H + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
   const int64_t ER = moe8__router_width(L); /* the router's experts: with the identity ones */
   float *dl = malloc(sizeof(float) * (size_t)(T * ER + 1));
@@ -1239,14 +1250,18 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const float eps = L->cfg.rms_eps, rsc = L->cfg.router_norm_scale != 0.0f ? L->cfg.router_norm_scale : 1.0f;
   double f[MOE8_MAX_EXPERTS];
   moe8_status st = MOE8_OK;
-  if (!dy || !dxs || !dwrow || !dw || !dl || (L->cfg.out_norm && !dz) || (gin && !dxe_b) || (grn && !dxr_b)) {
+  if (!dy || !dxs || !dwrow || !dw || !dl || (L->cfg.out_norm && !dz) || (gin && !dxe_b) || (grn && !dxr_b) || (lat && (!dc || !dzl))) {
     st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
     goto done;
   }
   if (dz && (st = moe8__rms_norm_backward(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, dout, dz, gr->dwon)) != MOE8_OK) goto done;
   if (dz) dout = dz;
-  moe8__dy_dw(rows, w.token_of, w.slot_of, L->cfg.weight_input ? NULL : w.w, K, dout, w.y, D, dy, dwrow);
+  if (lat) moe8__latent_out_backward(L, dout, w.c, T, dc, gr->dwlo); /* out = c · Q */
+  moe8__dy_dw(rows, w.token_of, w.slot_of, L->cfg.weight_input ? NULL : w.w, K, lat ? dc : dout, w.y, H, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
+  if (L->cfg.expert_out_norm && (st = moe8__expert_out_norm_backward(w.yo, w.y, rows, H, L->cfg.expert_out_eps,
+                                                                     L->w[MOE8_W_EXPERT_OUT_NORM], dy, gr->dweon)) != MOE8_OK)
+    goto done;
   st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
   if (st != MOE8_OK) goto done;
@@ -1258,7 +1273,8 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     moe8__input_weight_backward(T, K, D, E, w.pos_of, dxs, xe, w.scores, w.ids, c, dxe, dw);
   } else {
     /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
-    if (dxe && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, dxe)) != MOE8_OK) goto done;
+    if (lat && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, H, dzl)) != MOE8_OK) goto done;
+    if (!lat && dxe && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, dxe)) != MOE8_OK) goto done;
   }
   if (L->cfg.expert_scale) {
     /* w = wn · c[e]: dc[e] += dw · wn over the slots in order, and dwn = dw · c[e] */
@@ -1287,7 +1303,9 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   if (st == MOE8_OK && L->cfg.out_bias && gr->dwob) moe8__out_bias_grad(L, dout, T, gr->dwob);
   if (st == MOE8_OK && dxe_b) st = moe8__rms_norm_backward(x, T, D, eps, L->w[MOE8_W_IN_NORM], 1.0f, dxe_b, gr->dx, gr->dwin);
   if (st == MOE8_OK && dxr_b) st = moe8__rms_norm_backward(x, T, D, eps, L->w[MOE8_W_ROUTER_SCALE], rsc, dxr_b, gr->dx, gr->dwrs);
+  if (st == MOE8_OK && lat) st = moe8__latent_in_backward(L, x, T, dzl, gr->dx, gr); /* z = x · P (then its norm) */
 done:
+  free(dc); free(dzl);
   free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(dz); free(dxe_b); free(dxr_b);
   return st;
 }

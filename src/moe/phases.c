@@ -121,9 +121,6 @@ moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   ** (Gumbel) with its own gradient estimator, which is not the
   ** deterministic rule moe8 computes; the rule's own gradient would train
   ** something else. */
-  if (c->latent > 0 || c->expert_out_norm)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s: its backward is not implemented (forward and fused inference only)",
-                      what, L->module_path, c->latent > 0 ? "latent experts (the projections around them)" : "a per-expert output norm");
   if (c->score == MOE8_SCORE_SPARSEMIXER)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s routes by sparsemixer (PhiMoE): moe8 computes its inference rule, while "
                       "training samples the choice (Gumbel) with its own gradient estimator; no backward", what, L->module_path);
@@ -259,8 +256,6 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   if (X->mx_gu_b) st = mx4_grouped(L, h, X->mx_cols ? hq : NULL, sh, rows, gsz, g0, G, F, D, X->mx_dn_b, X->mx_dn_s, y, D, 0, scratch, scratch_bytes);
   else if ((st = act_operand(L, h, hq, sh, rows, F, &g2.lhs)) == MOE8_OK) st = moe8__gmm(&g2, scratch, scratch_bytes);
   if (st == MOE8_OK && xb) add_group_bias(y, D, gsz, g0, G, L->w[MOE8_W_DOWN_BIAS]);
-  if (st == MOE8_OK && set == 0 && L->cfg.expert_out_norm)
-    moe8__expert_out_norm_rows(y, rows, D, L->cfg.expert_out_eps, L->w[MOE8_W_EXPERT_OUT_NORM]);
   return st;
 }
 
@@ -281,6 +276,40 @@ void moe8__expert_out_norm_rows(float *y, int64_t rows, int64_t D, float eps, co
   }
 }
 
+/* Its backward on rows p: with u = o ⊙ s, r = (mean(u²) + eps)^(-1/2) and
+** y = u·r (the normalized rows), dy [rows, D] (the gradient at y) becomes
+** the gradient at o, du ⊙ s with du = r·(dy - y·(dy · y)/D); ds[d] +=
+** du[d]·o[d] over the rows in order (ds may be NULL). */
+moe8_status moe8__expert_out_norm_backward(const float *o, const float *y, int64_t rows, int64_t D, float eps, const float *s, float *dy,
+                                           float *ds) {
+  double *r = malloc(sizeof(double) * (size_t)(rows + 1));
+  float *du = malloc(sizeof(float) * (size_t)(rows * D + 1));
+  if (!r || !du) { free(r); free(du); return moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); }
+  #pragma omp parallel for num_threads(moe8__nt(6.0 * (double)rows * (double)D)) schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    double ss = 0.0, dot = 0.0;
+    for (int64_t d = 0; d < D; d++) {
+      const float u = o[p * D + d] * s[d];
+      ss += (double)u * (double)u;
+      dot += (double)dy[p * D + d] * (double)y[p * D + d];
+    }
+    const double rp = 1.0 / sqrt(ss / (double)D + (double)eps);
+    r[p] = rp;
+    for (int64_t d = 0; d < D; d++) {
+      const float g = (float)(rp * ((double)dy[p * D + d] - (double)y[p * D + d] * dot / (double)D));
+      du[p * D + d] = g;
+      dy[p * D + d] = g * s[d];
+    }
+  }
+  if (ds) {
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)D)) schedule(static)
+    for (int64_t d = 0; d < D; d++)
+      for (int64_t p = 0; p < rows; p++) ds[d] += du[p * D + d] * o[p * D + d];
+  }
+  free(r); free(du);
+  return MOE8_OK;
+}
+
 moe8_status moe8__latent_in(const moe8_layer *L, const float *x, int64_t T, float *z) {
   const int64_t D = L->cfg.hidden, H = L->cfg.latent;
   moe8_status st = moe8_router_logits(x, L->w[MOE8_W_LATENT_IN], T, D, H, z);
@@ -290,6 +319,45 @@ moe8_status moe8__latent_in(const moe8_layer *L, const float *x, int64_t T, floa
 
 moe8_status moe8__latent_out(const moe8_layer *L, const float *c, int64_t T, float *out) {
   return moe8_router_logits(c, L->w[MOE8_W_LATENT_OUT], T, L->cfg.latent, L->cfg.hidden, out);
+}
+
+void moe8__latent_out_backward(const moe8_layer *L, const float *dout, const float *c, int64_t T, float *dc, float *dq) {
+  const int64_t D = L->cfg.hidden, H = L->cfg.latent;
+  const float *Q = L->w[MOE8_W_LATENT_OUT];
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D * (double)H)) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++) {
+      float s = 0.0f;
+      for (int64_t d = 0; d < D; d++) s += dout[t * D + d] * Q[h * D + d];
+      dc[t * H + h] = s;
+    }
+  if (dq) moe8__router_wgrad(dq, c, dout, T, H, D);
+}
+
+moe8_status moe8__latent_in_backward(const moe8_layer *L, const float *x, int64_t T, const float *dz, float *dx, const moe8_layer_grads *gr) {
+  const int64_t D = L->cfg.hidden, H = L->cfg.latent;
+  const float *P = L->w[MOE8_W_LATENT_IN];
+  float *z0 = NULL, *dz0 = NULL;
+  if (L->cfg.latent_norm) { /* z = n(z0) ⊙ v: z0 = x · P again (the forward's bytes), then the norm's backward */
+    z0 = malloc(sizeof(float) * (size_t)(T * H) + 4);
+    dz0 = calloc((size_t)(T * H) + 1, sizeof(float));
+    moe8_status st = z0 && dz0 ? moe8_router_logits(x, P, T, D, H, z0) : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+    if (st == MOE8_OK) st = moe8__rms_norm_backward(z0, T, H, L->cfg.rms_eps, L->w[MOE8_W_LATENT_NORM], 1.0f, dz, dz0, gr->dwln);
+    if (st != MOE8_OK) { free(z0); free(dz0); return st; }
+    dz = dz0;
+  }
+  if (gr->dwli) moe8__router_wgrad(gr->dwli, x, dz, T, D, H);
+  if (dx) {
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D * (double)H)) schedule(static)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++) {
+        float s = 0.0f;
+        for (int64_t h = 0; h < H; h++) s += dz[t * H + h] * P[d * H + h];
+        dx[t * D + d] += s;
+      }
+  }
+  free(z0); free(dz0);
+  return MOE8_OK;
 }
 
 /* ---- the shared expert -------------------------------------------------------- */
@@ -511,16 +579,20 @@ moe8_status moe8__rms_norm_backward(const float *x, int64_t T, int64_t D, float 
 }
 
 void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr) {
-  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn, H = moe8__routed_width(L);
+  if (gr->dwli && L->cfg.latent > 0) memset(gr->dwli, 0, sizeof(float) * (size_t)(D * H));
+  if (gr->dwlo && L->cfg.latent > 0) memset(gr->dwlo, 0, sizeof(float) * (size_t)(H * D));
+  if (gr->dwln && L->cfg.latent_norm) memset(gr->dwln, 0, sizeof(float) * (size_t)H);
+  if (gr->dweon && L->cfg.expert_out_norm) memset(gr->dweon, 0, sizeof(float) * (size_t)H);
   if (gr->dwrs && L->cfg.router_norm) memset(gr->dwrs, 0, sizeof(float) * (size_t)D);
   if (gr->dwes && L->cfg.expert_scale) memset(gr->dwes, 0, sizeof(float) * (size_t)E);
   if (gr->dwin && L->cfg.in_norm) memset(gr->dwin, 0, sizeof(float) * (size_t)D);
   if (gr->dwon && L->cfg.out_norm) memset(gr->dwon, 0, sizeof(float) * (size_t)D);
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
   if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * moe8__router_width(L)));
-  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * H * F));
+  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * H * F));
+  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * H));
   if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
