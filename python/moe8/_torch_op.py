@@ -396,9 +396,6 @@ def _experts_layer(module, k):
     key = key + (lean,)
     post_norm = _post_norm(module) if getattr(module, "has_post_expert_norm", False) else None
     if post_norm is not None:
-        if not lean:
-            raise TypeError("moe8: experts_implementation=\"moe8\" cannot run %s in training (grad enabled, train mode): moe8 has no "
-                            "backward of the norm after each expert; call it in eval mode or under torch.no_grad()" % type(module).__name__)
         w = module.post_expert_norm.weight
         try:
             key = key + (w.data_ptr(), w._version, post_norm[1])
@@ -429,7 +426,11 @@ def _experts_layer(module, k):
                 F = F2 // 2
                 g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
             lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
-                        module_path=module.__dict__.get("_moe8_path", "experts"), expert_bias=biases is not None, **_act_of(module))
+                        module_path=module.__dict__.get("_moe8_path", "experts"), expert_bias=biases is not None,
+                        expert_out_norm=post_norm is not None, expert_out_eps=post_norm[1] if post_norm is not None else 0.0,
+                        **_act_of(module))
+            if post_norm is not None:
+                lay.weight("expert_out_norm")[:] = post_norm[0].numpy()
             for name, t in (("gate", g), ("up", u), ("down", d)):
                 if t is not None:  # an ungated layer has no gate
                     lay.weight(name)[:] = t.numpy()
