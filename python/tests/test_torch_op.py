@@ -510,14 +510,14 @@ def test_transformers_ungated_experts():
             assert (t.detach() - w).abs().max() <= 1e-5 * top
 
 
-def test_transformers_post_expert_norm():
+def test_transformers_post_expert_norm(tmp_path):
     """MuSE-Spark's experts (MuseSparkExperts: a norm after each expert,
     MuseSparkTextInputScaledRMSNorm, the output times 1 + w then
     RMS-normalized) under experts_implementation="moe8": each MuseSparkMoE
     block within f32 noise of eager's in eval and in train mode (the lean
     and the training layer; its latent projections and router
     transformers' own); a weight written in place is seen on the next
-    call."""
+    call; moe8's quantizer (Moe8Config) leaves them to transformers."""
     transformers = _transformers_or_skip("experts_implementation=\"moe8\" on MuSE-Spark's experts")
     try:
         from transformers.models.muse_spark.modeling_muse_spark import MuseSparkTextModel
@@ -557,6 +557,12 @@ def test_transformers_post_expert_norm():
     trained = [b(x) for b in blocks]  # grad enabled, train mode: the layer with f32 masters
     for t, w in zip(trained, want):
         assert (t.detach() - w).abs().max() <= 1e-5 * w.abs().max()
+    # moe8's quantizer leaves them to transformers: a model with no other experts is refused by name
+    from moe8.torch import Moe8Config
+    model.save_pretrained(tmp_path / "muse")
+    for files in (False, True):
+        with pytest.raises(ValueError, match="has no experts module"):
+            MuseSparkTextModel.from_pretrained(tmp_path / "muse", quantization_config=Moe8Config(rules=None, experts_from_files=files))
 
 
 def test_transformers_quantizer(tmp_path):
