@@ -1088,7 +1088,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     moe8__expert_out_norm_rows(w.y, rows, DX, L->cfg.expert_out_eps, L->w[MOE8_W_EXPERT_OUT_NORM]);
   }
   if (st == MOE8_OK && lat) { /* the weighted sum in the latent width, then back to D */
-    _Pragma("omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)DX)) schedule(static)")
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)DX)) schedule(static)
     for (int64_t t = 0; t < T; t++) moe8__combine_row(w.c + t * DX, w.y, w.pos_of + t * K, w.w + t * K, K, DX);
     st = moe8__latent_out(L, w.c, T, out);
   }
