@@ -698,6 +698,26 @@ typedef struct moe8_layer_config {
   ** factor, aux loss, groups, weight_input, hash routing or sparsemixer
   ** with it.  0: none. */
   int64_t         zero_experts;
+  /* Latent experts (Nemotron-H's moe_latent_size, MuSE-Spark): latent > 0
+  ** is the routed experts' width; they read z = x · P (MOE8_W_LATENT_IN
+  ** [D, latent]; with latent_norm then n(z) ⊙ v, MOE8_W_LATENT_NORM
+  ** [latent], eps rms_eps), and their weighted sum c [T, latent] becomes
+  ** c · Q (MOE8_W_LATENT_OUT [latent, D]) before the shared expert and
+  ** out_bias are added.  The router and the shared expert read the full
+  ** x.  The projections and the norm are dense f32 per token, whatever
+  ** the rules (which quantize the routed experts' latent rows and the
+  ** shared expert as for any layer).  0: none.
+  ** expert_out_norm: each routed expert's output row o (width latent, or
+  ** hidden without latent) becomes u · (mean(u²) + expert_out_eps)^(-1/2),
+  ** u = o ⊙ s (MOE8_W_EXPERT_OUT_NORM [width]; MuSE-Spark's
+  ** post_expert_norm, its 1 + w), before the routing weight.
+  ** Forward, fused inference, backward (moe8_layer_grads dwli, dwlo, dwln,
+  ** dweon) and the trainer; both expert-parallel modes are refused for a
+  ** layer with either (MOE8_ERR_UNSUPPORTED); no expert_bias, in_norm,
+  ** weight_input or zero_experts with latent. */
+  int64_t         latent;
+  bool            latent_norm, expert_out_norm;
+  float           expert_out_eps;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -718,6 +738,10 @@ typedef enum moe8_weight_id {
   MOE8_W_EXPERT_SCALE, /* [E]      expert_scale's c */
   MOE8_W_IN_NORM,     /* [D]       in_norm's weight */
   MOE8_W_OUT_NORM,    /* [D]       out_norm's weight */
+  MOE8_W_LATENT_IN,   /* [D, latent]  latent: x · P, the routed experts' input */
+  MOE8_W_LATENT_OUT,  /* [latent, D]  latent: c · Q, their weighted sum back to D */
+  MOE8_W_LATENT_NORM, /* [latent]     latent_norm's weight (multiplying) */
+  MOE8_W_EXPERT_OUT_NORM, /* [latent or D] expert_out_norm's scale */
   MOE8_W_COUNT
 } moe8_weight_id;
 
@@ -820,6 +844,10 @@ typedef struct moe8_layer_grads {
   /* With router_norm, expert_scale, in_norm, out_norm: [D], [E], [D], [D]
   ** (NULL: not wanted). */
   float *dwrs, *dwes, *dwin, *dwon;
+  /* With latent: P [D, latent], Q [latent, D], and with latent_norm its
+  ** weight [latent]; with expert_out_norm its scale [latent, or D] (NULL:
+  ** not wanted). */
+  float *dwli, *dwlo, *dwln, *dweon;
 } moe8_layer_grads;
 
 MOE8_API moe8_status moe8_layer_backward(moe8_layer *layer, const float *x, int64_t T, const float *dout, void *ws,
@@ -1061,6 +1089,9 @@ typedef struct moe8_hf_config {
   ** post_feedforward_layernorm_2 (A.X-K1's post_mlp_layernorm.weight: in
   ** the block, or beside it in the decoder layer as its files hold it). */
   char              out_norm_name[48];
+  /* The router's logits times this (0 means 1; MuSE-Spark's
+  ** output_multiplier): the loader multiplies the router's weight by it. */
+  float             router_logit_scale;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -59,6 +59,8 @@ for fam in \
   "longcat_flash:\"n_routed_experts\": 8, \"zero_expert_num\": 4, \"expert_ffn_hidden_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \
+  "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"moe_latent_size\": 40, \"hybrid_override_pattern\": \"E\"" \
+  "muse_spark_text:\"num_local_experts\": 8, \"moe_intermediate_size\": 32, \"moe_hidden_size\": 48" \
   "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []"; do
   name=${fam%%:*}
   kf="$k" # LongCat-Flash counts its layers as num_layers (num_hidden_layers is twice it)

@@ -372,6 +372,19 @@ static void test_ep_failures(void **state) {
     assert_non_null(strstr(moe8_last_error(), "weights differ"));
     moe8_layer_destroy(L);
   }
+  /* Latent experts and the per-expert output norm: no expert-parallel mode, refused by name on every rank. */
+  for (int v = 0; v < 2; v++) {
+    moe8_layer_config c = {8, 2, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};
+    if (v) c.expert_out_norm = true;
+    else c.latent = 12;
+    moe8_layer *L;
+    moe8_ep *ep = (moe8_ep *)0x1;
+    assert_int_equal(moe8_layer_create(&c, NULL, NULL, &L), MOE8_OK);
+    assert_int_equal(ep_create(L, &ep), MOE8_ERR_UNSUPPORTED);
+    assert_null(ep);
+    assert_non_null(strstr(moe8_last_error(), v ? "per-expert output norm" : "latent experts"));
+    moe8_layer_destroy(L);
+  }
   /* E not divisible by P. */
   if (g_size > 1) {
     const moe8_layer_config c = {g_size == 2 ? 3 : 6, 1, 16, 8, MOE8_SCORE_SOFTMAX, false, 0, false, 0, 0};

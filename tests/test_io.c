@@ -1547,9 +1547,25 @@ static void test_family_rows(void **state) {
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"expert_ffn_hidden_size\":64,\"moe_intermediate_size\":32}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "disagree"));
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"moe_topk\":4,\"num_experts_per_tok\":5}"), MOE8_ERR_PARSE);
-  /* a family whose block differs: refused with the reason */
-  assert_int_equal(PARSE("{\"model_type\":\"muse_spark\"}"), MOE8_ERR_UNSUPPORTED);
-  assert_non_null(strstr(moe8_last_error(), "latent"));
+  /* MuSE-Spark: latent experts (moe_hidden_size), both norms and their epsilons, 1e-15, the router's multiplier;
+  ** the wrapper's text_config; dense layers by mlp_layer_types (default: none) */
+  assert_int_equal(PARSE("{\"model_type\":\"muse_spark_text\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_DEEPSEEK_V3 && c.layer.score == MOE8_SCORE_SIGMOID && c.layer.num_experts == 256 && c.layer.top_k == 8 &&
+              c.layer.hidden == 8192 && c.layer.ffn == 4096 && c.layer.latent == 4096 && c.layer.latent_norm && c.layer.expert_out_norm &&
+              c.layer.rms_eps == 1e-5f && c.layer.expert_out_eps == 1e-8f && c.layer.norm_eps == 1e-15f && c.layer.norm_topk_prob &&
+              c.layer.shared_ffn == 0 && c.layer.n_group == 1 && c.has_bias && c.router_logit_scale == (float)0.1767766952966369 &&
+              c.num_layers == 62 && moe8_hf_config_first_moe_layer(&c) == 0);
+  assert_int_equal(PARSE("{\"model_type\":\"muse_spark\",\"text_config\":{\"hidden_size\":64,\"num_hidden_layers\":2,"
+                         "\"moe_hidden_size\":48,\"rms_norm_eps\":1e-6,\"post_norm_eps\":1e-7,\"output_multiplier\":0.5,"
+                         "\"routed_scaling_factor\":2.0,\"mlp_layer_types\":[\"dense\",\"sparse\"]}}"), MOE8_OK);
+  assert_true(c.layer.hidden == 64 && c.layer.latent == 48 && c.layer.rms_eps == 1e-6f && c.layer.expert_out_eps == 1e-7f &&
+              c.router_logit_scale == 0.5f && c.layer.routed_scaling_factor == 2.0f && moe8_hf_config_first_moe_layer(&c) == 1);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 0), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "mlp_layer_types"));
+  assert_int_equal(PARSE("{\"model_type\":\"muse_spark_text\",\"moe_hidden_size\":0}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "moe_hidden_size"));
+  assert_int_equal(PARSE("{\"model_type\":\"muse_spark_text\",\"hidden_act\":\"gelu\"}"), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "hidden_act"));
   /* DeepSeek-V4: sqrt-softplus scores (or sigmoid; softmax refused), 1.5, 1e-20, the limited SwiGLU in the one
   ** shared expert too, every layer MoE and the hash_moe ones routed by token id (default: the first 3), the
   ** layers at the top allowed, vocab_size the tables' rows; intermediate_size the experts' width's alias */
@@ -1613,9 +1629,12 @@ static void test_family_rows(void **state) {
   assert_int_equal(moe8_hf_config_check_moe_layer(&c, 4), MOE8_OK);
   assert_int_equal(moe8_hf_config_check_moe_layer(&c, 3), MOE8_ERR_INVALID_ARG);
   assert_non_null(strstr(moe8_last_error(), "layers_block_type"));
-  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"moe_latent_size\":1024}"), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"moe_latent_size\":1024}"), MOE8_OK);
+  assert_true(c.layer.latent == 1024 && !c.layer.latent_norm && !c.layer.expert_out_norm && c.router_logit_scale == 0.0f);
+  assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"moe_latent_size\":0}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "moe_latent_size"));
   assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"moe_latent_size\":null}"), MOE8_OK);
+  assert_true(c.layer.latent == 0);
   assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"mlp_hidden_act\":\"silu\"}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "mlp_hidden_act"));
   assert_int_equal(PARSE("{\"model_type\":\"nemotron_h\",\"mlp_bias\":true}"), MOE8_ERR_UNSUPPORTED);

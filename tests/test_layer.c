@@ -1531,6 +1531,293 @@ static void test_gemma_form(void **state) {
   assert_non_null(strstr(moe8_last_error(), "rms_eps"));
 }
 
+/* Latent experts (moe8_layer_config latent, latent_norm, expert_out_norm),
+** the definition in double: the router reads x [D] (softmax, the top-k
+** renormalized), or the given routing; the experts read z = x · P [H]
+** (then z · r(z) ⊙ v with latent_norm); each chosen expert's output o [H]
+** becomes u · (mean(u²) + eps)^(-1/2), u = o ⊙ s, with expert_out_norm;
+** the weighted sum c [H] becomes c · Q [D] (latent), then the shared
+** expert of x is added.  H = D without latent. */
+static void latent_ref(const moe8_layer_config *c, moe8_layer *L, const float *x, int64_t T, const int32_t *gids, const float *gw,
+                       double *out) {
+  const int64_t E = c->num_experts, K = c->top_k, D = c->hidden, H = c->latent > 0 ? c->latent : D, F = c->ffn, Fs = c->shared_ffn;
+  const bool relu2 = c->act == MOE8_ACT_RELU2;
+  const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), *wg = moe8_layer_weight_read(L, MOE8_W_GATE, NULL);
+  const float *wu = moe8_layer_weight_read(L, MOE8_W_UP, NULL), *wd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+  const float *P = moe8_layer_weight_read(L, MOE8_W_LATENT_IN, NULL), *Q = moe8_layer_weight_read(L, MOE8_W_LATENT_OUT, NULL);
+  const float *v = moe8_layer_weight_read(L, MOE8_W_LATENT_NORM, NULL), *s = moe8_layer_weight_read(L, MOE8_W_EXPERT_OUT_NORM, NULL);
+  const float *sg = moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL), *su = moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL);
+  const float *sd = moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL);
+  double *z = malloc(sizeof(double) * (size_t)H), *cs = malloc(sizeof(double) * (size_t)H), *o = malloc(sizeof(double) * (size_t)H);
+  for (int64_t t = 0; t < T; t++) {
+    const float *xt = x + t * D;
+    int64_t ids[8];
+    double w[8], p[64], mx = -INFINITY, sum = 0, ws = 0;
+    if (gids) {
+      for (int64_t j = 0; j < K; j++) { ids[j] = gids[t * K + j]; w[j] = gw[t * K + j]; }
+    } else {
+      for (int64_t e = 0; e < E; e++) {
+        p[e] = 0;
+        for (int64_t d = 0; d < D; d++) p[e] += (double)xt[d] * wr[d * E + e];
+        mx = fmax(mx, p[e]);
+      }
+      for (int64_t e = 0; e < E; e++) sum += (p[e] = exp(p[e] - mx));
+      bool used[64] = {false};
+      for (int64_t j = 0; j < K; j++) {
+        int64_t b = -1;
+        for (int64_t e = 0; e < E; e++)
+          if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+        used[b] = true;
+        ids[j] = b;
+        ws += (w[j] = p[b] / sum);
+      }
+      for (int64_t j = 0; j < K; j++) w[j] /= ws;
+    }
+    double ss = 0;
+    for (int64_t h = 0; h < H; h++) {
+      z[h] = 0;
+      if (c->latent > 0)
+        for (int64_t d = 0; d < D; d++) z[h] += (double)xt[d] * P[d * H + h];
+      else
+        z[h] = xt[h];
+      ss += z[h] * z[h];
+      cs[h] = 0;
+    }
+    const double rz = 1.0 / sqrt(ss / (double)H + c->rms_eps);
+    for (int64_t h = 0; c->latent_norm && h < H; h++) z[h] = z[h] * rz * v[h];
+    for (int64_t j = 0; j < K; j++) {
+      const int64_t e = ids[j];
+      for (int64_t h = 0; h < H; h++) o[h] = 0;
+      for (int64_t f = 0; f < F; f++) {
+        double g = 0, u = 0;
+        for (int64_t h = 0; h < H; h++) {
+          if (!relu2) g += z[h] * wg[(e * H + h) * F + f];
+          u += z[h] * wu[(e * H + h) * F + f];
+        }
+        const double a = relu2 ? (u > 0 ? u * u : 0.0) : g / (1.0 + exp(-g)) * u;
+        for (int64_t h = 0; h < H; h++) o[h] += a * wd[(e * F + f) * H + h];
+      }
+      if (c->expert_out_norm) {
+        double so = 0;
+        for (int64_t h = 0; h < H; h++) { o[h] *= s[h]; so += o[h] * o[h]; }
+        const double ro = 1.0 / sqrt(so / (double)H + c->expert_out_eps);
+        for (int64_t h = 0; h < H; h++) o[h] *= ro;
+      }
+      for (int64_t h = 0; h < H; h++) cs[h] += w[j] * o[h];
+    }
+    for (int64_t d = 0; d < D; d++) {
+      double y = 0;
+      if (c->latent > 0)
+        for (int64_t h = 0; h < H; h++) y += cs[h] * Q[h * D + d];
+      else
+        y = cs[d];
+      out[t * D + d] = y;
+    }
+    for (int64_t f = 0; f < Fs; f++) {
+      double g = 0, u = 0;
+      for (int64_t d = 0; d < D; d++) {
+        if (!relu2) g += (double)xt[d] * sg[d * Fs + f];
+        u += (double)xt[d] * su[d * Fs + f];
+      }
+      const double a = relu2 ? (u > 0 ? u * u : 0.0) : g / (1.0 + exp(-g)) * u;
+      for (int64_t d = 0; d < D; d++) out[t * D + d] += a * sd[f * D + d];
+    }
+  }
+  free(z); free(cs); free(o);
+}
+
+/* The variants of test_latent_form: MuSE-Spark's block (latent, both
+** norms, SwiGLU), Nemotron-H's latent one (relu2, a shared expert, no
+** norms), MuSE-Spark's experts class alone (expert_out_norm, no latent),
+** then the first with latent_norm off and with expert_out_norm off. */
+static moe8_layer_config latent_cfg(int v) {
+  moe8_layer_config c = {.num_experts = 6, .top_k = 2, .hidden = 32, .ffn = 16, .norm_topk_prob = true, .latent = 24, .latent_norm = true,
+                         .expert_out_norm = true, .rms_eps = 1e-5f, .expert_out_eps = 1e-6f};
+  if (v == 1) { c.act = MOE8_ACT_RELU2; c.shared_ffn = 20; c.latent_norm = c.expert_out_norm = false; }
+  if (v == 2) { c.latent = 0; c.latent_norm = false; }
+  if (v == 3) c.latent_norm = false;
+  if (v == 4) c.expert_out_norm = false;
+  return c;
+}
+
+static void latent_init(moe8_layer *L, uint64_t seed) {
+  assert_int_equal(moe8_layer_init_random(L, seed), MOE8_OK);
+  const moe8_weight_id vids[2] = {MOE8_W_LATENT_NORM, MOE8_W_EXPERT_OUT_NORM};
+  for (int k = 0; k < 2; k++) { /* each from its own seed: the variants differ only by the feature off */
+    size_t n = 0;
+    float *vw = moe8_layer_weight(L, vids[k], &n);
+    tu_rng_reset(91 + (uint64_t)k);
+    for (size_t i = 0; vw && i < n; i++) vw[i] = 1.0f + 0.5f * tu_normal();
+  }
+  size_t n;
+  float *wr = moe8_layer_weight(L, MOE8_W_ROUTER, &n);
+  for (size_t i = 0; i < n; i++) wr[i] *= 4.0f; /* logits apart */
+  moe8_layer_weights_changed(L);
+}
+
+/* Latent experts and the per-expert output norm: every variant's
+** forward and its experts entry (given routing) within 1e-5 of the
+** largest |out| of latent_ref, the fused forward's bytes the forward's,
+** each norm changing the output; fused bytes, and the layer built from
+** memory, under every rule set at T = 29 and 3; every gradient (x, the
+** router, the experts, the shared expert, both projections, both norms)
+** against finite differences and a trainer step; bad configs refused. */
+static void test_latent_form(void **state) {
+  (void)state;
+  enum { T = 7, D = 32, K = 2 };
+  static float out[5][T * D];
+  for (int v = 0; v < 5; v++) {
+    const moe8_layer_config c = latent_cfg(v);
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    latent_init(L, 13);
+    static float x[T * D], y[T * D], fused[T * D];
+    static double want[T * D];
+    tu_rng_reset(57);
+    tu_fill_normal(x, T * D, 1.0f);
+    const size_t wsz = moe8_layer_workspace_size(L, T);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    for (int given = 0; given < 2; given++) {
+      static const int32_t ids[T * K] = {0, 3, 1, 2, 2, 0, 5, 1, 1, 4, 2, 3, 4, 5};
+      static float w[T * K];
+      for (int i = 0; i < T * K; i++) w[i] = 0.2f + 0.1f * (float)(i % 5);
+      if (given) assert_int_equal(moe8_layer_experts(L, x, T, ids, w, y, ws, wsz), MOE8_OK);
+      else assert_int_equal(moe8_layer_forward(L, x, T, out[v], NULL, ws, wsz), MOE8_OK);
+      latent_ref(&c, L, x, T, given ? ids : NULL, w, want);
+      const float *got = given ? y : out[v];
+      double omax = 0, emax = 0;
+      for (int i = 0; i < T * D; i++) {
+        omax = fmax(omax, fabs(want[i]));
+        emax = fmax(emax, fabs(want[i] - got[i]));
+      }
+      if (!(emax <= 1e-5 * omax))
+        TU_FAIL("latent experts, variant %d%s: max |out - definition| = %g, max |out| %g", v, given ? " (given routing)" : "", emax, omax);
+    }
+    assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(L, x, T, fused, ws, wsz), MOE8_OK);
+    assert_memory_equal(fused, out[v], sizeof fused);
+    free(ws);
+    if (v < 3) { /* every gradient against finite differences, then a trainer step */
+      enum { E = 6, H = 32, F = 16, FS = 20 };
+      const int64_t HH = c.latent > 0 ? c.latent : D;
+      static float xg[T * D], dout[T * D], dx[T * D], dwr[D * E], dwg[E * H * F], dwu[E * H * F], dwd[E * F * H];
+      static float dsu[D * FS], dsd[FS * D], dli[D * H], dlo[H * D], dln[H], deo[H];
+      const moe8_layer_grads g = {.dx = dx, .dwr = dwr, .dwg = c.act == MOE8_ACT_RELU2 ? NULL : dwg, .dwu = dwu, .dwd = dwd,
+                                  .dwsu = c.shared_ffn ? dsu : NULL, .dwsd = c.shared_ffn ? dsd : NULL, .dwli = dli, .dwlo = dlo,
+                                  .dwln = dln, .dweon = deo};
+      void *wsg;
+      size_t wszg;
+      form_backward(L, xg, dout, T, D, 83 + (uint64_t)v, &g, &wsg, &wszg);
+      const size_t ne = (size_t)(E * HH * c.ffn);
+      form_grad t[12];
+      size_t nt = 0;
+      t[nt++] = (form_grad){"x", xg, T * D, dx};
+      t[nt++] = (form_grad){"router", moe8_layer_weight(L, MOE8_W_ROUTER, NULL), D * E, dwr};
+      if (c.act != MOE8_ACT_RELU2) t[nt++] = (form_grad){"gate", moe8_layer_weight(L, MOE8_W_GATE, NULL), ne, dwg};
+      t[nt++] = (form_grad){"up", moe8_layer_weight(L, MOE8_W_UP, NULL), ne, dwu};
+      t[nt++] = (form_grad){"down", moe8_layer_weight(L, MOE8_W_DOWN, NULL), ne, dwd};
+      if (c.shared_ffn) {
+        t[nt++] = (form_grad){"shared up", moe8_layer_weight(L, MOE8_W_SHARED_UP, NULL), (size_t)(D * c.shared_ffn), dsu};
+        t[nt++] = (form_grad){"shared down", moe8_layer_weight(L, MOE8_W_SHARED_DOWN, NULL), (size_t)(D * c.shared_ffn), dsd};
+      }
+      if (c.latent > 0) {
+        t[nt++] = (form_grad){"latent in", moe8_layer_weight(L, MOE8_W_LATENT_IN, NULL), (size_t)(D * HH), dli};
+        t[nt++] = (form_grad){"latent out", moe8_layer_weight(L, MOE8_W_LATENT_OUT, NULL), (size_t)(D * HH), dlo};
+      }
+      if (c.latent_norm) t[nt++] = (form_grad){"latent norm", moe8_layer_weight(L, MOE8_W_LATENT_NORM, NULL), (size_t)HH, dln};
+      if (c.expert_out_norm) t[nt++] = (form_grad){"expert output norm", moe8_layer_weight(L, MOE8_W_EXPERT_OUT_NORM, NULL), (size_t)HH, deo};
+      form_fd_check(v == 0 ? "latent experts, both norms" : v == 1 ? "latent relu2 experts, shared expert" : "expert output norm",
+                    L, xg, dout, T, D, wsg, wszg, t, nt);
+      moe8_trainer *tr = NULL;
+      assert_int_equal(moe8_trainer_create(L, 1e-3f, &tr), MOE8_OK);
+      float loss = 0;
+      assert_int_equal(moe8_trainer_step(tr, xg, dout, T, &loss, wsg, wszg), MOE8_OK);
+      assert_true(isfinite(loss));
+      moe8_trainer_destroy(tr);
+      free(wsg);
+    }
+    moe8_layer_destroy(L);
+  }
+  for (int v = 3; v < 5; v++) {
+    double dmax = 0;
+    for (int i = 0; i < T * D; i++) dmax = fmax(dmax, fabs((double)out[0][i] - out[v][i]));
+    if (!(dmax > 1e-3)) TU_FAIL("latent experts: turning the %s norm off changes the output by only %g", v == 3 ? "latent" : "expert output", dmax);
+  }
+  /* fused bytes and a layer from memory, every rule set, T = 29 and 3 */
+  for (size_t it = 0; it < 4 * NRULES; it++) {
+    const size_t i = it % NRULES;
+    const int64_t TT = it / NRULES % 2 ? 3 : 29;
+    moe8_layer_config c = latent_cfg(it < 2 * NRULES ? 0 : 1);
+    c.hidden = 48; c.latent = 64; c.ffn = 40;
+    const int64_t DD = c.hidden, H = c.latent, EE = c.num_experts, FF = c.ffn, N1 = c.act == MOE8_ACT_RELU2 ? FF : 2 * FF;
+    moe8_rules *rs = NULL;
+    if (k_rules_txt[i]) assert_int_equal(moe8_rules_parse(k_rules_txt[i], strlen(k_rules_txt[i]), "inline", &rs), MOE8_OK);
+    moe8_layer *A = NULL, *B = NULL;
+    assert_int_equal(moe8_layer_create(&c, rs, "experts", &A), MOE8_OK);
+    latent_init(A, 40 + it);
+    float *x = malloc(sizeof(float) * (size_t)(TT * DD)), *ya = malloc(sizeof(float) * (size_t)(TT * DD));
+    float *yf = malloc(sizeof(float) * (size_t)(TT * DD)), *yb = malloc(sizeof(float) * (size_t)(TT * DD));
+    tu_rng_reset(900 + it);
+    tu_fill_normal(x, (size_t)(TT * DD), 1.0f);
+    const size_t wa = moe8_layer_workspace_size(A, TT);
+    void *wsa = NULL;
+    assert_int_equal(posix_memalign(&wsa, 64, wa), 0);
+    assert_int_equal(moe8_layer_forward(A, x, TT, ya, NULL, wsa, wa), MOE8_OK);
+    assert_int_equal(moe8_layer_prepare(A), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(A, x, TT, yf, wsa, wa), MOE8_OK);
+    if (memcmp(ya, yf, sizeof(float) * (size_t)(TT * DD)) != 0) TU_FAIL("latent, rules %zu, T = %lld: fused bytes differ", i, (long long)TT);
+    assert_int_equal(moe8_layer_create_inference(&c, rs, "experts", &B), MOE8_OK);
+    const moe8_weight_id vids[4] = {MOE8_W_ROUTER, MOE8_W_LATENT_IN, MOE8_W_LATENT_OUT, MOE8_W_LATENT_NORM};
+    for (int k = 0; k < 4; k++) {
+      size_t n = 0;
+      float *dst = moe8_layer_weight(B, vids[k], &n);
+      if (n) memcpy(dst, moe8_layer_weight_read(A, vids[k], NULL), sizeof(float) * n);
+    }
+    size_t n = 0;
+    float *so = moe8_layer_weight(B, MOE8_W_EXPERT_OUT_NORM, &n);
+    if (n) memcpy(so, moe8_layer_weight_read(A, MOE8_W_EXPERT_OUT_NORM, NULL), sizeof(float) * n);
+    const float *wg = moe8_layer_weight_read(A, MOE8_W_GATE, NULL), *wu = moe8_layer_weight_read(A, MOE8_W_UP, NULL);
+    const float *wd = moe8_layer_weight_read(A, MOE8_W_DOWN, NULL);
+    float *gu = malloc(sizeof(float) * (size_t)(H * N1));
+    for (int64_t e = 0; e < EE; e++) {
+      for (int64_t h = 0; h < H; h++) { /* [H, 2F]: gate columns, then up (ungated: up alone) */
+        if (N1 > FF) memcpy(gu + h * N1, wg + (e * H + h) * FF, sizeof(float) * (size_t)FF);
+        memcpy(gu + h * N1 + (N1 - FF), wu + (e * H + h) * FF, sizeof(float) * (size_t)FF);
+      }
+      assert_int_equal(moe8_layer_put_expert(B, 0, e, gu, wd + e * FF * H), MOE8_OK);
+    }
+    if (c.shared_ffn)
+      assert_int_equal(moe8_layer_put_expert(B, 1, 0, moe8_layer_weight_read(A, MOE8_W_SHARED_UP, NULL),
+                                             moe8_layer_weight_read(A, MOE8_W_SHARED_DOWN, NULL)), MOE8_OK);
+    assert_int_equal(moe8_layer_finish_load(B), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(B, x, TT, yb, wsa, wa), MOE8_OK);
+    if (memcmp(ya, yb, sizeof(float) * (size_t)(TT * DD)) != 0)
+      TU_FAIL("latent, rules %zu, T = %lld: the layer built from memory differs from the training layer's bytes", i, (long long)TT);
+    free(gu); free(wsa); free(x); free(ya); free(yf); free(yb);
+    moe8_layer_destroy(A);
+    moe8_layer_destroy(B);
+    moe8_rules_destroy(rs);
+  }
+  /* the forms it does not take */
+  moe8_layer_config bad = latent_cfg(0);
+  moe8_layer *B = NULL;
+  bad.in_norm = true;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "latent"));
+  bad = latent_cfg(2);
+  bad.latent_norm = true;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "latent_norm"));
+  bad = latent_cfg(0);
+  bad.expert_out_eps = -1.0f;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "expert_out_eps"));
+  bad = latent_cfg(0);
+  bad.latent = -4;
+  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+}
+
 /* GPT-OSS's clamped SwiGLU without its biases, in the routed experts and
 ** the shared one (MiniMax-M3): every gradient against finite differences,
 ** with a limit that binds (the forward differs from the plain SwiGLU's). */
@@ -2263,6 +2550,7 @@ int main(void) {
     cmocka_unit_test(test_softcap_form_grads),
     cmocka_unit_test(test_gemma_form),
     cmocka_unit_test(test_ungated_form),
+    cmocka_unit_test(test_latent_form),
     cmocka_unit_test(test_clamp_shared_form_grads),
     cmocka_unit_test(test_norm_min),
     cmocka_unit_test(test_scored_shared),

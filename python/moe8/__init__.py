@@ -97,7 +97,8 @@ class _LayerConfig(C.Structure):
                 ("norm_p", C.c_float), ("shared_scale", C.c_float), ("shared_act_limit", C.c_float), ("hash_routing", C.c_bool),
                 ("group_mask_zero", C.c_bool), ("scored_shared", _i64), ("router_norm", C.c_bool), ("expert_scale", C.c_bool),
                 ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
-                ("router_jitter", C.c_float), ("zero_experts", _i64)]
+                ("router_jitter", C.c_float), ("zero_experts", _i64), ("latent", _i64), ("latent_norm", C.c_bool),
+                ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float)]
 
 
 class _QuantSpec(C.Structure):
@@ -107,7 +108,7 @@ class _QuantSpec(C.Structure):
 
 class _Grads(C.Structure):
     _fields_ = [(n, _P) for n in ("dx", "dwr", "dwg", "dwu", "dwd", "dwsg", "dwsu", "dwsd", "dwsgate", "dwrb", "dwgub", "dwdb", "dwob",
-                                      "dwrs", "dwes", "dwin", "dwon")]
+                                      "dwrs", "dwes", "dwin", "dwon", "dwli", "dwlo", "dwln", "dweon")]
 
 
 _PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_int64, C.c_int64)
@@ -384,7 +385,8 @@ def convert(x, dst="f8e4m3", src="f32", saturate=True):
 # ---- the layer ---------------------------------------------------------------------------
 _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
             "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11,
-            "out_bias": 12, "router_scale": 13, "expert_scale": 14, "in_norm": 15, "out_norm": 16}
+            "out_bias": 12, "router_scale": 13, "expert_scale": 14, "in_norm": 15, "out_norm": 16,
+            "latent_in": 17, "latent_out": 18, "latent_norm": 19, "expert_out_norm": 20}
 
 
 _QT_JSON = {0: None, 3: "float8_e4m3fn", 4: "float8_e5m2", 5: "int8"}
@@ -468,7 +470,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
-                  router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0):
+                  router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False,
+                  expert_out_norm=False, expert_out_eps=0.0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
@@ -490,7 +493,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(shared_plain_act), float(norm_min), float(norm_eps), bool(select_logits),
                         bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
                         bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"), bool(router_norm), bool(expert_scale),
-                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts)
+                        bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts,
+                        _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps))
 
 
 def _f32_any(a, name, shape):
@@ -516,7 +520,7 @@ class Layer:
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
-                 router_jitter=0.0, zero_experts=0, rules=None,
+                 router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -532,7 +536,7 @@ class Layer:
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
                                 group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
-                                router_jitter, zero_experts)
+                                router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -548,6 +552,8 @@ class Layer:
         self.act = ACTS[c.act] if 0 <= c.act < len(ACTS) else c.act
         self.hash_routing = bool(c.hash_routing)  # routes by token id: forward() needs token_ids
         self.zero_experts = c.zero_experts  # identity experts after the routed ones (LongCat-Flash): the router's E + Z columns
+        self.latent, self.latent_norm = c.latent, bool(c.latent_norm)  # latent experts: their width (0: hidden)
+        self.expert_out_norm = bool(c.expert_out_norm)  # MuSE-Spark's norm of each expert's output
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -606,6 +612,7 @@ class Layer:
         router is required.  progress(done, total) after each expert."""
         cfg = _layer_config(**config)
         E, D, F, Fs = cfg.num_experts, cfg.hidden, cfg.ffn, cfg.shared_ffn
+        H = cfg.latent or D  # the routed experts' width (latent experts')
         ungated = ACTS[cfg.act] in UNGATED  # the experts' up [D, F] alone, no gate
         r = _as_rules(rules)
         h = _P()
@@ -636,8 +643,8 @@ class Layer:
                 gu, dn = next(src)
             except StopIteration:
                 raise Error(1, "inference_from_experts: experts gave %d experts, the layer has %d" % (e, E)) from None
-            gu = _f32_any(gu, "expert %d gate_up" % e, (D, F if ungated else 2 * F))
-            dn = _f32_any(dn, "expert %d down" % e, (F, D))
+            gu = _f32_any(gu, "expert %d gate_up" % e, (H, F if ungated else 2 * F))
+            dn = _f32_any(dn, "expert %d down" % e, (F, H))
             _check(_layer_put_expert(obj._h, 0, e, _ptr(gu), _ptr(dn)))
             del gu, dn
             if progress is not None:
@@ -668,11 +675,12 @@ class Layer:
 
     def _shape(self, name):
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        H = self.latent or D  # the routed experts' width
         Er = E + self.zero_experts  # the router's experts
-        return {"router": (D, Er), "gate": (E, D, F), "up": (E, D, F), "down": (E, F, D), "bias": (Er,), "shared_gate": (D, Fs),
+        return {"router": (D, Er), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,), "gate_up_bias": (E, 2 * F),
                 "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
-                "out_norm": (D,)}[name]
+                "out_norm": (D,), "latent_in": (D, H), "latent_out": (H, D), "latent_norm": (H,), "expert_out_norm": (H,)}[name]
 
     def weight(self, name):
         """The f32 master weight `name` (router [D, E], gate/up [E, D, F],
@@ -844,15 +852,23 @@ class Layer:
         """Gradients of sum(dout * out) + aux_loss at the last forward (same
         x): a dict of dx, router, gate, up, down and, with a shared expert,
         shared_gate, shared_up, shared_down (and shared_gate_w); with biases
-        router_bias, gate_up_bias, down_bias."""
+        router_bias, gate_up_bias, down_bias; with latent experts latent_in,
+        latent_out (and latent_norm), with expert_out_norm its scale's."""
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
         dout = _f32(dout, "dout", 2, (T, self.hidden))
         ws = workspace or getattr(self._tls, "saved", None) or self._workspace(T)
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
+        H = self.latent or D  # the routed experts' width
         Er = E + self.zero_experts  # the router's experts
-        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, Er), np.float32), "gate": np.empty((E, D, F), np.float32),
-             "up": np.empty((E, D, F), np.float32), "down": np.empty((E, F, D), np.float32)}
+        g = {"dx": np.empty((T, D), np.float32), "router": np.empty((D, Er), np.float32), "gate": np.empty((E, H, F), np.float32),
+             "up": np.empty((E, H, F), np.float32), "down": np.empty((E, F, H), np.float32)}
+        if self.latent:
+            g.update({"latent_in": np.empty((D, H), np.float32), "latent_out": np.empty((H, D), np.float32)})
+        if self.latent_norm:
+            g["latent_norm"] = np.empty((H,), np.float32)
+        if self.expert_out_norm:
+            g["expert_out_norm"] = np.empty((H,), np.float32)
         if Fs:
             g.update({"shared_gate": np.empty((D, Fs), np.float32), "shared_up": np.empty((D, Fs), np.float32),
                       "shared_down": np.empty((Fs, D), np.float32)})
@@ -874,6 +890,7 @@ class Layer:
                 g[n] = np.empty((size,), np.float32)
         cg = _Grads(*[_ptr(g.get(k)) for k in ("dx", "router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
                                                   "shared_gate_w", "router_bias", "gate_up_bias", "down_bias",
-                                                  "out_bias", "router_scale", "expert_scale", "in_norm", "out_norm")])
+                                                  "out_bias", "router_scale", "expert_scale", "in_norm", "out_norm",
+                                                  "latent_in", "latent_out", "latent_norm", "expert_out_norm")])
         _check(_layer_backward(self._h, _ptr(x), T, _ptr(dout), ws.ptr, ws.n, C.byref(cg)))
         return g

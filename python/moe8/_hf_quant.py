@@ -227,13 +227,14 @@ class Moe8HfQuantizer(HfQuantizer):
         for name, m in _experts_modules(model):
             if skip and name.startswith(skip):
                 continue
-            if _why_not(m):
-                continue  # transformers loads and runs it as it is
+            if _why_not(m) or getattr(m, "has_post_expert_norm", False):
+                continue  # transformers loads and runs it as it is (MuSE-Spark's: experts_implementation="moe8")
             m.__dict__["_moe8_rules"], m.__dict__["_moe8_path"] = self.quantization_config.rules, name or "experts"
             self._targets[name] = m
         if not self._targets:
             raise ValueError("moe8: %s has no experts module moe8 runs (what experts_implementation \"moe8\" runs: gate_up_proj "
-                             "or ungated up_proj, and down_proj)" % type(model).__name__)
+                             "or ungated up_proj, and down_proj; no norm after each expert: run MuSE-Spark's with "
+                             "experts_implementation=\"moe8\")" % type(model).__name__)
 
     def _load_from_files(self, model, checkpoint_files):
         """Every experts module of a MoE layer: its moe8 inference layer
@@ -249,6 +250,8 @@ class Moe8HfQuantizer(HfQuantizer):
         for name, m in _experts_modules(model):
             if skip and name.startswith(skip):
                 continue
+            if getattr(m, "has_post_expert_norm", False):
+                continue  # MuSE-Spark's: the files' layer is the whole latent block, not this module's experts
             found = re.search(r"(?:^|\.)layers\.([0-9]+)\.", name + ".")
             if not found:
                 raise ValueError("moe8: experts module %s names no layer (layers.N.)" % name)

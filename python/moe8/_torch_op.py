@@ -247,6 +247,18 @@ def _ungated(module):
     return _UNGATED_ACTS.get(type(getattr(module, "act_fn", None)).__name__)
 
 
+def _post_norm(module):
+    """(scale [D] as float32: 1 + w, eps) of an experts module's norm after
+    each expert that moe8 computes (MuSE-Spark's post_expert_norm,
+    MuseSparkTextInputScaledRMSNorm: the output times 1 + w, then
+    RMS-normalized), else None."""
+    n = getattr(module, "post_expert_norm", None)
+    if type(n).__name__ != "MuseSparkTextInputScaledRMSNorm" or not isinstance(getattr(n, "weight", None), torch.Tensor):
+        return None
+    with torch.no_grad():
+        return (1.0 + n.weight.detach()).float(), float(n.eps)  # 1 + w in the weight's dtype, as the class rounds it
+
+
 def _act_of(module):
     """The Layer keywords of an experts module's activation ({} for the
     plain SwiGLU)."""
@@ -292,7 +304,7 @@ def _why_not(module):
         why.append("expert biases")
     if not getattr(module, "is_concatenated", True) and name != "GptOssExperts":
         why.append("interleaved gate/up columns")
-    if getattr(module, "has_post_expert_norm", False):
+    if getattr(module, "has_post_expert_norm", False) and _post_norm(module) is None:
         why.append("a norm after each expert")
     fn = getattr(module, "act_fn", None)
     if fn is not None and name not in _SOFTCAP and not _silu(fn) and type(fn).__name__ != "GELUTanh" and not _ungated(module):
@@ -312,14 +324,15 @@ def _halves(t, interleaved):
     return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1) if interleaved else t
 
 
-def _lean_layer(gu, dn, transposed, k, rules, path, act=None, interleaved=False, biases=None):
+def _lean_layer(gu, dn, transposed, k, rules, path, act=None, interleaved=False, biases=None, post_norm=None):
     """The lean inference layer of fused expert weights (gate_up_proj
     [E, 2F, D] gate rows first and down_proj [E, D, F]; transposed:
     [E, D, 2F] and [E, F, D]; interleaved: gate and up alternate, GPT-OSS's
     transposed layout; ungated experts (act relu2 or relu): up_proj [E, F, D]
     alone), built one expert at a time (one expert's float32 copy at most
     beside the codes); biases: (gate_up [E, 2F] in the same order, down
-    [E, D]); the caller routes."""
+    [E, D]); post_norm: (scale [D], eps) of a norm on each expert's output
+    (_post_norm); the caller routes."""
     with torch.no_grad():
         E = gu.shape[0]
         n1 = 1 if (act or {}).get("act") in ("relu2", "relu") else 2  # up alone, or gate and up
@@ -343,8 +356,11 @@ def _lean_layer(gu, dn, transposed, k, rules, path, act=None, interleaved=False,
         if biases is not None:
             weights["gate_up_bias"] = _halves(biases[0].detach().float(), interleaved).numpy()
             weights["down_bias"] = biases[1].detach().float().numpy()
+        if post_norm is not None:
+            weights["expert_out_norm"] = post_norm[0].numpy()
         return Layer.inference_from_experts(expert, rules=rules, module_path=path, weights=weights, num_experts=E, top_k=k, hidden=D,
-                                            ffn=F, expert_bias=biases is not None, **(act or {}))
+                                            ffn=F, expert_bias=biases is not None, expert_out_norm=post_norm is not None,
+                                            expert_out_eps=post_norm[1] if post_norm is not None else 0.0, **(act or {}))
 
 
 def _experts_layer(module, k):
@@ -378,6 +394,13 @@ def _experts_layer(module, k):
     # layer, built one expert at a time (no f32 masters beside the codes)
     lean = not torch.is_grad_enabled() or not module.training
     key = key + (lean,)
+    post_norm = _post_norm(module) if getattr(module, "has_post_expert_norm", False) else None
+    if post_norm is not None:
+        w = module.post_expert_norm.weight
+        try:
+            key = key + (w.data_ptr(), w._version, post_norm[1])
+        except RuntimeError:
+            key = key + (w.data_ptr(), None, post_norm[1])
     cached = module.__dict__.get("_moe8_experts")
     if biases is not None:
         key = key + tuple((b.data_ptr(), getattr(b, "_version", None)) for b in biases)
@@ -385,7 +408,7 @@ def _experts_layer(module, k):
         return cached[1]
     if lean:
         lay = _lean_layer(gu, dn, getattr(module, "is_transposed", False), k, module.__dict__.get("_moe8_rules"),
-                          module.__dict__.get("_moe8_path", "experts"), _act_of(module), interleaved, biases)
+                          module.__dict__.get("_moe8_path", "experts"), _act_of(module), interleaved, biases, post_norm)
     else:
         with torch.no_grad():
             gu32, dn32 = gu.detach().float(), dn.detach().float()
@@ -403,7 +426,11 @@ def _experts_layer(module, k):
                 F = F2 // 2
                 g, u, d = gu32[:, :F, :].transpose(1, 2), gu32[:, F:, :].transpose(1, 2), dn32.transpose(1, 2)
             lay = Layer(num_experts=E, top_k=k, hidden=D, ffn=F, rules=module.__dict__.get("_moe8_rules"),
-                        module_path=module.__dict__.get("_moe8_path", "experts"), expert_bias=biases is not None, **_act_of(module))
+                        module_path=module.__dict__.get("_moe8_path", "experts"), expert_bias=biases is not None,
+                        expert_out_norm=post_norm is not None, expert_out_eps=post_norm[1] if post_norm is not None else 0.0,
+                        **_act_of(module))
+            if post_norm is not None:
+                lay.weight("expert_out_norm")[:] = post_norm[0].numpy()
             for name, t in (("gate", g), ("up", u), ("down", d)):
                 if t is not None:  # an ungated layer has no gate
                     lay.weight(name)[:] = t.numpy()

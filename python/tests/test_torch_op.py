@@ -324,7 +324,8 @@ def test_experts_forms_of_transformers_classes(name):
 def test_experts_forms_refused_by_name():
     """An experts class moe8 cannot compute is refused naming the class and
     the reason, never run wrong: a gate function of its own, no gate
-    projection (relu² experts), a norm after each expert."""
+    projection (relu² experts), a norm after each expert other than
+    MuSE-Spark's."""
     from moe8._torch_op import transformers_experts_forward
     x, ids, w = _routing(seed=6)
     odd = type("OddExperts", (_Experts,), {"_apply_gate": lambda self, gu: gu[..., :F] * 2})(
@@ -507,6 +508,117 @@ def test_transformers_ungated_experts():
             assert "_moe8_experts" in b.experts.__dict__  # moe8 ran (its layer is made)
             assert (g - w).abs().max() <= 1e-5 * top  # within f32 noise
             assert (t.detach() - w).abs().max() <= 1e-5 * top
+
+
+def test_transformers_post_expert_norm(tmp_path):
+    """MuSE-Spark's experts (MuseSparkExperts: a norm after each expert,
+    MuseSparkTextInputScaledRMSNorm, the output times 1 + w then
+    RMS-normalized) under experts_implementation="moe8": each MuseSparkMoE
+    block within f32 noise of eager's in eval and in train mode (the lean
+    and the training layer; its latent projections and router
+    transformers' own); a weight written in place is seen on the next
+    call; moe8's quantizer (Moe8Config) leaves them to transformers."""
+    transformers = _transformers_or_skip("experts_implementation=\"moe8\" on MuSE-Spark's experts")
+    try:
+        from transformers.models.muse_spark.modeling_muse_spark import MuseSparkTextModel
+    except ImportError:
+        pytest.skip("this transformers has no MuSE-Spark: its experts are not tested")
+    from moe8.torch import register_transformers
+    assert register_transformers()
+    torch.manual_seed(0)
+    cfg = transformers.MuseSparkTextConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=3,
+                                           moe_intermediate_size=32, moe_hidden_size=48, routed_scaling_factor=2.0, post_norm_eps=1e-6)
+    model = MuseSparkTextModel(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".mlp." in n:
+                p.normal_(0, p.shape[-1] ** -0.5 if p.dim() > 1 else 0.3)
+    blocks = [layer.mlp for layer in model.layers if type(layer.mlp).__name__ == "MuseSparkMoE"]
+    assert len(blocks) == 2
+    x = torch.randn(1, 20, 64)
+    for step in range(2):
+        with torch.no_grad():
+            model.set_experts_implementation("eager")
+            want = [b(x) for b in blocks]
+            model.set_experts_implementation("moe8")
+            got = [b(x) for b in blocks]
+        for g, w, b in zip(got, want, blocks):
+            assert "_moe8_experts" in b.experts.__dict__  # moe8 ran (its layer is made)
+            assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+        with torch.no_grad():  # the norm's weight changed in place: the layer is made again
+            for b in blocks:
+                b.experts.post_expert_norm.weight.add_(0.5)
+    model.train()
+    with torch.no_grad():
+        model.set_experts_implementation("eager")
+        want = [b(x) for b in blocks]
+        model.set_experts_implementation("moe8")
+    trained = [b(x) for b in blocks]  # grad enabled, train mode: the layer with f32 masters
+    for t, w in zip(trained, want):
+        assert (t.detach() - w).abs().max() <= 1e-5 * w.abs().max()
+    # moe8's quantizer leaves them to transformers: a model with no other experts is refused by name
+    from moe8.torch import Moe8Config
+    model.save_pretrained(tmp_path / "muse")
+    for files in (False, True):
+        with pytest.raises(ValueError, match="has no experts module"):
+            MuseSparkTextModel.from_pretrained(tmp_path / "muse", quantization_config=Moe8Config(rules=None, experts_from_files=files))
+
+
+def test_transformers_latent_blocks(tmp_path):
+    """Latent MoE blocks from their files (Layer.from_model, training mode)
+    against transformers' own modules: MuseSparkMoE and NemotronHMoE with
+    moe_latent_size, their forward and every gradient torch's autograd
+    gives (x, the router, both projections, MuSE-Spark's norms, the
+    experts) within 1e-5 of the largest (moe8 holds MuSE-Spark's router
+    weight times output_multiplier: its gradient is the file weight's
+    divided by it)."""
+    transformers = _transformers_or_skip("latent MoE blocks against transformers")
+    try:
+        from transformers.models.muse_spark.modeling_muse_spark import MuseSparkTextModel
+    except ImportError:
+        pytest.skip("this transformers has no MuSE-Spark: the latent blocks are not tested")
+    torch.manual_seed(3)
+    muse = MuseSparkTextModel(transformers.MuseSparkTextConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_local_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, moe_hidden_size=48, output_multiplier=0.37,
+        routed_scaling_factor=2.0, post_norm_eps=1e-6))
+    nem = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        vocab_size=100, hidden_size=64, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48, moe_latent_size=40, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+        intermediate_size=64, hybrid_override_pattern="ME"))
+    for model, blk, names in ((muse, muse.layers[1].mlp, {"latent_in": "pre_expert_proj.weight", "latent_out": "post_expert_proj.weight",
+                                                          "latent_norm": "pre_expert_norm.weight",
+                                                          "expert_out_norm": "experts.post_expert_norm.weight"}),
+                              (nem, nem.model.layers[1].mixer, {"latent_in": "fc1_latent_proj.weight", "latent_out": "fc2_latent_proj.weight"})):
+        with torch.no_grad():
+            for n, p in blk.named_parameters():
+                p.normal_(0, p.shape[-1] ** -0.5 if p.dim() > 1 else 0.3)
+        d = tmp_path / type(model).__name__
+        model.float().save_pretrained(d)
+        x = torch.randn(20, 64, requires_grad=True)
+        y = blk(x[None])[0]
+        g = torch.randn_like(y)
+        (y * g).sum().backward()
+        lay = moe8.Layer.from_model(str(d), layer=1, mode="training")
+        got, _ = lay.forward(x.detach().numpy())
+        assert np.abs(got - y.detach().numpy()).max() <= 1e-5 * float(y.detach().abs().max())
+        gr = lay.backward(x.detach().numpy(), g.numpy())
+        mult = getattr(blk.gate, "output_multiplier", 1.0)
+        want = {"dx": x.grad, "router": blk.gate.weight.grad.T / mult}
+        for k, n in names.items():
+            t = blk.get_parameter(n).grad
+            want[k] = t.T if t.dim() == 2 else t
+        if hasattr(blk.experts, "gate_up_proj"):
+            F = blk.experts.gate_up_proj.shape[1] // 2
+            want["gate"], want["up"] = blk.experts.gate_up_proj.grad[:, :F].transpose(1, 2), blk.experts.gate_up_proj.grad[:, F:].transpose(1, 2)
+        else:
+            want["up"] = blk.experts.up_proj.grad.transpose(1, 2)
+        want["down"] = blk.experts.down_proj.grad.transpose(1, 2)
+        for k, w in want.items():
+            w = w.detach().numpy()
+            assert np.abs(gr[k] - w).max() <= 1e-5 * np.abs(w).max(), (type(model).__name__, k)
 
 
 def test_transformers_quantizer(tmp_path):

@@ -110,6 +110,9 @@ moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_
   }
   if (o.mode != MOE8_EP_RING && o.mode != MOE8_EP_ALLTOALL)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "ep: unknown expert-parallel mode %d", (int)o.mode);
+  if (layer->cfg.latent > 0 || layer->cfg.expert_out_norm)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s has %s: expert parallelism is not implemented for it (the single process "
+                      "runs it)", layer->module_path, layer->cfg.latent > 0 ? "latent experts" : "a per-expert output norm");
   moe8_ep *ep = calloc(1, sizeof *ep);
   if (!ep) return moe8__fail(MOE8_ERR_NOMEM, "ep: out of memory");
   ep->mode = o.mode;

@@ -162,6 +162,8 @@ typedef struct family {
   ** (moe8_layer_config.out_norm, eps rms_norm_eps), its weight
   ** post_mlp_layernorm.weight in the decoder layer */
   bool        axk1;
+  /* MuSE-Spark (MuseSparkTextConfig): latent experts (parse_muse) */
+  bool        muse;
 } family;
 
 /* Placement of the MoE layers. */
@@ -559,6 +561,17 @@ static const family k_families[] = {
    .scaling = 6.0, .n_group = 1, .topk_group = 1, .topk_key = "moe_topk|num_experts_per_tok", .norm_key = "", .group_key = "",
    .shared_key = "", .place = PLACE_ALL, .block_prefix = "mlp.", .softmax_scores = true,
    .longcat = true},
+  /* MuseSparkTextConfig (MuSE-Spark, the text model of muse_spark): f32
+  ** logits times output_multiplier, sigmoid, the top-k of s +
+  ** gate.e_score_correction_bias, / (Σ + 1e-15), times
+  ** routed_scaling_factor; latent SwiGLU experts of width moe_hidden_size
+  ** between pre_expert_proj (+ pre_expert_norm) and post_expert_proj, each
+  ** expert's output normalized by experts.post_expert_norm; dense layers
+  ** by mlp_layer_types (default: all sparse) */
+  {.name = "muse_spark_text", .arch = MOE8_ARCH_DEEPSEEK_V3, .experts_key = "num_local_experts", .ffn_key = "moe_intermediate_size",
+   .hidden = 8192, .layers = 62, .experts = 256, .top_k = 8, .ffn = 4096, .shared = 0, .norm = true, .scaling = 1.0, .n_group = 1,
+   .topk_group = 1, .norm_key = "", .group_key = "", .shared_key = "", .first_dense = 0, .place = PLACE_TYPES, .norm_eps = 1e-15,
+   .muse = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -588,6 +601,7 @@ static const struct { const char *type, *text; } k_wrappers[] = {
   {"diffusion_gemma", "diffusion_gemma_text"},
   {"nemotron_h_omni", "nemotron_h"}, /* Nemotron-3 Nano Omni: text_config (llm_config as released) */
   {"nemo_speechlm", "nemotron_h"},   /* Nemotron-3.5 Transcribe */
+  {"muse_spark", "muse_spark_text"},
 };
 
 /* The number tokens of a JSON text in document order (strings skipped),
@@ -1129,8 +1143,9 @@ static moe8_status parse_dsv4(const cJSON *root, const char *file, moe8_hf_confi
 ** else the legacy hybrid_override_pattern's letters (M mamba, E moe, *
 ** attention, - mlp), else the class's default list (linear_attention, moe,
 ** full_attention, mlp); a layer is MoE where its entry is "moe".  The
-** experts' activation mlp_hidden_act (relu2, or relu); mlp_bias and
-** moe_latent_size refused by name. */
+** experts' activation mlp_hidden_act (relu2, or relu); mlp_bias refused
+** by name; moe_latent_size (null: none) the routed experts' latent width
+** (fc1_latent_proj before them, fc2_latent_proj after). */
 static moe8_status parse_nemotron(const cJSON *root, const char *file, moe8_hf_config *c) {
   moe8_layer_config *L = &c->layer;
   moe8_status st;
@@ -1144,10 +1159,7 @@ static moe8_status parse_nemotron(const cJSON *root, const char *file, moe8_hf_c
   if ((st = get_bool(root, file, "mlp_bias", false, &mb)) != MOE8_OK) return st;
   if (mb) return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_bias\" is true: the experts' linear layers then have biases, which moe8 "
                             "does not hold", file);
-  const cJSON *lat = item(root, "moe_latent_size");
-  if (lat)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"moe_latent_size\" is set: the routed experts then run in a latent space "
-                      "(fc1_latent_proj before them, fc2_latent_proj after), which moe8 does not compute", file);
+  if ((st = get_int(root, file, "moe_latent_size", 0, 1, (int64_t)1 << 30, &L->latent)) != MOE8_OK) return st;
   static const char *const pat = "ME*-";
   static const char *const names[6] = {"linear_attention", "moe", "full_attention", "mlp", "mamba", "attention"};
   const cJSON *types = item(root, "layers_block_type"), *hp = item(root, "hybrid_override_pattern");
@@ -1287,9 +1299,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"inkling2_loop", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"minimax_m3_vl", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"mistral_large4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"muse_spark", "its experts are latent (projected, normalized per expert)"},
-    {"muse_spark_text", "its experts are latent (projected, normalized per expert)"},
     {"kimi_k25", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    {"muse_spark", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"nemo_speechlm", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"nemotron_h_omni", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
@@ -1492,7 +1503,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
       TRY(get_int(root, file, kk, fam->shared_width, 1, BIG, &sw));
     }
     L->shared_ffn = nsh * sw;
-    if (!fam->step && !fam->m3 && !fam->dsv4 && !fam->inkling && !fam->nemotron) /* Step's, MiniMax-M3's, DeepSeek-V4's, Inkling's and Nemotron-H's classes ignore these */
+    if (!fam->step && !fam->m3 && !fam->dsv4 && !fam->inkling && !fam->nemotron && !fam->muse) /* Step's, MiniMax-M3's, DeepSeek-V4's, Inkling's and Nemotron-H's classes ignore these */
       TRY(get_dense_layers(root, file, fam->first_dense, c));
   } else if (v2) {
     /* DeepSeek-V2: softmax scores; greedy top-k, or group_limited_greedy
@@ -1664,6 +1675,14 @@ tail:
   }
   if (fam->gemma) TRY(parse_gemma(root, file, fam, c));
   if (fam->nemotron) TRY(parse_nemotron(root, file, c));
+  if (fam->muse) { /* the latent experts: the width, both norms and their epsilons; the router's logit multiplier */
+    TRY(get_int(root, file, "moe_hidden_size", 4096, 1, BIG, &L->latent));
+    TRY(get_pos(root, file, "rms_norm_eps", 1e-5, true, " (pre_expert_norm's epsilon)", &L->rms_eps));
+    TRY(get_pos(root, file, "post_norm_eps", 1e-8, true, " (post_expert_norm's epsilon)", &L->expert_out_eps));
+    TRY(get_pos(root, file, "output_multiplier", 0.1767766952966369, false, " (the router's logit multiplier)", &c->router_logit_scale));
+    L->latent_norm = L->expert_out_norm = true;
+    c->top_layers = true; /* MuseSparkTextModel's files: layers.L. */
+  }
   if (fam->axk1) { /* the block's output RMSNorm: post_mlp_layernorm in the decoder layer */
     float eps = 1e-6f;
     TRY(get_pos(root, file, "rms_norm_eps", 1e-6, true, " (post_mlp_layernorm's epsilon)", &eps));

@@ -1108,6 +1108,24 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (!is_float_file(normv[i]->dtype))
       return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(normv[i]->dtype));
   }
+  /* Latent experts: the projections around them (Nemotron-H's fc1/fc2_latent_proj;
+  ** MuSE-Spark's pre/post_expert_proj, its norms' weights the (1 + w) of the file) */
+  const int64_t DX = c->layer.latent > 0 ? c->layer.latent : D; /* the routed experts' width */
+  const bool muse = !strncmp(c->model_type, "muse_spark", 10);
+  const moe8_tensor_view *latv[4] = {NULL, NULL, NULL, NULL}; /* in [DX, D], out [D, DX], the norms [DX] */
+  if (c->layer.latent > 0) {
+    static const char *const ln[2][4] = {{"fc1_latent_proj.weight", "fc2_latent_proj.weight", NULL, NULL},
+                                         {"pre_expert_proj.weight", "post_expert_proj.weight", "pre_expert_norm.weight",
+                                          "experts.post_expert_norm.weight"}};
+    for (int i = 0; i < 4; i++) {
+      if (!ln[muse][i]) continue;
+      const int64_t sh[2] = {i == 1 ? D : DX, i == 0 ? D : DX};
+      snprintf(n, sizeof n, "%s%s", p, ln[muse][i]);
+      if ((st = need(m, n, i < 2 ? 2 : 1, i < 2 ? sh : sh + 1, &latv[i])) != MOE8_OK) return st;
+      if (!is_float_file(latv[i]->dtype))
+        return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(latv[i]->dtype));
+    }
+  }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
   if (lc.scored_shared > 0) { /* Inkling: the weights times route_scale times the layer's gate.global_scale [1] */
@@ -1126,13 +1144,15 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     lc.act_limit = c->act_limits[layer];
     lc.shared_act_limit = c->shared_act_limits[layer];
   }
-  const int64_t big = (D > F ? D : F) > Fs ? (D > F ? D : F) : Fs;
+  const int64_t DF = (D > F ? D : F) > DX ? (D > F ? D : F) : DX, big = DF > Fs ? DF : Fs;
   const int64_t N1 = ungated(m) ? F : 2 * F, N1s = ungated(m) ? Fs : 2 * Fs; /* the first projection's columns */
   const int p0 = ungated(m); /* the first projection: gate, or (ungated) up */
   loader ld = {m, p, D, c->block_n ? c->block_n : 128, c->block_k ? c->block_k : 128, NULL, false};
   /* The largest [N, K] read at once: a fused gate|up [2F, D], a router [E, D], a shared [Fs, D] or fused [2Fs, D]. */
   int64_t rows_max = 2 * F > big ? (2 * F > ER ? 2 * F : ER) : (big > ER ? big : ER);
   if (2 * Fs > rows_max) rows_max = 2 * Fs;
+  if (D > rows_max) rows_max = D; /* a latent projection [D, DX] or [DX, D] */
+  if (DX > rows_max) rows_max = DX;
   ld.tmp = malloc(sizeof(float) * (size_t)(rows_max * big + 16));
   if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   moe8_layer *L = NULL;
@@ -1150,6 +1170,17 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (normv[i] && (st = moe8_file_to_f32(L->w[k_norms[i].id], normv[i]->data, normv[i]->dtype, (size_t)(i == 1 ? E : D))) != MOE8_OK)
       goto fail;
   if (hasht && (st = put_hash_table(L, hasht)) != MOE8_OK) goto fail;
+  if (c->router_logit_scale != 0.0f && c->router_logit_scale != 1.0f) /* MuSE-Spark's output_multiplier, on the weight */
+    for (size_t i = 0; i < L->n[MOE8_W_ROUTER]; i++) L->w[MOE8_W_ROUTER][i] *= c->router_logit_scale;
+  if (latv[0] && (st = put_float(latv[0], latv[0]->data, DX, D, L->w[MOE8_W_LATENT_IN], DX, 0, ld.tmp)) != MOE8_OK) goto fail;
+  if (latv[1] && (st = put_float(latv[1], latv[1]->data, D, DX, L->w[MOE8_W_LATENT_OUT], D, 0, ld.tmp)) != MOE8_OK) goto fail;
+  for (int i = 2; i < 4; i++) {
+    if (!latv[i]) continue;
+    float *v = L->w[i == 2 ? MOE8_W_LATENT_NORM : MOE8_W_EXPERT_OUT_NORM];
+    if ((st = moe8_file_to_f32(v, latv[i]->data, latv[i]->dtype, (size_t)DX)) != MOE8_OK) goto fail;
+    for (int64_t j = 0; j < DX; j++) v[j] = 1.0f + v[j];
+  }
+  ld.D = DX; /* the routed experts' width; the shared expert's is D */
 
   /* The routed experts' format: one of them, never a guess between two. */
   double t0 = now_s(), last = t0;
@@ -1185,15 +1216,15 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     ** inference layer under the mxfp4 rule or a rule naming no weight
     ** format; decoded exactly otherwise. */
     gptoss_w wgu, wdn;
-    if ((st = gptoss_find(m, p, "gate_up_proj", E, D, N1, &wgu)) != MOE8_OK || (st = gptoss_find(m, p, "down_proj", E, F, D, &wdn)) != MOE8_OK)
+    if ((st = gptoss_find(m, p, "gate_up_proj", E, DX, N1, &wgu)) != MOE8_OK || (st = gptoss_find(m, p, "down_proj", E, F, DX, &wdn)) != MOE8_OK)
       goto fail;
     if (!wdn.blocks) {
       st = moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld has MXFP4 gate_up_proj blocks but a float down_proj: both or neither", (long long)layer);
       goto fail;
     }
     (void)moe8__layer_keep_mx4(L);
-    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
-    st = put_routed(L, &wgu, &wdn, E, D, F, b.gu, b.dn, ld.tmp, &o, total);
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, DX, F, false, 1)) != MOE8_OK) goto fail;
+    st = put_routed(L, &wgu, &wdn, E, DX, F, b.gu, b.dn, ld.tmp, &o, total);
     xbuf_free(&b);
     b = (xbuf){0};
     if (st != MOE8_OK) goto fail;
@@ -1288,10 +1319,10 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     fused_name(m, p, 1, dname, sizeof dname);
     const moe8_tensor_view *dv = moe8_model_find(m, dname);
     const bool ilv = c->fused_interleaved && c->fused_gu[0] && strstr(n, c->fused_gu) != NULL;
-    const bool xw = !ilv && !ungated(m) && fgu->ndim == 3 && /* an ungated family's files: transformers' [E, F, D] only (D = F would fit both) */ fgu->shape[0] == E && fgu->shape[1] == D && fgu->shape[2] == N1 && dv && dv->ndim == 3 &&
-                    dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == D;
+    const bool xw = !ilv && !ungated(m) && fgu->ndim == 3 && /* an ungated family's files: transformers' [E, F, DX] only (DX = F would fit both) */ fgu->shape[0] == E && fgu->shape[1] == DX && fgu->shape[2] == N1 && dv && dv->ndim == 3 &&
+                    dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == DX;
     /* LongCat-Flash's gate_up_proj has rows for its identity experts too (never read) */
-    const int64_t s1[3] = {ER, xw ? D : N1, xw ? N1 : D}, s2[3] = {E, xw ? F : D, xw ? D : F};
+    const int64_t s1[3] = {ER, xw ? DX : N1, xw ? N1 : DX}, s2[3] = {E, xw ? F : DX, xw ? DX : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
     if ((st = need(m, dname, 3, s2, &fdn)) != MOE8_OK) goto fail;
     if (!is_float_file(fgu->dtype) || !is_float_file(fdn->dtype)) {
@@ -1299,18 +1330,18 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
                       moe8_file_dtype_name(fgu->dtype), fdn->name, moe8_file_dtype_name(fdn->dtype));
       goto fail;
     }
-    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, D, F, false, 1)) != MOE8_OK) goto fail;
-    const size_t es1 = moe8_file_dtype_size(fgu->dtype) * (size_t)(N1 * D), es2 = moe8_file_dtype_size(fdn->dtype) * (size_t)(D * F);
+    if ((st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0)) != MOE8_OK || (st = xbuf_alloc(&b, DX, F, false, 1)) != MOE8_OK) goto fail;
+    const size_t es1 = moe8_file_dtype_size(fgu->dtype) * (size_t)(N1 * DX), es2 = moe8_file_dtype_size(fdn->dtype) * (size_t)(DX * F);
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-      if (xw) { /* already the layer's [D, 2F] and [F, D] */
-        st = moe8_file_to_f32(b.gu, (const char *)fgu->data + (size_t)e * es1, fgu->dtype, (size_t)(N1 * D));
-        if (st == MOE8_OK) st = moe8_file_to_f32(b.dn, (const char *)fdn->data + (size_t)e * es2, fdn->dtype, (size_t)(D * F));
+      if (xw) { /* already the layer's [DX, 2F] and [F, DX] */
+        st = moe8_file_to_f32(b.gu, (const char *)fgu->data + (size_t)e * es1, fgu->dtype, (size_t)(N1 * DX));
+        if (st == MOE8_OK) st = moe8_file_to_f32(b.dn, (const char *)fdn->data + (size_t)e * es2, fdn->dtype, (size_t)(DX * F));
       } else {
-        st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, N1, D, b.gu, N1, 0, ld.tmp);
-        if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, D, F, b.dn, D, 0, ld.tmp);
+        st = put_float(fgu, (const char *)fgu->data + (size_t)e * es1, N1, DX, b.gu, N1, 0, ld.tmp);
+        if (st == MOE8_OK) st = put_float(fdn, (const char *)fdn->data + (size_t)e * es2, DX, F, b.dn, DX, 0, ld.tmp);
       }
       if (st == MOE8_OK && ilv) /* alternate gate / up columns to the layer's halves (ld.tmp is free again) */
-        for (int64_t dd = 0; dd < D; dd++) {
+        for (int64_t dd = 0; dd < DX; dd++) {
           float *row = b.gu + dd * 2 * F;
           memcpy(ld.tmp, row, sizeof(float) * (size_t)(2 * F));
           for (int64_t f = 0; f < F; f++) { row[f] = ld.tmp[2 * f]; row[F + f] = ld.tmp[2 * f + 1]; }
@@ -1356,7 +1387,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     }
     ld.fp8 = first->dtype == MOE8_FDT_F8_E4M3;
     if ((st = moe8__layer_begin_load(L, ld.fp8 ? MOE8_DTYPE_F8E4M3 : MOE8_DTYPE_NONE, ld.fp8 ? ld.bk : 0)) != MOE8_OK) goto fail;
-    if ((st = xbuf_alloc(&b, D, F, ld.fp8, ld.bk)) != MOE8_OK) goto fail;
+    if ((st = xbuf_alloc(&b, DX, F, ld.fp8, ld.bk)) != MOE8_OK) goto fail;
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
       snprintf(n, sizeof n, "%sexperts.%lld.", p, (long long)e);
       st = read_expert(&ld, n, F, ld.fp8, &b, L->inference);
@@ -1366,6 +1397,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
   }
+  ld.D = D;
   /* The shared expert fused: beside the block (Granite's shared_mlp), or in
   ** it as shared_experts.gate_up_proj.weight [2Fs, D] (gate rows, then up)
   ** and shared_experts.down_proj.weight (MiniMax-M3's). */

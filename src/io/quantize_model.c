@@ -459,7 +459,8 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
   for (int64_t e = 0; e < E + (Fs > 0) && st == MOE8_OK; e++)
     for (int w = mw[0] ? 0 : 1; w < 3 && st == MOE8_OK; w++) { /* an ungated layer: up and down */
       const bool sh = e == E;
-      const int64_t FF = sh ? Fs : F, N = w == 2 ? D : FF, K = w == 2 ? FF : D;
+      const int64_t DE = sh || hc->layer.latent <= 0 ? D : hc->layer.latent; /* latent experts: their width */
+      const int64_t FF = sh ? Fs : F, N = w == 2 ? DE : FF, K = w == 2 ? FF : DE;
       float *wt = malloc(sizeof(float) * (size_t)(N * K));
       const size_t ns = (size_t)(((N + 127) / 128) * ((K + 127) / 128));
       void *q = malloc((size_t)(N * K)), *s = malloc(ns * 4);
@@ -572,7 +573,8 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   if (st != MOE8_OK) { oldset_free(&old); return st; }
   const moe8_hf_config *hc = moe8_model_config(m);
   const bool gptoss = hc->arch == MOE8_ARCH_GPT_OSS;
-  const int64_t E = hc->layer.num_experts, D = hc->layer.hidden, F = hc->layer.ffn;
+  /* the routed experts' width: latent experts' (their projections are copied as they are) */
+  const int64_t E = hc->layer.num_experts, D = hc->layer.latent > 0 ? hc->layer.latent : hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};
   int quantized_layers = 0, packed_layout = 0, mx4_layers = 0;
   int64_t qtile = 0;
@@ -659,7 +661,9 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     const bool bias = gptoss && tl > 5 && !strcmp(t->name + tl - 5, "_bias"); /* GPT-OSS's expert biases stay */
     /* Inkling's shared experts are the layer's last experts: in the codes */
     const bool scored = hc->layer.scored_shared > 0 && strstr(t->name, ".shared_experts.") != NULL;
-    if (!bias && (scored || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
+    /* MuSE-Spark's per-expert output norm is not an expert weight: it stays */
+    const bool keep = strstr(t->name, ".experts.post_expert_norm.") != NULL;
+    if (!bias && !keep && (scored || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
         l >= 0 && l < hc->num_layers && replace[l])
       continue;
     st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);

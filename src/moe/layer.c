@@ -99,7 +99,13 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (D <= 0 || F <= 0 || Fs < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld, ffn = %lld must be positive and shared_ffn = %lld non-negative",
                       (long long)D, (long long)F, (long long)Fs);
-  if (mul4(E, D, 2 * F, 4) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
+  if (cfg->latent < 0 || cfg->latent > ((int64_t)1 << 40) ||
+      (cfg->latent > 0 && (cfg->expert_bias || cfg->in_norm || cfg->weight_input || Z > 0)) || (cfg->latent_norm && cfg->latent <= 0))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: latent = %lld must be 0 or a positive width, without expert_bias, in_norm, "
+                      "weight_input or zero_experts, and latent_norm needs it", (long long)cfg->latent);
+  if (!(cfg->expert_out_eps >= 0.0f && cfg->expert_out_eps < 1e30f))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: expert_out_eps %g must be in [0, 1e30)", (double)cfg->expert_out_eps);
+  if (mul4(E, D, 2 * F, 4) < 0 || mul4(E, cfg->latent, 2 * F, 4) < 0 || mul4(D, cfg->latent, 4, 1) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: sizes E = %lld, hidden = %lld, ffn = %lld, shared_ffn = %lld overflow 64-bit byte counts",
                       (long long)E, (long long)D, (long long)F, (long long)Fs);
   if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS &&
@@ -186,7 +192,7 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     const char *why = !inference ? "layers loaded for inference only (training layers keep f32 weights: load with MOE8_LOAD_INFERENCE)"
                       : !moe8__mx4_acts_ok(L) ? "f32 or int8 activations (act_qtype null, or int8 per token or per 1 x tile, "
                                                 "the tile a multiple of 32)"
-                      : D % 32 || F % 32 || Fs % 32 ? "hidden and FFN widths that are multiples of 32" : NULL;
+                      : D % 32 || F % 32 || Fs % 32 || cfg->latent % 32 ? "hidden, latent and FFN widths that are multiples of 32" : NULL;
     if (why) {
       pthread_rwlock_destroy(&L->lock);
       free(L);
@@ -198,9 +204,9 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   strncat(L->describe, notice, sizeof L->describe - strlen(L->describe) - 1);
 
   L->nsets = Fs > 0 ? 2 : 1;
-  L->xs[0] = (moe8__xset){.E = E, .F = F, .N1 = moe8__act_gated(moe8__set_act(L, 0)) ? 2 * F : F, .wg = MOE8_W_GATE, .wu = MOE8_W_UP,
+  L->xs[0] = (moe8__xset){.E = E, .F = F, .D = cfg->latent > 0 ? cfg->latent : D, .N1 = moe8__act_gated(moe8__set_act(L, 0)) ? 2 * F : F, .wg = MOE8_W_GATE, .wu = MOE8_W_UP,
                           .wd = MOE8_W_DOWN};
-  L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .N1 = moe8__act_gated(moe8__set_act(L, 1)) ? 2 * Fs : Fs, .wg = MOE8_W_SHARED_GATE,
+  L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .D = D, .N1 = moe8__act_gated(moe8__set_act(L, 1)) ? 2 * Fs : Fs, .wg = MOE8_W_SHARED_GATE,
                           .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
   L->n[MOE8_W_ROUTER] = (size_t)(D * (E + Z));
   L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)(E + Z) : 0;
@@ -213,10 +219,13 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->n[MOE8_W_EXPERT_SCALE] = cfg->expert_scale ? (size_t)E : 0;
   L->n[MOE8_W_IN_NORM] = cfg->in_norm ? (size_t)D : 0;
   L->n[MOE8_W_OUT_NORM] = cfg->out_norm ? (size_t)D : 0;
+  L->n[MOE8_W_LATENT_IN] = L->n[MOE8_W_LATENT_OUT] = (size_t)(D * cfg->latent);
+  L->n[MOE8_W_LATENT_NORM] = cfg->latent_norm ? (size_t)cfg->latent : 0;
+  L->n[MOE8_W_EXPERT_OUT_NORM] = cfg->expert_out_norm ? (size_t)L->xs[0].D : 0;
   if (!inference)
     for (int s = 0; s < L->nsets; s++) {
       const moe8__xset *X = &L->xs[s];
-      L->n[X->wg] = L->n[X->wu] = L->n[X->wd] = (size_t)(X->E * D * X->F);
+      L->n[X->wg] = L->n[X->wu] = L->n[X->wd] = (size_t)(X->E * X->D * X->F);
       if (X->N1 == X->F) L->n[X->wg] = 0; /* ungated: no gate weight */
     }
   bool ok = true;
@@ -224,14 +233,14 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     if (L->n[i]) ok &= (L->w[i] = calloc(L->n[i], sizeof(float))) != NULL;
   for (int s = 0; s < L->nsets && !inference; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t XF = X->F, XE = X->E, N1 = X->N1;
+    const int64_t XF = X->F, XE = X->E, N1 = X->N1, XD = X->D;
     X->wd_f32 = L->w[X->wd];
-    ok &= (X->wgu_f32 = malloc(sizeof(float) * (size_t)(XE * D * N1))) != NULL;
+    ok &= (X->wgu_f32 = malloc(sizeof(float) * (size_t)(XE * XD * N1))) != NULL;
     if (L->wq) {
-      ok &= (X->wgu_q = malloc((size_t)(XE * D * N1))) != NULL;
-      ok &= (X->wd_q = malloc((size_t)(XE * XF * D))) != NULL;
-      ok &= (X->wgu_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(D, L->wspec.tile) * N1))) != NULL;
-      ok &= (X->wd_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(XF, L->wspec.tile) * D))) != NULL;
+      ok &= (X->wgu_q = malloc((size_t)(XE * XD * N1))) != NULL;
+      ok &= (X->wd_q = malloc((size_t)(XE * XF * XD))) != NULL;
+      ok &= (X->wgu_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(XD, L->wspec.tile) * N1))) != NULL;
+      ok &= (X->wd_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(XF, L->wspec.tile) * XD))) != NULL;
     }
   }
   if (!ok) { moe8_layer_destroy(L); return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for weights"); }
@@ -314,9 +323,11 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
   if (L->inference) return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: loaded for inference (no f32 masters): nothing to initialize");
   uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
   const float D = (float)L->cfg.hidden, F = (float)L->cfg.ffn, Fs = (float)L->cfg.shared_ffn;
-  const float fan[MOE8_W_COUNT] = {D, D, D, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  const float H = (float)moe8__routed_width(L);
+  const float fan[MOE8_W_COUNT] = {D, H, H, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, D, H, 1.0f, 1.0f};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
-    if (i == MOE8_W_ROUTER_SCALE || i == MOE8_W_EXPERT_SCALE || i == MOE8_W_IN_NORM || i == MOE8_W_OUT_NORM) {
+    if (i == MOE8_W_ROUTER_SCALE || i == MOE8_W_EXPERT_SCALE || i == MOE8_W_IN_NORM || i == MOE8_W_OUT_NORM || i == MOE8_W_LATENT_NORM ||
+        i == MOE8_W_EXPERT_OUT_NORM) {
       for (size_t j = 0; j < L->n[i]; j++) L->w[i][j] = 1.0f; /* norm weights and scales start at 1 */
       continue;
     }
@@ -359,6 +370,9 @@ const moe8_layer_config *moe8_layer_get_config(const moe8_layer *L) { return L ?
 typedef struct ws_layout {
   float   *logits, *scores, *w, *xs, *gu, *h, *y, *sx, *sxs, *sh, *idn;
   float   *xr, *xe, *yb, *wn;           /* Gemma-4's norms: router input, experts' input, output before its norm, weights before the per-expert scale */
+  float   *z, *sz, *c;                  /* latent: the experts' input rows [T, latent], their scales, the weighted sum */
+  float   *yo;                          /* expert_out_norm: the expert rows before their norm (for the backward) */
+  uint8_t *zq;
   int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
   int64_t *offs;
   uint8_t *xq, *xsq, *hq;
@@ -388,13 +402,15 @@ static void ws_mark(void *ws, const moe8_layer *L, int64_t T, uint64_t kind) {
 ** is about T·top_k·(E + D + F + Fs) floats several times over) stays far
 ** from 64-bit overflow. */
 static int64_t max_tokens(const moe8_layer *L) {
-  const int64_t per = 64 * L->cfg.top_k * (moe8__router_width(L) + L->cfg.hidden + L->cfg.ffn + L->cfg.shared_ffn + 64);
+  const int64_t per = 64 * L->cfg.top_k * (moe8__router_width(L) + L->cfg.hidden + L->cfg.latent + L->cfg.ffn + L->cfg.shared_ffn + 64);
   return ((int64_t)1 << 62) / per;
 }
 
 static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  const int64_t DX = moe8__routed_width(L), lat = L->cfg.latent > 0 ? T * DX : 0; /* the routed rows' width */
   const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 0, nbF = L->aq ? moe8__nblocks(F, L->aspec.tile) : 0;
+  const int64_t nbX = L->aq ? moe8__nblocks(DX, L->aspec.tile) : 0;
   const int64_t Fs = L->cfg.shared_ffn;
   size_t off = WS_HEAD;
 #define TAKE(field, type, count) do { o->field = (type *)(base ? base + off : NULL); off += moe8__al64(sizeof(type) * (size_t)(count)); } while (0)
@@ -407,16 +423,21 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(pos_of, int32_t, A);
   TAKE(gsz, int32_t, E);
   TAKE(offs, int64_t, E + 1);
-  TAKE(xs, float, A * D);
+  TAKE(xs, float, A * DX);
   TAKE(xq, uint8_t, L->aq ? T * D : 0);
   TAKE(sx, float, T * nbD);
-  TAKE(xsq, uint8_t, L->aq ? A * D : 0);
-  TAKE(sxs, float, A * nbD);
+  TAKE(xsq, uint8_t, L->aq ? A * DX : 0);
+  TAKE(sxs, float, A * nbX);
   TAKE(gu, float, A * L->xs[0].N1);
   TAKE(h, float, A * F);
   TAKE(hq, uint8_t, L->aq ? A * F : 0);
   TAKE(sh, float, A * nbF);
-  TAKE(y, float, A * D);
+  TAKE(y, float, A * DX);
+  TAKE(z, float, lat);
+  TAKE(zq, uint8_t, L->aq ? lat : 0);
+  TAKE(sz, float, lat ? T * nbX : 0);
+  TAKE(c, float, lat);
+  TAKE(yo, float, L->cfg.expert_out_norm ? A * DX : 0);
   TAKE(xr, float, L->cfg.router_norm ? T * D : 0);
   TAKE(xe, float, L->cfg.in_norm ? T * D : 0);
   TAKE(yb, float, L->cfg.out_norm ? T * D : 0);
@@ -425,7 +446,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
 #undef TAKE
   o->shared = base ? base + off : NULL;
   off += moe8__shared_buf_size(L, T);
-  const int64_t wide = D > F ? (D > Fs ? D : Fs) : (F > Fs ? F : Fs);
+  const int64_t w1 = D > F ? (D > Fs ? D : Fs) : (F > Fs ? F : Fs), wide = w1 > DX ? w1 : DX;
   o->scratch_bytes = moe8__gmm_ws_size(A > T ? A : T, wide);
   o->scratch = base ? base + off : NULL;
   off += o->scratch_bytes;
@@ -499,7 +520,8 @@ static moe8_status check_weights(const moe8_layer *L) {
                                                   "shared expert down weight", "shared expert gate", "router bias",
                                                   "expert gate/up bias", "expert down bias", "output bias",
                                                   "router norm scale", "per-expert scale", "expert input norm weight",
-                                                  "output norm weight"};
+                                                  "output norm weight", "latent input projection", "latent output projection",
+                                                  "latent norm weight", "expert output norm weight"};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     const size_t bad = L->n[i] ? moe8__count_nonfinite(L->w[i], L->n[i]) : 0;
     if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s has %zu non-finite value(s)", L->module_path, names[i], bad);
@@ -530,7 +552,7 @@ static void gate_up_split(float *wg, float *wu, const float *gu, int64_t rows, i
 
 /* One training set's kernel weights from its masters. */
 static moe8_status quantize_set(moe8_layer *L, moe8__xset *X) {
-  const int64_t D = L->cfg.hidden, E = X->E, F = X->F;
+  const int64_t D = X->D, E = X->E, F = X->F;
   gate_up_join(X->wgu_f32, L->w[X->wg], L->w[X->wu], E * D, F);
   if (!L->wq) return MOE8_OK;
   moe8_status st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, X->N1, X->wgu_q, X->wgu_s, NULL);
@@ -552,7 +574,7 @@ static int64_t gmm_block_len(const moe8_layer *L, int64_t K) {
 bool moe8__layer_packable(const moe8_layer *L, int s) {
   const moe8_dtype wt = L->wspec.qtype;
   if (!L->wq || (wt != MOE8_DTYPE_F8E4M3 && wt != MOE8_DTYPE_F8E5M2 && wt != MOE8_DTYPE_I8)) return false;
-  const int64_t D = L->cfg.hidden, F = L->xs[s].F, per = moe8__pk_per(wt);
+  const int64_t D = L->xs[s].D, F = L->xs[s].F, per = moe8__pk_per(wt);
   const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F);
   return !((bg < D && bg % per) || (bd < F && bd % per));
 }
@@ -565,12 +587,11 @@ bool moe8__layer_packable(const moe8_layer *L, int s) {
 ** only block).  Inference layers pack at load. */
 static moe8_status pack_weights(moe8_layer *L) {
   if (L->inference) return MOE8_OK;
-  const int64_t D = L->cfg.hidden;
   const moe8_dtype wt = L->wspec.qtype;
   const bool i8 = wt == MOE8_DTYPE_I8;
   for (int s = 0; s < L->nsets; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t E = X->E, F = X->F, N1 = X->N1;
+    const int64_t E = X->E, F = X->F, N1 = X->N1, D = X->D;
     free(X->wgu_pk); free(X->wd_pk);
     X->wgu_pk = X->wd_pk = NULL;
     if (!L->wq || !L->aq || !moe8__kernel_pair(L->aspec.qtype, wt) ||
@@ -620,7 +641,6 @@ moe8_status moe8_layer_prepared(const moe8_layer *L, moe8_prepared *o) {
 
 /* ---- loading ------------------------------------------------------------------ */
 moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
-  const int64_t D = L->cfg.hidden;
   if (L->wmx && qt != MOE8_DTYPE_NONE)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: the checkpoint's experts are already quantized (%s); weight_qtype mxfp4 takes float "
                       "checkpoints", L->module_path, moe8_dtype_info(qt)->name);
@@ -640,7 +660,7 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
   for (int s = 0; s < L->nsets; s++) L->xs[s].coded = false;
   for (int s = 0; s < L->nsets; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t E = X->E, F = X->F, N1 = X->N1;
+    const int64_t E = X->E, F = X->F, N1 = X->N1, D = X->D;
     if (!L->inference) {
       if (qt == MOE8_DTYPE_NONE) continue; /* the masters take the values */
       free(X->wgu_q); free(X->wd_q); free(X->wgu_s); free(X->wd_s);
@@ -682,7 +702,7 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
 }
 
 static moe8_status put_codes(moe8_layer *L, moe8__xset *X, bool down, int64_t e, const uint8_t *q, const float *sc) {
-  const int64_t D = L->cfg.hidden, K = down ? X->F : D, N = down ? D : X->N1;
+  const int64_t D = X->D, K = down ? X->F : D, N = down ? D : X->N1;
   const moe8_dtype wt = L->wspec.qtype;
   const size_t nsc = (size_t)(moe8__nblocks(K, L->wspec.tile) * N);
   uint8_t *pk = down ? X->wd_pk : X->wgu_pk, *qq = down ? X->wd_q : X->wgu_q;
@@ -696,7 +716,7 @@ static moe8_status put_codes(moe8_layer *L, moe8__xset *X, bool down, int64_t e,
 moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float *gu, const float *dn, const uint8_t *gq,
                                    const float *gs, const uint8_t *dq, const float *ds) {
   moe8__xset *X = &L->xs[s];
-  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
+  const int64_t D = X->D, F = X->F, N1 = X->N1;
   if (gq) { /* codes as the file has them */
     moe8_status st = put_codes(L, X, false, e, gq, gs);
     return st == MOE8_OK ? put_codes(L, X, true, e, dq, ds) : st;
@@ -750,7 +770,7 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
 moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, const float *gs, const uint8_t *dn_pk,
                                    const float *ds) {
   moe8__xset *X = &L->xs[s];
-  const int64_t D = L->cfg.hidden, F = X->F, E = X->E;
+  const int64_t D = X->D, F = X->F, E = X->E;
   if (L->wmx)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: the checkpoint's experts are already quantized (moe8 packed); weight_qtype mxfp4 "
                       "takes float checkpoints", L->module_path);
@@ -766,9 +786,9 @@ moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, c
 }
 
 static moe8_status check_scales(const moe8_layer *L) {
-  const int64_t D = L->cfg.hidden;
   for (int s = 0; s < L->nsets; s++) {
     const moe8__xset *X = &L->xs[s];
+    const int64_t D = X->D;
     if (!L->inference && !X->coded) continue; /* quantized from its masters at the end of the load */
     const size_t n[2] = {(size_t)(X->E * moe8__nblocks(D, L->wspec.tile) * X->N1), (size_t)(X->E * moe8__nblocks(X->F, L->wspec.tile) * D)};
     const float *p[2] = {X->wgu_s, X->wd_s};
@@ -786,11 +806,10 @@ static moe8_status check_scales(const moe8_layer *L) {
 ** codes' values (a set with no codes, e.g. the shared expert under
 ** moe8_layer_load_prepared, is quantized from its masters instead). */
 static moe8_status finish_training(moe8_layer *L) {
-  const int64_t D = L->cfg.hidden;
   moe8_status st = MOE8_OK;
   for (int s = 0; s < L->nsets && st == MOE8_OK; s++) {
     moe8__xset *X = &L->xs[s];
-    const int64_t E = X->E, F = X->F;
+    const int64_t E = X->E, F = X->F, D = X->D;
     if (!X->coded) {
       st = quantize_set(L, X);
       continue;
@@ -822,7 +841,7 @@ moe8_status moe8__layer_end_load(moe8_layer *L) {
 bool moe8__layer_keep_mx4(moe8_layer *L) {
   const int64_t D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
   if (!L->wmx && L->inference && !L->wq && moe8__mx4_acts_ok(L) && !(L->has_rule && L->rule.weight_qtype != MOE8_DTYPE_NONE) &&
-      D % 32 == 0 && F % 32 == 0 && Fs % 32 == 0) {
+      L->cfg.latent % 32 == 0 && D % 32 == 0 && F % 32 == 0 && Fs % 32 == 0) {
     L->wmx = true;
     set_describe(L, "");
   }
@@ -844,7 +863,7 @@ moe8_status moe8__layer_put_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uin
 }
 
 moe8_status moe8__layer_load_mx4(moe8_layer *L, uint8_t *gu_b, uint8_t *gu_s, uint8_t *dn_b, uint8_t *dn_s) {
-  if (!L->inference || L->wq || !moe8__mx4_acts_ok(L) || L->nsets != 1 || L->cfg.hidden % 32 || L->cfg.ffn % 32) {
+  if (!L->inference || L->wq || !moe8__mx4_acts_ok(L) || L->nsets != 1 || L->xs[0].D % 32 || L->cfg.ffn % 32) {
     free(gu_b); free(gu_s); free(dn_b); free(dn_s);
     return moe8__fail(MOE8_ERR_INTERNAL, "layer: MXFP4 weights need an inference layer without weight rules or a shared expert, f32 or "
                       "int8 activations, D and F multiples of 32");
@@ -920,9 +939,9 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   if (!p->w_gate_up || !p->s_gate_up || !p->w_down || !p->s_down)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer load_prepared: NULL %s", !p->w_gate_up ? "w_gate_up" : !p->s_gate_up ? "s_gate_up"
                       : !p->w_down ? "w_down" : "s_down");
-  if (p->tile < 0 || p->tile > L->cfg.hidden + L->cfg.ffn)
+  const int64_t E = L->cfg.num_experts, D = L->xs[0].D, F = L->cfg.ffn;
+  if (p->tile < 0 || p->tile > D + F)
     return moe8__fail(MOE8_ERR_SHAPE, "layer load_prepared: tile %lld is not a block length along K", (long long)p->tile);
-  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn;
   moe8_status st = moe8__layer_begin_load(L, p->dtype, p->tile);
   if (st != MOE8_OK) return st;
   moe8__xset *X = &L->xs[0];
@@ -979,12 +998,30 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     moe8__rms_norm_rows(x, T, D, eps, L->w[MOE8_W_ROUTER_SCALE], rsc, w.xr);
     xr = w.xr;
   }
-  moe8_status st = qfirst ? moe8_quantize(&L->aspec, xe, 1, T, D, w.xq, w.sx, NULL) : MOE8_OK;
+  /* Latent experts: the routed rows are z = x · P (then its norm), DX
+  ** wide, quantized into zq/sz; the shared expert reads x (its codes in
+  ** xq/sx), and x is scanned on its own. */
+  const bool lat = L->cfg.latent > 0;
+  const int64_t DX = moe8__routed_width(L);
+  const float *xsh = xe;
+  uint8_t *rq = w.xq;
+  float *rs = w.sx;
+  moe8_status st = MOE8_OK;
+  if (lat) {
+    if ((st = moe8__latent_in(L, x, T, w.z)) != MOE8_OK) return st;
+    xe = w.z;
+    rq = w.zq;
+    rs = w.sz;
+  }
+  st = qfirst ? moe8_quantize(&L->aspec, xe, 1, T, DX, rq, rs, NULL) : MOE8_OK;
   if (st != MOE8_OK && st != MOE8_ERR_NONFINITE) return st;
-  if (!qfirst || st == MOE8_ERR_NONFINITE) {
+  if (!qfirst || lat || st == MOE8_ERR_NONFINITE) {
     const size_t bad = moe8__count_nonfinite_par(x, (size_t)(T * D));
-    if (bad || st != MOE8_OK)
+    if (bad || (st != MOE8_OK && !lat))
       return moe8__fail(MOE8_ERR_NONFINITE, "layer: input x [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
+    if (st != MOE8_OK)
+      return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: the latent expert input z = x P [%lld, %lld] is not finite (the projection "
+                        "weight too large for the input)", L->module_path, (long long)T, (long long)DX);
   }
 
   /* 1. router (or the caller's routing: ids < 0 skipped) */
@@ -1020,7 +1057,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     *aux = moe8__aux_loss(L, T, w.ids, w.scores, f);
   }
   /* 3. expert input rows */
-  const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 1;
+  const int64_t nbD = L->aq ? moe8__nblocks(DX, L->aspec.tile) : 1;
   if (L->cfg.weight_input) {
     /* Llama-4: row p is its token scaled by its slot's weight, quantized
     ** after; the combine then adds the expert outputs unweighted. */
@@ -1029,10 +1066,10 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
   } else if (qfirst) {
     bool gathered; /* x quantized at the start */
-    st = moe8_gather_qrows(w.xsq, w.sxs, &gathered, w.xq, w.sx, T, D, T, nbD, w.token_of, rows);
+    st = moe8_gather_qrows(w.xsq, w.sxs, &gathered, rq, rs, T, DX, T, nbD, w.token_of, rows);
   } else {
-    st = moe8_gather_rows(w.xs, xe, sizeof(float) * (size_t)D, w.token_of, rows, T);
-    if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, D, w.xsq, w.sxs, NULL);
+    st = moe8_gather_rows(w.xs, xe, sizeof(float) * (size_t)DX, w.token_of, rows, T);
+    if (st == MOE8_OK && L->aq) st = moe8_quantize(&L->aspec, w.xs, 1, rows, DX, w.xsq, w.sxs, NULL);
   }
   /* 6. the shared expert on every token, computed while x is whole (out
   ** may be x, or overlap it: nothing reads x after the combine writes
@@ -1040,14 +1077,24 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   moe8__shared_buf sb = {0};
   if (st == MOE8_OK && L->cfg.shared_ffn > 0 && with_shared) {
     moe8__shared_buf_carve(L, T, w.shared, &sb);
-    if (L->aq && !qfirst) st = moe8_quantize(&L->aspec, xe, 1, T, D, w.xq, w.sx, NULL);
-    if (st == MOE8_OK) st = moe8__shared_forward(L, order, xe, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
+    if (L->aq && (!qfirst || lat)) st = moe8_quantize(&L->aspec, xsh, 1, T, D, w.xq, w.sx, NULL);
+    if (st == MOE8_OK) st = moe8__shared_forward(L, order, xsh, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
   }
   /* 4, 5. experts, combine */
   if (st == MOE8_OK)
     st = moe8__experts_forward(L, order, 0, rows, w.gsz, 0, E, w.xs, w.xsq, w.sxs, w.gu, w.h, w.hq, w.sh, w.y, w.scratch, w.scratch_bytes);
+  if (st == MOE8_OK && L->cfg.expert_out_norm) { /* MuSE-Spark: each expert row's norm (the backward keeps the rows before it) */
+    if (kind != WS_FUSED) memcpy(w.yo, w.y, sizeof(float) * (size_t)(rows * DX));
+    moe8__expert_out_norm_rows(w.y, rows, DX, L->cfg.expert_out_eps, L->w[MOE8_W_EXPERT_OUT_NORM]);
+  }
+  if (st == MOE8_OK && lat) { /* the weighted sum in the latent width, then back to D */
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)DX)) schedule(static)
+    for (int64_t t = 0; t < T; t++) moe8__combine_row(w.c + t * DX, w.y, w.pos_of + t * K, w.w + t * K, K, DX);
+    st = moe8__latent_out(L, w.c, T, out);
+  }
   if (st == MOE8_OK)
-    st = moe8__finish_output(L, T, w.y, w.pos_of, L->cfg.weight_input ? NULL : w.w, L->cfg.zero_experts ? w.idn : NULL, &sb, out);
+    st = moe8__finish_output(L, T, lat ? NULL : w.y, w.pos_of, L->cfg.weight_input ? NULL : w.w, L->cfg.zero_experts ? w.idn : NULL,
+                             &sb, out);
   if (st == MOE8_OK && L->cfg.out_norm) { /* Gemma-4: the output's RMSNorm (the backward keeps what it normed) */
     memcpy(w.yb, out, sizeof(float) * (size_t)(T * D));
     moe8__rms_norm_rows(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, out);
@@ -1183,7 +1230,12 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const size_t bad = moe8__count_nonfinite_par(dout, (size_t)(T * D));
   if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer backward: dout [%lld, %lld] has %zu non-finite value(s)", (long long)T, (long long)D, bad);
   const int64_t rows = w.offs[E];
-  float *dy = malloc(sizeof(float) * (size_t)(rows * D + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * D + 1));
+  /* Latent experts: the routed rows are H wide; the gradient at their
+  ** weighted sum (dc) and at their input z (dzl) apart from dx. */
+  const bool lat = L->cfg.latent > 0;
+  const int64_t H = moe8__routed_width(L);
+  float *dc = lat ? malloc(sizeof(float) * (size_t)(T * H + 1)) : NULL, *dzl = lat ? calloc((size_t)(T * H + 1), sizeof(float)) : NULL;
+  float *dy = malloc(sizeof(float) * (size_t)(rows * H + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * H + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
   const int64_t ER = moe8__router_width(L); /* the router's experts: with the identity ones */
   float *dl = malloc(sizeof(float) * (size_t)(T * ER + 1));
@@ -1198,14 +1250,18 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const float eps = L->cfg.rms_eps, rsc = L->cfg.router_norm_scale != 0.0f ? L->cfg.router_norm_scale : 1.0f;
   double f[MOE8_MAX_EXPERTS];
   moe8_status st = MOE8_OK;
-  if (!dy || !dxs || !dwrow || !dw || !dl || (L->cfg.out_norm && !dz) || (gin && !dxe_b) || (grn && !dxr_b)) {
+  if (!dy || !dxs || !dwrow || !dw || !dl || (L->cfg.out_norm && !dz) || (gin && !dxe_b) || (grn && !dxr_b) || (lat && (!dc || !dzl))) {
     st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
     goto done;
   }
   if (dz && (st = moe8__rms_norm_backward(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, dout, dz, gr->dwon)) != MOE8_OK) goto done;
   if (dz) dout = dz;
-  moe8__dy_dw(rows, w.token_of, w.slot_of, L->cfg.weight_input ? NULL : w.w, K, dout, w.y, D, dy, dwrow);
+  if (lat) moe8__latent_out_backward(L, dout, w.c, T, dc, gr->dwlo); /* out = c · Q */
+  moe8__dy_dw(rows, w.token_of, w.slot_of, L->cfg.weight_input ? NULL : w.w, K, lat ? dc : dout, w.y, H, dy, dwrow);
   for (int64_t p = 0; p < rows; p++) dw[w.token_of[p] * K + w.slot_of[p]] = dwrow[p];
+  if (L->cfg.expert_out_norm && (st = moe8__expert_out_norm_backward(w.yo, w.y, rows, H, L->cfg.expert_out_eps,
+                                                                     L->w[MOE8_W_EXPERT_OUT_NORM], dy, gr->dweon)) != MOE8_OK)
+    goto done;
   st = moe8__experts_backward(L, 0, rows, w.gsz, 0, E, dy, w.xs, w.xsq, w.sxs, w.h, w.hq, w.sh, w.gu, dxs, gr->dwg, gr->dwu, gr->dwd,
                               L->cfg.expert_bias ? gr->dwgub : NULL, L->cfg.expert_bias ? gr->dwdb : NULL);
   if (st != MOE8_OK) goto done;
@@ -1217,7 +1273,8 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
     moe8__input_weight_backward(T, K, D, E, w.pos_of, dxs, xe, w.scores, w.ids, c, dxe, dw);
   } else {
     /* dx: the slots' rows summed in slot order (weights 1, exact), then the router's part. */
-    if (dxe && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, dxe)) != MOE8_OK) goto done;
+    if (lat && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, H, dzl)) != MOE8_OK) goto done;
+    if (!lat && dxe && (st = moe8_combine(dxs, rows, w.pos_of, NULL, T, K, D, dxe)) != MOE8_OK) goto done;
   }
   if (L->cfg.expert_scale) {
     /* w = wn · c[e]: dc[e] += dw · wn over the slots in order, and dwn = dw · c[e] */
@@ -1246,7 +1303,9 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   if (st == MOE8_OK && L->cfg.out_bias && gr->dwob) moe8__out_bias_grad(L, dout, T, gr->dwob);
   if (st == MOE8_OK && dxe_b) st = moe8__rms_norm_backward(x, T, D, eps, L->w[MOE8_W_IN_NORM], 1.0f, dxe_b, gr->dx, gr->dwin);
   if (st == MOE8_OK && dxr_b) st = moe8__rms_norm_backward(x, T, D, eps, L->w[MOE8_W_ROUTER_SCALE], rsc, dxr_b, gr->dx, gr->dwrs);
+  if (st == MOE8_OK && lat) st = moe8__latent_in_backward(L, x, T, dzl, gr->dx, gr); /* z = x · P (then its norm) */
 done:
+  free(dc); free(dzl);
   free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(dz); free(dxe_b); free(dxr_b);
   return st;
 }

@@ -18,6 +18,7 @@
 ** (E of width F) or the shared expert (one of width Fs). */
 typedef struct moe8__xset {
   int64_t  E, F;
+  int64_t  D;                       /* input and output width: hidden, or the routed experts' latent */
   int64_t  N1;                      /* the first projection's columns: 2F (gate|up), or F (an ungated expert's up) */
   int      wg, wu, wd;              /* master ids of gate, up, down            */
   float   *wgu_f32;                 /* [E, D, 2F] fused unquantized weights    */
@@ -261,6 +262,27 @@ void moe8__router_wgrad(float *acc, const float *x, const float *dl, int64_t T, 
 void moe8__rms_norm_rows(const float *x, int64_t T, int64_t D, float eps, const float *w, float c, float *out);
 moe8_status moe8__rms_norm_backward(const float *x, int64_t T, int64_t D, float eps, const float *w, float c, const float *dy,
                                     float *dx, float *dw);
+
+/* Latent experts (moe8_layer_config.latent): z[T, latent] = x · P, then
+** n(z) ⊙ v with latent_norm; and out[T, D] = c · Q. */
+moe8_status moe8__latent_in(const moe8_layer *L, const float *x, int64_t T, float *z);
+moe8_status moe8__latent_out(const moe8_layer *L, const float *c, int64_t T, float *out);
+/* Their backward: dc[T, latent] = dout · Qᵀ and dq [latent, D] += cᵀ ·
+** dout (dq may be NULL); from dz [T, latent], the gradient at the
+** experts' input, dx [T, D] += (through latent_norm, its weight's gradient
+** into gr->dwln) dz0 · Pᵀ and gr->dwli += xᵀ · dz0 (each may be NULL). */
+void moe8__latent_out_backward(const moe8_layer *L, const float *dout, const float *c, int64_t T, float *dc, float *dq);
+moe8_status moe8__latent_in_backward(const moe8_layer *L, const float *x, int64_t T, const float *dz, float *dx, const moe8_layer_grads *gr);
+/* The routed experts' width: latent, or hidden. */
+static inline int64_t moe8__routed_width(const moe8_layer *L) { return L->cfg.latent > 0 ? L->cfg.latent : L->cfg.hidden; }
+/* MuSE-Spark's per-expert output norm on rows y[rows, D] in place: u = y ⊙
+** s, y = u · (mean(u²) + eps)^(-1/2). */
+void moe8__expert_out_norm_rows(float *y, int64_t rows, int64_t D, float eps, const float *s);
+/* Its backward: o the rows before the norm, y after; dy in place from the
+** gradient at y to the gradient at o; ds += the scale's gradient (NULL:
+** not wanted). */
+moe8_status moe8__expert_out_norm_backward(const float *o, const float *y, int64_t rows, int64_t D, float eps, const float *s, float *dy,
+                                           float *ds);
 
 /* MOE8_ERR_NONFINITE naming the layer and the first token when out[T, D]
 ** holds NaN or inf. */

@@ -47,7 +47,7 @@ size_t moe8__count_nonfinite_par(const float *x, size_t n) {
 
 static moe8_operand weight_operand(const moe8_layer *L, int s, bool down, int64_t g0) {
   const moe8__xset *X = &L->xs[s];
-  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
+  const int64_t D = X->D, F = X->F, N1 = X->N1;
   const int64_t per = down ? F * D : D * N1; /* elements of one expert */
   if (!L->wq)
     return (moe8_operand){MOE8_DTYPE_F32, (down ? X->wd_f32 : X->wgu_f32) + g0 * per, NULL, MOE8_GRAN_TENSOR, 0};
@@ -199,7 +199,7 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
                                   int64_t G, float *xs, const uint8_t *xsq, const float *sxs, float *gu, float *h, uint8_t *hq,
                                   float *sh, float *y, void *scratch, size_t scratch_bytes) {
   const moe8__xset *X = &L->xs[set];
-  const int64_t D = L->cfg.hidden, F = X->F, N1 = X->N1;
+  const int64_t D = X->D, F = X->F, N1 = X->N1;
   /* Packed weights only while prepared (training re-quantizes per call). */
   const bool pk = L->prepared && X->wgu_pk;
   moe8_gmm_args g = {.M = rows, .K = D, .N = N1, .num_groups = G, .group_sizes = gsz, .num_local = G,
@@ -259,6 +259,107 @@ moe8_status moe8__experts_forward(const moe8_layer *L, moe8_order order, int set
   return st;
 }
 
+/* The scale first, then the RMS over the scaled row (MuSE-Spark's
+** post_expert_norm, "input scaled"); the sum of squares in double, as
+** moe8__rms_norm_rows takes it. */
+void moe8__expert_out_norm_rows(float *y, int64_t rows, int64_t D, float eps, const float *s) {
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)rows * (double)D)) schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    float *yp = y + p * D;
+    double ss = 0.0;
+    for (int64_t d = 0; d < D; d++) {
+      yp[d] = yp[d] * s[d];
+      ss += (double)yp[d] * (double)yp[d];
+    }
+    const float r = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+    for (int64_t d = 0; d < D; d++) yp[d] = yp[d] * r;
+  }
+}
+
+/* Its backward on rows p: with u = o ⊙ s, r = (mean(u²) + eps)^(-1/2) and
+** y = u·r (the normalized rows), dy [rows, D] (the gradient at y) becomes
+** the gradient at o, du ⊙ s with du = r·(dy - y·(dy · y)/D); ds[d] +=
+** du[d]·o[d] over the rows in order (ds may be NULL). */
+moe8_status moe8__expert_out_norm_backward(const float *o, const float *y, int64_t rows, int64_t D, float eps, const float *s, float *dy,
+                                           float *ds) {
+  double *r = malloc(sizeof(double) * (size_t)(rows + 1));
+  float *du = malloc(sizeof(float) * (size_t)(rows * D + 1));
+  if (!r || !du) { free(r); free(du); return moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory"); }
+  #pragma omp parallel for num_threads(moe8__nt(6.0 * (double)rows * (double)D)) schedule(static)
+  for (int64_t p = 0; p < rows; p++) {
+    double ss = 0.0, dot = 0.0;
+    for (int64_t d = 0; d < D; d++) {
+      const float u = o[p * D + d] * s[d];
+      ss += (double)u * (double)u;
+      dot += (double)dy[p * D + d] * (double)y[p * D + d];
+    }
+    const double rp = 1.0 / sqrt(ss / (double)D + (double)eps);
+    r[p] = rp;
+    for (int64_t d = 0; d < D; d++) {
+      const float g = (float)(rp * ((double)dy[p * D + d] - (double)y[p * D + d] * dot / (double)D));
+      du[p * D + d] = g;
+      dy[p * D + d] = g * s[d];
+    }
+  }
+  if (ds) {
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)rows * (double)D)) schedule(static)
+    for (int64_t d = 0; d < D; d++)
+      for (int64_t p = 0; p < rows; p++) ds[d] += du[p * D + d] * o[p * D + d];
+  }
+  free(r); free(du);
+  return MOE8_OK;
+}
+
+moe8_status moe8__latent_in(const moe8_layer *L, const float *x, int64_t T, float *z) {
+  const int64_t D = L->cfg.hidden, H = L->cfg.latent;
+  moe8_status st = moe8_router_logits(x, L->w[MOE8_W_LATENT_IN], T, D, H, z);
+  if (st == MOE8_OK && L->cfg.latent_norm) moe8__rms_norm_rows(z, T, H, L->cfg.rms_eps, L->w[MOE8_W_LATENT_NORM], 1.0f, z);
+  return st;
+}
+
+moe8_status moe8__latent_out(const moe8_layer *L, const float *c, int64_t T, float *out) {
+  return moe8_router_logits(c, L->w[MOE8_W_LATENT_OUT], T, L->cfg.latent, L->cfg.hidden, out);
+}
+
+void moe8__latent_out_backward(const moe8_layer *L, const float *dout, const float *c, int64_t T, float *dc, float *dq) {
+  const int64_t D = L->cfg.hidden, H = L->cfg.latent;
+  const float *Q = L->w[MOE8_W_LATENT_OUT];
+  #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D * (double)H)) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++) {
+      float s = 0.0f;
+      for (int64_t d = 0; d < D; d++) s += dout[t * D + d] * Q[h * D + d];
+      dc[t * H + h] = s;
+    }
+  if (dq) moe8__router_wgrad(dq, c, dout, T, H, D);
+}
+
+moe8_status moe8__latent_in_backward(const moe8_layer *L, const float *x, int64_t T, const float *dz, float *dx, const moe8_layer_grads *gr) {
+  const int64_t D = L->cfg.hidden, H = L->cfg.latent;
+  const float *P = L->w[MOE8_W_LATENT_IN];
+  float *z0 = NULL, *dz0 = NULL;
+  if (L->cfg.latent_norm) { /* z = n(z0) ⊙ v: z0 = x · P again (the forward's bytes), then the norm's backward */
+    z0 = malloc(sizeof(float) * (size_t)(T * H) + 4);
+    dz0 = calloc((size_t)(T * H) + 1, sizeof(float));
+    moe8_status st = z0 && dz0 ? moe8_router_logits(x, P, T, D, H, z0) : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
+    if (st == MOE8_OK) st = moe8__rms_norm_backward(z0, T, H, L->cfg.rms_eps, L->w[MOE8_W_LATENT_NORM], 1.0f, dz, dz0, gr->dwln);
+    if (st != MOE8_OK) { free(z0); free(dz0); return st; }
+    dz = dz0;
+  }
+  if (gr->dwli) moe8__router_wgrad(gr->dwli, x, dz, T, D, H);
+  if (dx) {
+    #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)D * (double)H)) schedule(static)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++) {
+        float s = 0.0f;
+        for (int64_t h = 0; h < H; h++) s += dz[t * H + h] * P[d * H + h];
+        dx[t * D + d] += s;
+      }
+  }
+  free(z0); free(dz0);
+  return MOE8_OK;
+}
+
 /* ---- the shared expert -------------------------------------------------------- */
 moe8_status moe8__shared_forward(const moe8_layer *L, moe8_order order, const float *x, const uint8_t *xq, const float *sx,
                                  int64_t T, moe8__shared_buf *b, void *scratch, size_t scratch_bytes) {
@@ -312,7 +413,7 @@ moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, 
   #pragma omp parallel for num_threads(moe8__nt(2.0 * (double)T * (double)K * (double)D)) schedule(static) reduction(+ : bad)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * D;
-    moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
+    if (y) moe8__combine_row(o, y, pos_of + t * K, w ? w + t * K : NULL, K, D);
     if (idn)
       for (int64_t d = 0; d < D; d++) o[d] = o[d] + idn[t * D + d];
     if (shared) shared_add_row(L, b, t, o);
@@ -478,16 +579,20 @@ moe8_status moe8__rms_norm_backward(const float *x, int64_t T, int64_t D, float 
 }
 
 void moe8__zero_grads(const moe8_layer *L, int64_t T, const moe8_layer_grads *gr) {
-  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn;
+  const int64_t E = L->cfg.num_experts, D = L->cfg.hidden, F = L->cfg.ffn, Fs = L->cfg.shared_ffn, H = moe8__routed_width(L);
+  if (gr->dwli && L->cfg.latent > 0) memset(gr->dwli, 0, sizeof(float) * (size_t)(D * H));
+  if (gr->dwlo && L->cfg.latent > 0) memset(gr->dwlo, 0, sizeof(float) * (size_t)(H * D));
+  if (gr->dwln && L->cfg.latent_norm) memset(gr->dwln, 0, sizeof(float) * (size_t)H);
+  if (gr->dweon && L->cfg.expert_out_norm) memset(gr->dweon, 0, sizeof(float) * (size_t)H);
   if (gr->dwrs && L->cfg.router_norm) memset(gr->dwrs, 0, sizeof(float) * (size_t)D);
   if (gr->dwes && L->cfg.expert_scale) memset(gr->dwes, 0, sizeof(float) * (size_t)E);
   if (gr->dwin && L->cfg.in_norm) memset(gr->dwin, 0, sizeof(float) * (size_t)D);
   if (gr->dwon && L->cfg.out_norm) memset(gr->dwon, 0, sizeof(float) * (size_t)D);
   if (gr->dx) memset(gr->dx, 0, sizeof(float) * (size_t)(T * D));
   if (gr->dwr) memset(gr->dwr, 0, sizeof(float) * (size_t)(D * moe8__router_width(L)));
-  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * D * F));
-  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * D));
+  if (gr->dwg) memset(gr->dwg, 0, sizeof(float) * (size_t)(E * H * F));
+  if (gr->dwu) memset(gr->dwu, 0, sizeof(float) * (size_t)(E * H * F));
+  if (gr->dwd) memset(gr->dwd, 0, sizeof(float) * (size_t)(E * F * H));
   if (gr->dwsg && Fs > 0) memset(gr->dwsg, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsu && Fs > 0) memset(gr->dwsu, 0, sizeof(float) * (size_t)(D * Fs));
   if (gr->dwsd && Fs > 0) memset(gr->dwsd, 0, sizeof(float) * (size_t)(Fs * D));
@@ -558,7 +663,7 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
                                    const float *xs, const uint8_t *xsq, const float *sxs, const float *h, const uint8_t *hq,
                                    const float *sh, const float *gu, float *dxs, float *dwg, float *dwu, float *dwd, float *dbgu,
                                    float *dbd) {
-  const int64_t D = L->cfg.hidden, F = L->xs[set].F, N1 = L->xs[set].N1;
+  const int64_t D = L->xs[set].D, F = L->xs[set].F, N1 = L->xs[set].N1;
   const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
   const int64_t nw = G * D * N1, nd = G * F * D;
   float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));

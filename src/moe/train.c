@@ -5,7 +5,7 @@
 ** the auxiliary loss, backward, then Adam (β1 0.9, β2 0.999, ε 1e-8, bias
 ** corrected) on Wr, Wg, Wu, Wd, the shared expert's weights and gate, and
 ** GPT-OSS's router and expert biases, JetMoE's output bias, Gemma-4's norm
-** weights and scales.  The selection bias is not trained:
+** weights and scales, the latent experts' projections and norms.  The selection bias is not trained:
 ** it does not enter the weights, so it has no gradient.
 */
 #include "../core/internal.h"
@@ -15,11 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NTRAIN = 16 };
+enum { NTRAIN = 20 };
 static const moe8_weight_id k_ids[NTRAIN] = {MOE8_W_ROUTER, MOE8_W_GATE, MOE8_W_UP, MOE8_W_DOWN,
                                              MOE8_W_SHARED_GATE, MOE8_W_SHARED_UP, MOE8_W_SHARED_DOWN, MOE8_W_SHARED_GATE_W,
                                              MOE8_W_ROUTER_BIAS, MOE8_W_GU_BIAS, MOE8_W_DOWN_BIAS, MOE8_W_OUT_BIAS,
-                                             MOE8_W_ROUTER_SCALE, MOE8_W_EXPERT_SCALE, MOE8_W_IN_NORM, MOE8_W_OUT_NORM};
+                                             MOE8_W_ROUTER_SCALE, MOE8_W_EXPERT_SCALE, MOE8_W_IN_NORM, MOE8_W_OUT_NORM,
+                                             MOE8_W_LATENT_IN, MOE8_W_LATENT_OUT, MOE8_W_LATENT_NORM, MOE8_W_EXPERT_OUT_NORM};
 
 struct moe8_trainer {
   moe8_layer *layer;
@@ -98,7 +99,8 @@ moe8_status moe8_trainer_step_tokens(moe8_trainer *tr, const float *x, const int
   }
   if (loss) *loss = (float)(sse / (double)TD) + aux;
   const moe8_layer_grads g = {NULL, tr->g[0], tr->g[1], tr->g[2], tr->g[3], tr->g[4], tr->g[5], tr->g[6], tr->g[7], tr->g[8], tr->g[9],
-                              tr->g[10], tr->g[11], tr->g[12], tr->g[13], tr->g[14], tr->g[15]};
+                              tr->g[10], tr->g[11], tr->g[12], tr->g[13], tr->g[14], tr->g[15], tr->g[16], tr->g[17], tr->g[18],
+                              tr->g[19]};
   st = moe8_layer_backward(tr->layer, x, T, tr->dout, ws, ws_size, &g);
   if (st != MOE8_OK) return st;
   tr->step++;

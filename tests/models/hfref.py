@@ -476,3 +476,45 @@ def gemma4_branch(h, wr, scale, per_expert_scale, gu, dn, w_pre, w_post, k, eps=
             a = gu[e] @ x[t]
             y[t] += w[t, j] * (dn[e] @ (gelu_tanh(a[:F]) * a[F:]))
     return rms_norm(y, w_post, eps)
+
+
+def nemotron_latent_block(x, routing, experts, fc1, fc2, shared=None, act="relu2"):
+    """NemotronHMoE with moe_latent_size: the chosen experts (ungated, in the
+    latent width: wu [F, H], wd [H, F]) read fc1_latent_proj(x) (fc1 [H, D]),
+    their weighted sum goes through fc2_latent_proj (fc2 [D, H]); the shared
+    expert reads x and is added after."""
+    out = ungated_block(x @ fc1.T, routing, experts, None, act) @ fc2.T
+    if shared is not None:
+        a = (lambda v: np.maximum(v, 0.0) ** 2) if act == "relu2" else (lambda v: np.maximum(v, 0.0))
+        out = out + a(x @ shared[0].T) @ shared[1].T
+    return out
+
+
+def route_muse_spark(x, wr, bias, k, mult, scale):
+    """MuseSparkTopkRouter: logits x output_multiplier, sigmoid, the top-k of
+    s + e_score_correction_bias, the chosen s / (sum + 1e-15), x
+    routed_scaling_factor."""
+    s = 1.0 / (1.0 + np.exp(-((x @ wr.T) * mult)))
+    ids = np.array([topk_idx(r, k) for r in s + bias[None, :]])
+    w = np.take_along_axis(s, ids, axis=1)
+    return ids, w / (w.sum(axis=1, keepdims=True) + 1e-15) * scale
+
+
+def muse_spark_block(x, routing, gu, dn, pre, pre_w, post, post_w, eps, post_eps):
+    """MuseSparkMoE: z = MuseSparkTextCenteredRMSNorm(pre_expert_proj(x))
+    (normalize, then x (1 + w)); SwiGLU experts in the latent width
+    (gate_up_proj [E, 2F, H] gate rows first, down_proj [E, H, F]), each
+    output through MuseSparkTextInputScaledRMSNorm (x (1 + w) first, then
+    normalize; eps post_norm_eps) before its weight; post_expert_proj of
+    the sum."""
+    z = rms_norm(x @ pre.T, None, eps) * (1.0 + pre_w)
+    ids, w = routing
+    F = gu.shape[1] // 2
+    c = np.zeros((x.shape[0], pre.shape[0]))
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            a = gu[e] @ z[t]
+            o = dn[e] @ (silu(a[:F]) * a[F:])
+            c[t] += w[t, j] * rms_norm(o * (1.0 + post_w), None, post_eps)
+    return c @ post.T

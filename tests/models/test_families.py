@@ -1842,6 +1842,161 @@ def test_nemotron_h_gate(tmp, rng):
             print("nemotron_h with a stray %s: not refused by name (or refused without one)" % stray)
 
 
+def test_nemotron_h_latent(tmp, rng):
+    """Nemotron-H with moe_latent_size (hfref.nemotron_latent_block): the
+    router and the shared expert read x, the ungated relu2 (or relu)
+    experts fc1_latent_proj(x), their weighted sum through
+    fc2_latent_proj; every MoE layer, bf16, per expert (save_pretrained's)
+    and transformers' fused up_proj [E, F, H] / down_proj [E, H, F]; the
+    inference and the training loads, under FP8 rules the file's run equal
+    to the input's (moe8 quantize); a missing projection refused naming it,
+    a dense layer naming layers_block_type."""
+    E, k, D, F, Fs, H, T = 16, 4, 96, 40, 48, 64, 24
+    for layout, act in (("per", "relu2"), ("fused", "relu")):
+        cfg = {"model_type": "nemotron_h", "hidden_size": D, "n_routed_experts": E, "num_experts_per_tok": k, "moe_intermediate_size": F,
+               "moe_shared_expert_intermediate_size": Fs, "moe_latent_size": H, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.0,
+               "mlp_hidden_act": act, "layers_block_type": ["mamba", "moe", "attention", "moe"]}
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        for l in (1, 3):
+            p = "backbone.layers.%d.mixer." % l
+            wr, bias = rnd(rng, E, D, scale=0.5), rnd(rng, E, scale=0.2)
+            fc1, fc2 = rnd(rng, H, D, scale=D ** -0.5), rnd(rng, D, H, scale=H ** -0.5)
+            t[p + "gate.weight"] = ("BF16", wr.astype(np.float32))
+            t[p + "gate.e_score_correction_bias"] = ("F32", bias)
+            t[p + "fc1_latent_proj.weight"] = ("BF16", fc1.astype(np.float32))
+            t[p + "fc2_latent_proj.weight"] = ("BF16", fc2.astype(np.float32))
+            ex = [(rnd(rng, F, H, scale=H ** -0.5), rnd(rng, H, F, scale=F ** -0.5)) for _ in range(E)]
+            if layout == "per":
+                for e, (wu, wd) in enumerate(ex):
+                    t[p + "experts.%d.up_proj.weight" % e] = ("BF16", wu.astype(np.float32))
+                    t[p + "experts.%d.down_proj.weight" % e] = ("BF16", wd.astype(np.float32))
+            else:
+                t[p + "experts.up_proj"] = ("BF16", np.stack([u for u, _ in ex]).astype(np.float32))
+                t[p + "experts.down_proj"] = ("BF16", np.stack([w for _, w in ex]).astype(np.float32))
+            sh = (rnd(rng, Fs, D, scale=D ** -0.5), rnd(rng, D, Fs, scale=Fs ** -0.5))
+            t[p + "shared_experts.up_proj.weight"] = ("BF16", sh[0].astype(np.float32))
+            t[p + "shared_experts.down_proj.weight"] = ("BF16", sh[1].astype(np.float32))
+            routing = R.route_deepseek(x, store(wr, "BF16"), store(bias, "F32"), k, 4, 2, True, 2.0)
+            refs[l] = R.nemotron_latent_block(x, routing, [tuple(store(w, "BF16") for w in e) for e in ex], store(fc1, "BF16"),
+                                              store(fc2, "BF16"), tuple(store(w, "BF16") for w in sh), act)
+        d = os.path.join(tmp, "nemotron_h_latent_%s" % layout)
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("nemotron_h latent %s bf16 %s, layer %d" % (act, layout, l), got, ref, 1e-5)
+            got2, _ = run(d, x, ("--layer", str(l), "--training-load"))
+            check("nemotron_h latent %s bf16 %s, layer %d, training load" % (act, layout, l), got2, ref, 1e-5)
+        rc, out = info(d)
+        if rc != 0 or "latent experts: width %d" % H not in out:
+            FAILS.append("nemotron_h latent info")
+            print("nemotron_h latent info (%d): %s" % (rc, out))
+        rc, out = run_rc(d, x, ("--layer", "2"))
+        if rc == 0 or "layers_block_type" not in out:
+            FAILS.append("nemotron_h latent dense layer 2")
+            print("nemotron_h latent: dense layer 2 not refused by name (%d): %s" % (rc, out))
+    quantized_same(tmp, d, x, 3, "nemotron_h latent")
+    del t["backbone.layers.1.mixer.fc2_latent_proj.weight"]
+    write_model(d, cfg, t)
+    rc, out = run_rc(d, x, ("--layer", "1"))
+    if rc == 0 or "fc2_latent_proj" not in out:
+        FAILS.append("nemotron_h latent without fc2_latent_proj")
+        print("nemotron_h latent without fc2_latent_proj (%d): %s" % (rc, out))
+
+
+def quantized_same(tmp, d, x, layer, what):
+    """moe8 quantize under FP8 rules: the file's run gives the bytes of the
+    input's run under the rules."""
+    rules = os.path.join(tmp, "latent_fp8.json")
+    json.dump({"rules": [{"module_path": ".*", "weight_qtype": "float8_e4m3fn", "act_qtype": "float8_e4m3fn", "tile_size": 32}]},
+              open(rules, "w"))
+    q = d + "_q"
+    p = subprocess.run([MOE8, "quantize", d, q, "--rules", rules], capture_output=True, text=True)
+    if p.returncode != 0:
+        FAILS.append(what + " quantize")
+        print("%s: moe8 quantize failed: %s" % (what, p.stderr.strip()))
+        return
+    a, _ = run(d, x, ("--layer", str(layer), "--rules", rules))
+    b, _ = run(q, x, ("--layer", str(layer)))
+    ok = np.array_equal(a, b)
+    print("%-58s %s" % (what + ", moe8 quantize FP8: the input's bytes", "ok" if ok else "FAIL"))
+    if not ok:
+        FAILS.append(what + " quantized bytes")
+
+
+def test_muse_spark(tmp, rng):
+    """MuSE-Spark (hfref.muse_spark_block, route_muse_spark): f32 logits x
+    output_multiplier, sigmoid, the top-k of s + bias, / (sum + 1e-15), x
+    routed_scaling_factor; pre_expert_proj and pre_expert_norm (1 + w),
+    SwiGLU experts in the latent width, post_expert_norm (1 + w, then
+    RMS) on each expert's output, post_expert_proj; every sparse layer,
+    bf16, fused (save_pretrained's) and per expert; MuseSparkTextModel's
+    files (layers.L.) and the muse_spark wrapper's (text_config,
+    model.language_model.layers.); the class's defaults; the inference and
+    the training loads; a dense layer refused naming mlp_layer_types."""
+    E, k, D, F, H, T = 16, 4, 96, 40, 64, 24
+    cases = (("muse_spark_text", "fused", False), ("muse_spark_text", "per", True), ("muse_spark", "fused", False))
+    for mt, layout, absent in cases:
+        text = {"model_type": "muse_spark_text", "hidden_size": D, "num_hidden_layers": 3, "num_local_experts": E,
+                "num_experts_per_tok": k, "moe_intermediate_size": F, "moe_hidden_size": H, "mlp_layer_types": ["dense", "sparse", "sparse"]}
+        mult, scale, eps, peps = 0.1767766952966369, 1.0, 1e-5, 1e-8
+        if not absent:
+            mult, scale, eps, peps = 0.37, 2.0, 1e-6, 1e-6
+            text.update(output_multiplier=mult, routed_scaling_factor=scale, rms_norm_eps=eps, post_norm_eps=peps)
+        cfg = text if mt == "muse_spark_text" else {"model_type": mt, "text_config": text}
+        root = "layers." if mt == "muse_spark_text" else "model.language_model.layers."
+        t, refs = {}, {}
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        t[root + "0.mlp.gate_proj.weight"] = ("BF16", rnd(rng, 64, D).astype(np.float32))
+        for l in (1, 2):
+            p = "%s%d.mlp." % (root, l)
+            wr, bias = rnd(rng, E, D, scale=2.0), rnd(rng, E, scale=0.1)
+            pre, post = rnd(rng, H, D, scale=D ** -0.5), rnd(rng, D, H, scale=H ** -0.5)
+            pre_w, post_w = rnd(rng, H, scale=0.3), rnd(rng, H, scale=0.3)
+            t[p + "gate.weight"] = ("F32", wr)
+            t[p + "gate.e_score_correction_bias"] = ("F32", bias)
+            t[p + "pre_expert_proj.weight"] = ("BF16", pre.astype(np.float32))
+            t[p + "post_expert_proj.weight"] = ("BF16", post.astype(np.float32))
+            t[p + "pre_expert_norm.weight"] = ("BF16", pre_w.astype(np.float32))
+            t[p + "experts.post_expert_norm.weight"] = ("BF16", post_w.astype(np.float32))
+            ex = make_experts(rng, E, H, F)
+            if layout == "per":
+                experts = per_expert(t, p, ex, ("gate_proj", "up_proj", "down_proj"), "BF16")
+            else:
+                t[p + "experts.gate_up_proj"] = ("BF16", np.stack([np.concatenate([g, u], axis=0) for g, u, _ in ex]).astype(np.float32))
+                t[p + "experts.down_proj"] = ("BF16", np.stack([w for _, _, w in ex]).astype(np.float32))
+                experts = [tuple(store(w, "BF16") for w in e) for e in ex]
+            gu = np.stack([np.concatenate([g, u], axis=0) for g, u, _ in experts])
+            dn = np.stack([w for _, _, w in experts])
+            routing = R.route_muse_spark(x, wr, bias, k, mult, scale)
+            args = (store(pre, "BF16"), store(pre_w, "BF16"), store(post, "BF16"), store(post_w, "BF16"))
+            refs[l] = R.muse_spark_block(x, routing, gu, dn, *args, eps, peps)
+            if rel(R.muse_spark_block(x, routing, gu, dn, args[0], 0.0, args[2], 0.0, eps, peps), refs[l]) < 1e-2:
+                FAILS.append("muse_spark: the norm weights do not change the test's output")
+        d = os.path.join(tmp, "muse_%s_%s_%d" % (mt, layout, absent))
+        write_model(d, cfg, t)
+        for l, ref in refs.items():
+            got, _ = run(d, x, ("--layer", str(l)))
+            check("%s bf16 %s%s, layer %d" % (mt, layout, ", defaults" if absent else "", l), got, ref, 1e-5)
+            got2, _ = run(d, x, ("--layer", str(l), "--training-load"))
+            check("%s bf16 %s%s, layer %d, training load" % (mt, layout, ", defaults" if absent else "", l), got2, ref, 1e-5)
+        rc, out = info(d)
+        if rc != 0 or "muse_spark" not in out or "post_expert_norm" not in out:
+            FAILS.append("muse_spark info")
+            print("muse_spark info (%d): %s" % (rc, out))
+        rc, out = run_rc(d, x, ("--layer", "0"))
+        if rc == 0 or "mlp_layer_types" not in out:
+            FAILS.append("muse_spark dense layer 0")
+            print("muse_spark: dense layer 0 not refused by name (%d): %s" % (rc, out))
+    quantized_same(tmp, d, x, 2, "muse_spark")
+    del t[root + "1.mlp.experts.post_expert_norm.weight"]
+    write_model(d, cfg, t)
+    rc, out = run_rc(d, x, ("--layer", "1"))
+    if rc == 0 or "post_expert_norm" not in out:
+        FAILS.append("muse_spark without post_expert_norm")
+        print("muse_spark without experts.post_expert_norm (%d): %s" % (rc, out))
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
@@ -1908,9 +2063,9 @@ def test_rows(tmp, rng):
             if rc == 0 or "activation_function" not in out:
                 FAILS.append(row["mt"] + " activation_function gelu")
                 print("%s with activation_function gelu (%d): %s" % (row["mt"], rc, out))
-        if row.get("relu2"):  # Nemotron-H: a latent MoE, another activation, biases: refused naming the key
+        if row.get("relu2"):  # Nemotron-H: another activation, biases: refused naming the key
             orig = json.load(open(os.path.join(d, "config.json")))
-            for key, val in (("moe_latent_size", 64), ("mlp_hidden_act", "silu"), ("mlp_bias", True)):
+            for key, val in (("mlp_hidden_act", "silu"), ("mlp_bias", True)):
                 tk = row.get("text_key", "text_config")  # a multimodal model's: in its text model's keys
                 bad = dict(orig, **{tk: dict(orig[tk], **{key: val})}) if row.get("wrap") else dict(orig, **{key: val})
                 json.dump(bad, open(os.path.join(d, "config.json"), "w"))
@@ -1954,6 +2109,8 @@ def main():
         test_nemotron_h_gate(tmp, rng)
         test_longcat_flash(tmp, rng)
         test_axk1(tmp, rng)
+        test_nemotron_h_latent(tmp, rng)
+        test_muse_spark(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

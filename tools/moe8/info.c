@@ -124,6 +124,13 @@ int cmd_info(int argc, char **argv) {
     printf("norms (Gemma-4's routed branch, eps %g): the router reads RMSNorm(h) * router.scale * %g; weights x "
            "router.per_expert_scale; the experts read pre_feedforward_layernorm_2(h); the output is post_feedforward_layernorm_2 "
            "of the routed sum\n", (double)c->layer.rms_eps, (double)c->layer.router_norm_scale);
+  if (c->layer.latent > 0)
+    printf("latent experts: width %lld between x . P (%s) and the weighted sum . Q (%s)%s; the router and the shared expert read x\n",
+           (long long)c->layer.latent, c->layer.latent_norm ? "pre_expert_proj, then pre_expert_norm's (1 + w)" : "fc1_latent_proj",
+           c->layer.latent_norm ? "post_expert_proj" : "fc2_latent_proj",
+           c->layer.expert_out_norm ? "; each expert's output scaled by post_expert_norm's (1 + w), then RMS-normalized" : "");
+  if (c->router_logit_scale != 0.0f && c->router_logit_scale != 1.0f)
+    printf("router: logits x %g (output_multiplier)\n", (double)c->router_logit_scale);
   /* Which layers are MoE: runs of consecutive indices. */
   printf("moe layers:");
   int64_t nmoe = 0, run0 = -1;

@@ -15,9 +15,13 @@
 **                                   language_model.model.layers. and its text_config's layer count;
 **                                   the other multimodal wrappers under model.language_model.layers.
 **   Nemotron-H                      backbone.layers.L.mixer.gate.weight, ...experts.e.{up,down}_proj.weight
-**                                   (ungated: no gate_proj), shared_experts.{up,down}_proj.weight
+**                                   (ungated: no gate_proj), shared_experts.{up,down}_proj.weight;
+**                                   with moe_latent_size fc1_latent_proj / fc2_latent_proj.weight
 **                                   (nemotron_h_omni under language_model.backbone.layers.,
 **                                   nemo_speechlm under llm.model.layers., as their files are)
+**   MuSE-Spark                      mlp.gate.weight, mlp.experts.e.{gate,up,down}_proj.weight in the
+**                                   latent width, pre_expert_proj / post_expert_proj.weight,
+**                                   pre_expert_norm.weight and experts.post_expert_norm.weight (zeros)
 **
 ** Each tensor is drawn straight into its file dtype, row by row from its
 ** own stream (seed, layer, tensor, row), on every thread: the memory is
@@ -120,7 +124,8 @@ int cmd_init(int argc, char **argv) {
   const bool bf = !strcmp(dtype, "bf16");
   const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
   const size_t es = bf ? 2 : 4;
-  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 9;
+  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 13;
+  const int64_t DX = hc.layer.latent > 0 ? hc.layer.latent : D; /* the routed experts' width (latent experts') */
   moe8_tensor_view *tv = calloc(per_layer * (size_t)NL, sizeof *tv);
   char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
   void **bufs = calloc(per_layer * (size_t)NL, sizeof *bufs);
@@ -219,7 +224,7 @@ int cmd_init(int argc, char **argv) {
           N = w == 2 ? D : Fs; K = w == 2 ? Fs : D;
           snprintf(names[nt], 256, "%s%s.%s.weight", p, hc.arch == MOE8_ARCH_DEEPSEEK_V3 || hc.arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert", proj[w]);
         } else {
-          N = w == 2 ? D : F; K = w == 2 ? F : D;
+          N = w == 2 ? DX : F; K = w == 2 ? F : DX;
           snprintf(names[nt], 256, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
         }
         bufs[nt] = malloc(es * (size_t)(N * K) + 1);
@@ -249,6 +254,25 @@ int cmd_init(int argc, char **argv) {
       for (int64_t j = 0; j < n; j++) one[j] = 1.0f;
       bufs[nt] = one;
       tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {n}, bufs[nt], 4 * (size_t)n, 0};
+      bytes += tv[nt].nbytes;
+      nt++;
+    }
+    /* Latent experts: the projections around them (out x in), and
+    ** MuSE-Spark's norms, zeros (their scale is 1 + w, as transformers
+    ** initializes them) */
+    const bool muse = !strncmp(hc.model_type, "muse_spark", 10);
+    static const char *const lnames[2][4] = {{"fc1_latent_proj.weight", "fc2_latent_proj.weight", NULL, NULL},
+                                             {"pre_expert_proj.weight", "post_expert_proj.weight", "pre_expert_norm.weight",
+                                              "experts.post_expert_norm.weight"}};
+    for (int i = 0; i < 4 && rc == EXIT_OK && hc.layer.latent > 0; i++) {
+      if (!lnames[muse][i]) continue;
+      const int64_t N = i == 0 ? DX : i == 1 ? D : 1, K = i == 0 ? D : DX;
+      snprintf(names[nt], 256, "%s%s", p, lnames[muse][i]);
+      bufs[nt] = i < 2 ? malloc(es * (size_t)(N * K) + 1) : calloc((size_t)K, 4);
+      if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+      if (i < 2) fill_normal(bufs[nt], bf, N, K, K, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
+      tv[nt] = i < 2 ? (moe8_tensor_view){names[nt], fdt, 2, {N, K}, bufs[nt], es * (size_t)(N * K), 0}
+                     : (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {K}, bufs[nt], 4 * (size_t)K, 0};
       bytes += tv[nt].nbytes;
       nt++;
     }
