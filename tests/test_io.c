@@ -1378,7 +1378,8 @@ static void test_family_rows(void **state) {
   assert_non_null(strstr(moe8_last_error(), "multimodal"));
   /* Every wrapper refuses an override as the multimodal model (Kimi K2.5
   ** and Aria had no row: their files ran as the override's top keys). */
-  static const char *const mm[] = {"{\"model_type\":\"kimi_k25\",\"text_config\":{}}", "{\"model_type\":\"aria\",\"text_config\":{}}"};
+  static const char *const mm[] = {"{\"model_type\":\"kimi_k25\",\"text_config\":{}}", "{\"model_type\":\"aria\",\"text_config\":{}}",
+                                   "{\"model_type\":\"muse_spark\",\"text_config\":{}}"};
   for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
     assert_int_equal(moe8_hf_config_parse_as(mm[i], strlen(mm[i]), "config.json", "deepseek_v3", &c), MOE8_ERR_UNSUPPORTED);
     assert_non_null(strstr(moe8_last_error(), "multimodal"));
