@@ -358,6 +358,8 @@ def test_every_transformers_experts_class(tmp_path):
     import transformers.models as tm
     from moe8.torch import register_transformers
     assert register_transformers()
+    from moe8._hf_quant import _experts_modules, _tensors_of
+    quantized = []
     small = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, expert_ffn_hidden_size=32, num_experts=8,
                  num_local_experts=8, n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2, moe_k=2, moe_topk=2, top_k_experts=2,
                  shared_expert_intermediate_size=32, moe_hidden_size=64)
@@ -412,8 +414,18 @@ def test_every_transformers_experts_class(tmp_path):
             top = float(want.abs().max())
             assert float((got - want).abs().max()) <= 1e-5 * top, cn
             ran.append(cn)
-    print("experts_implementation=\"moe8\": %d classes ran; refused by name: %s" % (len(ran), "; ".join(refused) or "none"))
-    assert len(ran) >= 60
+            # moe8's quantizer (Moe8Config) takes the same module as it loads:
+            # every tensor its lean layer is built from is a parameter of it
+            # (MuSE-Spark's, a norm after each expert, is left to transformers)
+            holder = torch.nn.Module()
+            holder.experts = module
+            if getattr(module, "is_concatenated", None) is not None and not getattr(module, "has_post_expert_norm", False):
+                assert [n for n, _ in _experts_modules(holder)] == ["experts"], cn
+                assert set(_tensors_of(module)) <= set(dict(module.named_parameters(recurse=False))), cn
+                quantized.append(cn)
+    print("experts_implementation=\"moe8\": %d classes ran; refused by name: %s; %d taken by moe8's quantizer"
+          % (len(ran), "; ".join(refused) or "none", len(quantized)))
+    assert len(ran) >= 60 and len(quantized) >= 60
 
 
 def _transformers_or_skip(what):
