@@ -718,6 +718,18 @@ typedef struct moe8_layer_config {
   int64_t         latent;
   bool            latent_norm, expert_out_norm;
   float           expert_out_eps;
+  /* SwitchTransformers' expert capacity (its Top1Router): the forward's T
+  ** rows are sequences of seq_len consecutive tokens (the forwards'
+  ** seq_len, moe8_layer_forward_seq; 0: all T one sequence), and a slot is
+  ** dropped when its token is not among the first expert_capacity tokens
+  ** of its sequence that chose its expert (counted in token order, its own
+  ** token included): the slot takes no expert row and adds nothing (a
+  ** token whose every slot is dropped has the output +0.0, before the
+  ** shared expert and out_bias).  Forward and fused; the backward, the
+  ** trainer and expert parallelism are refused by name (not implemented);
+  ** no zero_experts, hash routing, scored_shared, weight_input, capacity
+  ** factor or aux loss with it.  0: none. */
+  int64_t         expert_capacity;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -882,6 +894,16 @@ MOE8_API moe8_status moe8_layer_forward_tokens(moe8_layer *layer, const float *x
                                                float *aux_loss, void *ws, size_t ws_size);
 MOE8_API moe8_status moe8_layer_forward_fused_tokens(moe8_layer *layer, const float *x, int64_t T, const int32_t *token_ids, float *out,
                                                      void *ws, size_t ws_size);
+
+/* The forwards of a layer with expert_capacity, x's T rows being
+** sequences of seq_len consecutive tokens (T a multiple of it; 0: one
+** sequence of T): the same as moe8_layer_forward_tokens /
+** moe8_layer_forward_fused_tokens otherwise; for a layer without
+** expert_capacity seq_len is not read. */
+MOE8_API moe8_status moe8_layer_forward_seq(moe8_layer *layer, const float *x, int64_t T, const int32_t *token_ids, int64_t seq_len,
+                                            float *out, float *aux_loss, void *ws, size_t ws_size);
+MOE8_API moe8_status moe8_layer_forward_fused_seq(moe8_layer *layer, const float *x, int64_t T, const int32_t *token_ids, int64_t seq_len,
+                                                  float *out, void *ws, size_t ws_size);
 
 /* The prepared expert weights as the kernels consume them: gate|up fused
 ** [E, D, 2F] (an ungated layer's up [E, D, F]) and down [E, F, D], with dtype and scale (NULL when not
@@ -1092,6 +1114,18 @@ typedef struct moe8_hf_config {
   /* The router's logits times this (0 means 1; MuSE-Spark's
   ** output_multiplier): the loader multiplies the router's weight by it. */
   float             router_logit_scale;
+  /* SwitchTransformers (an encoder-decoder, T5's layout): layers
+  ** 0..enc_layers-1 are the encoder's blocks i (encoder.block.i.layer.1.mlp.),
+  ** layers enc_layers..num_layers-1 the decoder's blocks i - enc_layers
+  ** (decoder.block.i.layer.2.mlp.; its layer.1 is the cross-attention); a
+  ** stack's block i is sparse when sparse_step > 0 and (i % sparse_step ==
+  ** 1 or sparse_step == 1), sparse_step[0] the encoder's (num_layers //
+  ** num_sparse_encoder_layers, or num_layers for 0), [1] the decoder's;
+  ** sparse_layers[2] the keys' values (for the dense layers' message).
+  ** Its experts experts.expert_N.wi / wo (ungated), its router
+  ** router.classifier.weight (and .bias).  encdec false: not this layout. */
+  bool              encdec;
+  int64_t           enc_layers, sparse_step[2], sparse_layers[2];
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

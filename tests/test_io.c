@@ -1543,6 +1543,43 @@ static void test_family_rows(void **state) {
   assert_non_null(strstr(moe8_last_error(), "\"num_hidden_layers\" = 5 is not twice \"num_layers\""));
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"router_bias\":true}"), MOE8_ERR_UNSUPPORTED);
   assert_non_null(strstr(moe8_last_error(), "\"router_bias\""));
+  /* SwitchTransformers: top-1 softmax, the expert capacity, ungated relu experts; the encoder's blocks then the decoder's,
+  ** sparse where block % step == 1 (step = layers // sparse layers; for 0 sparse layers step = layers: block 1 still) */
+  assert_int_equal(PARSE("{\"model_type\":\"switch_transformers\"}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 8 && c.layer.top_k == 1 && c.layer.hidden == 768 && c.layer.ffn == 2048 && c.num_layers == 24 &&
+              c.encdec && c.enc_layers == 12 && c.layer.expert_capacity == 64 && c.layer.act == MOE8_ACT_RELU &&
+              c.layer.score == MOE8_SCORE_SOFTMAX && !c.layer.norm_topk_prob && !c.layer.router_bias && !c.has_bias &&
+              moe8_hf_config_first_moe_layer(&c) == 1);
+  {
+    static const int64_t want[] = {1, 5, 9, 13, 17, 21};
+    int64_t got = 0;
+    for (int64_t l = 0; l < 24; l++)
+      if (moe8_hf_config_check_moe_layer(&c, l) == MOE8_OK) { assert_true(got < 6 && want[got] == l); got++; }
+    assert_int_equal(got, 6);
+  }
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 12), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "decoder.block.0.layer.2.mlp.wi.weight"));
+  assert_int_equal(PARSE("{\"model_type\":\"switch_transformers\",\"hidden_size\":64,\"num_hidden_layers\":3,\"num_decoder_layers\":null,"
+                         "\"num_sparse_encoder_layers\":0,\"num_sparse_decoder_layers\":3,\"dense_act_fn\":\"relu2\",\"router_bias\":true}"),
+                   MOE8_OK);
+  assert_true(c.layer.hidden == 64 && c.num_layers == 6 && c.enc_layers == 3 && c.layer.act == MOE8_ACT_RELU2 && c.layer.router_bias);
+  for (int64_t l = 0; l < 6; l++) assert_int_equal(moe8_hf_config_check_moe_layer(&c, l) == MOE8_OK, l == 1 || l >= 3);
+  moe8_clear_error();
+  static const char *const sw_bad[] = {"\"dense_act_fn\":\"gelu\"", "\"router_dtype\":\"bfloat16\"", "\"expert_capacity\":0"};
+  for (int i = 0; i < 3; i++) {
+    char js[160];
+    snprintf(js, sizeof js, "{\"model_type\":\"switch_transformers\",%s}", sw_bad[i]);
+    assert_int_equal(moe8_hf_config_parse(js, strlen(js), "config.json", &c), MOE8_ERR_UNSUPPORTED);
+    char key[40];
+    snprintf(key, sizeof key, "%.*s", (int)(strchr(sw_bad[i] + 1, '"') - sw_bad[i] + 1), sw_bad[i]);
+    assert_non_null(strstr(moe8_last_error(), key));
+  }
+  assert_int_equal(PARSE("{\"model_type\":\"switch_transformers\",\"router_jitter_noise\":0.5}"), MOE8_OK); /* training only */
+  {
+    static const char js[] = "{\"model_type\":\"switch_transformers\"}";
+    assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "expert_capacity"));
+  }
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"n_routed_experts\":16,\"zero_expert_num\":4,\"moe_topk\":21}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "\"moe_topk\" = 21 exceeds the 20 experts"));
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"expert_ffn_hidden_size\":64,\"moe_intermediate_size\":32}"), MOE8_ERR_PARSE);

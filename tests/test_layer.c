@@ -2192,6 +2192,102 @@ static void test_zero_experts(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* SwitchTransformers' expert capacity: a scalar rule written here (in each
+** sequence of S rows, in row order, a token past the first `cap` that chose
+** its expert is dropped: id -1) over the layer's own routing gives, through
+** moe8_layer_experts, the bytes of the capacity layer's forward and fused
+** forward; a dropped token's row is +0.0; the rule counted over all rows
+** (a mutation) gives other bytes; seq_len not dividing T, the backward,
+** the trainer, expert parallelism's refusal (test_ep) and the combinations
+** with other routing features are refused. */
+static void cap_rule(const int32_t *ids, int T, int K, int E, int S, int cap, int32_t *out) {
+  int n[8] = {0};
+  for (int t = 0; t < T; t++) {
+    if (t % S == 0) memset(n, 0, sizeof n);
+    for (int j = 0; j < K; j++) {
+      const int e = ids[t * K + j];
+      out[t * K + j] = ++n[e] > cap ? -1 : e;
+    }
+    (void)E;
+  }
+}
+
+static void test_expert_capacity(void **state) {
+  (void)state;
+  enum { E = 4, K = 1, D = 32, F = 16, T = 24, S = 8, CAP = 2 };
+  static float x[T * D], y0[T * D], y1[T * D], y2[T * D], lg[T * E], w[T * K], dout[T * D];
+  static int32_t ids[T * K], kept[T * K], wrong[T * K];
+  moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .router_bias = true,
+                         .expert_capacity = CAP};
+  moe8_layer *L;
+  const moe8_layer_config bad[5] = {{.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .expert_capacity = -1},
+                                    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .expert_capacity = CAP, .zero_experts = 1},
+                                    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .expert_capacity = CAP, .aux_loss_weight = 0.01f},
+                                    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .expert_capacity = CAP, .latent = 8},
+                                    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .expert_capacity = CAP, .expert_out_norm = true}};
+  for (int i = 0; i < 5; i++) assert_int_equal(moe8_layer_create(&bad[i], NULL, "experts", &L), MOE8_ERR_UNSUPPORTED);
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 91), MOE8_OK);
+  float *rb = moe8_layer_weight(L, MOE8_W_ROUTER_BIAS, NULL);
+  for (int e = 0; e < E; e++) rb[e] = 0.1f * (float)(e - 1);
+  tu_rng_reset(92);
+  tu_fill_normal(x, T * D, 1.0f);
+  tu_fill_normal(dout, T * D, 1.0f);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  /* the routing without capacity, the rule applied here */
+  assert_int_equal(moe8_router_logits(x, moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), T, D, E, lg), MOE8_OK);
+  for (int t = 0; t < T; t++)
+    for (int e = 0; e < E; e++) lg[t * E + e] += rb[e];
+  const moe8_router_config rc = {.num_experts = E, .top_k = K};
+  assert_int_equal(moe8_route(&rc, lg, T, NULL, ids, w), MOE8_OK);
+  for (int seq = 0; seq <= S; seq += S) {
+    cap_rule(ids, T, K, E, seq ? seq : T, CAP, kept);
+    int dropped = 0;
+    for (int a = 0; a < T * K; a++) dropped += kept[a] < 0;
+    if (dropped == 0 || dropped == T) TU_FAIL("expert_capacity: %d of %d tokens dropped (want some, not all)", dropped, T);
+    float aux;
+    assert_int_equal(moe8_layer_forward_seq(L, x, T, NULL, seq, y0, &aux, ws, wsz), MOE8_OK);
+    assert_int_equal(moe8_layer_experts(L, x, T, kept, w, y1, ws, wsz), MOE8_OK);
+    assert_memory_equal(y0, y1, sizeof y0);
+    for (int t = 0; t < T; t++)
+      for (int d = 0; kept[t] < 0 && d < D; d++)
+        if (moe8__f32_bits(y0[t * D + d]) != 0u) TU_FAIL("expert_capacity: dropped token %d's element %d is %a, not +0.0", t, d, (double)y0[t * D + d]);
+    if (seq) { /* the mutation: counted over all rows */
+      cap_rule(ids, T, K, E, T, CAP, wrong);
+      assert_int_equal(moe8_layer_experts(L, x, T, wrong, w, y2, ws, wsz), MOE8_OK);
+      assert_true(memcmp(y0, y2, sizeof y0) != 0);
+    }
+  }
+  assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused_seq(L, x, T, NULL, S, y2, ws, wsz), MOE8_OK);
+  float aux;
+  assert_int_equal(moe8_layer_forward_seq(L, x, T, NULL, S, y0, &aux, ws, wsz), MOE8_OK);
+  assert_memory_equal(y0, y2, sizeof y0);
+  assert_int_equal(moe8_layer_forward_seq(L, x, T, NULL, 5, y0, &aux, ws, wsz), MOE8_ERR_SHAPE);
+  assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &(moe8_layer_grads){.dx = y1}), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "expert_capacity"));
+  moe8_trainer *tr;
+  float loss;
+  if (moe8_trainer_create(L, 0.01f, &tr) == MOE8_OK) {
+    assert_int_equal(moe8_trainer_step(tr, x, dout, T, &loss, ws, wsz), MOE8_ERR_UNSUPPORTED);
+    moe8_trainer_destroy(tr);
+  }
+  moe8_comm *cm; /* expert parallelism: refused by name at create, both modes */
+  moe8_ep *ep = NULL;
+  assert_int_equal(moe8_comm_create_single(&cm), MOE8_OK);
+  for (int mode = 0; mode < 2; mode++) {
+    const moe8_ep_options eo = {sizeof eo, mode ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+    assert_int_equal(moe8_ep_create_ex(L, cm, &eo, &ep), MOE8_ERR_UNSUPPORTED);
+    assert_null(ep);
+    assert_non_null(strstr(moe8_last_error(), "expert_capacity"));
+  }
+  moe8_comm_destroy(cm);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -2557,6 +2653,7 @@ int main(void) {
     cmocka_unit_test(test_output_forms),
     cmocka_unit_test(test_sparsemixer),
     cmocka_unit_test(test_zero_experts),
+    cmocka_unit_test(test_expert_capacity),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

@@ -98,7 +98,7 @@ class _LayerConfig(C.Structure):
                 ("group_mask_zero", C.c_bool), ("scored_shared", _i64), ("router_norm", C.c_bool), ("expert_scale", C.c_bool),
                 ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
                 ("router_jitter", C.c_float), ("zero_experts", _i64), ("latent", _i64), ("latent_norm", C.c_bool),
-                ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float)]
+                ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float), ("expert_capacity", _i64)]
 
 
 class _QuantSpec(C.Structure):
@@ -154,6 +154,8 @@ _layer_forward = _fn("moe8_layer_forward", C.c_int, _P, _P, _i64, _P, C.POINTER(
 _layer_forward_fused = _fn("moe8_layer_forward_fused", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t)
 _layer_forward_tokens = _fn("moe8_layer_forward_tokens", C.c_int, _P, _P, _i64, _P, _P, C.POINTER(C.c_float), _P, C.c_size_t)
 _layer_forward_fused_tokens = _fn("moe8_layer_forward_fused_tokens", C.c_int, _P, _P, _i64, _P, _P, _P, C.c_size_t)
+_layer_forward_seq = _fn("moe8_layer_forward_seq", C.c_int, _P, _P, _i64, _P, _i64, _P, C.POINTER(C.c_float), _P, C.c_size_t)
+_layer_forward_fused_seq = _fn("moe8_layer_forward_fused_seq", C.c_int, _P, _P, _i64, _P, _i64, _P, _P, C.c_size_t)
 _layer_set_hash_table = _fn("moe8_layer_set_hash_table", C.c_int, _P, _P, _i64)
 _layer_hash_table = _fn("moe8_layer_hash_table", C.POINTER(C.c_int32), _P, C.POINTER(_i64))
 _layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t, C.POINTER(_Grads))
@@ -471,7 +473,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
                   router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False,
-                  expert_out_norm=False, expert_out_eps=0.0):
+                  expert_out_norm=False, expert_out_eps=0.0, expert_capacity=0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
@@ -494,7 +496,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(out_bias), float(norm_p), float(shared_scale), float(shared_act_limit), bool(hash_routing),
                         bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"), bool(router_norm), bool(expert_scale),
                         bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts,
-                        _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps))
+                        _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps),
+                        _int_arg(expert_capacity, "expert_capacity"))
 
 
 def _f32_any(a, name, shape):
@@ -520,7 +523,8 @@ class Layer:
                  expert_bias=False, weight_input=False, shared_plain_act=False, norm_min=0.0, norm_eps=0.0,
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
-                 router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0, rules=None,
+                 router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0,
+                 expert_capacity=0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -536,7 +540,7 @@ class Layer:
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
                                 group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
-                                router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps)
+                                router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps, expert_capacity)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -554,6 +558,7 @@ class Layer:
         self.zero_experts = c.zero_experts  # identity experts after the routed ones (LongCat-Flash): the router's E + Z columns
         self.latent, self.latent_norm = c.latent, bool(c.latent_norm)  # latent experts: their width (0: hidden)
         self.expert_out_norm = bool(c.expert_out_norm)  # MuSE-Spark's norm of each expert's output
+        self.expert_capacity = c.expert_capacity  # SwitchTransformers' capacity per sequence: forward()'s seq_len (0: none)
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -799,24 +804,28 @@ class Layer:
             raise Error(1, "token_ids[%d] = %d is not a token id" % (t, int(ids[t])))
         return np.ascontiguousarray(ids, dtype=np.int32)
 
-    def forward(self, x, out=None, fused=False, workspace=None, token_ids=None):
+    def forward(self, x, out=None, fused=False, workspace=None, token_ids=None, seq_len=None):
         """out[T, D] = the layer on x[T, D]; returns (out, aux_loss), or out
         alone when fused (the prepared inference path).  The backward needs
         the same workspace (by default the layer's own, reused by the next
         forward).  token_ids [T] (integers): the tokens' ids, which a
-        hash-routed layer needs (others do not read them)."""
+        hash-routed layer needs (others do not read them).  seq_len: the rows
+        are sequences of seq_len tokens (T a multiple of it; None: one
+        sequence of T), over which a layer with expert_capacity
+        (SwitchTransformers') counts it; other layers do not read it."""
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
         tok = self._token_ids(token_ids, T)
+        seq = 0 if seq_len is None else _int_arg(seq_len, "seq_len", 1)
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
         if self._views_out and not fused:
             _layer_weights_changed(self._h)  # fused runs what prepare() made: call it again after writing weights
         ws = workspace or self._workspace(T)
         if fused:
-            _check(_layer_forward_fused_tokens(self._h, _ptr(x), T, _ptr(tok), _ptr(out), ws.ptr, ws.n))
+            _check(_layer_forward_fused_seq(self._h, _ptr(x), T, _ptr(tok), seq, _ptr(out), ws.ptr, ws.n))
             return out
         aux = C.c_float(0)
-        _check(_layer_forward_tokens(self._h, _ptr(x), T, _ptr(tok), _ptr(out), C.byref(aux), ws.ptr, ws.n))
+        _check(_layer_forward_seq(self._h, _ptr(x), T, _ptr(tok), seq, _ptr(out), C.byref(aux), ws.ptr, ws.n))
         self._tls.saved = ws
         return out, aux.value
 

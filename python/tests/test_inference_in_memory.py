@@ -164,3 +164,64 @@ def test_experts_hook_builds_a_lean_layer_when_not_training():
         lean = m.__dict__["_moe8_experts"][1]
     assert lean is not full and lean.weight_copy("gate") is None  # no f32 masters
     assert torch.equal(got, want)
+
+
+def _capacity_ref(x, wr, br, up, down, cap, seq, mutate=None):
+    """SwitchTransformers' block in float64 (its Top1Router and experts):
+    top-1 of softmax(x Wr + b) weighted by its probability; in each sequence
+    of seq rows (None: all), a token past the first cap that chose its
+    expert is dropped (output 0); experts down(relu(up x)).  mutate
+    "global": the count over all rows (not the model's rule)."""
+    T = x.shape[0]
+    S = T if seq is None or mutate == "global" else seq
+    p = np.exp(x @ wr + br - (x @ wr + br).max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    idx, w = p.argmax(1), p.max(1)
+    out, dropped = np.zeros_like(x), 0
+    for b in range(T // S):
+        n = np.zeros(wr.shape[1], dtype=np.int64)
+        for t in range(b * S, (b + 1) * S):
+            n[idx[t]] += 1
+            if n[idx[t]] > cap:
+                dropped += 1
+                continue
+            out[t] = w[t] * (np.maximum(x[t] @ up[idx[t]], 0.0) @ down[idx[t]])
+    return out, dropped
+
+
+@pytest.mark.parametrize("rules", [None, "i8"], ids=["f32", "i8"])
+def test_expert_capacity_per_sequence(rules):
+    """expert_capacity (SwitchTransformers'): counted per sequence of
+    forward()'s seq_len rows; a dropped token's row is +0.0; the fused path
+    gives the forward's bytes; a count over all rows (not the rule) is told
+    apart; seq_len not dividing T, the backward and the trainer refused."""
+    path = "model.layers.1.mlp.experts"
+    cfg = dict(num_experts=4, top_k=1, hidden=D, ffn=F, act="relu", router_bias=True, expert_capacity=2)
+    lay = moe8.Layer(rules=RULES[rules], module_path=path, **cfg)
+    lay.init_random(7)
+    lay.weight("router_bias")[:] = np.array([0.3, -0.2, 0.1, 0.0], np.float32)
+    assert lay.expert_capacity == 2
+    x = np.random.default_rng(2).standard_normal((24, D)).astype(np.float32)
+    wr, br, up, dn = (lay.weight_copy(n).astype(np.float64) for n in ("router", "router_bias", "up", "down"))
+    for seq in (6, None):
+        got, _ = lay.forward(x, seq_len=seq)
+        ref, dropped = _capacity_ref(x.astype(np.float64), wr, br, up, dn, 2, seq)
+        assert 0 < dropped < 24
+        zero = np.all(ref == 0.0, axis=1)
+        assert np.all(got[zero] == 0.0) and not np.signbit(got[zero]).any()
+        if rules is None:
+            assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+        else:  # int8 activations and weights: the routing (f32) and the dropped rows are the rule's
+            assert np.array_equal(np.all(got == 0.0, axis=1), zero)
+        if seq:
+            wrong = _capacity_ref(x.astype(np.float64), wr, br, up, dn, 2, seq, mutate="global")[0]
+            assert not np.array_equal(np.all(got == 0.0, axis=1), np.all(wrong == 0.0, axis=1))
+        lay.prepare()
+        assert np.array_equal(lay.forward(x, fused=True, seq_len=seq).view(np.uint32), got.view(np.uint32))
+    with pytest.raises(moe8.Error, match="seq_len"):
+        lay.forward(x, seq_len=5)
+    lay.forward(x, seq_len=6)
+    with pytest.raises(moe8.Error, match="expert_capacity"):
+        lay.backward(x, np.ones_like(x))
+    with pytest.raises(moe8.Error, match="expert_capacity"):
+        moe8.Layer(expert_capacity=2, zero_experts=1, **{k: v for k, v in cfg.items() if k != "expert_capacity"})

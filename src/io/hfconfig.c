@@ -164,6 +164,9 @@ typedef struct family {
   bool        axk1;
   /* MuSE-Spark (MuseSparkTextConfig): latent experts (parse_muse) */
   bool        muse;
+  /* SwitchTransformers (SwitchTransformersConfig): its own keys and
+  ** placement (parse_switch, moe8_hf_config.encdec) */
+  bool        switch_t;
 } family;
 
 /* Placement of the MoE layers. */
@@ -572,6 +575,12 @@ static const family k_families[] = {
    .hidden = 8192, .layers = 62, .experts = 256, .top_k = 8, .ffn = 4096, .shared = 0, .norm = true, .scaling = 1.0, .n_group = 1,
    .topk_group = 1, .norm_key = "", .group_key = "", .shared_key = "", .first_dense = 0, .place = PLACE_TYPES, .norm_eps = 1e-15,
    .muse = true},
+  /* SwitchTransformersConfig: top-1 of the f32 softmax, weighted by its
+  ** probability, tokens past expert_capacity in their sequence dropped;
+  ** ungated experts wo(act(wi(x))); the encoder's and the decoder's
+  ** sparse blocks (parse_switch) */
+  {.name = "switch_transformers", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "d_ff", .hidden = 768,
+   .layers = 12, .experts = 8, .top_k = 1, .ffn = 2048, .norm = false, .scaling = 1.0, .place = PLACE_ALL, .switch_t = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -1226,6 +1235,56 @@ static moe8_status parse_moe8_quantization(const cJSON *root, const char *file, 
   return MOE8_OK;
 }
 
+/* SwitchTransformers: d_model (alias hidden_size), num_layers (alias
+** num_hidden_layers) encoder blocks and num_decoder_layers (null: as many)
+** decoder blocks, each stack's sparse blocks by its num_sparse_*_layers
+** (SwitchTransformersConfig's encoder_sparse_step and decoder_sparse_step,
+** the rule of SwitchTransformersStack); num_experts, d_ff, expert_capacity;
+** top-1 of the softmax in f32, weighted by its probability; the router's
+** bias with router_bias; experts wo(act(wi(x))), act dense_act_fn (relu or
+** relu2: moe8's ungated experts); router_dtype float32 only (the others
+** round the router's input and logits); router_jitter_noise acts in
+** training only. */
+static moe8_status parse_switch(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
+  moe8_status st;
+  moe8_layer_config *L = &c->layer;
+  char kk[64];
+#define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
+  TRY(pick_key(root, file, "d_model|hidden_size", "", kk));
+  TRY(get_int(root, file, kk, fam->hidden, 1, (int64_t)1 << 30, &L->hidden));
+  int64_t ne = 0, nd = 0, se = 0, sd = 0;
+  TRY(pick_key(root, file, "num_layers|num_hidden_layers", "", kk));
+  TRY(get_int(root, file, kk, fam->layers, 1, 1 << 19, &ne));
+  TRY(get_int(root, file, "num_decoder_layers", ne, 0, 1 << 19, &nd));
+  TRY(get_int(root, file, "num_sparse_encoder_layers", 3, 0, 1 << 19, &se));
+  TRY(get_int(root, file, "num_sparse_decoder_layers", 3, 0, 1 << 19, &sd));
+  TRY(get_int(root, file, "num_experts", fam->experts, 1, MOE8_MAX_EXPERTS, &L->num_experts));
+  TRY(get_int(root, file, "d_ff", fam->ffn, 1, (int64_t)1 << 30, &L->ffn));
+  TRY(get_int(root, file, "expert_capacity", 64, 0, (int64_t)1 << 40, &L->expert_capacity));
+  if (L->expert_capacity == 0) /* every token dropped: the block is 0; moe8's 0 means no capacity */
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"expert_capacity\" is 0: the block drops every token (its output is 0)", file);
+  TRY(want_str(root, file, "dense_act_fn", "relu|relu2", "moe8's ungated experts compute relu or relu2 (SwitchTransformersDenseActDense's "
+               "ACT2FN[dense_act_fn])"));
+  TRY(want_str(root, file, "router_dtype", "float32", "moe8's router computes in float32 (float16 and bfloat16 round its input and "
+               "logits)"));
+  const cJSON *act = item(root, "dense_act_fn");
+  L->act = act && !strcmp(act->valuestring, "relu2") ? MOE8_ACT_RELU2 : MOE8_ACT_RELU;
+  TRY(get_bool(root, file, "router_bias", false, &L->router_bias));
+  L->top_k = 1;
+  L->score = MOE8_SCORE_SOFTMAX;
+  L->norm_topk_prob = false;
+  L->routed_scaling_factor = 1.0f;
+  c->encdec = true;
+  c->enc_layers = ne;
+  c->num_layers = ne + nd;
+  c->sparse_layers[0] = se;
+  c->sparse_layers[1] = sd;
+  c->sparse_step[0] = se > 0 ? ne / se : ne;
+  c->sparse_step[1] = sd > 0 ? nd / sd : nd;
+  return MOE8_OK;
+#undef TRY
+}
+
 /* DBRX's keys: d_model and n_layers at the top, the MoE's under
 ** ffn_config (DbrxFFNConfig's defaults when absent). */
 static moe8_status parse_dbrx(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
@@ -1304,7 +1363,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"nemo_speechlm", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"nemotron_h_omni", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"switch_transformers", "its experts drop tokens past expert_capacity and are ReLU MLPs"},
     {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
     {"nllb-moe", "transformers' block runs only experts 0 and 1 (it passes a one-hot mask as expert indices), so there is no reference"},
   };
@@ -1322,6 +1380,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   static const struct { const char *type, *why; } k_own[] = {
     {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
     {"longcat_flash", "it has zero-computation (identity) experts (zero_expert_num)"},
+    {"switch_transformers", "its experts drop tokens past expert_capacity, and its layers are an encoder's and a decoder's"},
   };
   for (size_t i = 0; mt && override && i < sizeof k_own / sizeof k_own[0]; i++)
     if (!strcmp(mt->valuestring, k_own[i].type) && strcmp(override, k_own[i].type))
@@ -1384,6 +1443,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   moe8_layer_config *L = &c->layer;
   if (fam->dbrx) {
     TRY(parse_dbrx(root, file, fam, c));
+    goto tail;
+  }
+  if (fam->switch_t) {
+    TRY(parse_switch(root, file, fam, c));
     goto tail;
   }
   if (fam->gemma && fam->moe_flag) { /* a dense Gemma-4 has no MoE layer at all */
@@ -1776,9 +1839,21 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
   if (!c) return moe8__fail(MOE8_ERR_INVALID_ARG, "config: NULL");
   if (layer < 0 || layer >= c->num_layers) {
     /* the key the family counts its layers by (LongCat-Flash: num_layers,
-    ** its num_hidden_layers being the sublayers; DBRX: n_layers) */
-    const char *key = !strcmp(c->model_type, "longcat_flash") ? "num_layers" : !strcmp(c->model_type, "dbrx") ? "n_layers" : "num_hidden_layers";
+    ** its num_hidden_layers being the sublayers; DBRX: n_layers;
+    ** SwitchTransformers: both stacks') */
+    const char *key = !strcmp(c->model_type, "longcat_flash") ? "num_layers" : !strcmp(c->model_type, "dbrx") ? "n_layers"
+                      : c->encdec ? "num_layers + num_decoder_layers" : "num_hidden_layers";
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, %s = %lld)", (long long)layer, key, (long long)c->num_layers);
+  }
+  if (c->encdec) { /* SwitchTransformers: the encoder's blocks, then the decoder's */
+    const int s = layer >= c->enc_layers;
+    const int64_t i = layer - (s ? c->enc_layers : 0), step = c->sparse_step[s];
+    if (!(step > 0 && (i % step == 1 || step == 1)))
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is the %s's block %lld, a dense MLP (%s.block.%lld.layer.%d.mlp.wi.weight): %s = %lld of "
+                        "%lld blocks, sparse where block %% %lld == 1", (long long)layer, s ? "decoder" : "encoder", (long long)i,
+                        s ? "decoder" : "encoder", (long long)i, s ? 2 : 1, s ? "num_sparse_decoder_layers" : "num_sparse_encoder_layers",
+                        (long long)c->sparse_layers[s], (long long)(s ? c->num_layers - c->enc_layers : c->enc_layers), (long long)step);
+    return MOE8_OK;
   }
   {
     if (layer < c->first_k_dense_replace) {
@@ -1846,6 +1921,12 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
 int64_t moe8_hf_config_first_moe_layer(const moe8_hf_config *c) {
   if (!c) return -1;
   for (int64_t l = 0; l < c->num_layers && l < (1 << 20); l++) {
+    if (c->encdec) {
+      const int s = l >= c->enc_layers;
+      const int64_t i = l - (s ? c->enc_layers : 0), step = c->sparse_step[s];
+      if (step > 0 && (i % step == 1 || step == 1)) return l;
+      continue;
+    }
     if (l < c->first_k_dense_replace || (c->moe_layer_freq > 1 && l % c->moe_layer_freq)) continue;
     if (c->expert_layer_period > 0 && l % c->expert_layer_period != c->expert_layer_offset) continue;
     bool dense = c->decoder_sparse_step > 1 && (l + 1) % c->decoder_sparse_step;

@@ -211,6 +211,12 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
   const char *root = m ? m->root : "model.layers.";
+  if (m && m->cfg.encdec) { /* SwitchTransformers: the encoder's blocks, then the decoder's (layer.1 its cross-attention) */
+    const bool dec = layer >= m->cfg.enc_layers;
+    snprintf(buf, cap, "%s.block.%lld.layer.%d.mlp.", dec ? "decoder" : "encoder", (long long)(layer - (dec ? m->cfg.enc_layers : 0)),
+             dec ? 2 : 1);
+    return;
+  }
   if (m && m->cfg.block_in_layer) { /* Gemma-4: router., experts. and the norms are the decoder layer's own */
     snprintf(buf, cap, "%s%lld.", root, (long long)layer);
     return;
@@ -254,6 +260,7 @@ static void fused_name(const moe8_model *m, const char *p, int which, char *buf,
 static const char *proj_name(const moe8_model *m, const char *base, int which) {
   static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const mx[3] = {"w1", "w3", "w2"};
   static const char *const hy[3] = {"linear_gate", "up_proj", "down_proj"};
+  if (m->cfg.encdec) return which == 2 ? "wo" : "wi"; /* SwitchTransformers' ungated experts: wo(act(wi(x))) */
   const char *const *a = m->cfg.arch == MOE8_ARCH_MIXTRAL ? mx : hf, *const *b = a == mx ? hf : mx;
   char n[400];
   snprintf(n, sizeof n, "%s%s.weight", base, a[0]);
@@ -263,6 +270,9 @@ static const char *proj_name(const moe8_model *m, const char *base, int which) {
   snprintf(n, sizeof n, "%s%s.weight", base, hy[0]);
   return moe8_model_find(m, n) ? hy[which] : a[which];
 }
+
+/* The routed experts' names: experts.N. (SwitchTransformers': experts.expert_N.) */
+static const char *xdir(const moe8_model *m) { return m->cfg.encdec ? "experts.expert_" : "experts."; }
 
 /* The names a selection bias has in the families' files (DeepSeek-V3's
 ** router holds it; MiniMax-M2's and EXAONE's blocks do; Sarvam's files
@@ -341,7 +351,7 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
     return mm->fmt;
   }
   char base[200];
-  snprintf(base, sizeof base, "%sexperts.0.", p);
+  snprintf(base, sizeof base, "%s%s0.", p, xdir(m));
   snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, ungated(m)));
   t = moe8_model_find(m, n);
   if (t && t->dtype == MOE8_FDT_F8_E4M3) {
@@ -1162,6 +1172,13 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (c->text_of_two) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER], router->data, router->dtype, (size_t)(D * ER)); /* [D, E] as held */
   else st = put_float(router, router->data, ER, D, L->w[MOE8_W_ROUTER], ER, 0, ld.tmp);
   if (st != MOE8_OK) goto fail;
+  if (c->encdec && lc.router_bias) { /* SwitchTransformers' router_bias: the classifier's bias [E] */
+    const int64_t bs[1] = {E};
+    snprintf(n, sizeof n, "%srouter.classifier.bias", p);
+    if ((st = need(m, n, 1, bs, &t)) != MOE8_OK) goto fail;
+    if (!is_float_file(t->dtype)) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype)); goto fail; }
+    if ((st = moe8_file_to_f32(L->w[MOE8_W_ROUTER_BIAS], t->data, t->dtype, (size_t)E)) != MOE8_OK) goto fail;
+  }
   if (bias && (st = moe8_file_to_f32(L->w[MOE8_W_BIAS], bias->data, bias->dtype, (size_t)(ER - lc.scored_shared))) != MOE8_OK) goto fail;
   if (bias) memset(L->w[MOE8_W_BIAS] + (ER - lc.scored_shared), 0, sizeof(float) * (size_t)lc.scored_shared); /* Inkling's shared: never chosen */
   if (sgate && (st = moe8_file_to_f32(L->w[MOE8_W_SHARED_GATE_W], sgate->data, sgate->dtype, (size_t)D)) != MOE8_OK) goto fail;
@@ -1187,7 +1204,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   const int64_t total = E + (Fs > 0);
   {
     char per[256], fused[256], q[256], base[200];
-    snprintf(base, sizeof base, "%sexperts.0.", p);
+    snprintf(base, sizeof base, "%s%s0.", p, xdir(m));
     snprintf(per, sizeof per, "%s%s.weight", base, proj_name(m, base, p0));
     fused_name(m, p, 0, fused, sizeof fused);
     snprintf(q, sizeof q, "%sexperts.gate_up_proj.scale", p);
@@ -1377,7 +1394,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   }
   if (!routed_done) {
     char base[200];
-    snprintf(base, sizeof base, "%sexperts.0.", p);
+    snprintf(base, sizeof base, "%s%s0.", p, xdir(m));
     snprintf(n, sizeof n, "%s%s.weight", base, proj_name(m, base, p0));
     const moe8_tensor_view *first = moe8_model_find(m, n);
     if (!first) {
@@ -1389,7 +1406,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if ((st = moe8__layer_begin_load(L, ld.fp8 ? MOE8_DTYPE_F8E4M3 : MOE8_DTYPE_NONE, ld.fp8 ? ld.bk : 0)) != MOE8_OK) goto fail;
     if ((st = xbuf_alloc(&b, DX, F, ld.fp8, ld.bk)) != MOE8_OK) goto fail;
     for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-      snprintf(n, sizeof n, "%sexperts.%lld.", p, (long long)e);
+      snprintf(n, sizeof n, "%s%s%lld.", p, xdir(m), (long long)e);
       st = read_expert(&ld, n, F, ld.fp8, &b, L->inference);
       if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, b.gu, b.dn, b.gq, b.gs, b.dq, b.ds);
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }

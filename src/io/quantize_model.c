@@ -448,6 +448,8 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
   const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_BLOCK2D, .tile = 128, .block_n = 128, .clip = 1.0f};
   const bool mx = hc->arch == MOE8_ARCH_MIXTRAL;
   const char *proj[3] = {mx ? "w1" : "gate_proj", mx ? "w3" : "up_proj", mx ? "w2" : "down_proj"};
+  if (hc->encdec) { proj[1] = "wi"; proj[2] = "wo"; } /* SwitchTransformers' experts.expert_N.wi / wo */
+  const char *xd = hc->encdec ? "experts.expert_" : "experts.";
   const float *mw[3] = {moe8_layer_weight_read(L, MOE8_W_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_UP, NULL),
                         moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
   const float *sw[3] = {moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL),
@@ -473,12 +475,12 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
       if (st != MOE8_OK) { free(q); free(s); return st; }
       const int64_t qs[2] = {N, K}, ss[2] = {(N + 127) / 128, (K + 127) / 128};
       if (sh) snprintf(n, sizeof n, "%s%s.%s.weight", p, sname, proj[w]);
-      else snprintf(n, sizeof n, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
+      else snprintf(n, sizeof n, "%s%s%lld.%s.weight", p, xd, (long long)e, proj[w]);
       if ((st = add(o, n, MOE8_FDT_F8_E4M3, 2, qs, q, (size_t)(N * K), q)) != MOE8_OK) { free(s); return st; }
       say(j, "quantize %s [%lld, %lld] -> F8_E4M3 + weight_scale_inv [%lld, %lld]", n, (long long)N, (long long)K, (long long)ss[0],
           (long long)ss[1]);
       if (sh) snprintf(n, sizeof n, "%s%s.%s.weight_scale_inv", p, sname, proj[w]);
-      else snprintf(n, sizeof n, "%sexperts.%lld.%s.weight_scale_inv", p, (long long)e, proj[w]);
+      else snprintf(n, sizeof n, "%s%s%lld.%s.weight_scale_inv", p, xd, (long long)e, proj[w]);
       st = add(o, n, MOE8_FDT_F32, 2, ss, s, ns * 4, s);
     }
   return st;
@@ -666,6 +668,13 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     if (!bias && !keep && (scored || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
         l >= 0 && l < hc->num_layers && replace[l])
       continue;
+    bool mine = false; /* SwitchTransformers: a replaced layer's experts under its own prefix (no layer root) */
+    for (int64_t q = 0; hc->encdec && q < hc->num_layers && !mine; q++) {
+      char pq[160];
+      moe8_model_prefix(m, q, pq, sizeof pq);
+      mine = replace[q] && !strncmp(t->name, pq, strlen(pq)) && is_expert_tensor(t->name, deepseek);
+    }
+    if (mine) continue;
     st = add(&o, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, NULL);
   }
   /* The new model, whole, in a directory beside OUT's target, with the

@@ -96,6 +96,13 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: zero_experts (identity experts, LongCat-Flash's) with a capacity factor, an aux loss, "
                       "groups, weight_input, hash routing, the sparsemixer router, Gemma-4's norms and scales or scored_shared: not "
                       "implemented");
+  if (cfg->expert_capacity < 0 || (cfg->expert_capacity > 0 && (Z > 0 || cfg->hash_routing || cfg->scored_shared || cfg->weight_input ||
+                                                                  cfg->capacity_factor > 0.0f || cfg->aux_loss_weight != 0.0f ||
+                                                                  cfg->latent > 0 || cfg->expert_out_norm)))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: expert_capacity = %lld must be >= 0, and a capacity (SwitchTransformers') goes with no "
+                      "zero_experts, hash routing, scored_shared, weight_input, capacity factor, aux loss, latent experts or per-expert "
+                      "output norm: not implemented",
+                      (long long)cfg->expert_capacity);
   if (D <= 0 || F <= 0 || Fs < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: hidden = %lld, ffn = %lld must be positive and shared_ffn = %lld non-negative",
                       (long long)D, (long long)F, (long long)Fs);
@@ -956,7 +963,7 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
 
 /* ---- forward ---------------------------------------------------------------------- */
 static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size,
-                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared, const int32_t *tok) {
+                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared, const int32_t *tok, int64_t seq) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
   if (T < 0 || T > max_tokens(L))
@@ -969,6 +976,9 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     const moe8_status tst = moe8__check_tokens(L, tok, T, "layer forward");
     if (tst != MOE8_OK) return tst;
   }
+  if (L->cfg.expert_capacity > 0 && !ids_in && (seq < 0 || (seq > 0 && T % seq)))
+    return moe8__fail(MOE8_ERR_SHAPE, "layer %s: seq_len = %lld must be 0 (one sequence) or divide T = %lld (the rows are sequences of "
+                      "seq_len tokens; the expert capacity counts per sequence)", L->module_path, (long long)seq, (long long)T);
   ws_layout w;
   layout(L, T, ws, &w);
   if (ws_size < w.total)
@@ -1037,6 +1047,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     st = moe8__router_logits(L, xr, T, w.logits);
     const moe8_router_config rc = moe8__router_config(L, tok);
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
+    if (st == MOE8_OK && L->cfg.expert_capacity > 0) moe8__apply_capacity(L, T, seq, w.ids, w.w);
     if (st == MOE8_OK && L->cfg.expert_scale) { /* Gemma-4: each weight times its expert's scale (the backward keeps wn) */
       const float *c = L->w[MOE8_W_EXPERT_SCALE];
       for (int64_t a = 0; a < T * K; a++) {
@@ -1047,7 +1058,8 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   }
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
-  if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.zero_experts, L->cfg.capacity_factor, ids_in != NULL, &d);
+  if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.zero_experts, L->cfg.capacity_factor,
+                                             ids_in != NULL || L->cfg.expert_capacity > 0, &d);
   if (st != MOE8_OK) return st;
   /* LongCat-Flash's identity experts, while x is whole (out may be x) */
   if (L->cfg.zero_experts) moe8__identity_rows(L, x, T, w.ids, w.w, w.idn);
@@ -1105,15 +1117,20 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
 
 moe8_status moe8__layer_quantize_weights(moe8_layer *L) { return ensure_quantized(L); }
 
-moe8_status moe8_layer_forward_tokens(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, float *out, float *aux_loss,
-                                      void *ws, size_t ws_size) {
+moe8_status moe8_layer_forward_seq(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, int64_t seq, float *out, float *aux_loss,
+                                   void *ws, size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   moe8_status st = ensure_quantized(L); /* inference layers: fixed at load */
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
-  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true, tok);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true, tok, seq);
   pthread_rwlock_unlock(&L->lock);
   return st;
+}
+
+moe8_status moe8_layer_forward_tokens(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, float *out, float *aux_loss,
+                                      void *ws, size_t ws_size) {
+  return moe8_layer_forward_seq(L, x, T, tok, 0, out, aux_loss, ws, ws_size);
 }
 
 moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux_loss, void *ws,
@@ -1121,14 +1138,19 @@ moe8_status moe8_layer_forward(moe8_layer *L, const float *x, int64_t T, float *
   return moe8_layer_forward_tokens(L, x, T, NULL, out, aux_loss, ws, ws_size);
 }
 
-moe8_status moe8_layer_forward_fused_tokens(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, float *out, void *ws,
-                                            size_t ws_size) {
+moe8_status moe8_layer_forward_fused_seq(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, int64_t seq, float *out, void *ws,
+                                         size_t ws_size) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   pthread_rwlock_rdlock(&L->lock);
   const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
-                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true, tok);
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true, tok, seq);
   pthread_rwlock_unlock(&L->lock);
   return st;
+}
+
+moe8_status moe8_layer_forward_fused_tokens(moe8_layer *L, const float *x, int64_t T, const int32_t *tok, float *out, void *ws,
+                                            size_t ws_size) {
+  return moe8_layer_forward_fused_seq(L, x, T, tok, 0, out, ws, ws_size);
 }
 
 moe8_status moe8_layer_forward_fused(moe8_layer *L, const float *x, int64_t T, float *out, void *ws, size_t ws_size) {
@@ -1170,7 +1192,7 @@ static moe8_status layer_experts(moe8_layer *L, const float *x, int64_t T, const
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
   /* no backward from here: the workspace is marked as an inference forward's */
-  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared, NULL);
+  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared, NULL, 0);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }

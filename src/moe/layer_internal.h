@@ -289,6 +289,12 @@ moe8_status moe8__expert_out_norm_backward(const float *o, const float *y, int64
 moe8_status moe8__check_output(const moe8_layer *L, const float *out, int64_t T);
 moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, const int32_t *pos_of, const float *w,
                                 const float *idn, const moe8__shared_buf *b, float *out);
+/* SwitchTransformers' expert capacity (moe8_layer_config.expert_capacity):
+** the T tokens are sequences of seq tokens (0: one of T); in each, in
+** token order, a slot whose expert has already been chosen by
+** expert_capacity tokens of the sequence gets id -1 and weight 0 (no row,
+** nothing added).  T a multiple of seq (the caller checked). */
+void moe8__apply_capacity(const moe8_layer *L, int64_t T, int64_t seq, int32_t *ids, float *w);
 /* LongCat-Flash's identity experts (zero_experts): idn[t] = Σ_j w[t·K + j]
 ** · x[t] over the slots j whose id is >= num_experts, in slot order from
 ** zero (moe8__finish_output adds idn after the combine, NULL: none). */

@@ -108,8 +108,27 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
   return st;
 }
 
+void moe8__apply_capacity(const moe8_layer *L, int64_t T, int64_t seq, int32_t *ids, float *w) {
+  const int64_t K = L->cfg.top_k, E = L->cfg.num_experts, cap = L->cfg.expert_capacity, S = seq > 0 ? seq : T;
+  int64_t n[MOE8_MAX_EXPERTS];
+  for (int64_t t = 0; t < T; t++) {
+    if (t % S == 0)
+      for (int64_t e = 0; e < E; e++) n[e] = 0;
+    for (int64_t j = 0; j < K; j++) {
+      const int32_t e = ids[t * K + j];
+      if (e < 0 || e >= E) continue;
+      if (++n[e] > cap) { ids[t * K + j] = -1; w[t * K + j] = 0.0f; }
+    }
+  }
+}
+
 moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   const moe8_layer_config *c = &L->cfg;
+  /* SwitchTransformers' capacity: the dropped slots' backward is not
+  ** written (nothing checks it yet). */
+  if (c->expert_capacity > 0)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s drops tokens past expert_capacity (SwitchTransformers'): its backward is not "
+                      "implemented (inference only)", what, L->module_path);
   /* The layer's backward (single process and expert parallel) and the
   ** trainer have every form but one: a Llama-4 layer's backward needs its
   ** weights unnormalized (the routing weight is its expert's sigmoid

@@ -1592,6 +1592,116 @@ def test_longcat_flash(tmp, rng):
             print("longcat_flash with %s %r (%d): %s" % (key, val, rc, out))
 
 
+def switch_ref(x, wr, br, experts, cap, seq, act="relu", act_q=None, wq=None, mutate=None):
+    """SwitchTransformersSparseMLP in float64, written from transformers'
+    code: x [T, D] is [T / seq, seq, D] (seq None: one sequence); the router
+    (SwitchTransformersTop1Router) logits x Wr^T (+ b), softmax, the argmax
+    expert, its probability the weight (no renormalization); expert_index =
+    one_hot(argmax), token_priority = cumsum over the sequence (inclusive),
+    kept where token_priority <= expert_capacity, the others' output 0;
+    experts[e] = (wi [F, D], wo [D, F]): wo(act(wi x)).  act_q: the
+    activation quantizer (x and h), wq: the weights as quantized.
+    mutate: "global" counts over all tokens, "exclusive" an exclusive
+    cumsum (capacity rules that are not the model's; the test must tell).
+    Returns (y, number of dropped tokens)."""
+    a = (lambda v: np.maximum(v, 0.0) ** 2) if act == "relu2" else (lambda v: np.maximum(v, 0.0))
+    T = x.shape[0]
+    S = T if seq is None or mutate == "global" else seq
+    p = R.softmax(x @ wr.T + (0.0 if br is None else br))
+    idx, w = p.argmax(-1), p.max(-1)
+    out, dropped = np.zeros_like(x), 0
+    for b in range(T // S):
+        n = np.zeros(wr.shape[0], dtype=np.int64)
+        for t in range(b * S, (b + 1) * S):
+            e = idx[t]
+            n[e] += 1
+            if (n[e] - 1 if mutate == "exclusive" else n[e]) > cap:
+                dropped += 1
+                continue
+            wi, wo = (wq or experts)[e]
+            xa = act_q(x[t:t + 1]) if act_q else x[t:t + 1]
+            h = a(xa @ wi.T)
+            if act_q:
+                h = act_q(h)
+            out[t] = w[t] * (h @ wo.T)[0]
+    return out, dropped
+
+
+def test_switch_transformers(tmp, rng):
+    """SwitchTransformers: the encoder's and the decoder's sparse blocks
+    (encoder.block.i.layer.1.mlp., decoder.block.i.layer.2.mlp.; moe8's
+    layers 0..n-1 then n..n+m-1), block i sparse when i % step == 1 or
+    step == 1 (step = layers // sparse layers; num_layers for 0 sparse
+    layers, which still makes block 1 sparse), top-1 of the f32 softmax
+    weighted by its probability, tokens past expert_capacity in their
+    sequence dropped (output +0.0), experts.expert_N.wi / wo, router
+    router.classifier.weight (and .bias).  bf16 files; several sequences
+    (--seq-len) with the capacity binding; the fused path under FP8 rules;
+    the dense blocks, dense_act_fn and router_dtype refused by name."""
+    E, D, F, T, cap, S = 4, 128, 96, 48, 3, 12
+    cfg = {"model_type": "switch_transformers", "d_model": D, "num_layers": 4, "num_decoder_layers": 3, "num_sparse_encoder_layers": 2,
+           "num_sparse_decoder_layers": 0, "num_experts": E, "d_ff": F, "expert_capacity": cap, "router_bias": True}
+    # encoder: step 2 -> blocks 1, 3; decoder: 0 sparse layers -> step 3 -> block 1 (transformers' rule)
+    sparse = {1: "encoder.block.1.layer.1.mlp.", 3: "encoder.block.3.layer.1.mlp.", 5: "decoder.block.1.layer.2.mlp."}
+    t, params = {}, {}
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    for l, p in sparse.items():
+        wr = rnd(rng, E, D, scale=0.3)
+        br = rnd(rng, E, scale=0.2)
+        t[p + "router.classifier.weight"] = ("BF16", wr.astype(np.float32))
+        t[p + "router.classifier.bias"] = ("BF16", br.astype(np.float32))
+        ex = [(rnd(rng, F, D, scale=D ** -0.5), rnd(rng, D, F, scale=F ** -0.5)) for _ in range(E)]
+        for e, (wi, wo) in enumerate(ex):
+            t[p + "experts.expert_%d.wi.weight" % e] = ("BF16", wi.astype(np.float32))
+            t[p + "experts.expert_%d.wo.weight" % e] = ("BF16", wo.astype(np.float32))
+        params[l] = (store(wr, "BF16"), store(br, "BF16"), [tuple(store(w, "BF16") for w in e) for e in ex])
+    d = os.path.join(tmp, "switch")
+    write_model(d, cfg, t)
+    for l, (wr, br, ex) in params.items():
+        for seq in (S, None):
+            ref, dropped = switch_ref(x, wr, br, ex, cap, seq)
+            if dropped == 0 or dropped == T:
+                FAILS.append("switch_transformers layer %d: %d of %d tokens dropped (want some)" % (l, dropped, T))
+            got, _ = run(d, x, ("--layer", str(l)) + (("--seq-len", str(seq)) if seq else ()))
+            check("switch_transformers bf16 layer %d, seq %s, %d dropped" % (l, seq or T, dropped), got, ref, 1e-5)
+            zero = np.all(ref == 0.0, axis=1)
+            if not (np.all(got[zero] == 0.0) and not np.any(np.signbit(got[zero]))):
+                FAILS.append("switch_transformers layer %d: a dropped token's output is not +0.0" % l)
+            for m in ("global", "exclusive"):  # the capacity rule mutated: the comparison must see it
+                if seq and rel(got, switch_ref(x, wr, br, ex, cap, seq, mutate=m)[0]) <= 1e-5:
+                    FAILS.append("switch_transformers layer %d: the %s capacity rule not told apart" % (l, m))
+    # the fused path under FP8 rules (quantizers emulated), several sequences
+    rp = os.path.join(tmp, "switch_rules.json")
+    with open(rp, "w") as f:
+        json.dump(RULES_FP8, f)
+    wr, br, ex = params[5]
+    q = lambda w: R.quant_cols(w.T, 128).T
+    ref, _ = switch_ref(x, wr, br, ex, cap, S, act_q=lambda v: R.quant_rows(v, 128), wq=[tuple(q(w) for w in e) for e in ex])
+    got, _ = run(d, x, ("--layer", "5", "--seq-len", str(S), "--rules", rp))
+    check("switch_transformers FP8 by rules, layer 5 (quantizers emulated)", got, ref, 1e-4)
+    rc, out = info(d)
+    if rc != 0 or "switch_transformers" not in out or "expert capacity 3" not in out or "moe layers: 1 3 5 " not in out:
+        FAILS.append("switch_transformers info")
+        print("switch_transformers info (%d): %s" % (rc, out))
+    for l, key in ((0, "encoder.block.0.layer.1.mlp.wi.weight"), (4, "decoder.block.0.layer.2.mlp.wi.weight"), (6, "decoder.block.2")):
+        rc, out = run_rc(d, x, ("--layer", str(l)))
+        if rc == 0 or key not in out:
+            FAILS.append("switch_transformers dense layer %d" % l)
+            print("switch_transformers dense layer %d (%d): %s" % (l, rc, out))
+    rc, out = run_rc(d, x, ("--layer", "1", "--seq-len", "7"))
+    if rc == 0 or "seq_len" not in out:
+        FAILS.append("switch_transformers --seq-len 7 of 48 rows")
+    for key, val in (("dense_act_fn", "gelu"), ("router_dtype", "bfloat16"), ("expert_capacity", 0)):
+        json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key not in out:
+            FAILS.append("switch_transformers %s %r" % (key, val))
+            print("switch_transformers with %s %r (%d): %s" % (key, val, rc, out))
+    json.dump(dict(cfg, router_jitter_noise=0.5), open(os.path.join(d, "config.json"), "w"))  # training-only: runs
+    got, _ = run(d, x, ("--layer", "1", "--seq-len", str(S)))
+    check("switch_transformers router_jitter_noise 0.5 (training only)", got, switch_ref(x, *params[1], cap, S)[0], 1e-5)
+
+
 def test_axk1(tmp, rng):
     """A.X-K1 (axk1): DeepSeek-V3's block (sigmoid + bias, groups with the
     -inf mask, renormalized, routed_scaling_factor, one shared expert)
@@ -2111,6 +2221,7 @@ def main():
         test_axk1(tmp, rng)
         test_nemotron_h_latent(tmp, rng)
         test_muse_spark(tmp, rng)
+        test_switch_transformers(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

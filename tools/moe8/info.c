@@ -46,6 +46,11 @@ int cmd_info(int argc, char **argv) {
     printf("routing: sparsemixer (PhiMoE), 2 of %lld: the top logit, then the top of the others, each weighted by its softmax over the "
            "experts within 2 x %g (router_jitter_noise) of it, relative to max(|logit|, top)\n", (long long)c->layer.num_experts,
            (double)c->layer.router_jitter);
+  else if (c->encdec)
+    printf("routing: top-1 of %lld (softmax over all experts in f32%s), weighted by its probability; expert capacity %lld: in each "
+           "sequence (moe8 run --seq-len), a token past the first %lld that chose its expert is dropped (its output 0)\n",
+           (long long)c->layer.num_experts, c->layer.router_bias ? ", the router's bias added" : "", (long long)c->layer.expert_capacity,
+           (long long)c->layer.expert_capacity);
   else if (c->layer.zero_experts)
     printf("routing: top-%lld of %lld + %lld identity experts (softmax over all, chosen by score + correction bias), weights the "
            "scores x %g; an identity expert adds its weight x the input (LongCat-Flash's zero-computation experts)\n",
@@ -131,6 +136,11 @@ int cmd_info(int argc, char **argv) {
            c->layer.expert_out_norm ? "; each expert's output scaled by post_expert_norm's (1 + w), then RMS-normalized" : "");
   if (c->router_logit_scale != 0.0f && c->router_logit_scale != 1.0f)
     printf("router: logits x %g (output_multiplier)\n", (double)c->router_logit_scale);
+  if (c->encdec) /* SwitchTransformers: one numbering over both stacks */
+    printf("layers (an encoder-decoder): 0-%lld the encoder's blocks 0-%lld (encoder.block.i.layer.1.mlp.), %lld-%lld the decoder's "
+           "blocks 0-%lld (decoder.block.i.layer.2.mlp.); --layer L numbers them so\n", (long long)c->enc_layers - 1,
+           (long long)c->enc_layers - 1, (long long)c->enc_layers, (long long)c->num_layers - 1,
+           (long long)(c->num_layers - c->enc_layers) - 1);
   /* Which layers are MoE: runs of consecutive indices. */
   printf("moe layers:");
   int64_t nmoe = 0, run0 = -1;

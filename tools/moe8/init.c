@@ -115,6 +115,11 @@ int cmd_init(int argc, char **argv) {
     fprintf(stderr, "moe8 init: --layers %lld: the config's layers_block_type has %lld layers\n", (long long)layers, (long long)hc.num_layers);
     return EXIT_USAGE;
   }
+  if (hc.encdec && layers > 0) { /* SwitchTransformers: two stacks, counted by their own keys */
+    fprintf(stderr, "moe8 init: --layers: switch_transformers' layers are its encoder's num_layers and its decoder's num_decoder_layers: "
+            "set them in the config\n");
+    return EXIT_USAGE;
+  }
   if (layers > 0) hc.num_layers = layers;
   const int64_t E = hc.layer.num_experts, D = hc.layer.hidden, F = hc.layer.ffn, NL = hc.num_layers;
   /* LongCat-Flash: a router (and bias) over its identity experts too, its
@@ -151,6 +156,9 @@ int cmd_init(int argc, char **argv) {
              hc.block_in_layer ? ""
              : hc.block_prefix[0] ? hc.block_prefix
              : hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : hc.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
+    if (hc.encdec) /* SwitchTransformers: the encoder's blocks, then the decoder's */
+      snprintf(p, sizeof p, "%s.block.%lld.layer.%d.mlp.", l < hc.enc_layers ? "encoder" : "decoder",
+               (long long)(l < hc.enc_layers ? l : l - hc.enc_layers), l < hc.enc_layers ? 1 : 2);
     if (hc.arch == MOE8_ARCH_GPT_OSS || hc.arch == MOE8_ARCH_LLAMA4) {
       /* Fused experts, x · W: [E, K, N] is E·K rows of N, fan-in K; a
       ** bias (fan_in 0) is zero, its dtype the file's. */
@@ -206,6 +214,7 @@ int cmd_init(int argc, char **argv) {
     }
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
+    if (hc.encdec) { proj[1] = "wi"; proj[2] = "wo"; } /* SwitchTransformers' experts.expert_N.wi / wo */
     /* e = -1 the router, e = E the shared expert, e = E + 1 its gate; each
     ** stored [N, K] = out x in. */
     const int w0 = hc.layer.act == MOE8_ACT_RELU2 || hc.layer.act == MOE8_ACT_RELU; /* ungated experts: up and down */
@@ -214,7 +223,7 @@ int cmd_init(int argc, char **argv) {
         int64_t N, K;
         if (e < 0) { /* ERNIE-4.5-VL's router is stored in x out */
           N = hc.text_of_two ? D : ER; K = hc.text_of_two ? ER : D;
-          snprintf(names[nt], 256, "%s%s", p, longcat ? "router.classifier.weight" : hc.router_name[0] ? hc.router_name : "gate.weight");
+          snprintf(names[nt], 256, "%s%s", p, longcat || hc.encdec ? "router.classifier.weight" : hc.router_name[0] ? hc.router_name : "gate.weight");
         }
         else if (e == E + 1) {
           if (!hc.layer.shared_gate) continue;
@@ -225,7 +234,7 @@ int cmd_init(int argc, char **argv) {
           snprintf(names[nt], 256, "%s%s.%s.weight", p, hc.arch == MOE8_ARCH_DEEPSEEK_V3 || hc.arch == MOE8_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert", proj[w]);
         } else {
           N = w == 2 ? DX : F; K = w == 2 ? F : DX;
-          snprintf(names[nt], 256, "%sexperts.%lld.%s.weight", p, (long long)e, proj[w]);
+          snprintf(names[nt], 256, "%sexperts.%s%lld.%s.weight", p, hc.encdec ? "expert_" : "", (long long)e, proj[w]);
         }
         bufs[nt] = malloc(es * (size_t)(N * K) + 1);
         if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s [%lld, %lld]\n", names[nt], (long long)N, (long long)K); rc = EXIT_FAIL; break; }
@@ -234,6 +243,13 @@ int cmd_init(int argc, char **argv) {
         bytes += tv[nt].nbytes;
         nt++;
       }
+    if (hc.encdec && hc.layer.router_bias && rc == EXIT_OK) { /* SwitchTransformers' router_bias, zeros */
+      snprintf(names[nt], 256, "%srouter.classifier.bias", p);
+      bufs[nt] = calloc((size_t)E, 4);
+      tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {E}, bufs[nt], 4 * (size_t)E, 0};
+      bytes += tv[nt].nbytes;
+      nt++;
+    }
     if (hc.layer.out_bias && rc == EXIT_OK) { /* JetMoE's output bias, zeros */
       snprintf(names[nt], 256, "%sbias", p);
       bufs[nt] = calloc((size_t)D, 4);
@@ -310,9 +326,11 @@ int cmd_init(int argc, char **argv) {
     else {
       cJSON *lc = multimodal ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : root; /* where the count is read */
       if (multimodal && !cJSON_IsObject(lc)) lc = cJSON_GetObjectItemCaseSensitive(root, "llm_config"); /* Nemotron-3 Nano Omni's */
-      cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_hidden_layers");
-      cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_layers");
-      cJSON_AddNumberToObject(lc, longcat ? "num_layers" : "num_hidden_layers", (double)NL);
+      if (!hc.encdec) { /* SwitchTransformers' counts stay as written (--layers is refused) */
+        cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_hidden_layers");
+        cJSON_DeleteItemFromObjectCaseSensitive(lc, "num_layers");
+        cJSON_AddNumberToObject(lc, longcat ? "num_layers" : "num_hidden_layers", (double)NL);
+      }
       /* Nemotron-H: its layer list, or pattern, cut to the layers written */
       cJSON *lt = cJSON_GetObjectItemCaseSensitive(lc, "layers_block_type"), *hp = cJSON_GetObjectItemCaseSensitive(lc, "hybrid_override_pattern");
       while (typed && cJSON_IsArray(lt) && cJSON_GetArraySize(lt) > NL) cJSON_DeleteItemFromArray(lt, cJSON_GetArraySize(lt) - 1);

@@ -17,11 +17,13 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--token-ids IDS.npy] [--rules RULES.json] [--layer L] [--arch FAMILY]\n"
+  fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--token-ids IDS.npy] [--seq-len N] [--rules RULES.json] [--layer L] [--arch FAMILY]\n"
              "                [--training-load]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
              "--token-ids IDS the tokens' ids, [T] int32 or int64: a layer that routes by token id (DeepSeek-V4's hash_moe\n"
              "                layers) needs them; other layers do not read them\n"
+             "--seq-len N     the rows are sequences of N tokens (T a multiple of N; default: one sequence of T): a layer\n"
+             "                with an expert capacity (SwitchTransformers') counts it per sequence; other layers do not read it\n"
              "--rules R       quantization rules (docs/numerics.md); without it a moe8 file runs under the rules it was made\n"
              "                with, a DeepSeek FP8 checkpoint with dynamic f8e4m3 activations, anything else unquantized\n"
              "--layer L       the MoE layer to run (default: the first MoE layer of the config)\n"
@@ -71,7 +73,7 @@ int cmd_run(int argc, char **argv) {
   const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL, *arch = NULL, *tok_path = NULL;
   int64_t layer = -1;
   int training_load = 0;
-  int64_t repeat = 1;
+  int64_t repeat = 1, seq_len = 0;
   moe8_ep_mode ep_mode = MOE8_EP_RING;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -84,6 +86,7 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--arch") && v) arch = argv[++i];
     else if (!strcmp(a, "--training-load")) training_load = 1;
     else if (!strcmp(a, "--ep-mode") && v && (!strcmp(v, "ring") || !strcmp(v, "alltoall"))) { ep_mode = !strcmp(v, "ring") ? MOE8_EP_RING : MOE8_EP_ALLTOALL; i++; }
+    else if (!strcmp(a, "--seq-len") && v && cli_parse_i64(v, &seq_len) && seq_len >= 1) i++;
     else if (!strcmp(a, "--repeat") && v && cli_parse_i64(v, &repeat) && repeat <= 1000) i++;
     else if (!strcmp(a, "--layer") && v) {
       char *e;
@@ -268,7 +271,7 @@ int cmd_run(int argc, char **argv) {
     double best = 1e300;
     for (int64_t r = 0; r < repeat; r++) {
       t0 = cli_now();
-      if ((st = moe8_layer_forward_fused_tokens(L, xf, T, tok, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+      if ((st = moe8_layer_forward_fused_seq(L, xf, T, tok, seq_len, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
       t1 = cli_now();
       if (t1 - t0 < best) best = t1 - t0;
     }
