@@ -730,19 +730,51 @@ typedef struct moe8_layer_config {
   ** no zero_experts, hash routing, scored_shared, weight_input, capacity
   ** factor or aux loss with it.  0: none. */
   int64_t         expert_capacity;
+  /* Zaya's router (ZayaRouter and its ZayaRouterMLP): an MLP of width
+  ** router_mlp = R > 0 instead of the linear x · Wr (0: the linear one).
+  ** Its state s = x · A + a (MOE8_W_ROUTER_DOWN [D, R],
+  ** MOE8_W_ROUTER_DOWN_BIAS [R]), plus, with router_state, the previous
+  ** layer's state p [T, R] times c (MOE8_W_ROUTER_STATE_SCALE [R]):
+  ** s = x · A + a + p ⊙ c (Zaya's layers after the first; its first
+  ** layer's router has no c and reads x alone).  s is the layer's own
+  ** router state, which the next layer takes as its p
+  ** (moe8_layer_forward_state).  Then u = n(s) ⊙ g (an RMSNorm over the R
+  ** values, eps rms_eps; MOE8_W_ROUTER_MLP_NORM [R]), v = gelu(u · B1 +
+  ** b1), w = gelu(v · B2 + b2) (MOE8_W_ROUTER_FC1 / _FC2 [R, R] and their
+  ** biases [R]; gelu(z) = z/2 · (1 + erf(z/√2)), torch's exact GELU), and
+  ** the logits w · Wr (MOE8_W_ROUTER [R, E + skip_experts], plus the
+  ** router bias when router_bias), every step in f32.  The scores, the
+  ** top-k and the weights are then the layer's as for any router.
+  ** Forward and fused inference; the backward, the trainer and expert
+  ** parallelism are refused by name (not implemented); no router_norm,
+  ** hash routing, sparsemixer, groups, scored_shared, weight_input,
+  ** capacity (either kind) or aux loss with it.  router_state needs
+  ** router_mlp. */
+  int64_t         router_mlp;
+  bool            router_state;
+  /* Skip experts (Zaya's one "without actual compute"): the router scores
+  ** num_experts + skip_experts classes (its weight [.., E + S], its bias
+  ** and the selection bias [E + S]; scores [T, E + S]), and a slot that
+  ** chooses one of the last S adds nothing and computes nothing (its
+  ** weight becomes 0; a token whose every slot is skipped has the output
+  ** +0.0, before the shared expert and out_bias).  Forward and fused;
+  ** the backward, the trainer and expert parallelism are refused by name;
+  ** no zero_experts, capacity (either kind), groups, hash routing,
+  ** sparsemixer, scored_shared, weight_input or aux loss with it.  0: none. */
+  int64_t         skip_experts;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
-  MOE8_W_ROUTER = 0,  /* [D, E] (E + zero_experts columns with them) */
+  MOE8_W_ROUTER = 0,  /* [D, E] (E + zero_experts + skip_experts columns with them; [R, ..] with router_mlp) */
   MOE8_W_GATE,        /* [E, D, F] */
   MOE8_W_UP,          /* [E, D, F] */
   MOE8_W_DOWN,        /* [E, F, D] */
-  MOE8_W_BIAS,        /* [E]       (E + zero_experts) */
+  MOE8_W_BIAS,        /* [E]       (E + zero_experts + skip_experts) */
   MOE8_W_SHARED_GATE, /* [D, Fs]   shared expert (when shared_ffn > 0) */
   MOE8_W_SHARED_UP,   /* [D, Fs]   */
   MOE8_W_SHARED_DOWN, /* [Fs, D]   */
   MOE8_W_SHARED_GATE_W, /* [D]     the shared expert's sigmoid gate (shared_gate) */
-  MOE8_W_ROUTER_BIAS, /* [E]       router_bias (E + zero_experts) */
+  MOE8_W_ROUTER_BIAS, /* [E]       router_bias (E + zero_experts + skip_experts) */
   MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
   MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
   MOE8_W_OUT_BIAS,    /* [D]       out_bias */
@@ -754,6 +786,14 @@ typedef enum moe8_weight_id {
   MOE8_W_LATENT_OUT,  /* [latent, D]  latent: c · Q, their weighted sum back to D */
   MOE8_W_LATENT_NORM, /* [latent]     latent_norm's weight (multiplying) */
   MOE8_W_EXPERT_OUT_NORM, /* [latent or D] expert_out_norm's scale */
+  MOE8_W_ROUTER_DOWN,       /* [D, R]  router_mlp: A, the router state's projection */
+  MOE8_W_ROUTER_DOWN_BIAS,  /* [R]     its bias a */
+  MOE8_W_ROUTER_STATE_SCALE, /* [R]    router_state: c, the previous layer's state's scale */
+  MOE8_W_ROUTER_MLP_NORM,   /* [R]     the router's RMSNorm weight g */
+  MOE8_W_ROUTER_FC1,        /* [R, R]  B1 */
+  MOE8_W_ROUTER_FC1_BIAS,   /* [R]     b1 */
+  MOE8_W_ROUTER_FC2,        /* [R, R]  B2 */
+  MOE8_W_ROUTER_FC2_BIAS,   /* [R]     b2 */
   MOE8_W_COUNT
 } moe8_weight_id;
 
@@ -904,6 +944,23 @@ MOE8_API moe8_status moe8_layer_forward_seq(moe8_layer *layer, const float *x, i
                                             float *out, float *aux_loss, void *ws, size_t ws_size);
 MOE8_API moe8_status moe8_layer_forward_fused_seq(moe8_layer *layer, const float *x, int64_t T, const int32_t *token_ids, int64_t seq_len,
                                                   float *out, void *ws, size_t ws_size);
+
+/* The forwards of a layer with Zaya's MLP router (router_mlp), which
+** carries a router state from each layer to the next.  router_state_in
+** [T, R] is the previous layer's state (what its forward wrote to
+** router_state_out, row for row): required by a layer with router_state
+** (NULL is refused, naming the layer: there is no silent zero state) and
+** refused by any other layer (Zaya's first layer reads x alone).
+** router_state_out [T, R] (NULL: not wanted) gets this layer's state s
+** (moe8_layer_config.router_mlp), written once the forward has succeeded;
+** it may be router_state_in (updated in place) but must not overlap x or
+** out.  Otherwise these are moe8_layer_forward and moe8_layer_forward_fused
+** (which refuse a layer with router_state by name).  R is the layer's
+** router_mlp. */
+MOE8_API moe8_status moe8_layer_forward_state(moe8_layer *layer, const float *x, int64_t T, const float *router_state_in,
+                                              float *router_state_out, float *out, float *aux_loss, void *ws, size_t ws_size);
+MOE8_API moe8_status moe8_layer_forward_fused_state(moe8_layer *layer, const float *x, int64_t T, const float *router_state_in,
+                                                    float *router_state_out, float *out, void *ws, size_t ws_size);
 
 /* The prepared expert weights as the kernels consume them: gate|up fused
 ** [E, D, 2F] (an ungated layer's up [E, D, F]) and down [E, F, D], with dtype and scale (NULL when not

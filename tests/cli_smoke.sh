@@ -62,10 +62,12 @@ for fam in \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"moe_latent_size\": 40, \"hybrid_override_pattern\": \"E\"" \
   "muse_spark_text:\"num_local_experts\": 8, \"moe_intermediate_size\": 32, \"moe_hidden_size\": 48" \
-  "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []"; do
+  "flint:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 32, \"mlp_only_layers\": []" \
+  "zaya:\"num_experts\": 8, \"moe_intermediate_size\": 32, \"router_hidden_size\": 16"; do
   name=${fam%%:*}
   kf="$k" # LongCat-Flash counts its layers as num_layers (num_hidden_layers is twice it)
   [ "$name" = longcat_flash ] && kf='"hidden_size": 64, "num_layers": 1, "num_experts_per_tok": 2'
+  [ "$name" = zaya ] && kf='"hidden_size": 64, "num_hidden_layers": 1, "num_experts_per_tok": 1' # Zaya's router takes 1
   printf '{"model_type": "%s", %s, %s}\n' "$name" "$kf" "${fam#*:}" > "$tmp/$name.json"
   "$moe8" init --config "$tmp/$name.json" --out "$tmp/init-$name" >/dev/null 2>"$tmp/err" || fail "init $name: $(cat "$tmp/err")"
   "$moe8" run --model "$tmp/init-$name" --input "$x" --output "$tmp/y-$name.npy" >/dev/null 2>"$tmp/err" ||
@@ -90,6 +92,14 @@ for w in "qwen3_vl_moe:qwen3_vl_moe_text:\"num_experts\": 8, \"moe_intermediate_
   "$moe8" run --model "$tmp/init-$outer" --input "$x" --output "$tmp/y-$outer.npy" >/dev/null 2>"$tmp/err" ||
     fail "run on init's $outer model: $(cat "$tmp/err")"
 done
+# Zaya: the router state from layer 0 into layer 1; layer 1 without it refused, naming the layer
+"$moe8" init --config "$tmp/zaya.json" --out "$tmp/init-zaya2" --layers 2 >/dev/null 2>"$tmp/err" || fail "init zaya, 2 layers: $(cat "$tmp/err")"
+"$moe8" run --model "$tmp/init-zaya2" --input "$x" --output "$tmp/y-zaya.npy" --router-state-out "$tmp/s-zaya.npy" >/dev/null 2>"$tmp/err" ||
+  fail "zaya layer 0 with --router-state-out: $(cat "$tmp/err")"
+"$moe8" run --model "$tmp/init-zaya2" --layer 1 --input "$x" --output "$tmp/y-zaya.npy" --router-state-in "$tmp/s-zaya.npy" \
+  >/dev/null 2>"$tmp/err" || fail "zaya layer 1 with --router-state-in: $(cat "$tmp/err")"
+"$moe8" run --model "$tmp/init-zaya2" --layer 1 --input "$x" --output "$tmp/y-zaya.npy" >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "layer 1 .*--router-state-in" "$tmp/err" || fail "zaya layer 1 without a router state: $(cat "$tmp/err")"
 echo "init then run: every family ok"
 # examples/: every tiny config through init then run under every rules
 # file; the released-size configs with their widths and expert counts

@@ -1580,6 +1580,38 @@ static void test_family_rows(void **state) {
     assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
     assert_non_null(strstr(moe8_last_error(), "expert_capacity"));
   }
+  /* Zaya: the MLP router (router_hidden_size, rms_norm_eps) over num_experts + 1 classes (the skip expert), top-1 only, the
+  ** balancing_biases as the selection bias; every layer MoE; the router state is the loader's (layers after the first) */
+  assert_int_equal(PARSE("{\"model_type\":\"zaya\"}"), MOE8_OK);
+  assert_true(c.arch == MOE8_ARCH_QWEN3_MOE && c.layer.num_experts == 16 && c.layer.top_k == 1 && c.layer.hidden == 2048 &&
+              c.layer.ffn == 2048 && c.num_layers == 40 && c.layer.router_mlp == 256 && c.layer.skip_experts == 1 &&
+              !c.layer.router_state && fabsf(c.layer.rms_eps - 1e-5f) < 1e-12f && c.has_bias && c.layer.use_selection_bias &&
+              c.layer.score == MOE8_SCORE_SOFTMAX && !c.layer.norm_topk_prob && c.layer.act == MOE8_ACT_SWIGLU &&
+              moe8_hf_config_first_moe_layer(&c) == 0);
+  for (int64_t l = 0; l < 40; l++) assert_int_equal(moe8_hf_config_check_moe_layer(&c, l), MOE8_OK);
+  assert_int_equal(PARSE("{\"model_type\":\"zaya\",\"hidden_size\":64,\"num_experts\":8,\"moe_intermediate_size\":32,"
+                         "\"router_hidden_size\":16,\"rms_norm_eps\":1e-6,\"num_hidden_layers\":3,\"num_experts_per_tok\":1,"
+                         "\"layer_types\":[\"hybrid\",\"hybrid_sliding\",\"hybrid\"],\"sliding_window\":16}"), MOE8_OK);
+  assert_true(c.layer.hidden == 64 && c.layer.num_experts == 8 && c.layer.ffn == 32 && c.layer.router_mlp == 16 && c.num_layers == 3 &&
+              fabsf(c.layer.rms_eps - 1e-6f) < 1e-12f);
+  {
+    static const struct { const char *kv, *key; moe8_status st; } zb[6] = {
+      {"\"num_experts_per_tok\":2", "\"num_experts_per_tok\" = 2", MOE8_ERR_UNSUPPORTED},
+      {"\"hidden_act\":\"gelu\"", "\"hidden_act\"", MOE8_ERR_UNSUPPORTED},
+      {"\"router_hidden_size\":0", "\"router_hidden_size\"", MOE8_ERR_PARSE},
+      {"\"router_hidden_size\":1.5", "\"router_hidden_size\"", MOE8_ERR_PARSE},
+      {"\"rms_norm_eps\":-1", "\"rms_norm_eps\"", MOE8_ERR_PARSE},
+      {"\"num_experts\":4096", "skip expert", MOE8_ERR_PARSE}};
+    for (int i = 0; i < 6; i++) {
+      char js[160];
+      snprintf(js, sizeof js, "{\"model_type\":\"zaya\",%s}", zb[i].kv);
+      assert_int_equal(moe8_hf_config_parse(js, strlen(js), "config.json", &c), zb[i].st);
+      assert_non_null(strstr(moe8_last_error(), zb[i].key));
+    }
+    static const char js[] = "{\"model_type\":\"zaya\"}"; /* run as another family: refused, the router named */
+    assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "router is an MLP"));
+  }
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"n_routed_experts\":16,\"zero_expert_num\":4,\"moe_topk\":21}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "\"moe_topk\" = 21 exceeds the 20 experts"));
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"expert_ffn_hidden_size\":64,\"moe_intermediate_size\":32}"), MOE8_ERR_PARSE);
@@ -1686,6 +1718,107 @@ static void test_family_rows(void **state) {
 #undef PARSE
 }
 
+/* Zaya's files (ZayaSparseMoeBlock's save_pretrained names): two layers,
+** the router MLP's tensors transposed into the layer's x · W masters, the
+** first layer without router_states_scale (no router state), the second
+** with it; a missing or misshapen tensor refused with its name. */
+enum { ZE = 3, ZD = 8, ZF = 4, ZR = 6 };
+static moe8_status write_zaya(const char *dir, const char *drop, const char *bad) {
+  static float buf[16][ZE * 2 * ZF * ZD];
+  char path[600], names[2][12][96];
+  moe8_tensor_view t[24];
+  int nt = 0;
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return MOE8_ERR_IO;
+  fprintf(f, "{\"model_type\": \"zaya\", \"num_experts\": %d, \"hidden_size\": %d, \"moe_intermediate_size\": %d, "
+             "\"router_hidden_size\": %d, \"num_hidden_layers\": 2, \"rms_norm_eps\": 1e-6}\n", ZE, ZD, ZF, ZR);
+  fclose(f);
+  static const struct { const char *name; int ndim; int64_t s0, s1, s2; } k[11] = {
+    {"gate.down_proj.weight", 2, ZR, ZD, 0}, {"gate.down_proj.bias", 1, ZR, 0, 0}, {"gate.router_states_scale", 1, ZR, 0, 0},
+    {"gate.router_mlp.norm.weight", 1, ZR, 0, 0}, {"gate.router_mlp.fc1.weight", 2, ZR, ZR, 0}, {"gate.router_mlp.fc1.bias", 1, ZR, 0, 0},
+    {"gate.router_mlp.fc2.weight", 2, ZR, ZR, 0}, {"gate.router_mlp.fc2.bias", 1, ZR, 0, 0},
+    {"gate.router_mlp.out_proj.weight", 2, ZE + 1, ZR, 0}, {"gate.balancing_biases", 1, ZE + 1, 0, 0},
+    {"experts.gate_up_proj", 3, ZE, 2 * ZF, ZD}};
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < ZE * 2 * ZF * ZD; j++) buf[i][j] = 0.01f * (float)(i + 1) + 0.001f * (float)(j % 97); /* [i][j] tells which */
+  for (int l = 0; l < 2; l++)
+    for (int i = 0; i < 12; i++) {
+      const bool dn = i == 11;
+      const char *nm = dn ? "experts.down_proj" : k[i].name;
+      if (i == 2 && l == 0) continue;
+      snprintf(names[l][i], 96, "model.layers.%d.mlp.%s", l, nm);
+      if (drop && !strcmp(names[l][i], drop)) continue;
+      moe8_tensor_view v = {names[l][i], MOE8_FDT_F32, dn ? 3 : k[i].ndim, {dn ? ZE : k[i].s0, dn ? ZD : k[i].s1, dn ? ZF : k[i].s2},
+                            buf[i], 0, 0};
+      if (bad && !strcmp(v.name, bad)) v.shape[0] -= 1;
+      size_t n = 1;
+      for (int d = 0; d < v.ndim; d++) n *= (size_t)v.shape[d];
+      v.nbytes = 4 * n;
+      t[nt++] = v;
+    }
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  return moe8_st_write(path, t, (size_t)nt);
+}
+
+static void test_zaya_files(void **state) {
+  (void)state;
+  const char *dir = tmp_path("zaya");
+  assert_int_equal(write_zaya(dir, NULL, NULL), MOE8_OK);
+  moe8_model *m;
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  for (int l = 0; l < 2; l++) {
+    moe8_layer *L;
+    assert_int_equal(moe8_model_load_layer(m, l, NULL, &L), MOE8_OK);
+    const moe8_layer_config *c = moe8_layer_get_config(L);
+    assert_true(c->router_mlp == ZR && c->skip_experts == 1 && c->router_state == (l == 1) && c->top_k == 1 && c->use_selection_bias &&
+                fabsf(c->rms_eps - 1e-6f) < 1e-12f);
+    /* [out, in] in the file, x · W in the layer: element [in][out] is the file's [out][in] */
+    const float *A = moe8_layer_weight_read(L, MOE8_W_ROUTER_DOWN, NULL), *B1 = moe8_layer_weight_read(L, MOE8_W_ROUTER_FC1, NULL);
+    const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), *bb = moe8_layer_weight_read(L, MOE8_W_BIAS, NULL);
+    const float *cs = moe8_layer_weight_read(L, MOE8_W_ROUTER_STATE_SCALE, NULL), *g = moe8_layer_weight_read(L, MOE8_W_ROUTER_MLP_NORM, NULL);
+    for (int o = 0; o < ZR; o++)
+      for (int i = 0; i < ZD; i++) assert_true(A[i * ZR + o] == 0.01f * 1 + 0.001f * (float)((o * ZD + i) % 97));
+    for (int o = 0; o < ZR; o++)
+      for (int i = 0; i < ZR; i++) assert_true(B1[i * ZR + o] == 0.01f * 5 + 0.001f * (float)((o * ZR + i) % 97));
+    for (int o = 0; o < ZE + 1; o++)
+      for (int i = 0; i < ZR; i++) assert_true(wr[i * (ZE + 1) + o] == 0.01f * 9 + 0.001f * (float)((o * ZR + i) % 97));
+    for (int e = 0; e < ZE + 1; e++) assert_true(bb[e] == 0.01f * 10 + 0.001f * (float)e);
+    for (int r = 0; r < ZR; r++) assert_true(g[r] == 0.01f * 4 + 0.001f * (float)r);
+    if (l == 0) assert_null(cs);
+    else for (int r = 0; r < ZR; r++) assert_true(cs[r] == 0.01f * 3 + 0.001f * (float)r);
+    moe8_layer_destroy(L);
+  }
+  moe8_model_close(m);
+  /* a tensor missing, or of the wrong shape: named */
+  static const char *const gone[3] = {"model.layers.1.mlp.gate.router_states_scale", "model.layers.0.mlp.gate.balancing_biases",
+                                      "model.layers.0.mlp.gate.router_mlp.fc2.bias"};
+  for (int i = 0; i < 3; i++) {
+    char d2[64];
+    snprintf(d2, sizeof d2, "zaya_drop%d", i);
+    assert_int_equal(write_zaya(tmp_path(d2), gone[i], NULL), MOE8_OK);
+    assert_int_equal(moe8_model_open(tmp_path(d2), &m), MOE8_OK);
+    moe8_layer *L = NULL;
+    assert_int_equal(moe8_model_load_layer(m, i == 0 ? 1 : 0, NULL, &L), MOE8_ERR_FORMAT);
+    assert_null(L);
+    assert_non_null(strstr(moe8_last_error(), gone[i]));
+    moe8_model_close(m);
+  }
+  static const char *const misshapen[3] = {"model.layers.0.mlp.gate.router_mlp.out_proj.weight", "model.layers.1.mlp.gate.down_proj.weight",
+                                           "model.layers.0.mlp.experts.gate_up_proj"};
+  for (int i = 0; i < 3; i++) {
+    char d2[64];
+    snprintf(d2, sizeof d2, "zaya_shape%d", i);
+    assert_int_equal(write_zaya(tmp_path(d2), NULL, misshapen[i]), MOE8_OK);
+    assert_int_equal(moe8_model_open(tmp_path(d2), &m), MOE8_OK);
+    moe8_layer *L = NULL;
+    assert_int_equal(moe8_model_load_layer(m, i == 1 ? 1 : 0, NULL, &L), MOE8_ERR_SHAPE);
+    assert_non_null(strstr(moe8_last_error(), misshapen[i]));
+    moe8_model_close(m);
+  }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -1695,6 +1828,7 @@ int main(void) {
     cmocka_unit_test(test_npy_bad_input),
     cmocka_unit_test(test_hf_configs),
     cmocka_unit_test(test_family_rows),
+    cmocka_unit_test(test_zaya_files),
     cmocka_unit_test(test_gpt_oss_mxfp4),
     cmocka_unit_test(test_gpt_oss_mxfp4_nan_gate),
     cmocka_unit_test(test_gpt_oss_mxfp4_loads_agree),

@@ -2288,6 +2288,270 @@ static void test_expert_capacity(void **state) {
   moe8_layer_destroy(L);
 }
 
+/* Zaya's block (ZayaSparseMoeBlock: ZayaRouter, ZayaRouterMLP,
+** ZayaExperts), a double reference written from transformers' code: the
+** router state s = x·A + a (+ p ⊙ c after the first layer), RMSNorm(s) ⊙
+** g, two Linear + exact GELU, the projection to E + 1 classes, softmax,
+** the top-1 of p + balancing_biases weighted by p (no renormalization),
+** the last class a skip expert (no compute, output +0.0), SwiGLU experts.
+** Two layers carry the state (the first's into the second's), at T = 1, 7
+** and 33 (an expert that no token chooses, the skip class chosen); the
+** fused forward gives the unfused bytes, the state may be updated in
+** place; two mutations of the reference (the state not added, the weight
+** renormalized) are told apart; a missing or unwanted state, a non-finite
+** one, the backward, the trainer, expert parallelism and bad configs are
+** refused by name. */
+typedef struct zaya_ref {
+  int64_t     D, F, E, R;
+  double      eps;
+  const float *A, *a, *c, *g, *B1, *b1, *B2, *b2, *wr, *bias, *wg, *wu, *wd;
+} zaya_ref;
+
+static double zaya_gelu(double z) { return 0.5 * z * (1.0 + erf(z / sqrt(2.0))); }
+
+/* Token x: the state s[R] and the output y[D]; returns the chosen class (E:
+** the skip expert).  p: the previous layer's state or NULL.  mutate 1: the
+** state not added; 2: the chosen weight renormalized (1). */
+static int64_t zaya_ref_token(const zaya_ref *z, const float *x, const float *p, double *s, double *y, int mutate) {
+  const int64_t D = z->D, F = z->F, E = z->E, R = z->R, C = E + 1;
+  double u[64], v[64], w[64], l[64], pr[64] = {0}, ms = 0.0, mx = -1e300, sum = 0.0;
+  for (int64_t r = 0; r < R; r++) {
+    double acc = 0.0;
+    for (int64_t d = 0; d < D; d++) acc += (double)x[d] * z->A[d * R + r];
+    s[r] = acc + z->a[r] + (p && mutate != 1 ? (double)p[r] * z->c[r] : 0.0);
+    ms += s[r] * s[r];
+  }
+  const double rr = 1.0 / sqrt(ms / (double)R + z->eps);
+  for (int64_t r = 0; r < R; r++) u[r] = s[r] * rr * z->g[r];
+  for (int64_t r = 0; r < R; r++) {
+    double acc = z->b1[r];
+    for (int64_t q = 0; q < R; q++) acc += u[q] * z->B1[q * R + r];
+    v[r] = zaya_gelu(acc);
+  }
+  for (int64_t r = 0; r < R; r++) {
+    double acc = z->b2[r];
+    for (int64_t q = 0; q < R; q++) acc += v[q] * z->B2[q * R + r];
+    w[r] = zaya_gelu(acc);
+  }
+  for (int64_t e = 0; e < C; e++) {
+    l[e] = 0.0;
+    for (int64_t r = 0; r < R; r++) l[e] += w[r] * z->wr[r * C + e];
+    mx = l[e] > mx ? l[e] : mx;
+  }
+  for (int64_t e = 0; e < C; e++) sum += (pr[e] = exp(l[e] - mx));
+  int64_t best = 0;
+  for (int64_t e = 0; e < C; e++) {
+    pr[e] /= sum;
+    if (pr[e] + z->bias[e] > pr[best] + z->bias[best]) best = e;
+  }
+  for (int64_t d = 0; d < D; d++) y[d] = 0.0;
+  if (best == E) return best;
+  const double wt = mutate == 2 ? 1.0 : pr[best];
+  for (int64_t f = 0; f < F; f++) {
+    double gs = 0.0, us = 0.0;
+    for (int64_t d = 0; d < D; d++) {
+      gs += (double)x[d] * z->wg[(best * D + d) * F + f];
+      us += (double)x[d] * z->wu[(best * D + d) * F + f];
+    }
+    const double h = gs / (1.0 + exp(-gs)) * us;
+    for (int64_t d = 0; d < D; d++) y[d] += wt * h * z->wd[(best * F + f) * D + d];
+  }
+  return best;
+}
+
+static zaya_ref zaya_ref_of(const moe8_layer *L) {
+  const moe8_layer_config *c = moe8_layer_get_config(L);
+  return (zaya_ref){c->hidden, c->ffn, c->num_experts, c->router_mlp, c->rms_eps,
+                    moe8_layer_weight_read(L, MOE8_W_ROUTER_DOWN, NULL), moe8_layer_weight_read(L, MOE8_W_ROUTER_DOWN_BIAS, NULL),
+                    moe8_layer_weight_read(L, MOE8_W_ROUTER_STATE_SCALE, NULL), moe8_layer_weight_read(L, MOE8_W_ROUTER_MLP_NORM, NULL),
+                    moe8_layer_weight_read(L, MOE8_W_ROUTER_FC1, NULL), moe8_layer_weight_read(L, MOE8_W_ROUTER_FC1_BIAS, NULL),
+                    moe8_layer_weight_read(L, MOE8_W_ROUTER_FC2, NULL), moe8_layer_weight_read(L, MOE8_W_ROUTER_FC2_BIAS, NULL),
+                    moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), moe8_layer_weight_read(L, MOE8_W_BIAS, NULL),
+                    moe8_layer_weight_read(L, MOE8_W_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_UP, NULL),
+                    moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
+}
+
+static void test_zaya_router(void **state) {
+  (void)state;
+  enum { E = 5, D = 48, F = 24, R = 20, TM = 33 };
+  static float x[2][TM * D], y[2][TM * D], yf[TM * D], s[2][TM * R], sf[TM * R], sp[TM * R], dout[TM * D];
+  static double yr[TM * D], sr[TM * R];
+  const moe8_layer_config c0 = {.num_experts = E, .top_k = 1, .hidden = D, .ffn = F, .use_selection_bias = true, .router_mlp = R,
+                                .skip_experts = 1, .rms_eps = 1e-5f};
+  moe8_layer_config c1 = c0;
+  c1.router_state = true;
+  moe8_layer *L[2];
+  assert_int_equal(moe8_layer_create(&c0, NULL, "model.layers.0.mlp.experts", &L[0]), MOE8_OK);
+  assert_int_equal(moe8_layer_create(&c1, NULL, "model.layers.1.mlp.experts", &L[1]), MOE8_OK);
+  assert_null(moe8_layer_weight_read(L[0], MOE8_W_ROUTER_STATE_SCALE, NULL)); /* the first layer's router takes no state */
+  tu_rng_reset(101);
+  for (int l = 0; l < 2; l++) {
+    assert_int_equal(moe8_layer_init_random(L[l], 102 + (uint64_t)l), MOE8_OK);
+    /* every vector away from its initial 0 or 1; logits large enough for a peaked softmax */
+    static const moe8_weight_id vz[3] = {MOE8_W_ROUTER_DOWN_BIAS, MOE8_W_ROUTER_FC1_BIAS, MOE8_W_ROUTER_FC2_BIAS};
+    for (int i = 0; i < 3; i++) tu_fill_normal(moe8_layer_weight(L[l], vz[i], NULL), R, 0.3f);
+    float *g = moe8_layer_weight(L[l], MOE8_W_ROUTER_MLP_NORM, NULL), *cs = moe8_layer_weight(L[l], MOE8_W_ROUTER_STATE_SCALE, NULL);
+    for (int r = 0; r < R; r++) g[r] = 1.0f + 0.3f * tu_normal();
+    for (int r = 0; cs && r < R; r++) cs[r] = 1.0f + 0.5f * tu_normal();
+    size_t nw;
+    float *wr = moe8_layer_weight(L[l], MOE8_W_ROUTER, &nw);
+    assert_int_equal(nw, (size_t)(R * (E + 1)));
+    for (size_t i = 0; i < nw; i++) wr[i] *= 4.0f;
+    /* expert 3 never chosen (a bias of -1 on a probability); the skip class a little favoured */
+    static const float bias[E + 1] = {0.0f, 0.01f, -0.01f, -1.0f, 0.0f, 0.05f};
+    memcpy(moe8_layer_weight(L[l], MOE8_W_BIAS, NULL), bias, sizeof bias);
+    tu_fill_normal(x[l], TM * D, 1.0f);
+  }
+  tu_fill_normal(dout, TM * D, 1.0f);
+  const size_t wsz = moe8_layer_workspace_size(L[1], TM);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  static const int64_t Ts[3] = {1, 7, TM};
+  int64_t hits[E + 1] = {0};
+  for (int ti = 0; ti < 3; ti++) {
+    const int64_t T = Ts[ti];
+    float aux;
+    assert_int_equal(moe8_layer_forward_state(L[0], x[0], T, NULL, s[0], y[0], &aux, ws, wsz), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_state(L[1], x[1], T, s[0], s[1], y[1], &aux, ws, wsz), MOE8_OK);
+    for (int l = 0; l < 2; l++) {
+      const zaya_ref z = zaya_ref_of(L[l]);
+      double ey = 0.0, my = 0.0, es = 0.0, ms = 0.0, em[3] = {0.0, 0.0, 0.0};
+      for (int64_t t = 0; t < T; t++) {
+        const float *p = l ? s[0] + t * R : NULL;
+        const int64_t k = zaya_ref_token(&z, x[l] + t * D, p, sr + t * R, yr + t * D, 0);
+        hits[k]++;
+        for (int64_t d = 0; d < D; d++) {
+          ey = fmax(ey, fabs(y[l][t * D + d] - yr[t * D + d]));
+          my = fmax(my, fabs(yr[t * D + d]));
+          if (k == E && moe8__f32_bits(y[l][t * D + d]) != 0u)
+            TU_FAIL("zaya layer %d T %lld: token %lld chose the skip expert but its output[%lld] is %a, not +0.0", l, (long long)T,
+                    (long long)t, (long long)d, (double)y[l][t * D + d]);
+        }
+        for (int64_t r = 0; r < R; r++) {
+          es = fmax(es, fabs(s[l][t * R + r] - sr[t * R + r]));
+          ms = fmax(ms, fabs(sr[t * R + r]));
+        }
+        for (int m = 1; m <= 2 && l; m++) { /* the mutations, against moe8's output */
+          double ym[D], sm[R];
+          zaya_ref_token(&z, x[l] + t * D, p, sm, ym, m);
+          for (int64_t d = 0; d < D; d++) em[m] = fmax(em[m], fabs(y[l][t * D + d] - ym[d]));
+        }
+      }
+      if (ey > 1e-5 * fmax(my, 1e-3) || es > 1e-5 * ms)
+        TU_FAIL("zaya layer %d T %lld: output max |err| %.3g of %.3g, state %.3g of %.3g (tolerance 1e-5 relative)", l, (long long)T, ey,
+                my, es, ms);
+      if (l && T == TM && (em[1] <= 1e-3 * my || em[2] <= 1e-3 * my))
+        TU_FAIL("zaya T %lld: a reference without the state (%.3g) or with the weight renormalized (%.3g) is not told apart", (long long)T,
+                em[1], em[2]);
+    }
+    /* the fused forward: the same bytes, the state updated in place */
+    assert_int_equal(moe8_layer_prepare(L[1]), MOE8_OK);
+    memcpy(sp, s[0], sizeof(float) * (size_t)(T * R));
+    assert_int_equal(moe8_layer_forward_fused_state(L[1], x[1], T, sp, sp, yf, ws, wsz), MOE8_OK);
+    assert_memory_equal(yf, y[1], sizeof(float) * (size_t)(T * D));
+    assert_memory_equal(sp, s[1], sizeof(float) * (size_t)(T * R));
+    assert_int_equal(moe8_layer_prepare(L[0]), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused_state(L[0], x[0], T, NULL, sf, yf, ws, wsz), MOE8_OK);
+    assert_memory_equal(yf, y[0], sizeof(float) * (size_t)(T * D));
+    assert_memory_equal(sf, s[0], sizeof(float) * (size_t)(T * R));
+    /* the state not wanted; the first layer by the plain forward */
+    assert_int_equal(moe8_layer_forward_state(L[1], x[1], T, s[0], NULL, yf, &aux, ws, wsz), MOE8_OK);
+    assert_memory_equal(yf, y[1], sizeof(float) * (size_t)(T * D));
+    assert_int_equal(moe8_layer_forward(L[0], x[0], T, yf, &aux, ws, wsz), MOE8_OK);
+    assert_memory_equal(yf, y[0], sizeof(float) * (size_t)(T * D));
+  }
+  if (hits[3] != 0 || hits[E] == 0 || hits[E] == 2 * (1 + 7 + TM))
+    TU_FAIL("zaya: expert 3 chosen %lld times (want 0), the skip class %lld of %d (want some, not all)", (long long)hits[3],
+            (long long)hits[E], 2 * (1 + 7 + TM));
+  float aux;
+  assert_int_equal(moe8_layer_forward_state(L[1], x[1], 0, s[0], s[1], y[1], &aux, ws, wsz), MOE8_OK); /* T = 0 */
+  /* the state: missing, unwanted, non-finite */
+  assert_int_equal(moe8_layer_forward_state(L[1], x[1], TM, NULL, s[1], y[1], &aux, ws, wsz), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "model.layers.1.mlp.experts"));
+  assert_non_null(strstr(moe8_last_error(), "router state"));
+  assert_int_equal(moe8_layer_forward(L[1], x[1], TM, y[1], &aux, ws, wsz), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "model.layers.1.mlp.experts"));
+  assert_int_equal(moe8_layer_forward_fused(L[1], x[1], TM, y[1], ws, wsz), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(moe8_layer_forward_state(L[1], x[1], 0, NULL, NULL, y[1], &aux, ws, wsz), MOE8_ERR_INVALID_ARG); /* even at T = 0 */
+  assert_int_equal(moe8_layer_forward_state(L[0], x[0], TM, s[0], s[1], y[0], &aux, ws, wsz), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "takes no router state"));
+  memcpy(sp, s[0], sizeof(float) * TM * R);
+  sp[5 * R + 3] = NAN;
+  assert_int_equal(moe8_layer_forward_state(L[1], x[1], TM, sp, s[1], y[1], &aux, ws, wsz), MOE8_ERR_NONFINITE);
+  assert_non_null(strstr(moe8_last_error(), "router_state_in"));
+  {
+    const moe8_layer_config cp = {.num_experts = E, .top_k = 1, .hidden = D, .ffn = F};
+    moe8_layer *P;
+    assert_int_equal(moe8_layer_create(&cp, NULL, "experts", &P), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_state(P, x[0], TM, NULL, s[1], y[1], &aux, ws, wsz), MOE8_ERR_INVALID_ARG);
+    assert_non_null(strstr(moe8_last_error(), "no router state"));
+    assert_int_equal(moe8_layer_forward_state(P, x[0], TM, s[0], NULL, y[1], &aux, ws, wsz), MOE8_ERR_INVALID_ARG);
+    moe8_layer_destroy(P);
+  }
+  /* the given routing (the serving op) needs no state: the routed bytes */
+  {
+    int32_t ids[TM];
+    float wts[TM];
+    for (int64_t t = 0; t < TM; t++) { ids[t] = (int32_t)(t % 3); wts[t] = 0.5f; }
+    ids[4] = -1;
+    assert_int_equal(moe8_layer_experts(L[1], x[1], TM, ids, wts, yf, ws, wsz), MOE8_OK);
+  }
+  /* backward, trainer, expert parallelism */
+  for (int l = 0; l < 2; l++) {
+    assert_int_equal(moe8_layer_forward_state(L[l], x[l], TM, l ? s[0] : NULL, s[l], y[l], &aux, ws, wsz), MOE8_OK);
+    assert_int_equal(moe8_layer_backward(L[l], x[l], TM, dout, ws, wsz, &(moe8_layer_grads){.dx = yf}), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "MLP router"));
+    moe8_trainer *tr;
+    float loss;
+    if (moe8_trainer_create(L[l], 0.01f, &tr) == MOE8_OK) {
+      assert_int_equal(moe8_trainer_step(tr, x[l], dout, TM, &loss, ws, wsz), MOE8_ERR_UNSUPPORTED);
+      moe8_trainer_destroy(tr);
+    } else
+      assert_non_null(strstr(moe8_last_error(), "MLP router"));
+    moe8_comm *cm;
+    moe8_ep *ep = NULL;
+    assert_int_equal(moe8_comm_create_single(&cm), MOE8_OK);
+    for (int mode = 0; mode < 2; mode++) {
+      const moe8_ep_options eo = {sizeof eo, mode ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+      assert_int_equal(moe8_ep_create_ex(L[l], cm, &eo, &ep), MOE8_ERR_UNSUPPORTED);
+      assert_null(ep);
+      assert_non_null(strstr(moe8_last_error(), "MLP router"));
+    }
+    moe8_comm_destroy(cm);
+  }
+  /* bad configs */
+  {
+    moe8_layer *B = NULL;
+    moe8_layer_config b = c0;
+    b.router_mlp = 0;
+    b.router_state = true;
+    assert_int_equal(moe8_layer_create(&b, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+    assert_non_null(strstr(moe8_last_error(), "router_state"));
+    b = c0;
+    b.router_mlp = -2;
+    assert_int_equal(moe8_layer_create(&b, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
+    b = c0;
+    b.aux_loss_weight = 0.01f;
+    assert_int_equal(moe8_layer_create(&b, NULL, "experts", &B), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "router_mlp"));
+    b = c0;
+    b.router_mlp = 0;
+    b.zero_experts = 1;
+    assert_int_equal(moe8_layer_create(&b, NULL, "experts", &B), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "skip_experts"));
+    b = c0;
+    b.top_k = E + 2;
+    assert_int_equal(moe8_layer_create(&b, NULL, "experts", &B), MOE8_ERR_SHAPE);
+    b = c0;
+    b.skip_experts = -1;
+    assert_int_equal(moe8_layer_create(&b, NULL, "experts", &B), MOE8_ERR_SHAPE);
+    assert_null(B);
+  }
+  free(ws);
+  moe8_layer_destroy(L[0]);
+  moe8_layer_destroy(L[1]);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -2654,6 +2918,7 @@ int main(void) {
     cmocka_unit_test(test_sparsemixer),
     cmocka_unit_test(test_zero_experts),
     cmocka_unit_test(test_expert_capacity),
+    cmocka_unit_test(test_zaya_router),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

@@ -98,7 +98,8 @@ class _LayerConfig(C.Structure):
                 ("group_mask_zero", C.c_bool), ("scored_shared", _i64), ("router_norm", C.c_bool), ("expert_scale", C.c_bool),
                 ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
                 ("router_jitter", C.c_float), ("zero_experts", _i64), ("latent", _i64), ("latent_norm", C.c_bool),
-                ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float), ("expert_capacity", _i64)]
+                ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float), ("expert_capacity", _i64), ("router_mlp", _i64),
+                ("router_state", C.c_bool), ("skip_experts", _i64)]
 
 
 class _QuantSpec(C.Structure):
@@ -156,6 +157,8 @@ _layer_forward_tokens = _fn("moe8_layer_forward_tokens", C.c_int, _P, _P, _i64, 
 _layer_forward_fused_tokens = _fn("moe8_layer_forward_fused_tokens", C.c_int, _P, _P, _i64, _P, _P, _P, C.c_size_t)
 _layer_forward_seq = _fn("moe8_layer_forward_seq", C.c_int, _P, _P, _i64, _P, _i64, _P, C.POINTER(C.c_float), _P, C.c_size_t)
 _layer_forward_fused_seq = _fn("moe8_layer_forward_fused_seq", C.c_int, _P, _P, _i64, _P, _i64, _P, _P, C.c_size_t)
+_layer_forward_state = _fn("moe8_layer_forward_state", C.c_int, _P, _P, _i64, _P, _P, _P, C.POINTER(C.c_float), _P, C.c_size_t)
+_layer_forward_fused_state = _fn("moe8_layer_forward_fused_state", C.c_int, _P, _P, _i64, _P, _P, _P, _P, C.c_size_t)
 _layer_set_hash_table = _fn("moe8_layer_set_hash_table", C.c_int, _P, _P, _i64)
 _layer_hash_table = _fn("moe8_layer_hash_table", C.POINTER(C.c_int32), _P, C.POINTER(_i64))
 _layer_backward = _fn("moe8_layer_backward", C.c_int, _P, _P, _i64, _P, _P, C.c_size_t, C.POINTER(_Grads))
@@ -388,7 +391,9 @@ def convert(x, dst="f8e4m3", src="f32", saturate=True):
 _WEIGHTS = {"router": 0, "gate": 1, "up": 2, "down": 3, "bias": 4, "shared_gate": 5, "shared_up": 6, "shared_down": 7,
             "shared_gate_w": 8, "router_bias": 9, "gate_up_bias": 10, "down_bias": 11,
             "out_bias": 12, "router_scale": 13, "expert_scale": 14, "in_norm": 15, "out_norm": 16,
-            "latent_in": 17, "latent_out": 18, "latent_norm": 19, "expert_out_norm": 20}
+            "latent_in": 17, "latent_out": 18, "latent_norm": 19, "expert_out_norm": 20,
+            "router_down": 21, "router_down_bias": 22, "router_state_scale": 23, "router_mlp_norm": 24, "router_fc1": 25,
+            "router_fc1_bias": 26, "router_fc2": 27, "router_fc2_bias": 28}
 
 
 _QT_JSON = {0: None, 3: "float8_e4m3fn", 4: "float8_e5m2", 5: "int8"}
@@ -473,13 +478,14 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
                   router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False,
-                  expert_out_norm=False, expert_out_eps=0.0, expert_capacity=0):
+                  expert_out_norm=False, expert_out_eps=0.0, expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
     num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
     zero_experts = _int_arg(zero_experts, "zero_experts", 0, 4096 - num_experts)
-    top_k = _int_arg(top_k, "top_k", 1, num_experts + zero_experts)
+    skip_experts = _int_arg(skip_experts, "skip_experts", 0, 4096 - num_experts - zero_experts)
+    top_k = _int_arg(top_k, "top_k", 1, num_experts + zero_experts + skip_experts)
     hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
     n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
     shared_ffn = _int_arg(shared_ffn, "shared_ffn")
@@ -497,7 +503,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(group_mask_zero), _int_arg(scored_shared, "scored_shared"), bool(router_norm), bool(expert_scale),
                         bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts,
                         _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps),
-                        _int_arg(expert_capacity, "expert_capacity"))
+                        _int_arg(expert_capacity, "expert_capacity"), _int_arg(router_mlp, "router_mlp"), bool(router_state),
+                        skip_experts)
 
 
 def _f32_any(a, name, shape):
@@ -524,7 +531,7 @@ class Layer:
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
                  router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0,
-                 expert_capacity=0, rules=None,
+                 expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -540,7 +547,8 @@ class Layer:
                                 act_alpha, act_limit, router_bias, expert_bias, weight_input, shared_plain_act, norm_min,
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
                                 group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
-                                router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps, expert_capacity)
+                                router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps, expert_capacity,
+                                router_mlp, router_state, skip_experts)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -559,6 +567,9 @@ class Layer:
         self.latent, self.latent_norm = c.latent, bool(c.latent_norm)  # latent experts: their width (0: hidden)
         self.expert_out_norm = bool(c.expert_out_norm)  # MuSE-Spark's norm of each expert's output
         self.expert_capacity = c.expert_capacity  # SwitchTransformers' capacity per sequence: forward()'s seq_len (0: none)
+        # Zaya's MLP router: its width (0: a linear router), whether it adds the previous layer's router state
+        # (forward()'s router_state), and the skip classes after the experts
+        self.router_mlp, self.router_state, self.skip_experts = c.router_mlp, bool(c.router_state), c.skip_experts
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -681,11 +692,14 @@ class Layer:
     def _shape(self, name):
         E, D, F, Fs = self.num_experts, self.hidden, self.ffn, self.shared_ffn
         H = self.latent or D  # the routed experts' width
-        Er = E + self.zero_experts  # the router's experts
-        return {"router": (D, Er), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
+        Er = E + self.zero_experts + self.skip_experts  # the router's classes
+        R = self.router_mlp  # Zaya's MLP router's width
+        return {"router": (R or D, Er), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,), "gate_up_bias": (E, 2 * F),
                 "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
-                "out_norm": (D,), "latent_in": (D, H), "latent_out": (H, D), "latent_norm": (H,), "expert_out_norm": (H,)}[name]
+                "out_norm": (D,), "latent_in": (D, H), "latent_out": (H, D), "latent_norm": (H,), "expert_out_norm": (H,),
+                "router_down": (D, R), "router_down_bias": (R,), "router_state_scale": (R,), "router_mlp_norm": (R,), "router_fc1": (R, R),
+                "router_fc1_bias": (R,), "router_fc2": (R, R), "router_fc2_bias": (R,)}[name]
 
     def weight(self, name):
         """The f32 master weight `name` (router [D, E], gate/up [E, D, F],
@@ -804,7 +818,7 @@ class Layer:
             raise Error(1, "token_ids[%d] = %d is not a token id" % (t, int(ids[t])))
         return np.ascontiguousarray(ids, dtype=np.int32)
 
-    def forward(self, x, out=None, fused=False, workspace=None, token_ids=None, seq_len=None):
+    def forward(self, x, out=None, fused=False, workspace=None, token_ids=None, seq_len=None, router_state=None):
         """out[T, D] = the layer on x[T, D]; returns (out, aux_loss), or out
         alone when fused (the prepared inference path).  The backward needs
         the same workspace (by default the layer's own, reused by the next
@@ -812,9 +826,19 @@ class Layer:
         hash-routed layer needs (others do not read them).  seq_len: the rows
         are sequences of seq_len tokens (T a multiple of it; None: one
         sequence of T), over which a layer with expert_capacity
-        (SwitchTransformers') counts it; other layers do not read it."""
+        (SwitchTransformers') counts it; other layers do not read it.
+
+        A layer with Zaya's MLP router (router_mlp > 0) also returns its
+        router state [T, router_mlp], for the next layer: (out, aux_loss,
+        state), or (out, state) when fused.  router_state: the previous
+        layer's state [T, router_mlp], which a layer with router_state
+        (Zaya's layers after the first) requires and any other refuses."""
         x = _f32(x, "x", 2, (None, self.hidden))
         T = x.shape[0]
+        if self.router_mlp:
+            return self._forward_state(x, T, out, fused, workspace, router_state)
+        if router_state is not None:
+            raise Error(1, "router_state: layer %s has no MLP router (router_mlp = 0): it takes no router state" % self.module_path)
         tok = self._token_ids(token_ids, T)
         seq = 0 if seq_len is None else _int_arg(seq_len, "seq_len", 1)
         out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
@@ -828,6 +852,29 @@ class Layer:
         _check(_layer_forward_seq(self._h, _ptr(x), T, _ptr(tok), seq, _ptr(out), C.byref(aux), ws.ptr, ws.n))
         self._tls.saved = ws
         return out, aux.value
+
+    def _forward_state(self, x, T, out, fused, workspace, router_state):
+        """forward() of a layer with Zaya's MLP router: the state in, the state out."""
+        R = self.router_mlp
+        if router_state is None and self.router_state:
+            raise Error(1, "layer %s: its router adds the previous layer's router state (Zaya's layers after the first): pass that "
+                        "layer's state [%d, %d] as forward(router_state=...)" % (self.module_path, T, R))
+        if router_state is not None and not self.router_state:
+            raise Error(1, "router_state: layer %s takes no router state (its router reads x alone: Zaya's first layer)"
+                        % self.module_path)
+        rs = None if router_state is None else _f32_any(router_state, "router_state", (T, R))
+        state = np.empty((T, R), dtype=np.float32)
+        out = np.empty((T, self.hidden), dtype=np.float32) if out is None else _out(out, (T, self.hidden))
+        if self._views_out and not fused:
+            _layer_weights_changed(self._h)
+        ws = workspace or self._workspace(T)
+        if fused:
+            _check(_layer_forward_fused_state(self._h, _ptr(x), T, _ptr(rs), _ptr(state), _ptr(out), ws.ptr, ws.n))
+            return out, state
+        aux = C.c_float(0)
+        _check(_layer_forward_state(self._h, _ptr(x), T, _ptr(rs), _ptr(state), _ptr(out), C.byref(aux), ws.ptr, ws.n))
+        self._tls.saved = ws
+        return out, aux.value, state
 
     def experts(self, x, topk_ids, topk_weights, out=None, workspace=None):
         """The serving op: the layer's experts on tokens the caller routed.

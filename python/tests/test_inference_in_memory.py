@@ -225,3 +225,74 @@ def test_expert_capacity_per_sequence(rules):
         lay.backward(x, np.ones_like(x))
     with pytest.raises(moe8.Error, match="expert_capacity"):
         moe8.Layer(expert_capacity=2, zero_experts=1, **{k: v for k, v in cfg.items() if k != "expert_capacity"})
+
+
+def _zaya_ref(x, lay, state):
+    """Zaya's block in float64 (its ZayaRouter, ZayaRouterMLP, ZayaExperts)
+    from the layer's own weights (x @ W layout): s = x A + a (+ state * c),
+    RMSNorm, two Linear + exact GELU, the logits over E + 1 classes, the
+    top-1 of softmax + bias weighted by its probability; class E adds
+    nothing.  Returns (y, s, chosen)."""
+    import math
+    w = {n: lay.weight_copy(n).astype(np.float64) for n in ("router_down", "router_down_bias", "router_mlp_norm", "router_fc1",
+                                                              "router_fc1_bias", "router_fc2", "router_fc2_bias", "router", "bias",
+                                                              "gate", "up", "down")}
+    gelu = np.vectorize(lambda v: 0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))))
+    s = x @ w["router_down"] + w["router_down_bias"]
+    if state is not None:
+        s = s + state * lay.weight_copy("router_state_scale")
+    u = s / np.sqrt(np.mean(s * s, axis=1, keepdims=True) + 1e-5) * w["router_mlp_norm"]
+    v = gelu(gelu(u @ w["router_fc1"] + w["router_fc1_bias"]) @ w["router_fc2"] + w["router_fc2_bias"])
+    lg = v @ w["router"]
+    p = np.exp(lg - lg.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    idx = np.argmax(p + w["bias"], axis=1)
+    y = np.zeros_like(x)
+    for t, e in enumerate(idx):
+        if e < lay.num_experts:
+            g, up = x[t] @ w["gate"][e], x[t] @ w["up"][e]
+            y[t] = p[t, e] * ((g / (1.0 + np.exp(-g)) * up) @ w["down"][e])
+    return y, s, idx
+
+
+def test_zaya_router_state():
+    """Zaya's MLP router (router_mlp, router_state, skip_experts): forward
+    returns the router state, which the next layer takes; fused gives the
+    same bytes; against a float64 block; the missing state, an unwanted
+    one and the backward refused by name."""
+    cfg = dict(num_experts=4, top_k=1, hidden=D, ffn=F, use_selection_bias=True, router_mlp=16, skip_experts=1, rms_eps=1e-5)
+    lays = [moe8.Layer(module_path="model.layers.%d.mlp.experts" % l, router_state=l > 0, **cfg) for l in range(2)]
+    rng = np.random.default_rng(5)
+    for l, lay in enumerate(lays):
+        lay.init_random(11 + l)
+        lay.weight("router")[:] *= 4.0
+        lay.weight("bias")[:] = [0.0, 0.01, -1.0, 0.0, 0.03]  # expert 2 never chosen, the skip class sometimes
+        for n in ("router_down_bias", "router_fc1_bias", "router_fc2_bias"):
+            lay.weight(n)[:] = 0.3 * rng.standard_normal(16)
+        assert lay.router_mlp == 16 and lay.skip_experts == 1 and lay.router_state == (l > 0)
+    assert lays[0].weight_copy("router_state_scale") is None and lays[0].weight("router").shape == (16, 5)
+    x = rng.standard_normal((2, 21, D)).astype(np.float32)
+    y0, _, s0 = lays[0].forward(x[0])
+    y1, _, s1 = lays[1].forward(x[1], router_state=s0)
+    skipped = 0
+    for l, (y, s, st) in enumerate(((y0, s0, None), (y1, s1, s0))):
+        ref, rs, idx = _zaya_ref(x[l].astype(np.float64), lays[l], None if st is None else st.astype(np.float64))
+        assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max() and np.abs(s - rs).max() <= 1e-5 * np.abs(rs).max()
+        assert not (idx == 2).any() and np.all(y[idx == 4] == 0.0)
+        skipped += int((idx == 4).sum())
+    assert 0 < skipped < 42
+    for lay in lays:
+        lay.prepare()
+    f1, fs1 = lays[1].forward(x[1], fused=True, router_state=s0)
+    assert np.array_equal(f1.view(np.uint32), y1.view(np.uint32)) and np.array_equal(fs1.view(np.uint32), s1.view(np.uint32))
+    with pytest.raises(moe8.Error, match=r"model\.layers\.1\.mlp\.experts.*router state"):
+        lays[1].forward(x[1])
+    with pytest.raises(moe8.Error, match="takes no router state"):
+        lays[0].forward(x[0], router_state=s0)
+    with pytest.raises(moe8.Error, match="router_state"):
+        lays[1].forward(x[1], router_state=s0[:, :8])
+    with pytest.raises(moe8.Error, match="MLP router"):
+        lays[1].forward(x[1], router_state=s0)
+        lays[1].backward(x[1], np.ones_like(y1))
+    with pytest.raises(moe8.Error, match="no MLP router"):
+        moe8.Layer(num_experts=4, top_k=1, hidden=D, ffn=F).forward(x[0], router_state=s0)

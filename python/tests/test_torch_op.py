@@ -633,6 +633,52 @@ def test_transformers_latent_blocks(tmp_path):
             assert np.abs(gr[k] - w).max() <= 1e-5 * np.abs(w).max(), (type(model).__name__, k)
 
 
+def test_transformers_zaya_blocks(tmp_path):
+    """Zaya's blocks from their files (Layer.from_model, inference and
+    training loads) against transformers' ZayaSparseMoeBlock: three layers,
+    each fed the previous layer's router state (moe8's own, as a caller
+    chains them), every router weight and balancing_biases drawn away from
+    their initial values so that the skip class is chosen by some tokens
+    and an expert by none; outputs and states within 1e-5 of the largest;
+    the fused path gives the unfused bytes."""
+    transformers = _transformers_or_skip("Zaya's blocks against transformers")
+    if not hasattr(transformers, "ZayaConfig"):
+        pytest.skip("this transformers has no Zaya: its blocks are not tested")
+    torch.manual_seed(4)
+    R, NL = 24, 3
+    cfg = transformers.ZayaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=NL, num_attention_heads=2, num_key_value_heads=1,
+                                  head_dim=32, moe_intermediate_size=48, num_experts=6, router_hidden_size=R, eos_token_id=1)
+    model = transformers.ZayaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for l, layer in enumerate(model.model.layers):
+            g = layer.mlp.gate
+            for p in g.parameters():
+                p.copy_(torch.randn_like(p) * (0.1 if p.dim() == 1 else p.shape[-1] ** -0.5))
+            g.router_mlp.norm.weight.copy_(1.0 + 0.3 * torch.randn(R))
+            g.router_mlp.out_proj.weight.mul_(4.0)
+            g.balancing_biases.copy_(torch.tensor([0.0, 0.01, -1.0, 0.02, 0.0, 0.01, (0.02, 0.0, 0.04)[l]]))
+            layer.mlp.experts.gate_up_proj.normal_(0, 64 ** -0.5)
+            layer.mlp.experts.down_proj.normal_(0, 48 ** -0.5)
+    model.save_pretrained(tmp_path / "zaya")
+    x = torch.randn(NL, 1, 37, 64)
+    state, chosen = None, set()
+    for l in range(NL):
+        blk = model.model.layers[l].mlp
+        with torch.no_grad():
+            y, s = blk(x[l], None if state is None else torch.from_numpy(state)[None])
+            logits = blk.gate.router_mlp(s)  # s: what the router's MLP read (the layer's state)
+        y, s = y[0].numpy(), s[0].numpy()
+        chosen |= set((torch.softmax(logits, -1) + blk.gate.balancing_biases).argmax(-1).flatten().tolist())
+        lay = moe8.Layer.from_model(str(tmp_path / "zaya"), layer=l)
+        got, st = lay.forward(x[l, 0].numpy(), fused=True, router_state=state)
+        assert np.abs(got - y).max() <= 1e-5 * np.abs(y).max() and np.abs(st - s).max() <= 1e-5 * np.abs(s).max(), l
+        tr = moe8.Layer.from_model(str(tmp_path / "zaya"), layer=l, mode="training")
+        got2, _, st2 = tr.forward(x[l, 0].numpy(), router_state=state)
+        assert np.array_equal(got2, got) and np.array_equal(st2, st)
+        state = st
+    assert 6 in chosen and 2 not in chosen  # the skip class chosen, expert 2 never
+
+
 def test_transformers_quantizer(tmp_path):
     """transformers' quantizer plug-in: from_pretrained(...,
     quantization_config=Moe8Config(rules)) on bf16 Qwen3-MoE and Mixtral

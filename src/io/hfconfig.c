@@ -167,6 +167,9 @@ typedef struct family {
   /* SwitchTransformers (SwitchTransformersConfig): its own keys and
   ** placement (parse_switch, moe8_hf_config.encdec) */
   bool        switch_t;
+  /* Zaya (ZayaConfig): the MLP router with its state and skip expert
+  ** (parse_zaya) */
+  bool        zaya;
 } family;
 
 /* Placement of the MoE layers. */
@@ -581,6 +584,12 @@ static const family k_families[] = {
   ** sparse blocks (parse_switch) */
   {.name = "switch_transformers", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "d_ff", .hidden = 768,
    .layers = 12, .experts = 8, .top_k = 1, .ffn = 2048, .norm = false, .scaling = 1.0, .place = PLACE_ALL, .switch_t = true},
+  /* ZayaConfig: an MLP router (router_hidden_size) fed the previous
+  ** layer's router state, over num_experts + 1 classes (the last a skip
+  ** expert), softmax, the top-1 of p + balancing_biases, weighted by p;
+  ** fused SwiGLU experts; every layer MoE (parse_zaya) */
+  {.name = "zaya", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
+   .layers = 40, .experts = 16, .top_k = 1, .ffn = 2048, .norm = false, .scaling = 1.0, .norm_key = "", .place = PLACE_ALL, .zaya = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -1285,6 +1294,30 @@ static moe8_status parse_switch(const cJSON *root, const char *file, const famil
 #undef TRY
 }
 
+/* Zaya (ZayaConfig, ZayaRouter): num_experts_per_tok must be 1 (the
+** class refuses another); the router is an MLP of width
+** router_hidden_size (256) whose RMSNorm takes rms_norm_eps (1e-5), over
+** num_experts + 1 classes, the last one the skip expert; the top-1 of the
+** softmax plus the router's balancing_biases (the selection bias, read
+** from the files), weighted by its probability (no renormalization).
+** Every layer is MoE (layer_types only chooses the attention); the loader
+** turns router_state on for the layers after the first. */
+static moe8_status parse_zaya(const cJSON *root, const char *file, moe8_hf_config *c) {
+  moe8_layer_config *L = &c->layer;
+  moe8_status st;
+  if (L->top_k != 1)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"num_experts_per_tok\" = %lld: Zaya's router takes 1 expert per token (ZayaConfig "
+                      "refuses another)", file, (long long)L->top_k);
+  if ((st = get_int(root, file, "router_hidden_size", 256, 1, (int64_t)1 << 24, &L->router_mlp)) != MOE8_OK) return st;
+  if ((st = get_pos(root, file, "rms_norm_eps", 1e-5, true, " (the router's RMSNorm epsilon)", &L->rms_eps)) != MOE8_OK) return st;
+  if (L->num_experts + 1 > MOE8_MAX_EXPERTS)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts\" = %lld: with the skip expert the router's classes exceed moe8's %d", file,
+                      (long long)L->num_experts, MOE8_MAX_EXPERTS);
+  L->skip_experts = 1;
+  c->has_bias = L->use_selection_bias = true; /* balancing_biases [E + 1] */
+  return MOE8_OK;
+}
+
 /* DBRX's keys: d_model and n_layers at the top, the MoE's under
 ** ffn_config (DbrxFFNConfig's defaults when absent). */
 static moe8_status parse_dbrx(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
@@ -1363,7 +1396,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"nemo_speechlm", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"nemotron_h_omni", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
     {"nllb-moe", "transformers' block runs only experts 0 and 1 (it passes a one-hot mask as expert indices), so there is no reference"},
   };
   if (mt)
@@ -1381,6 +1413,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"phimoe", "its router is sparsemixer (a different selection and weighting), not softmax top-k"},
     {"longcat_flash", "it has zero-computation (identity) experts (zero_expert_num)"},
     {"switch_transformers", "its experts drop tokens past expert_capacity, and its layers are an encoder's and a decoder's"},
+    {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
   };
   for (size_t i = 0; mt && override && i < sizeof k_own / sizeof k_own[0]; i++)
     if (!strcmp(mt->valuestring, k_own[i].type) && strcmp(override, k_own[i].type))
@@ -1755,6 +1788,7 @@ tail:
   }
   if (fam->sparsemixer) TRY(parse_phimoe(root, file, c));
   if (fam->longcat) TRY(parse_longcat(root, file, c));
+  if (fam->zaya) TRY(parse_zaya(root, file, c));
   if (fam->softcap) {
     /* the caps; intermediate_size is the class's alias of moe_intermediate_size */
     TRY(get_pos(root, file, "mlp_gate_softcap", 4.0, false, " (the experts' gate softcap)", &L->act_alpha));

@@ -1058,8 +1058,12 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     snprintf(n2, sizeof n2, "%s%s", p, router_names[i]);
     if (moe8_model_find(m, n2)) snprintf(n, sizeof n, "%s", n2);
   }
-  const int64_t ER = E + c->layer.zero_experts; /* the router's experts: LongCat-Flash's identity ones after the routed */
-  const int64_t rshape[2] = {c->text_of_two ? D : ER, c->text_of_two ? ER : D}; /* ERNIE-4.5-VL's router is in x out */
+  /* the router's experts: LongCat-Flash's identity ones after the routed, or Zaya's skip expert */
+  const int64_t ER = E + c->layer.zero_experts + c->layer.skip_experts;
+  /* Zaya's MLP router: its output projection gate.router_mlp.out_proj [E + 1, R] is the router weight */
+  const int64_t RM = c->layer.router_mlp, RK = RM > 0 ? RM : D;
+  if (RM > 0) snprintf(n, sizeof n, "%sgate.router_mlp.out_proj.weight", p);
+  const int64_t rshape[2] = {c->text_of_two ? D : ER, c->text_of_two ? ER : RK}; /* ERNIE-4.5-VL's router is in x out */
   if ((st = need(m, n, 2, rshape, &t)) != MOE8_OK) return st;
   if (!is_float_file(t->dtype)) return moe8__fail(MOE8_ERR_DTYPE, "model: router '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype));
   const moe8_tensor_view *router = t, *bias = NULL, *sgate = NULL, *hasht = NULL;
@@ -1071,7 +1075,12 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     if (hasht->dtype != MOE8_FDT_I64 && hasht->dtype != MOE8_FDT_I32)
       return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want I64 or I32 (expert ids)", n, moe8_file_dtype_name(hasht->dtype));
   }
-  if (c->has_bias && !hash) {
+  if (c->has_bias && !hash && RM > 0) { /* Zaya's balancing_biases [E + 1]: required (the skip class's is not 0) */
+    snprintf(n, sizeof n, "%sgate.balancing_biases", p);
+    const int64_t bs[1] = {ER};
+    if ((st = need_float(m, n, 1, bs, &bias)) != MOE8_OK) return st;
+  }
+  if (c->has_bias && !hash && !bias) {
     for (size_t i = 0; i < sizeof k_bias_names / sizeof k_bias_names[0] && !bias; i++) {
       snprintf(n, sizeof n, "%s%s", p, k_bias_names[i]);
       bias = moe8_model_find(m, n);
@@ -1136,8 +1145,24 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
         return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(latv[i]->dtype));
     }
   }
+  /* Zaya's router MLP: the state's projection (and, after the first layer,
+  ** the previous state's scale), the norm and the two hidden layers;
+  ** each [out, in] as torch's Linear holds it, or a vector [R] */
+  static const struct { moe8_weight_id id; const char *name; int rows; } k_rmlp[8] = {
+    {MOE8_W_ROUTER_DOWN, "gate.down_proj.weight", 1},        {MOE8_W_ROUTER_DOWN_BIAS, "gate.down_proj.bias", 0},
+    {MOE8_W_ROUTER_STATE_SCALE, "gate.router_states_scale", 0}, {MOE8_W_ROUTER_MLP_NORM, "gate.router_mlp.norm.weight", 0},
+    {MOE8_W_ROUTER_FC1, "gate.router_mlp.fc1.weight", 2},    {MOE8_W_ROUTER_FC1_BIAS, "gate.router_mlp.fc1.bias", 0},
+    {MOE8_W_ROUTER_FC2, "gate.router_mlp.fc2.weight", 2},    {MOE8_W_ROUTER_FC2_BIAS, "gate.router_mlp.fc2.bias", 0}};
+  const moe8_tensor_view *rmlp[8] = {NULL};
+  for (int i = 0; RM > 0 && i < 8; i++) {
+    if (k_rmlp[i].id == MOE8_W_ROUTER_STATE_SCALE && layer == 0) continue; /* ZayaRouter's use_eda: layer_idx != 0 */
+    const int64_t sh[2] = {RM, k_rmlp[i].rows == 1 ? D : RM};
+    snprintf(n, sizeof n, "%s%s", p, k_rmlp[i].name);
+    if ((st = need_float(m, n, k_rmlp[i].rows ? 2 : 1, sh, &rmlp[i])) != MOE8_OK) return st;
+  }
   moe8_layer_config lc = c->layer;
   lc.use_selection_bias = bias != NULL;
+  lc.router_state = RM > 0 && layer > 0;
   if (lc.scored_shared > 0) { /* Inkling: the weights times route_scale times the layer's gate.global_scale [1] */
     snprintf(n, sizeof n, "%sgate.global_scale", p);
     const moe8_tensor_view *gsv;
@@ -1163,15 +1188,24 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (2 * Fs > rows_max) rows_max = 2 * Fs;
   if (D > rows_max) rows_max = D; /* a latent projection [D, DX] or [DX, D] */
   if (DX > rows_max) rows_max = DX;
-  ld.tmp = malloc(sizeof(float) * (size_t)(rows_max * big + 16));
+  int64_t ntmp = rows_max * big;
+  if (RM > 0 && RM * (D > ER ? (D > RM ? D : RM) : (ER > RM ? ER : RM)) > ntmp) /* Zaya's router: [R, D], [R, R], [E + 1, R] */
+    ntmp = RM * (D > ER ? (D > RM ? D : RM) : (ER > RM ? ER : RM));
+  ld.tmp = malloc(sizeof(float) * (size_t)(ntmp + 16));
   if (!ld.tmp) return moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   moe8_layer *L = NULL;
   bool borrowed = false, routed_done = false, mx_file = false;
   xbuf b = {0};
   if ((st = moe8__layer_create(&lc, rules, mp, o.mode == MOE8_LOAD_INFERENCE, &L)) != MOE8_OK) { free(ld.tmp); return st; }
   if (c->text_of_two) st = moe8_file_to_f32(L->w[MOE8_W_ROUTER], router->data, router->dtype, (size_t)(D * ER)); /* [D, E] as held */
-  else st = put_float(router, router->data, ER, D, L->w[MOE8_W_ROUTER], ER, 0, ld.tmp);
+  else st = put_float(router, router->data, ER, RK, L->w[MOE8_W_ROUTER], ER, 0, ld.tmp);
   if (st != MOE8_OK) goto fail;
+  for (int i = 0; i < 8; i++) {
+    if (!rmlp[i]) continue;
+    if (k_rmlp[i].rows) st = put_float(rmlp[i], rmlp[i]->data, RM, k_rmlp[i].rows == 1 ? D : RM, L->w[k_rmlp[i].id], RM, 0, ld.tmp);
+    else st = moe8_file_to_f32(L->w[k_rmlp[i].id], rmlp[i]->data, rmlp[i]->dtype, (size_t)RM);
+    if (st != MOE8_OK) goto fail;
+  }
   if (c->encdec && lc.router_bias) { /* SwitchTransformers' router_bias: the classifier's bias [E] */
     const int64_t bs[1] = {E};
     snprintf(n, sizeof n, "%srouter.classifier.bias", p);
@@ -1339,7 +1373,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     const bool xw = !ilv && !ungated(m) && fgu->ndim == 3 && /* an ungated family's files: transformers' [E, F, DX] only (DX = F would fit both) */ fgu->shape[0] == E && fgu->shape[1] == DX && fgu->shape[2] == N1 && dv && dv->ndim == 3 &&
                     dv->shape[0] == E && dv->shape[1] == F && dv->shape[2] == DX;
     /* LongCat-Flash's gate_up_proj has rows for its identity experts too (never read) */
-    const int64_t s1[3] = {ER, xw ? DX : N1, xw ? N1 : DX}, s2[3] = {E, xw ? F : DX, xw ? DX : F};
+    const int64_t s1[3] = {ER - c->layer.skip_experts, xw ? DX : N1, xw ? N1 : DX}, s2[3] = {E, xw ? F : DX, xw ? DX : F};
     if ((st = need(m, n, 3, s1, &fgu)) != MOE8_OK) goto fail;
     if ((st = need(m, dname, 3, s2, &fdn)) != MOE8_OK) goto fail;
     if (!is_float_file(fgu->dtype) || !is_float_file(fdn->dtype)) {

@@ -83,13 +83,27 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (!cfg || !out) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL argument");
   *out = NULL;
   const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn, Fs = cfg->shared_ffn, Z = cfg->zero_experts;
+  const int64_t R = cfg->router_mlp, S = cfg->skip_experts;
   if (E <= 0 || E > MOE8_MAX_EXPERTS)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: num_experts = %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
   if (Z < 0 || Z > MOE8_MAX_EXPERTS - E)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: zero_experts = %lld must be in [0, %lld] (num_experts + zero_experts at most %d)", (long long)Z,
                       (long long)(MOE8_MAX_EXPERTS - E), MOE8_MAX_EXPERTS);
-  if (K <= 0 || K > E + Z)
-    return moe8__fail(MOE8_ERR_SHAPE, "layer: top_k = %lld must be in [1, num_experts + zero_experts = %lld]", (long long)K, (long long)(E + Z));
+  if (S < 0 || S > MOE8_MAX_EXPERTS - E - Z)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: skip_experts = %lld must be in [0, %lld] (the router's classes at most %d)", (long long)S,
+                      (long long)(MOE8_MAX_EXPERTS - E - Z), MOE8_MAX_EXPERTS);
+  if (K <= 0 || K > E + Z + S)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: top_k = %lld must be in [1, num_experts + zero_experts + skip_experts = %lld]", (long long)K,
+                      (long long)(E + Z + S));
+  if (R < 0 || R > ((int64_t)1 << 24) || (cfg->router_state && R == 0))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: router_mlp = %lld must be 0 (a linear router) or the MLP router's width in [1, 2^24]%s",
+                      (long long)R, cfg->router_state && R == 0 ? ", and router_state (the previous layer's router state) needs it" : "");
+  if ((R > 0 || S > 0) && (Z > 0 || cfg->capacity_factor > 0.0f || cfg->expert_capacity != 0 || cfg->aux_loss_weight != 0.0f ||
+                           cfg->n_group > 1 || cfg->hash_routing || cfg->score == MOE8_SCORE_SPARSEMIXER || cfg->scored_shared ||
+                           cfg->weight_input || (R > 0 && cfg->router_norm)))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: %s (Zaya's) with zero_experts, a capacity factor, expert_capacity, an aux loss, "
+                      "groups, hash routing, the sparsemixer router, scored_shared, weight_input or router_norm: not implemented",
+                      R > 0 ? "the MLP router (router_mlp)" : "skip_experts");
   if (Z > 0 && (cfg->capacity_factor > 0.0f || cfg->aux_loss_weight != 0.0f || cfg->n_group > 1 || cfg->weight_input || cfg->hash_routing ||
                 cfg->score == MOE8_SCORE_SPARSEMIXER || cfg->router_norm || cfg->expert_scale || cfg->in_norm || cfg->out_norm ||
                 cfg->scored_shared))
@@ -112,7 +126,8 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                       "weight_input or zero_experts, and latent_norm needs it", (long long)cfg->latent);
   if (!(cfg->expert_out_eps >= 0.0f && cfg->expert_out_eps < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: expert_out_eps %g must be in [0, 1e30)", (double)cfg->expert_out_eps);
-  if (mul4(E, D, 2 * F, 4) < 0 || mul4(E, cfg->latent, 2 * F, 4) < 0 || mul4(D, cfg->latent, 4, 1) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0)
+  if (mul4(E, D, 2 * F, 4) < 0 || mul4(E, cfg->latent, 2 * F, 4) < 0 || mul4(D, cfg->latent, 4, 1) < 0 || mul4(Fs, D, 2, 4) < 0 || mul4(D, E, 4, 1) < 0 ||
+      mul4(D + R, R + E + S, 4, 1) < 0)
     return moe8__fail(MOE8_ERR_SHAPE, "layer: sizes E = %lld, hidden = %lld, ffn = %lld, shared_ffn = %lld overflow 64-bit byte counts",
                       (long long)E, (long long)D, (long long)F, (long long)Fs);
   if (cfg->score != MOE8_SCORE_SOFTMAX && cfg->score != MOE8_SCORE_SIGMOID && cfg->score != MOE8_SCORE_SQRTSOFTPLUS &&
@@ -215,10 +230,10 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                           .wd = MOE8_W_DOWN};
   L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .D = D, .N1 = moe8__act_gated(moe8__set_act(L, 1)) ? 2 * Fs : Fs, .wg = MOE8_W_SHARED_GATE,
                           .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
-  L->n[MOE8_W_ROUTER] = (size_t)(D * (E + Z));
-  L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)(E + Z) : 0;
+  L->n[MOE8_W_ROUTER] = (size_t)((R > 0 ? R : D) * (E + Z + S));
+  L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)(E + Z + S) : 0;
   L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
-  L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)(E + Z) : 0;
+  L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)(E + Z + S) : 0;
   L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * 2 * F) : 0;
   L->n[MOE8_W_DOWN_BIAS] = cfg->expert_bias ? (size_t)(E * D) : 0;
   L->n[MOE8_W_OUT_BIAS] = cfg->out_bias ? (size_t)D : 0;
@@ -229,6 +244,10 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->n[MOE8_W_LATENT_IN] = L->n[MOE8_W_LATENT_OUT] = (size_t)(D * cfg->latent);
   L->n[MOE8_W_LATENT_NORM] = cfg->latent_norm ? (size_t)cfg->latent : 0;
   L->n[MOE8_W_EXPERT_OUT_NORM] = cfg->expert_out_norm ? (size_t)L->xs[0].D : 0;
+  L->n[MOE8_W_ROUTER_DOWN] = (size_t)(D * R);
+  L->n[MOE8_W_ROUTER_FC1] = L->n[MOE8_W_ROUTER_FC2] = (size_t)(R * R);
+  L->n[MOE8_W_ROUTER_DOWN_BIAS] = L->n[MOE8_W_ROUTER_MLP_NORM] = L->n[MOE8_W_ROUTER_FC1_BIAS] = L->n[MOE8_W_ROUTER_FC2_BIAS] = (size_t)R;
+  L->n[MOE8_W_ROUTER_STATE_SCALE] = cfg->router_state ? (size_t)R : 0;
   if (!inference)
     for (int s = 0; s < L->nsets; s++) {
       const moe8__xset *X = &L->xs[s];
@@ -331,14 +350,17 @@ moe8_status moe8_layer_init_random(moe8_layer *L, uint64_t seed) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
   const float D = (float)L->cfg.hidden, F = (float)L->cfg.ffn, Fs = (float)L->cfg.shared_ffn;
   const float H = (float)moe8__routed_width(L);
-  const float fan[MOE8_W_COUNT] = {D, H, H, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, D, H, 1.0f, 1.0f};
+  const float R = (float)L->cfg.router_mlp, RK = R > 0.0f ? R : D; /* the router's fan-in: x's, or the MLP's width */
+  const float fan[MOE8_W_COUNT] = {RK, H, H, F, 1.0f, D, D, Fs, D, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, D, H, 1.0f, 1.0f,
+                                   D, 1.0f, 1.0f, 1.0f, R, 1.0f, R, 1.0f};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     if (i == MOE8_W_ROUTER_SCALE || i == MOE8_W_EXPERT_SCALE || i == MOE8_W_IN_NORM || i == MOE8_W_OUT_NORM || i == MOE8_W_LATENT_NORM ||
-        i == MOE8_W_EXPERT_OUT_NORM) {
+        i == MOE8_W_EXPERT_OUT_NORM || i == MOE8_W_ROUTER_STATE_SCALE || i == MOE8_W_ROUTER_MLP_NORM) {
       for (size_t j = 0; j < L->n[i]; j++) L->w[i][j] = 1.0f; /* norm weights and scales start at 1 */
       continue;
     }
-    if (i == MOE8_W_BIAS || i == MOE8_W_ROUTER_BIAS || i == MOE8_W_GU_BIAS || i == MOE8_W_DOWN_BIAS || i == MOE8_W_OUT_BIAS)
+    if (i == MOE8_W_BIAS || i == MOE8_W_ROUTER_BIAS || i == MOE8_W_GU_BIAS || i == MOE8_W_DOWN_BIAS || i == MOE8_W_OUT_BIAS ||
+        i == MOE8_W_ROUTER_DOWN_BIAS || i == MOE8_W_ROUTER_FC1_BIAS || i == MOE8_W_ROUTER_FC2_BIAS)
       continue; /* biases start at 0 */
     const float sd = 1.0f / sqrtf(fan[i]);
     for (size_t j = 0; j < L->n[i]; j++) {
@@ -379,6 +401,7 @@ typedef struct ws_layout {
   float   *xr, *xe, *yb, *wn;           /* Gemma-4's norms: router input, experts' input, output before its norm, weights before the per-expert scale */
   float   *z, *sz, *c;                  /* latent: the experts' input rows [T, latent], their scales, the weighted sum */
   float   *yo;                          /* expert_out_norm: the expert rows before their norm (for the backward) */
+  float   *rs, *ra, *rb;                /* router_mlp: the router state [T, R] and the MLP's two hidden rows */
   uint8_t *zq;
   int32_t *ids, *token_of, *slot_of, *pos_of, *gsz;
   int64_t *offs;
@@ -409,7 +432,8 @@ static void ws_mark(void *ws, const moe8_layer *L, int64_t T, uint64_t kind) {
 ** is about T·top_k·(E + D + F + Fs) floats several times over) stays far
 ** from 64-bit overflow. */
 static int64_t max_tokens(const moe8_layer *L) {
-  const int64_t per = 64 * L->cfg.top_k * (moe8__router_width(L) + L->cfg.hidden + L->cfg.latent + L->cfg.ffn + L->cfg.shared_ffn + 64);
+  const int64_t per = 64 * L->cfg.top_k * (moe8__router_width(L) + L->cfg.hidden + L->cfg.latent + L->cfg.ffn + L->cfg.shared_ffn +
+                                           3 * L->cfg.router_mlp + 64);
   return ((int64_t)1 << 62) / per;
 }
 
@@ -450,6 +474,9 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(yb, float, L->cfg.out_norm ? T * D : 0);
   TAKE(wn, float, L->cfg.expert_scale ? A : 0);
   TAKE(idn, float, L->cfg.zero_experts ? T * D : 0);
+  TAKE(rs, float, T * L->cfg.router_mlp);
+  TAKE(ra, float, T * L->cfg.router_mlp);
+  TAKE(rb, float, T * L->cfg.router_mlp);
 #undef TAKE
   o->shared = base ? base + off : NULL;
   off += moe8__shared_buf_size(L, T);
@@ -528,7 +555,10 @@ static moe8_status check_weights(const moe8_layer *L) {
                                                   "expert gate/up bias", "expert down bias", "output bias",
                                                   "router norm scale", "per-expert scale", "expert input norm weight",
                                                   "output norm weight", "latent input projection", "latent output projection",
-                                                  "latent norm weight", "expert output norm weight"};
+                                                  "latent norm weight", "expert output norm weight",
+                                                  "router state projection (router_mlp's down_proj)", "router state projection bias",
+                                                  "router state scale", "router MLP norm weight", "router MLP fc1 weight",
+                                                  "router MLP fc1 bias", "router MLP fc2 weight", "router MLP fc2 bias"};
   for (int i = 0; i < MOE8_W_COUNT; i++) {
     const size_t bad = L->n[i] ? moe8__count_nonfinite(L->w[i], L->n[i]) : 0;
     if (bad) return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: %s has %zu non-finite value(s)", L->module_path, names[i], bad);
@@ -963,14 +993,32 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
 
 /* ---- forward ---------------------------------------------------------------------- */
 static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out, float *aux, void *ws, size_t ws_size,
-                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared, const int32_t *tok, int64_t seq) {
+                           uint64_t kind, const int32_t *ids_in, const float *w_in, bool with_shared, const int32_t *tok, int64_t seq,
+                           const float *rs_in, float *rs_out) {
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden;
+  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, R = L->cfg.router_mlp;
   if (T < 0 || T > max_tokens(L))
     return moe8__fail(MOE8_ERR_SHAPE, "layer %s: x has T = %lld rows; a call takes 0 to %lld", L->module_path, (long long)T,
                       (long long)max_tokens(L));
+  /* Zaya's router state: the previous layer's, never a silent zero one */
+  if (!ids_in && L->cfg.router_state && !rs_in)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s: its router adds the previous layer's router state (router_state: Zaya's layers "
+                      "after the first), and none was given: pass the previous layer's router_state_out [T, %lld] as router_state_in "
+                      "(moe8_layer_forward_state)", L->module_path, (long long)R);
+  if (rs_in && !L->cfg.router_state)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s takes no router state: %s", L->module_path,
+                      R > 0 ? "its router reads x alone (router_state off: Zaya's first layer)" : "its router is not an MLP (router_mlp = 0)");
+  if (rs_out && R == 0)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %s has no router state to give (router_mlp = 0: its router is not Zaya's MLP)",
+                      L->module_path);
   if (aux) *aux = 0.0f;
   if (T == 0) return MOE8_OK;
+  if (rs_in) {
+    const size_t bad = moe8__count_nonfinite_par(rs_in, (size_t)(T * R));
+    if (bad)
+      return moe8__fail(MOE8_ERR_NONFINITE, "layer %s: router_state_in [%lld, %lld] has %zu non-finite value(s)", L->module_path,
+                        (long long)T, (long long)R, bad);
+  }
   if (!x || !out || !ws) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL x, out or workspace");
   if (!ids_in) {
     const moe8_status tst = moe8__check_tokens(L, tok, T, "layer forward");
@@ -1044,10 +1092,11 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
                           (long long)(a / K), (long long)(a % K), (double)w_in[a]);
     }
   } else {
-    st = moe8__router_logits(L, xr, T, w.logits);
+    st = R > 0 ? moe8__router_mlp(L, xr, T, rs_in, w.rs, w.ra, w.rb, w.logits) : moe8__router_logits(L, xr, T, w.logits);
     const moe8_router_config rc = moe8__router_config(L, tok);
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
     if (st == MOE8_OK && L->cfg.expert_capacity > 0) moe8__apply_capacity(L, T, seq, w.ids, w.w);
+    if (st == MOE8_OK && L->cfg.skip_experts > 0) moe8__skip_slots(L, T, w.ids, w.w);
     if (st == MOE8_OK && L->cfg.expert_scale) { /* Gemma-4: each weight times its expert's scale (the backward keeps wn) */
       const float *c = L->w[MOE8_W_EXPERT_SCALE];
       for (int64_t a = 0; a < T * K; a++) {
@@ -1059,7 +1108,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
   if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.zero_experts, L->cfg.capacity_factor,
-                                             ids_in != NULL || L->cfg.expert_capacity > 0, &d);
+                                             ids_in != NULL || L->cfg.expert_capacity > 0 || L->cfg.skip_experts > 0, &d);
   if (st != MOE8_OK) return st;
   /* LongCat-Flash's identity experts, while x is whole (out may be x) */
   if (L->cfg.zero_experts) moe8__identity_rows(L, x, T, w.ids, w.w, w.idn);
@@ -1111,6 +1160,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     memcpy(w.yb, out, sizeof(float) * (size_t)(T * D));
     moe8__rms_norm_rows(w.yb, T, D, eps, L->w[MOE8_W_OUT_NORM], 1.0f, out);
   }
+  if (st == MOE8_OK && rs_out) memmove(rs_out, w.rs, sizeof(float) * (size_t)(T * R)); /* may be rs_in: read by now */
   if (st == MOE8_OK) ws_mark(ws, L, T, kind);
   return st;
 }
@@ -1123,7 +1173,7 @@ moe8_status moe8_layer_forward_seq(moe8_layer *L, const float *x, int64_t T, con
   moe8_status st = ensure_quantized(L); /* inference layers: fixed at load */
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
-  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true, tok, seq);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true, tok, seq, NULL, NULL);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
@@ -1143,7 +1193,28 @@ moe8_status moe8_layer_forward_fused_seq(moe8_layer *L, const float *x, int64_t 
   if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
   pthread_rwlock_rdlock(&L->lock);
   const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
-                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true, tok, seq);
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true, tok, seq, NULL, NULL);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
+}
+
+moe8_status moe8_layer_forward_state(moe8_layer *L, const float *x, int64_t T, const float *rs_in, float *rs_out, float *out,
+                                     float *aux_loss, void *ws, size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  moe8_status st = ensure_quantized(L);
+  if (st != MOE8_OK) return st;
+  pthread_rwlock_rdlock(&L->lock);
+  st = forward(L, x, T, out, aux_loss, ws, ws_size, WS_TRAINING, NULL, NULL, true, NULL, 0, rs_in, rs_out);
+  pthread_rwlock_unlock(&L->lock);
+  return st;
+}
+
+moe8_status moe8_layer_forward_fused_state(moe8_layer *L, const float *x, int64_t T, const float *rs_in, float *rs_out, float *out,
+                                           void *ws, size_t ws_size) {
+  if (!L) return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: NULL");
+  pthread_rwlock_rdlock(&L->lock);
+  const moe8_status st = !L->prepared ? moe8__fail(MOE8_ERR_INVALID_ARG, "layer: forward_fused before moe8_layer_prepare")
+                                      : forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, NULL, NULL, true, NULL, 0, rs_in, rs_out);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }
@@ -1192,7 +1263,7 @@ static moe8_status layer_experts(moe8_layer *L, const float *x, int64_t T, const
   if (st != MOE8_OK) return st;
   pthread_rwlock_rdlock(&L->lock);
   /* no backward from here: the workspace is marked as an inference forward's */
-  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared, NULL, 0);
+  st = forward(L, x, T, out, NULL, ws, ws_size, WS_FUSED, topk_ids, topk_weights, with_shared, NULL, 0, NULL, NULL);
   pthread_rwlock_unlock(&L->lock);
   return st;
 }

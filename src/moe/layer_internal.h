@@ -86,9 +86,12 @@ struct moe8_layer {
 };
 
 /* ---- small helpers of layer.c and phases.c ---------------------------------- */
-/* The router's experts: the routed ones and LongCat-Flash's identity
-** experts after them (moe8_layer_config.zero_experts). */
-static inline int64_t moe8__router_width(const moe8_layer *L) { return L->cfg.num_experts + L->cfg.zero_experts; }
+/* The router's experts: the routed ones, LongCat-Flash's identity
+** experts after them (moe8_layer_config.zero_experts) and Zaya's skip
+** experts (skip_experts; never both). */
+static inline int64_t moe8__router_width(const moe8_layer *L) {
+  return L->cfg.num_experts + L->cfg.zero_experts + L->cfg.skip_experts;
+}
 static inline size_t moe8__al64(size_t n) { return (n + 63) & ~(size_t)63; }
 static inline int64_t moe8__nblocks(int64_t K, int64_t tile) { return tile > 0 ? moe8__cdiv(K, tile) : 1; }
 /* MXFP4 experts take f32 activations, or int8 ones per row or per 1 x tile
@@ -131,6 +134,16 @@ moe8_router_config moe8__router_config(const moe8_layer *L, const int32_t *token
 moe8_status moe8__check_tokens(const moe8_layer *L, const int32_t *token_ids, int64_t T, const char *what);
 /* logits[T, E] = x · Wr (+ the router bias when the layer has one). */
 moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, float *logits);
+/* Zaya's MLP router (moe8_layer_config.router_mlp = R): s[T, R] = x · A +
+** a (+ p ⊙ c when p, the previous layer's state, is given), the state;
+** then the logits[T, E + S] of its RMSNorm, two Linear + GELU and the
+** output projection (u, v [T, R] are scratch). */
+moe8_status moe8__router_mlp(const moe8_layer *L, const float *x, int64_t T, const float *p, float *s, float *u, float *v,
+                             float *logits);
+/* Skip experts (skip_experts): a slot whose id is one of the router's
+** last skip_experts classes gets id -1 and weight 0 (no row, nothing
+** added). */
+void moe8__skip_slots(const moe8_layer *L, int64_t T, int32_t *ids, float *w);
 /* MOE8_ERR_UNSUPPORTED naming the form when the layer's experts have a
 ** form with no backward (the input scaling by renormalized weights);
 ** `what` leads. */

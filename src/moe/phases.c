@@ -108,6 +108,50 @@ moe8_status moe8__router_logits(const moe8_layer *L, const float *x, int64_t T, 
   return st;
 }
 
+/* Each step is a chain in f32 of a fixed order per element (the matmuls
+** are moe8_router_logits': d in order), so a token's routing depends on
+** its own row alone.  The biases are added after the sums, as torch's
+** Linear does; GELU is torch's exact one, z/2 · (1 + erf(z/√2)). */
+moe8_status moe8__router_mlp(const moe8_layer *L, const float *x, int64_t T, const float *p, float *s, float *u, float *v,
+                             float *logits) {
+  const int64_t D = L->cfg.hidden, R = L->cfg.router_mlp, E = moe8__router_width(L);
+  const float *a = L->w[MOE8_W_ROUTER_DOWN_BIAS], *c = L->w[MOE8_W_ROUTER_STATE_SCALE];
+  const float *b1 = L->w[MOE8_W_ROUTER_FC1_BIAS], *b2 = L->w[MOE8_W_ROUTER_FC2_BIAS];
+  moe8_status st = moe8_router_logits(x, L->w[MOE8_W_ROUTER_DOWN], T, D, R, s);
+  if (st != MOE8_OK) return st;
+  #pragma omp parallel for num_threads(moe8__nt(4.0 * (double)T * (double)R)) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t r = 0; r < R; r++) {
+      float z = s[t * R + r] + a[r];
+      if (p) z = z + p[t * R + r] * c[r];
+      s[t * R + r] = z;
+    }
+  moe8__rms_norm_rows(s, T, R, L->cfg.rms_eps, L->w[MOE8_W_ROUTER_MLP_NORM], 1.0f, u);
+  for (int i = 0; i < 2 && st == MOE8_OK; i++) {
+    const float *in = i ? v : u, *b = i ? b2 : b1;
+    float *o = i ? u : v;
+    st = moe8_router_logits(in, L->w[i ? MOE8_W_ROUTER_FC2 : MOE8_W_ROUTER_FC1], T, R, R, o);
+    #pragma omp parallel for num_threads(moe8__nt(20.0 * (double)T * (double)R)) schedule(static)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t r = 0; r < R; r++) {
+        const float z = o[t * R + r] + b[r];
+        o[t * R + r] = 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+      }
+  }
+  if (st == MOE8_OK) st = moe8_router_logits(u, L->w[MOE8_W_ROUTER], T, R, E, logits);
+  const float *rb = L->cfg.router_bias ? L->w[MOE8_W_ROUTER_BIAS] : NULL;
+  if (st == MOE8_OK && rb)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t e = 0; e < E; e++) logits[t * E + e] += rb[e];
+  return st;
+}
+
+void moe8__skip_slots(const moe8_layer *L, int64_t T, int32_t *ids, float *w) {
+  const int64_t K = L->cfg.top_k, first = L->cfg.num_experts + L->cfg.zero_experts;
+  for (int64_t a = 0; a < T * K; a++)
+    if (ids[a] >= first) { ids[a] = -1; w[a] = 0.0f; }
+}
+
 void moe8__apply_capacity(const moe8_layer *L, int64_t T, int64_t seq, int32_t *ids, float *w) {
   const int64_t K = L->cfg.top_k, E = L->cfg.num_experts, cap = L->cfg.expert_capacity, S = seq > 0 ? seq : T;
   int64_t n[MOE8_MAX_EXPERTS];
@@ -124,6 +168,11 @@ void moe8__apply_capacity(const moe8_layer *L, int64_t T, int64_t seq, int32_t *
 
 moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   const moe8_layer_config *c = &L->cfg;
+  /* Zaya's router: the MLP's gradients (and the state's, which crosses
+  ** layers) are not written. */
+  if (c->router_mlp > 0 || c->skip_experts > 0)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has %s (Zaya's): its backward is not implemented (inference only)", what,
+                      L->module_path, c->router_mlp > 0 ? "an MLP router (router_mlp) carrying a router state" : "skip experts (skip_experts)");
   /* SwitchTransformers' capacity: the dropped slots' backward is not
   ** written (nothing checks it yet). */
   if (c->expert_capacity > 0)

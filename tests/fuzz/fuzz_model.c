@@ -5,9 +5,9 @@
 ** file.  Both are written into a private directory, opened with
 ** moe8_model_open, and every layer's load is tried for inference and for
 ** training, without and with an FP8 rule; a layer that loads runs a
-** forward on a few tokens.  Configs whose layer would be larger than 4 M
-** weights are opened but not loaded (the harness, not moe8, would run out
-** of memory).
+** forward on a few tokens (a layer that takes Zaya's router state is
+** given one).  Configs whose layer would be larger than 4 M weights are
+** opened but not loaded (the harness, not moe8, would run out of memory).
 */
 #define _DEFAULT_SOURCE 1
 #include "moe8.h"
@@ -62,7 +62,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (x && y && posix_memalign(&ws, 64, wsz ? wsz : 64) == 0) {
           for (int64_t i = 0; i < T * D; i++) x[i] = (float)(i % 5) * 0.25f - 0.5f;
           moe8_prepared pr;
-          if (moe8_layer_prepared(L, &pr) == MOE8_OK || moe8_layer_prepare(L) == MOE8_OK) (void)moe8_layer_forward_fused(L, x, T, y, ws, wsz);
+          const moe8_layer_config *lc = moe8_layer_get_config(L);
+          float *st = lc->router_mlp > 0 ? malloc(sizeof(float) * (size_t)(T * lc->router_mlp)) : NULL; /* Zaya's router state */
+          for (int64_t i = 0; st && i < T * lc->router_mlp; i++) st[i] = (float)(i % 3) * 0.5f - 0.5f;
+          if (moe8_layer_prepared(L, &pr) == MOE8_OK || moe8_layer_prepare(L) == MOE8_OK) {
+            if (st) (void)moe8_layer_forward_fused_state(L, x, T, lc->router_state ? st : NULL, st, y, ws, wsz);
+            else (void)moe8_layer_forward_fused(L, x, T, y, ws, wsz);
+          }
+          free(st);
         }
         free(ws); free(x); free(y);
         moe8_layer_destroy(L);

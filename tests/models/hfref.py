@@ -6,6 +6,7 @@ DeepseekV3MoE with its TopkRouter, DeepseekV4SparseMoeBlock with its
 TopKRouter and HashRouter, NemotronHMoE, PhimoeSparseMoeBlock's sparsemixer,
 LongcatFlashMoE's identity experts, ...)."""
 import json
+import math
 import struct
 
 import numpy as np
@@ -518,3 +519,42 @@ def muse_spark_block(x, routing, gu, dn, pre, pre_w, post, post_w, eps, post_eps
             o = dn[e] @ (silu(a[:F]) * a[F:])
             c[t] += w[t, j] * rms_norm(o * (1.0 + post_w), None, post_eps)
     return c @ post.T
+
+
+def gelu_erf(v):
+    """torch's exact GELU (nn.GELU()): 0.5 v (1 + erf(v / sqrt(2)))."""
+    return 0.5 * v * (1.0 + np.vectorize(math.erf)(v / math.sqrt(2.0)))
+
+
+def zaya_block(x, g, gu, dn, state=None, eps=1e-5, act_q=None, mutate=None):
+    """ZayaSparseMoeBlock on x [T, D], written from transformers' ZayaRouter,
+    ZayaRouterMLP and ZayaExperts.  g: the router's tensors as the files
+    hold them (out x in): down_w [R, D], down_b [R], scale [R] (layers after
+    the first: router_states_scale), norm [R], fc1_w/fc2_w [R, R], fc1_b/fc2_b
+    [R], out_w [E + 1, R], bias [E + 1] (balancing_biases).  The router
+    state s = down_w x + down_b (+ state * scale when the layer has a scale
+    and a state is given); RMSNorm(s) (eps) * norm; GELU(fc1), GELU(fc2);
+    logits out_w w; p = softmax; the top-1 of p + bias (ties to the lower
+    index), weighted by p (no renormalization); the class E (the skip
+    expert) adds nothing.  gu [E, 2F, D] (gate rows, then up), dn [E, D, F]:
+    SwiGLU experts.  act_q: the activation quantizer of the experts' x and h.
+    mutate: "no_state" (the state not added), "renorm" (weight 1): rules
+    that are not the model's.  Returns (y, s, chosen classes)."""
+    s = x @ g["down_w"].T + g["down_b"]
+    if state is not None and "scale" in g and mutate != "no_state":
+        s = s + state * g["scale"]
+    u = rms_norm(s, g["norm"], eps)
+    v = gelu_erf(u @ g["fc1_w"].T + g["fc1_b"])
+    w = gelu_erf(v @ g["fc2_w"].T + g["fc2_b"])
+    p = softmax(w @ g["out_w"].T)
+    E = gu.shape[0]
+    idx = np.array([topk_idx(r, 1)[0] for r in p + g["bias"]])
+    y = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        e = idx[t]
+        if e == E:
+            continue
+        F = dn.shape[2]
+        wt = 1.0 if mutate == "renorm" else p[t, e]
+        y[t] = wt * mlp(x[t:t + 1], gu[e][:F], gu[e][F:], dn[e], act_q)[0]
+    return y, s, idx

@@ -2107,6 +2107,115 @@ def test_muse_spark(tmp, rng):
         print("muse_spark without experts.post_expert_norm (%d): %s" % (rc, out))
 
 
+def zaya_params(rng, E, D, F, H, layer, skip_bias, dead=None):
+    """One Zaya layer's tensors as save_pretrained writes them (matrices
+    bf16, the router's vectors f32) and their values for hfref.zaya_block."""
+    p = "model.layers.%d.mlp." % layer
+    t, g = {}, {}
+    spec = [("down_w", "gate.down_proj.weight", (H, D), D ** -0.5, 0.0), ("down_b", "gate.down_proj.bias", (H,), 0.3, 0.0),
+            ("norm", "gate.router_mlp.norm.weight", (H,), 0.3, 1.0), ("fc1_w", "gate.router_mlp.fc1.weight", (H, H), H ** -0.5, 0.0),
+            ("fc1_b", "gate.router_mlp.fc1.bias", (H,), 0.3, 0.0), ("fc2_w", "gate.router_mlp.fc2.weight", (H, H), H ** -0.5, 0.0),
+            ("fc2_b", "gate.router_mlp.fc2.bias", (H,), 0.3, 0.0), ("out_w", "gate.router_mlp.out_proj.weight", (E + 1, H), 3 * H ** -0.5, 0.0)]
+    if layer > 0:
+        spec.append(("scale", "gate.router_states_scale", (H,), 0.5, 1.0))
+    for key, name, shape, sd, mean in spec:
+        a = mean + rnd(rng, *shape, scale=sd)
+        dt = "BF16" if len(shape) == 2 else "F32"
+        t[p + name] = (dt, a.astype(np.float32))
+        g[key] = store(a, dt)
+    bias = np.zeros(E + 1)
+    bias[E] = skip_bias
+    if dead is not None:
+        bias[dead] = -1.0  # an expert no token chooses
+    t[p + "gate.balancing_biases"] = ("F32", bias.astype(np.float32))
+    g["bias"] = bias
+    ex = make_experts(rng, E, D, F)
+    gu = np.stack([np.concatenate([wg, wu]) for wg, wu, _ in ex])
+    dn = np.stack([wd for _, _, wd in ex])
+    t[p + "experts.gate_up_proj"] = ("BF16", gu.astype(np.float32))
+    t[p + "experts.down_proj"] = ("BF16", dn.astype(np.float32))
+    return t, g, store(gu, "BF16"), store(dn, "BF16")
+
+
+def test_zaya(tmp, rng):
+    """Zaya (hfref.zaya_block, written from ZayaRouter, ZayaRouterMLP and
+    ZayaExperts): the router MLP fed the previous layer's router state
+    (router_states_scale after the first layer), the top-1 of softmax +
+    balancing_biases weighted by its probability, the skip class adding
+    nothing, fused SwiGLU experts; three layers run by `moe8 run` carrying
+    the state (--router-state-out into the next --router-state-in); bf16
+    matrices, f32 vectors; a layer where an expert gets no token; the
+    fused path under FP8 rules (quantizers emulated) and moe8 quantize's
+    bytes; the missing state, an unwanted one, a misshapen one, a missing
+    tensor and the keys moe8 does not compute refused by name."""
+    E, D, F, H, T, NL = 6, 128, 64, 32, 29, 3
+    cfg = {"model_type": "zaya", "num_experts": E, "hidden_size": D, "moe_intermediate_size": F, "router_hidden_size": H,
+           "num_hidden_layers": NL, "num_experts_per_tok": 1, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
+    t, layers = {}, []
+    for l in range(NL):
+        tl, g, gu, dn = zaya_params(rng, E, D, F, H, l, (0.04, 0.0, 0.08)[l], dead=2 if l == 1 else None)
+        t.update(tl)
+        layers.append((g, gu, dn))
+    d = os.path.join(tmp, "zaya")
+    write_model(d, cfg, t)
+    xs = [rnd(rng, T, D).astype(np.float32).astype(np.float64) for _ in range(NL)]
+    state, ref_state = None, None
+    for l, (g, gu, dn) in enumerate(layers):
+        sp = os.path.join(d, "s%d.npy" % l)
+        extra = ("--layer", str(l), "--router-state-out", sp) + (("--router-state-in", os.path.join(d, "s%d.npy" % (l - 1))) if l else ())
+        got, _ = run(d, xs[l], extra)
+        st = np.load(sp).astype(np.float64)
+        ref, rs, idx = R.zaya_block(xs[l], g, gu, dn, ref_state)
+        nskip = int((idx == E).sum())
+        if nskip == 0 or nskip == T:
+            FAILS.append("zaya layer %d: %d of %d tokens skipped (want some)" % (l, nskip, T))
+        if l == 1 and (idx == 2).any():
+            FAILS.append("zaya layer 1: expert 2 chosen (want an expert with no token)")
+        check("zaya bf16 layer %d (%d skipped), output" % (l, nskip), got, ref, 1e-5)
+        check("zaya bf16 layer %d, router state" % l, st, rs, 1e-5)
+        if not (np.all(got[idx == E] == 0.0) and not np.signbit(got[idx == E]).any()):
+            FAILS.append("zaya layer %d: a skipped token's output is not +0.0" % l)
+        for m in ("no_state", "renorm") if l else ("renorm",):  # rules that are not the model's: the comparison must see them
+            if rel(got, R.zaya_block(xs[l], g, gu, dn, ref_state, mutate=m)[0]) <= 1e-3:
+                FAILS.append("zaya layer %d: the %s rule not told apart" % (l, m))
+        state, ref_state = st, rs
+    # layer 2 under FP8 rules (the router in f32, the experts' activations and weights quantized), with layer 1's state
+    rp = os.path.join(tmp, "zaya_rules.json")
+    json.dump(RULES_FP8, open(rp, "w"))
+    g, gu, dn = layers[2]
+    q = lambda w: R.quant_cols(w.T, 128).T
+    guq, dnq = np.stack([q(w) for w in gu]), np.stack([q(w) for w in dn])
+    s1 = np.load(os.path.join(d, "s1.npy")).astype(np.float64)
+    ref, _, _ = R.zaya_block(xs[2], g, guq, dnq, s1, act_q=lambda v: R.quant_rows(v, 128))
+    got, _ = run(d, xs[2], ("--layer", "2", "--router-state-in", os.path.join(d, "s1.npy"), "--rules", rp))
+    check("zaya FP8 by rules, layer 2 (quantizers emulated)", got, ref, 1e-4)
+    quantized_same(tmp, d, xs[0], 0, "zaya")
+    rc, out = info(d)
+    if rc != 0 or "zaya" not in out or "MLP router" not in out or "moe layers: 0-2" not in out:
+        FAILS.append("zaya info")
+        print("zaya info (%d): %s" % (rc, out))
+    # the state: missing after the first layer, given to the first, misshapen
+    for extra, key in ((("--layer", "1"), "--router-state-in"), (("--layer", "0", "--router-state-in", os.path.join(d, "s0.npy")),
+                                                                  "takes no router state"),
+                       (("--layer", "2", "--router-state-in", os.path.join(d, "x.npy")), "must be [%d, %d]" % (T, H))):
+        rc, out = run_rc(d, xs[0], extra)
+        if rc == 0 or key not in out or (extra[1] == "1" and "layer 1" not in out):
+            FAILS.append("zaya refusal %s" % key)
+            print("zaya %s (%d): %s" % (" ".join(extra), rc, out))
+    del t["model.layers.1.mlp.gate.router_states_scale"]
+    write_model(d, cfg, t)
+    rc, out = run_rc(d, xs[1], ("--layer", "1", "--router-state-in", os.path.join(d, "s0.npy")))
+    if rc == 0 or "model.layers.1.mlp.gate.router_states_scale" not in out:
+        FAILS.append("zaya without router_states_scale")
+        print("zaya without router_states_scale (%d): %s" % (rc, out))
+    for key, val in (("num_experts_per_tok", 2), ("hidden_act", "gelu"), ("router_hidden_size", 0)):
+        json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key not in out:
+            FAILS.append("zaya %s %r" % (key, val))
+            print("zaya with %s %r (%d): %s" % (key, val, rc, out))
+
+
 def test_rows(tmp, rng):
     for row in ROWS:
         for layout in row["layouts"]:
@@ -2222,6 +2331,7 @@ def main():
         test_nemotron_h_latent(tmp, rng)
         test_muse_spark(tmp, rng)
         test_switch_transformers(tmp, rng)
+        test_zaya(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

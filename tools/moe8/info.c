@@ -51,6 +51,13 @@ int cmd_info(int argc, char **argv) {
            "sequence (moe8 run --seq-len), a token past the first %lld that chose its expert is dropped (its output 0)\n",
            (long long)c->layer.num_experts, c->layer.router_bias ? ", the router's bias added" : "", (long long)c->layer.expert_capacity,
            (long long)c->layer.expert_capacity);
+  else if (c->layer.router_mlp > 0)
+    printf("routing: an MLP router (Zaya's) of width %lld: s = down_proj(x) (+ the previous layer's router state x "
+           "router_states_scale, after the first layer), then RMSNorm (eps %g), fc1 + GELU, fc2 + GELU, out_proj to %lld + %lld skip "
+           "class(es); top-%lld of the softmax + balancing_biases, weighted by the softmax (no renormalization); a skip class adds "
+           "nothing; the state s goes to the next layer (moe8 run --router-state-in / --router-state-out)\n",
+           (long long)c->layer.router_mlp, (double)c->layer.rms_eps, (long long)c->layer.num_experts, (long long)c->layer.skip_experts,
+           (long long)c->layer.top_k);
   else if (c->layer.zero_experts)
     printf("routing: top-%lld of %lld + %lld identity experts (softmax over all, chosen by score + correction bias), weights the "
            "scores x %g; an identity expert adds its weight x the input (LongCat-Flash's zero-computation experts)\n",

@@ -19,6 +19,9 @@
 **                                   with moe_latent_size fc1_latent_proj / fc2_latent_proj.weight
 **                                   (nemotron_h_omni under language_model.backbone.layers.,
 **                                   nemo_speechlm under llm.model.layers., as their files are)
+**   Zaya                            mlp.gate.down_proj.{weight,bias}, gate.router_states_scale (after
+**                                   the first layer), gate.router_mlp.{norm,fc1,fc2,out_proj}.*,
+**                                   gate.balancing_biases, mlp.experts.gate_up_proj / down_proj
 **   MuSE-Spark                      mlp.gate.weight, mlp.experts.e.{gate,up,down}_proj.weight in the
 **                                   latent width, pre_expert_proj / post_expert_proj.weight,
 **                                   pre_expert_norm.weight and experts.post_expert_norm.weight (zeros)
@@ -210,6 +213,42 @@ int cmd_init(int argc, char **argv) {
         bytes += tv[nt].nbytes;
         nt++;
       }
+      continue;
+    }
+    if (hc.layer.router_mlp > 0) {
+      /* Zaya's block (ZayaRouter, ZayaExperts): the router MLP, its
+      ** vectors f32 as the class keeps them (the biases zeros, the norm
+      ** weight and, after the first layer, router_states_scale ones,
+      ** balancing_biases zeros but the skip class's -1, as transformers
+      ** initializes them), the experts fused, out x in */
+      const int64_t R = hc.layer.router_mlp, EC = E + hc.layer.skip_experts;
+      const struct { const char *name; int ndim; int64_t s0, s1, s2, fan_in; } t[11] = {
+        {"gate.down_proj.weight", 2, R, D, 0, D}, {"gate.down_proj.bias", 1, R, 0, 0, 0}, {"gate.router_states_scale", 1, R, 0, 0, -1},
+        {"gate.router_mlp.norm.weight", 1, R, 0, 0, -1}, {"gate.router_mlp.fc1.weight", 2, R, R, 0, R},
+        {"gate.router_mlp.fc1.bias", 1, R, 0, 0, 0}, {"gate.router_mlp.fc2.weight", 2, R, R, 0, R}, {"gate.router_mlp.fc2.bias", 1, R, 0, 0, 0},
+        {"gate.router_mlp.out_proj.weight", 2, EC, R, 0, R}, {"gate.balancing_biases", 1, EC, 0, 0, -2},
+        {"experts.gate_up_proj", 3, E, 2 * F, D, D}};
+      for (int i = 0; i < 12 && rc == EXIT_OK; i++) {
+        const bool dn = i == 11; /* experts.down_proj [E, D, F] */
+        const char *name = dn ? "experts.down_proj" : t[i].name;
+        const int ndim = dn ? 3 : t[i].ndim;
+        const int64_t s0 = dn ? E : t[i].s0, s1 = dn ? D : t[i].s1, s2 = dn ? F : t[i].s2, fan = dn ? F : t[i].fan_in;
+        if (i == 2 && l == 0) continue; /* the first layer's router takes no state */
+        const int64_t rows = ndim == 3 ? s0 * s1 : ndim == 2 ? s0 : 1, cols = ndim == 3 ? s2 : ndim == 2 ? s1 : s0;
+        const bool f32 = ndim == 1;
+        const size_t ee = f32 ? 4 : es;
+        snprintf(names[nt], 256, "%s%s", p, name);
+        bufs[nt] = fan > 0 ? malloc(ee * (size_t)(rows * cols) + 1) : calloc(ee * (size_t)(rows * cols) + 1, 1);
+        if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+        if (fan > 0) fill_normal(bufs[nt], bf, rows, cols, fan, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
+        for (int64_t j = 0; fan == -1 && j < cols; j++) ((float *)bufs[nt])[j] = 1.0f;
+        if (fan == -2) ((float *)bufs[nt])[cols - 1] = -1.0f;
+        tv[nt] = (moe8_tensor_view){names[nt], f32 ? MOE8_FDT_F32 : fdt, ndim, {s0, s1, s2}, bufs[nt], ee * (size_t)(rows * cols), 0};
+        bytes += tv[nt].nbytes;
+        nt++;
+      }
+      if (rc == EXIT_OK && !cli_quiet)
+        printf("init: layer %lld of %lld drawn (%.2f GB so far, %.1f s)\n", (long long)l + 1, (long long)NL, (double)bytes * 1e-9, cli_now() - t0);
       continue;
     }
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",

@@ -18,12 +18,16 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe8 run --model DIR --input X.npy --output Y.npy [--token-ids IDS.npy] [--seq-len N] [--rules RULES.json] [--layer L] [--arch FAMILY]\n"
-             "                [--training-load]\n\n"
+             "                [--router-state-in S.npy] [--router-state-out S.npy] [--training-load]\n\n"
              "X is [T, hidden] (f32, f16 or bf16 as uint16); Y is written as f32 [T, hidden].\n"
              "--token-ids IDS the tokens' ids, [T] int32 or int64: a layer that routes by token id (DeepSeek-V4's hash_moe\n"
              "                layers) needs them; other layers do not read them\n"
              "--seq-len N     the rows are sequences of N tokens (T a multiple of N; default: one sequence of T): a layer\n"
              "                with an expert capacity (SwitchTransformers') counts it per sequence; other layers do not read it\n"
+             "--router-state-in S   the previous layer's router state, [T, R] (R the config's router_hidden_size): Zaya's layers\n"
+             "                after the first add it to their router's input and need it (layer L - 1's --router-state-out)\n"
+             "--router-state-out S  write this layer's router state [T, R] as f32, for the next layer (Zaya's layers; it may be\n"
+             "                the --router-state-in file, replaced)\n"
              "--rules R       quantization rules (docs/numerics.md); without it a moe8 file runs under the rules it was made\n"
              "                with, a DeepSeek FP8 checkpoint with dynamic f8e4m3 activations, anything else unquantized\n"
              "--layer L       the MoE layer to run (default: the first MoE layer of the config)\n"
@@ -71,6 +75,7 @@ static void progress(void *ctx, int64_t done, int64_t total) {
 
 int cmd_run(int argc, char **argv) {
   const char *dir = NULL, *input = NULL, *output = NULL, *rules_path = NULL, *arch = NULL, *tok_path = NULL;
+  const char *rs_in_path = NULL, *rs_out_path = NULL;
   int64_t layer = -1;
   int training_load = 0;
   int64_t repeat = 1, seq_len = 0;
@@ -82,6 +87,8 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--input") && v) input = argv[++i];
     else if (!strcmp(a, "--output") && v) output = argv[++i];
     else if (!strcmp(a, "--token-ids") && v) tok_path = argv[++i];
+    else if (!strcmp(a, "--router-state-in") && v) rs_in_path = argv[++i];
+    else if (!strcmp(a, "--router-state-out") && v) rs_out_path = argv[++i];
     else if (!strcmp(a, "--rules") && v) rules_path = argv[++i];
     else if (!strcmp(a, "--arch") && v) arch = argv[++i];
     else if (!strcmp(a, "--training-load")) training_load = 1;
@@ -106,6 +113,21 @@ int cmd_run(int argc, char **argv) {
     return EXIT_USAGE;
   }
   if (output_is_input(output, input, dir)) return EXIT_FAIL;
+  if (rs_out_path) { /* the state written: not the output, nor an input but the state it replaces */
+    if (!strcmp(rs_out_path, output) || cli_same_file(rs_out_path, output)) {
+      fprintf(stderr, "moe8 run: --router-state-out %s is the --output file: refused\n", rs_out_path);
+      return EXIT_FAIL;
+    }
+    if (output_is_input(rs_out_path, input, dir)) return EXIT_FAIL;
+    if (tok_path && cli_same_file(rs_out_path, tok_path)) {
+      fprintf(stderr, "moe8 run: --router-state-out %s is the --token-ids file: refused\n", rs_out_path);
+      return EXIT_FAIL;
+    }
+  }
+  if (rs_in_path && (!strcmp(rs_in_path, output) || cli_same_file(rs_in_path, output))) {
+    fprintf(stderr, "moe8 run: the output %s is the --router-state-in file: refused\n", output);
+    return EXIT_FAIL;
+  }
   /* Under mpirun the communicator comes first, so that every later wait
   ** (a rank that fails, or stops, while loading) meets the collective
   ** deadline instead of hanging in MPI's start-up. */
@@ -118,8 +140,8 @@ int cmd_run(int argc, char **argv) {
   moe8_model *m = NULL;
   moe8_rules *rules = NULL;
   moe8_layer *L = NULL;
-  void *x = NULL, *ws = NULL, *traw = NULL;
-  float *xf = NULL, *y = NULL;
+  void *x = NULL, *ws = NULL, *traw = NULL, *sraw = NULL;
+  float *xf = NULL, *y = NULL, *rsi = NULL, *rso = NULL;
   int32_t *tok = NULL;
   int rc = EXIT_OK;
   double tl0 = cli_now();
@@ -207,6 +229,51 @@ int cmd_run(int argc, char **argv) {
     rc = EXIT_FAIL;
     goto done;
   }
+  /* Zaya's router state: the previous layer's in (never a zero one made
+  ** up here), this layer's out. */
+  const moe8_layer_config *lcf = moe8_layer_get_config(L);
+  const int64_t R = lcf->router_mlp;
+  if (lcf->router_state && !rs_in_path) {
+    fprintf(stderr, "moe8 run: layer %lld of %s adds the previous layer's router state to its router's input (Zaya's layers after the "
+            "first): give it with --router-state-in S.npy (layer %lld's --router-state-out, [T, %lld])\n", (long long)layer, dir,
+            (long long)layer - 1, (long long)R);
+    rc = EXIT_FAIL;
+    goto done;
+  }
+  if (rs_in_path && !lcf->router_state) {
+    fprintf(stderr, "moe8 run: --router-state-in %s: layer %lld of %s takes no router state (%s)\n", rs_in_path, (long long)layer, dir,
+            R > 0 ? "the first layer's router reads its input alone" : "its router is not Zaya's MLP router");
+    rc = EXIT_FAIL;
+    goto done;
+  }
+  if (rs_out_path && R == 0) {
+    fprintf(stderr, "moe8 run: --router-state-out %s: layer %lld of %s has no router state (its router is not Zaya's MLP router)\n",
+            rs_out_path, (long long)layer, dir);
+    rc = EXIT_FAIL;
+    goto done;
+  }
+  if (rs_in_path) {
+    moe8_file_dtype sdt;
+    int snd;
+    int64_t ssh[MOE8_MAX_DIMS];
+    if ((st = moe8_npy_read(rs_in_path, &sdt, &snd, ssh, &sraw)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+    if ((sdt != MOE8_FDT_F32 && sdt != MOE8_FDT_F16 && sdt != MOE8_FDT_BF16) || snd != 2 || ssh[0] != T || ssh[1] != R) {
+      char dims[160] = "";
+      for (int i = 0; i < snd; i++) snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", i ? ", " : "", (long long)ssh[i]);
+      fprintf(stderr, "moe8 run: --router-state-in %s: must be [%lld, %lld] (one row per row of %s, the router's width) f32, f16 or "
+              "bf16, got %d-D %s [%s]\n", rs_in_path, (long long)T, (long long)R, input, snd, moe8_file_dtype_name(sdt), dims);
+      rc = EXIT_FAIL;
+      goto done;
+    }
+    rsi = malloc(sizeof(float) * (size_t)(T * R) + 4);
+    if (!rsi) { fprintf(stderr, "moe8 run: out of memory\n"); rc = EXIT_FAIL; goto done; }
+    if ((st = moe8_file_to_f32(rsi, sraw, sdt, (size_t)(T * R))) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+  }
+  if (rs_out_path && !(rso = malloc(sizeof(float) * (size_t)(T * R) + 4))) {
+    fprintf(stderr, "moe8 run: out of memory\n");
+    rc = EXIT_FAIL;
+    goto done;
+  }
   moe8_prepared pr;
   if (moe8_layer_prepared(L, &pr) != MOE8_OK && (st = moe8_layer_prepare(L)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
   double t0 = cli_now(), t1;
@@ -271,7 +338,8 @@ int cmd_run(int argc, char **argv) {
     double best = 1e300;
     for (int64_t r = 0; r < repeat; r++) {
       t0 = cli_now();
-      if ((st = moe8_layer_forward_fused_seq(L, xf, T, tok, seq_len, y, ws, wsz)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+      st = R > 0 ? moe8_layer_forward_fused_state(L, xf, T, rsi, rso, y, ws, wsz) : moe8_layer_forward_fused_seq(L, xf, T, tok, seq_len, y, ws, wsz);
+      if (st != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
       t1 = cli_now();
       if (t1 - t0 < best) best = t1 - t0;
     }
@@ -281,13 +349,15 @@ int cmd_run(int argc, char **argv) {
   if (rank == 0) {
     const int64_t oshape[2] = {T, D};
     if ((st = moe8_npy_write(output, MOE8_FDT_F32, 2, oshape, y)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
+    const int64_t sshape[2] = {T, R};
+    if (rso && (st = moe8_npy_write(rs_out_path, MOE8_FDT_F32, 2, sshape, rso)) != MOE8_OK) { rc = cli_report(st, "run"); goto done; }
     printf("run: %s layer %lld (%s), %lld tokens, %s%s: %.2f ms -> %s\n", moe8_arch_name(moe8_model_config(m)->arch), (long long)layer,
            moe8_model_format(m, layer), (long long)T, moe8_layer_describe(L), P > 1 ? ", expert parallel" : "", (t1 - t0) * 1e3, output);
   }
 done:
   if (c && !agreed) (void)cli_allreduce_max(c, 1.0); /* this rank failed before the others' check */
   if (c) cli_comm_close(c);
-  free(x); free(xf); free(y); free(ws); free(traw); free(tok);
+  free(x); free(xf); free(y); free(ws); free(traw); free(tok); free(sraw); free(rsi); free(rso);
   moe8_layer_destroy(L);
   moe8_rules_destroy(rules);
   moe8_model_close(m);
