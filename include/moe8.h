@@ -347,6 +347,9 @@ MOE8_API moe8_status moe8_order_set(moe8_order order);
 */
 /* Routing keeps per-token scratch on the stack; E is at most this. */
 #define MOE8_MAX_EXPERTS 4096
+/* A product-key layer's experts (moe8_layer_config.product_keys; its
+** routing keeps 2·floor(sqrt(E)) values per token): at most this. */
+#define MOE8_MAX_PK_EXPERTS (1 << 20)
 
 typedef enum moe8_score_func {
   MOE8_SCORE_SOFTMAX = 0,  /* softmax over all E (default) */
@@ -581,7 +584,9 @@ typedef enum moe8_expert_act {
   ** form.  Everything that holds gate|up [.., 2F] holds up alone [.., F]
   ** (moe8_prepared, moe8_layer_put_expert, moe8's files). */
   MOE8_ACT_RELU2 = 6,        /* Nemotron-H: h = relu(u)², relu(u) = u < 0 ? 0 : u (a NaN kept) */
-  MOE8_ACT_RELU = 7          /* h = relu(u) */
+  MOE8_ACT_RELU = 7,         /* h = relu(u) */
+  MOE8_ACT_SILU = 8          /* h = silu(u) = u / (1 + exp(-u)): the product-key experts' only
+                             ** (moe8_layer_config.product_keys; Doge's hidden_act silu)      */
 } moe8_expert_act;
 
 typedef struct moe8_layer_config {
@@ -762,6 +767,36 @@ typedef struct moe8_layer_config {
   ** no zero_experts, capacity (either kind), groups, hash routing,
   ** sparsemixer, scored_shared, weight_input or aux loss with it.  0: none. */
   int64_t         skip_experts;
+  /* Product-key experts (Doge's DogeCDMoE): num_experts single-neuron
+  ** experts, ungated (act MOE8_ACT_SILU, ffn 1): expert j's output is
+  ** act(x · k_j) · v_j with its key k_j = MOE8_W_UP [E, D, 1] (Doge's
+  ** down_embed) and its value v_j = MOE8_W_DOWN [E, 1, D] (up_embed).
+  ** The router weight MOE8_W_ROUTER is [D, 2N], N = floor(sqrt(E)) keys:
+  ** the logits l [T, 2N] = x · Wr in f32 are read as transformers'
+  ** router_logits.view(2, T, N) reads them, the first T·N floats of the
+  ** flat [T, 2N] buffer being the first key halves and the rest the
+  ** second ones: token t's halves sx = flat[t·N ..], sy = flat[(T + t)·N
+  ** ..] (for T > 1 they are other tokens' logits: a token's routing
+  ** depends on the other tokens of the call; T = 1 reads its own).  Each
+  ** half sorted descending (ties to the lower index), the candidate (a, b)
+  ** scores sx[a] + sy[b] in f32 and is expert ia[a]·N + ib[b]; the top_k
+  ** candidates (ties to the lower a·N + b; top_k <= N²) in that order are
+  ** the slots; their weights the softmax of their scores (f32), divided by
+  ** their sum with norm_topk_prob, times routed_scaling_factor.  Slot j
+  ** adds (w_j · act(x · k_e)) · v_e, summed in slot order from zero; the
+  ** shared expert (a SwiGLU: shared_plain_act) and out_bias are added
+  ** after.  num_experts up to MOE8_MAX_PK_EXPERTS.  Under a weight rule
+  ** both tables are quantized per expert row, [E, ceil(D/tile) or 1, 1, 1]
+  ** scales (moe8_prepared's s_down too: the values' K = 1 would give each
+  ** value its own scale); under an activation rule x is quantized (the
+  ** key products use its codes), the one activation per slot is not.
+  ** Forward, fused inference and moe8_layer_experts (given ids: -1
+  ** skipped); the backward, the trainer and expert parallelism are
+  ** refused by name; no selection bias, groups, router bias, expert
+  ** biases, zero_experts, hash routing, scored_shared, weight_input,
+  ** capacity, aux loss, latent experts, Gemma-4's norms or MXFP4 with
+  ** it. */
+  bool            product_keys;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -971,7 +1006,7 @@ typedef struct moe8_prepared {
   const void  *w_gate_up;     /* [E, D, 2F]                        */
   const float *s_gate_up;     /* [E, ceil(D/tile) or 1, 1, 2F]     */
   const void  *w_down;        /* [E, F, D]                         */
-  const float *s_down;        /* [E, ceil(F/tile) or 1, 1, D]      */
+  const float *s_down;        /* [E, ceil(F/tile) or 1, 1, D]; product_keys: [E, ceil(D/tile) or 1, 1, 1] */
 } moe8_prepared;
 
 MOE8_API moe8_status moe8_layer_prepared(const moe8_layer *layer, moe8_prepared *out);

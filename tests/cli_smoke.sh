@@ -58,6 +58,7 @@ for fam in \
   "axk1:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_group\": 2, \"topk_group\": 1, \"first_k_dense_replace\": 0" \
   "longcat_flash:\"n_routed_experts\": 8, \"zero_expert_num\": 4, \"expert_ffn_hidden_size\": 32" \
   "switch_transformers:\"num_experts\": 8, \"d_ff\": 32, \"num_sparse_encoder_layers\": 1, \"num_sparse_decoder_layers\": 1, \"expert_capacity\": 1" \
+  "doge:\"is_moe\": true, \"num_experts\": 20, \"intermediate_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"moe_latent_size\": 40, \"hybrid_override_pattern\": \"E\"" \

@@ -187,7 +187,7 @@ static void test_forms_refused(void **state) {
   assert_int_equal(moe8_layer_create(&b, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
   assert_non_null(strstr(moe8_last_error(), "act_limit"));
   b.act_limit = 7.0f;
-  b.act = (moe8_expert_act)(MOE8_ACT_RELU + 1); /* past the last */
+  b.act = (moe8_expert_act)(MOE8_ACT_SILU + 1); /* past the last */
   assert_int_equal(moe8_layer_create(&b, NULL, "experts", &L), MOE8_ERR_INVALID_ARG);
   b.act = MOE8_ACT_SWIGLU_CLAMP;
   b.expert_bias = true;

@@ -232,6 +232,121 @@ static moe8_status write_gptoss(const char *dir, uint8_t *gb, uint8_t *gs, uint8
   return moe8_st_write(path, t, 8);
 }
 
+/* Doge's files (DogeCDMoE as save_pretrained writes it): mlp.router_gate.weight [2N, D], mlp.down_embed.weight and
+** mlp.up_embed.weight [E, D], the dense SwiGLU's gate_proj / up_proj [Fs, D] and down_proj [D, Fs]; skip: which tensor to
+** leave out, bad: which to write with a wrong shape (-1: none). */
+static moe8_status write_doge(const char *dir, const float *w[6], int64_t E, int64_t N, int64_t D, int64_t Fs, int skip, int bad,
+                              moe8_file_dtype kdt) {
+  char path[640];
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return MOE8_ERR_IO;
+  fprintf(f, "{\"model_type\": \"doge\", \"is_moe\": true, \"num_experts\": %lld, \"num_experts_per_tok\": 3, \"hidden_size\": %lld, "
+             "\"intermediate_size\": %lld, \"num_hidden_layers\": 1}\n", (long long)E, (long long)D, (long long)Fs);
+  fclose(f);
+  static const char *const nm[6] = {"router_gate", "down_embed", "up_embed", "gate_proj", "up_proj", "down_proj"};
+  const int64_t sh[6][2] = {{2 * N, D}, {E, D}, {E, D}, {Fs, D}, {Fs, D}, {D, Fs}};
+  static char names[6][80];
+  moe8_tensor_view t[6];
+  int n = 0;
+  for (int i = 0; i < 6; i++) {
+    if (i == skip) continue;
+    snprintf(names[i], sizeof names[i], "model.layers.0.mlp.%s.weight", nm[i]);
+    const int64_t r = i == bad ? sh[i][0] - 1 : sh[i][0];
+    const moe8_file_dtype dt = i == 1 ? kdt : MOE8_FDT_F32;
+    t[n++] = (moe8_tensor_view){names[i], dt, 2, {r, sh[i][1]}, w[i], (size_t)(r * sh[i][1]) * (dt == MOE8_FDT_F32 ? 4 : 1), 0};
+  }
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  return moe8_st_write(path, t, (size_t)n);
+}
+
+static void test_doge_files(void **state) {
+  (void)state;
+  enum { E = 20, N = 4, D = 16, Fs = 8, T = 3 };
+  static float rg[2 * N * D], de[E * D], ue[E * D], gp[Fs * D], up[Fs * D], dp[D * Fs], x[T * D], y0[T * D], y1[T * D];
+  tu_rng_reset(5160);
+  float *all[6] = {rg, de, ue, gp, up, dp};
+  const size_t cnt[6] = {2 * N * D, E * D, E * D, Fs * D, Fs * D, D * Fs};
+  for (int i = 0; i < 6; i++) tu_fill_normal(all[i], cnt[i], 0.3f);
+  tu_fill_normal(x, T * D, 1.0f);
+  const float *w[6] = {rg, de, ue, gp, up, dp};
+  const char *dir = tmp_path("doge");
+  assert_int_equal(write_doge(dir, w, E, N, D, Fs, -1, -1, MOE8_FDT_F32), MOE8_OK);
+  moe8_model *m;
+  assert_int_equal(moe8_model_open(dir, &m), MOE8_OK);
+  assert_true(moe8_model_config(m)->layer.product_keys);
+  assert_non_null(strstr(moe8_model_format(m, 0), "product-key"));
+  /* the file's layer: the bytes of the same layer from memory (the router transposed, the tables' rows the experts) */
+  moe8_layer *L, *M;
+  const moe8_load_options o = {sizeof o, MOE8_LOAD_INFERENCE, NULL, NULL};
+  assert_int_equal(moe8_model_load_layer_ex(m, 0, NULL, &o, &L), MOE8_OK);
+  const moe8_layer_config c = {.num_experts = E, .top_k = 3, .hidden = D, .ffn = 1, .act = MOE8_ACT_SILU, .shared_ffn = Fs,
+                               .product_keys = true};
+  assert_int_equal(moe8_layer_create_inference(&c, NULL, "experts", &M), MOE8_OK);
+  float *wr = moe8_layer_weight(M, MOE8_W_ROUTER, NULL);
+  for (int d = 0; d < D; d++)
+    for (int k = 0; k < 2 * N; k++) wr[d * 2 * N + k] = rg[k * D + d];
+  for (int e = 0; e < E; e++) assert_int_equal(moe8_layer_put_expert(M, 0, e, de + e * D, ue + e * D), MOE8_OK);
+  static float gu[D * 2 * Fs], dn[Fs * D];
+  for (int d = 0; d < D; d++)
+    for (int f = 0; f < Fs; f++) { gu[d * 2 * Fs + f] = gp[f * D + d]; gu[d * 2 * Fs + Fs + f] = up[f * D + d]; }
+  for (int f = 0; f < Fs; f++)
+    for (int d = 0; d < D; d++) dn[f * D + d] = dp[d * Fs + f];
+  assert_int_equal(moe8_layer_put_expert(M, 1, 0, gu, dn), MOE8_OK);
+  assert_int_equal(moe8_layer_finish_load(M), MOE8_OK);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  assert_int_equal(moe8_layer_forward_fused(L, x, T, y0, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_forward_fused(M, x, T, y1, ws, wsz), MOE8_OK);
+  assert_memory_equal(y0, y1, sizeof y0);
+  free(ws);
+  moe8_layer_destroy(M);
+  moe8_layer_destroy(L);
+  /* a training load runs too (forward; its backward is refused) */
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_OK);
+  moe8_layer_destroy(L);
+  /* moe8 quantize: the tables are not moe8's files' experts, refused by name before anything is written */
+  {
+    static const char rj[] = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\"}]}";
+    moe8_rules *rs;
+    assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+    char out[700];
+    snprintf(out, sizeof out, "%s-q", dir);
+    assert_int_equal(moe8_model_quantize(dir, out, rs, NULL), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "product-key"));
+    struct stat sb;
+    assert_int_not_equal(stat(out, &sb), 0);
+    moe8_rules_destroy(rs);
+  }
+  moe8_model_close(m);
+  /* each tensor missing, or of the wrong shape, is named; so is a table that is not float */
+  static const char *const nm[6] = {"router_gate", "down_embed", "up_embed", "gate_proj", "up_proj", "down_proj"};
+  for (int i = 0; i < 6; i++)
+    for (int mode = 0; mode < 2; mode++) {
+      char d2[600];
+      snprintf(d2, sizeof d2, "%s-%d-%d", dir, i, mode);
+      assert_int_equal(write_doge(d2, w, E, N, D, Fs, mode ? -1 : i, mode ? i : -1, MOE8_FDT_F32), MOE8_OK);
+      assert_int_equal(moe8_model_open(d2, &m), MOE8_OK);
+      const moe8_status st = moe8_model_load_layer(m, 0, NULL, &L);
+      assert_int_equal(st, mode ? MOE8_ERR_SHAPE : MOE8_ERR_FORMAT);
+      char want[64];
+      snprintf(want, sizeof want, "mlp.%s.weight", nm[i]);
+      assert_non_null(strstr(moe8_last_error(), want));
+      moe8_model_close(m);
+    }
+  static uint8_t codes[E * D];
+  const float *wi[6] = {rg, (const float *)codes, ue, gp, up, dp};
+  char d3[600];
+  snprintf(d3, sizeof d3, "%s-i8", dir);
+  assert_int_equal(write_doge(d3, wi, E, N, D, Fs, -1, -1, MOE8_FDT_I8), MOE8_OK);
+  assert_int_equal(moe8_model_open(d3, &m), MOE8_OK);
+  assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_ERR_DTYPE);
+  assert_non_null(strstr(moe8_last_error(), "down_embed.weight"));
+  moe8_model_close(m);
+}
+
 static void test_gpt_oss_mxfp4(void **state) {
   (void)state;
   enum { E = 4, D = 64, F = 32 };
@@ -1612,6 +1727,41 @@ static void test_family_rows(void **state) {
     assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
     assert_non_null(strstr(moe8_last_error(), "router is an MLP"));
   }
+  /* Doge (DogeCDMoE): is_moe, product keys over num_experts (past MOE8_MAX_EXPERTS), single silu neurons (ffn 1), the dense
+  ** SwiGLU as the shared expert, every layer MoE; the top-k at most the floor(sqrt(E))^2 candidates */
+  assert_int_equal(PARSE("{\"model_type\":\"doge\"}"), MOE8_ERR_UNSUPPORTED); /* is_moe's default: dense */
+  assert_non_null(strstr(moe8_last_error(), "\"is_moe\""));
+  assert_int_equal(PARSE("{\"model_type\":\"doge\",\"is_moe\":true}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 16384 && c.layer.top_k == 64 && c.layer.hidden == 1024 && c.layer.ffn == 1 && c.num_layers == 32 &&
+              c.layer.shared_ffn == 2048 && c.layer.product_keys && c.layer.act == MOE8_ACT_SILU && !c.layer.norm_topk_prob &&
+              !c.layer.shared_gate && !c.has_bias && c.layer.score == MOE8_SCORE_SOFTMAX && moe8_hf_config_first_moe_layer(&c) == 0);
+  for (int64_t l = 0; l < 32; l++) assert_int_equal(moe8_hf_config_check_moe_layer(&c, l), MOE8_OK);
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 32), MOE8_ERR_INVALID_ARG);
+  assert_int_equal(PARSE("{\"model_type\":\"doge\",\"is_moe\":true,\"hidden_size\":64,\"num_hidden_layers\":3,\"num_experts\":30,"
+                         "\"num_experts_per_tok\":25,\"intermediate_size\":96,\"norm_topk_prob\":true,\"output_router_logits\":true}"),
+                   MOE8_OK);
+  assert_true(c.layer.num_experts == 30 && c.layer.top_k == 25 && c.layer.hidden == 64 && c.num_layers == 3 && c.layer.shared_ffn == 96 &&
+              c.layer.norm_topk_prob);
+  assert_int_equal(PARSE("{\"model_type\":\"doge\",\"is_moe\":true,\"num_experts\":30,\"num_experts_per_tok\":26}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "\"num_experts_per_tok\" = 26 exceeds the 25 candidates"));
+  assert_int_equal(PARSE("{\"model_type\":\"doge\",\"is_moe\":true,\"num_experts\":2000000}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "\"num_experts\""));
+  assert_int_equal(PARSE("{\"model_type\":\"doge\",\"is_moe\":1}"), MOE8_ERR_PARSE);
+  assert_non_null(strstr(moe8_last_error(), "\"is_moe\""));
+  static const char *const doge_bad[] = {"\"hidden_act\":\"gelu\"", "\"mlp_bias\":true"};
+  for (int i = 0; i < 2; i++) {
+    char js[160];
+    snprintf(js, sizeof js, "{\"model_type\":\"doge\",\"is_moe\":true,%s}", doge_bad[i]);
+    assert_int_equal(moe8_hf_config_parse(js, strlen(js), "config.json", &c), MOE8_ERR_UNSUPPORTED);
+    char key[40];
+    snprintf(key, sizeof key, "%.*s", (int)(strchr(doge_bad[i] + 1, '"') - doge_bad[i] + 1), doge_bad[i]);
+    assert_non_null(strstr(moe8_last_error(), key));
+  }
+  {
+    static const char js[] = "{\"model_type\":\"doge\",\"is_moe\":true}";
+    assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "product keys"));
+  }
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"n_routed_experts\":16,\"zero_expert_num\":4,\"moe_topk\":21}"), MOE8_ERR_PARSE);
   assert_non_null(strstr(moe8_last_error(), "\"moe_topk\" = 21 exceeds the 20 experts"));
   assert_int_equal(PARSE("{\"model_type\":\"longcat_flash\",\"expert_ffn_hidden_size\":64,\"moe_intermediate_size\":32}"), MOE8_ERR_PARSE);
@@ -1829,6 +1979,7 @@ int main(void) {
     cmocka_unit_test(test_hf_configs),
     cmocka_unit_test(test_family_rows),
     cmocka_unit_test(test_zaya_files),
+    cmocka_unit_test(test_doge_files),
     cmocka_unit_test(test_gpt_oss_mxfp4),
     cmocka_unit_test(test_gpt_oss_mxfp4_nan_gate),
     cmocka_unit_test(test_gpt_oss_mxfp4_loads_agree),

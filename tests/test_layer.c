@@ -1982,7 +1982,7 @@ static void test_ungated_form(void **state) {
   assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
   assert_non_null(strstr(moe8_last_error(), "shared_plain_act"));
   bad.shared_plain_act = false;
-  bad.act = (moe8_expert_act)(MOE8_ACT_RELU + 1); /* past the last */
+  bad.act = (moe8_expert_act)(MOE8_ACT_SILU + 1); /* past the last */
   assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
 }
 
@@ -2552,6 +2552,318 @@ static void test_zaya_router(void **state) {
   moe8_layer_destroy(L[1]);
 }
 
+/* Doge's product-key experts (DogeCDMoE) against a double definition
+** written from transformers' modeling_doge.py (pk_ref): its router's
+** view(2, T, N) of the [T, 2N] logits (a token's two halves are other
+** tokens' logits for T > 1), each half's sorted top-N, the N² candidate
+** sums and their top-k (ties: the lower position), the softmax over the k
+** (then / sum with norm_topk_prob), the single-neuron experts silu(x ·
+** down_embed[e]) · w · up_embed[e] and the dense SwiGLU added.  Shapes: one
+** token, odd token counts, E a square and not (the experts past N² never
+** chosen: no tokens), k = N² (every candidate), D not a multiple of 16.
+** A reference splitting each token's own logits (per_token) must differ
+** for T > 1 (the test tells the quirk); one token run alone is per-token.
+** Then: the fused forward's bytes, moe8_layer_experts with given ids (-1
+** skipped), quantized rules (FP8, int8, weights or activations alone, a
+** pair without a kernel) against the reference on the dequantized values,
+** a layer loaded for inference (put_expert) to the bytes, and the
+** refusals (configs, backward, trainer, expert parallelism). */
+static double pk_silu(double v) { return v / (1.0 + exp(-v)); }
+
+static void pk_ref(int T, int D, int E, int K, int Fs, bool norm, bool per_token, const double *x, const double *xe, const float *wr,
+                   const double *keys,
+                   const float *vals, const float *sg, const float *su, const float *sd, const int32_t *ids_in, const float *w_in,
+                   double *out) {
+  int N = 0;
+  while ((N + 1) * (N + 1) <= E) N++;
+  double *lg = calloc((size_t)(T * 2 * N), sizeof(double));
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < 2 * N; c++)
+      for (int d = 0; d < D; d++) lg[t * 2 * N + c] += x[t * D + d] * (double)wr[d * 2 * N + c];
+  for (int t = 0; t < T; t++) {
+    int ids[64];
+    double w[64];
+    if (ids_in) {
+      for (int j = 0; j < K; j++) { ids[j] = ids_in[t * K + j]; w[j] = w_in[t * K + j]; }
+    } else {
+      const double *h[2] = {per_token ? lg + t * 2 * N : lg + t * N, per_token ? lg + t * 2 * N + N : lg + (T + t) * N};
+      int ix[2][32];
+      for (int s = 0; s < 2; s++) { /* topk(N): descending, ties to the lower index */
+        bool used[32] = {0};
+        for (int a = 0; a < N; a++) {
+          int best = -1;
+          for (int i = 0; i < N; i++)
+            if (!used[i] && (best < 0 || h[s][i] > h[s][best])) best = i;
+          used[best] = true;
+          ix[s][a] = best;
+        }
+      }
+      bool taken[1024] = {0};
+      double sc[64];
+      for (int j = 0; j < K; j++) { /* topk(k) of the flattened [N, N] sums */
+        int best = -1;
+        double bs = 0.0;
+        for (int p = 0; p < N * N; p++) {
+          const double v = h[0][ix[0][p / N]] + h[1][ix[1][p % N]];
+          if (!taken[p] && (best < 0 || v > bs)) { best = p; bs = v; }
+        }
+        taken[best] = true;
+        sc[j] = bs;
+        ids[j] = ix[0][best / N] * N + ix[1][best % N];
+      }
+      double m = sc[0], sum = 0.0;
+      for (int j = 0; j < K; j++) m = sc[j] > m ? sc[j] : m;
+      for (int j = 0; j < K; j++) sum += (w[j] = exp(sc[j] - m));
+      for (int j = 0; j < K; j++) w[j] /= sum;
+      if (norm) {
+        double s2 = 0.0;
+        for (int j = 0; j < K; j++) s2 += w[j];
+        for (int j = 0; j < K; j++) w[j] /= s2;
+      }
+    }
+    double *o = out + t * D;
+    for (int d = 0; d < D; d++) o[d] = 0.0;
+    for (int j = 0; j < K; j++) {
+      const int e = ids[j];
+      if (e < 0) continue;
+      double u = 0.0;
+      for (int d = 0; d < D; d++) u += (xe ? xe : x)[t * D + d] * keys[e * D + d];
+      const double c = pk_silu(u) * w[j];
+      for (int d = 0; d < D; d++) o[d] += c * (double)vals[e * D + d];
+    }
+    for (int f = 0; f < Fs; f++) {
+      double g = 0.0, u = 0.0;
+      for (int d = 0; d < D; d++) { g += x[t * D + d] * (double)sg[d * Fs + f]; u += x[t * D + d] * (double)su[d * Fs + f]; }
+      const double hh = pk_silu(g) * u;
+      for (int d = 0; d < D; d++) o[d] += hh * (double)sd[f * D + d];
+    }
+  }
+  free(lg);
+}
+
+static double pk_err(const float *got, const double *yr, size_t n) {
+  double mx = 0.0, e = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    mx = fabs(yr[i]) > mx ? fabs(yr[i]) : mx;
+    e = fabs((double)got[i] - yr[i]) > e ? fabs((double)got[i] - yr[i]) : e;
+  }
+  return e / (mx > 0.0 ? mx : 1.0);
+}
+
+static void test_product_keys(void **state) {
+  (void)state;
+  static const struct { int E, K, D, Fs; bool norm; } shapes[] = {
+    {16, 3, 24, 20, false}, {20, 5, 40, 0, true}, {9, 9, 17, 8, false}, {30, 4, 33, 12, false}};
+  static const int Ts[] = {1, 2, 5, 7};
+  enum { TMAX = 7, DMAX = 40, EMAX = 30, KMAX = 9 };
+  static float x[TMAX * DMAX], y0[TMAX * DMAX], y1[TMAX * DMAX], y2[TMAX * DMAX], w[TMAX * KMAX];
+  static double xd[TMAX * DMAX], yr[TMAX * DMAX], alt[TMAX * DMAX], keys[EMAX * DMAX];
+  static int32_t ids[TMAX * KMAX];
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int E = shapes[si].E, K = shapes[si].K, D = shapes[si].D, Fs = shapes[si].Fs;
+    const moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = 1, .act = MOE8_ACT_SILU, .shared_ffn = Fs,
+                                 .norm_topk_prob = shapes[si].norm, .product_keys = true};
+    moe8_layer *L;
+    assert_int_equal(moe8_layer_create(&c, NULL, "mlp.experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 700 + si), MOE8_OK);
+    size_t nr = 0;
+    const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, &nr), *ku = moe8_layer_weight_read(L, MOE8_W_UP, NULL),
+                *vd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+    int N = 0;
+    while ((N + 1) * (N + 1) <= E) N++;
+    assert_int_equal(nr, (size_t)(D * 2 * N));
+    assert_null(moe8_layer_weight_read(L, MOE8_W_GATE, NULL));
+    const float *sg = moe8_layer_weight_read(L, MOE8_W_SHARED_GATE, NULL), *su = moe8_layer_weight_read(L, MOE8_W_SHARED_UP, NULL),
+                *sd = moe8_layer_weight_read(L, MOE8_W_SHARED_DOWN, NULL);
+    for (int i = 0; i < E * D; i++) keys[i] = ku[i];
+    const size_t wsz = moe8_layer_workspace_size(L, TMAX);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    tu_rng_reset(710 + si);
+    tu_fill_normal(x, TMAX * DMAX, 1.0f);
+    for (int i = 0; i < TMAX * DMAX; i++) xd[i] = x[i];
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+      const int T = Ts[ti];
+      float aux;
+      assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+      pk_ref(T, D, E, K, Fs, shapes[si].norm, false, xd, NULL, wr, keys, vd, sg, su, sd, NULL, NULL, yr);
+      const double err = pk_err(y0, yr, (size_t)(T * D));
+      if (!(err <= 1e-5)) TU_FAIL("product keys E %d k %d D %d Fs %d T %d: error %g against the double reference", E, K, D, Fs, T, err);
+      pk_ref(T, D, E, K, Fs, shapes[si].norm, true, xd, NULL, wr, keys, vd, sg, su, sd, NULL, NULL, alt);
+      if (T > 1 && pk_err(y0, alt, (size_t)(T * D)) <= 1e-3)
+        TU_FAIL("product keys E %d T %d: the per-token split (not transformers' view) is not told apart", E, T);
+      if (T == 1 && pk_err(y0, alt, (size_t)D) > 1e-5) TU_FAIL("product keys E %d: one token is not routed by its own logits", E);
+    }
+    /* the fused forward: the bytes of the forward */
+    assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, TMAX, y0, &aux, ws, wsz), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(L, x, TMAX, y1, ws, wsz), MOE8_OK);
+    assert_memory_equal(y0, y1, sizeof(float) * (size_t)(TMAX * D));
+    /* one token alone: its own logits */
+    for (int t = 0; t < 3; t++) {
+      assert_int_equal(moe8_layer_forward_fused(L, x + t * D, 1, y2, ws, wsz), MOE8_OK);
+      pk_ref(1, D, E, K, Fs, shapes[si].norm, false, xd + t * D, NULL, wr, keys, vd, sg, su, sd, NULL, NULL, yr);
+      if (!(pk_err(y2, yr, (size_t)D) <= 1e-5)) TU_FAIL("product keys E %d: token %d alone", E, t);
+    }
+    /* given routing: ids anywhere in [0, E) (past N² too), -1 skipped */
+    for (int a = 0; a < TMAX * K; a++) {
+      ids[a] = a % 5 == 4 ? -1 : (int32_t)(tu_u64() % (uint64_t)E);
+      w[a] = tu_uniform(0.0f, 1.0f);
+    }
+    ids[0] = E - 1;
+    assert_int_equal(moe8_layer_experts(L, x, TMAX, ids, w, y1, ws, wsz), MOE8_OK);
+    pk_ref(TMAX, D, E, K, Fs, false, false, xd, NULL, wr, keys, vd, sg, su, sd, ids, w, yr);
+    if (!(pk_err(y1, yr, (size_t)(TMAX * D)) <= 1e-5)) TU_FAIL("product keys E %d: moe8_layer_experts against the reference", E);
+    assert_int_equal(moe8_layer_experts_routed(L, x, TMAX, ids, w, y2, ws, wsz), MOE8_OK);
+    pk_ref(TMAX, D, E, K, 0, false, false, xd, NULL, wr, keys, vd, sg, su, sd, ids, w, yr);
+    if (!(pk_err(y2, yr, (size_t)(TMAX * D)) <= 1e-5)) TU_FAIL("product keys E %d: moe8_layer_experts_routed against the reference", E);
+    ids[1] = E;
+    assert_int_equal(moe8_layer_experts(L, x, TMAX, ids, w, y1, ws, wsz), MOE8_ERR_INVALID_ARG);
+    assert_non_null(strstr(moe8_last_error(), "topk_ids[0, 1]"));
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  (void)y2;
+}
+
+static void test_product_keys_quant(void **state) {
+  (void)state;
+  enum { E = 25, K = 6, D = 48, T = 5, N = 5 };
+  static const char *const rules[] = {
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 16}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"act_qtype\": \"int8\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"act_qtype\": \"int8\", \"tile_size\": 16}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"int8\", \"act_qtype\": \"float8_e4m3fn\"}]}",
+    "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e5m2\"}]}"};
+  static float x[T * D], y0[T * D], y1[T * D], kq[E * D], vq[E * D], xq[T * D];
+  static double xd[T * D], xed[T * D], yr[T * D], keys[E * D];
+  static uint8_t codes[E * D];
+  static float sc[E * D];
+  tu_rng_reset(730);
+  tu_fill_normal(x, T * D, 1.0f);
+  for (int i = 0; i < T * D; i++) xd[i] = x[i];
+  const moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true};
+  for (size_t ri = 0; ri < sizeof rules / sizeof rules[0]; ri++) {
+    moe8_rules *rs;
+    assert_int_equal(moe8_rules_parse(rules[ri], strlen(rules[ri]), "inline", &rs), MOE8_OK);
+    moe8_layer *L, *Li;
+    assert_int_equal(moe8_layer_create(&c, rs, "mlp.experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 731), MOE8_OK);
+    const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), *ku = moe8_layer_weight_read(L, MOE8_W_UP, NULL),
+                *vd = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+    const size_t wsz = moe8_layer_workspace_size(L, T);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    /* the reference's values: both tables quantized per expert row ([E, D, 1]), x per token */
+    moe8_quant_spec wsp, asp;
+    const moe8_rule *r = moe8_layer_rule(L);
+    if (moe8_rule_weight_spec(r, &wsp)) {
+      assert_int_equal(moe8_quantize(&wsp, ku, E, D, 1, codes, sc, NULL), MOE8_OK);
+      assert_int_equal(moe8_dequantize(&wsp, codes, sc, E, D, 1, kq), MOE8_OK);
+      assert_int_equal(moe8_quantize(&wsp, vd, E, D, 1, codes, sc, NULL), MOE8_OK);
+      assert_int_equal(moe8_dequantize(&wsp, codes, sc, E, D, 1, vq), MOE8_OK);
+    } else {
+      memcpy(kq, ku, sizeof kq);
+      memcpy(vq, vd, sizeof vq);
+    }
+    if (moe8_rule_act_spec(r, &asp)) {
+      assert_int_equal(moe8_quantize(&asp, x, 1, T, D, codes, sc, NULL), MOE8_OK);
+      assert_int_equal(moe8_dequantize(&asp, codes, sc, 1, T, D, xq), MOE8_OK);
+    } else
+      memcpy(xq, x, sizeof xq);
+    for (int i = 0; i < E * D; i++) keys[i] = kq[i];
+    for (int i = 0; i < T * D; i++) xed[i] = xq[i];
+    float aux;
+    assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+    pk_ref(T, D, E, K, 0, false, false, xd, xed, wr, keys, vq, NULL, NULL, NULL, NULL, NULL, yr);
+    const double err = pk_err(y0, yr, (size_t)(T * D));
+    if (!(err <= 1e-5)) TU_FAIL("product keys under %s: error %g against the reference on the quantized values", rules[ri], err);
+    assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(L, x, T, y1, ws, wsz), MOE8_OK);
+    assert_memory_equal(y0, y1, sizeof y0);
+    moe8_prepared pr;
+    assert_int_equal(moe8_layer_prepared(L, &pr), MOE8_OK);
+    /* the same layer loaded for inference, expert by expert: the same bytes */
+    assert_int_equal(moe8_layer_create_inference(&c, rs, "mlp.experts", &Li), MOE8_OK);
+    memcpy(moe8_layer_weight(Li, MOE8_W_ROUTER, NULL), wr, sizeof(float) * D * 2 * N);
+    for (int e = 0; e < E; e++) assert_int_equal(moe8_layer_put_expert(Li, 0, e, ku + e * D, vd + e * D), MOE8_OK);
+    assert_int_equal(moe8_layer_finish_load(Li), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(Li, x, T, y1, ws, wsz), MOE8_OK);
+    assert_memory_equal(y0, y1, sizeof y0);
+    moe8_prepared pi;
+    assert_int_equal(moe8_layer_prepared(Li, &pi), MOE8_OK);
+    if (pr.s_down) { /* the value table's scales: per expert row, [E, nb, 1, 1] */
+      const int64_t nb = pr.tile ? (D + pr.tile - 1) / pr.tile : 1;
+      assert_memory_equal(pr.s_down, pi.s_down, sizeof(float) * (size_t)(E * nb));
+      assert_memory_equal(pr.w_down, pi.w_down, (size_t)(E * D));
+    }
+    moe8_layer_destroy(Li);
+    free(ws);
+    moe8_layer_destroy(L);
+    moe8_rules_destroy(rs);
+  }
+  /* refusals */
+  moe8_layer *L = NULL;
+  const moe8_layer_config bad[] = {
+    {.num_experts = 16, .top_k = 2, .hidden = 8, .ffn = 1, .act = MOE8_ACT_RELU, .product_keys = true},
+    {.num_experts = 16, .top_k = 2, .hidden = 8, .ffn = 2, .act = MOE8_ACT_SILU, .product_keys = true},
+    {.num_experts = 16, .top_k = 2, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU},
+    {.num_experts = 16, .top_k = 2, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true, .use_selection_bias = true},
+    {.num_experts = 16, .top_k = 2, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true, .router_bias = true},
+    {.num_experts = 16, .top_k = 2, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true, .aux_loss_weight = 0.01f},
+    {.num_experts = 20, .top_k = 17, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true},
+    {.num_experts = MOE8_MAX_PK_EXPERTS + 1, .top_k = 2, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true}};
+  static const char *const why[] = {"silu", "ffn 1", "product_keys", "selection bias", "router bias", "aux loss", "top_k = 17",
+                                    "num_experts"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_not_equal(moe8_layer_create(&bad[i], NULL, "experts", &L), MOE8_OK);
+    if (!strstr(moe8_last_error(), why[i])) TU_FAIL("product keys bad config %zu: '%s' does not name %s", i, moe8_last_error(), why[i]);
+  }
+  const moe8_layer_config big = {.num_experts = 16384, .top_k = 64, .hidden = 8, .ffn = 1, .act = MOE8_ACT_SILU, .product_keys = true};
+  assert_int_equal(moe8_layer_create(&big, NULL, "experts", &L), MOE8_OK); /* past MOE8_MAX_EXPERTS */
+  moe8_layer_destroy(L);
+  {
+    static const char mx[] = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\"}]}";
+    moe8_rules *rs;
+    assert_int_equal(moe8_rules_parse(mx, strlen(mx), "inline", &rs), MOE8_OK);
+    assert_int_equal(moe8_layer_create_inference(&c, rs, "experts", &L), MOE8_ERR_UNSUPPORTED);
+    moe8_rules_destroy(rs);
+  }
+  assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 732), MOE8_OK);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_backward(L, x, T, y0, ws, wsz, &(moe8_layer_grads){.dx = y1}), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "product-key"));
+  moe8_trainer *tr;
+  float loss;
+  if (moe8_trainer_create(L, 0.01f, &tr) == MOE8_OK) {
+    assert_int_equal(moe8_trainer_step(tr, x, y0, T, &loss, ws, wsz), MOE8_ERR_UNSUPPORTED);
+    moe8_trainer_destroy(tr);
+  }
+  moe8_comm *cm;
+  moe8_ep *ep = NULL;
+  assert_int_equal(moe8_comm_create_single(&cm), MOE8_OK);
+  for (int mode = 0; mode < 2; mode++) {
+    const moe8_ep_options eo = {sizeof eo, mode ? MOE8_EP_ALLTOALL : MOE8_EP_RING};
+    assert_int_equal(moe8_ep_create_ex(L, cm, &eo, &ep), MOE8_ERR_UNSUPPORTED);
+    assert_null(ep);
+    assert_non_null(strstr(moe8_last_error(), "product-key"));
+  }
+  moe8_comm_destroy(cm);
+  /* a non-finite input is named, no abort */
+  x[3] = NAN;
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_ERR_NONFINITE);
+  x[3] = 0.5f;
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
 /* ERNIE-4.5's renormalization, w / max(sum, norm_min): the router's
 ** weights to the byte (both sides of the clamp occur), and the layer's
 ** gradients against finite differences of its forward. */
@@ -2919,6 +3231,8 @@ int main(void) {
     cmocka_unit_test(test_zero_experts),
     cmocka_unit_test(test_expert_capacity),
     cmocka_unit_test(test_zaya_router),
+    cmocka_unit_test(test_product_keys),
+    cmocka_unit_test(test_product_keys_quant),
     cmocka_unit_test(test_gpt_oss_form_trainer),
     cmocka_unit_test(test_llama4_form_grads),
   };

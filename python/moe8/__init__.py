@@ -16,6 +16,7 @@ import ctypes as C
 import ctypes.util
 import glob
 import json
+import math
 import os
 import threading
 
@@ -79,9 +80,9 @@ def _check(st):
 
 
 # The experts' activations by moe8_expert_act value (include/moe8.h).
-ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap", "geglu", "relu2", "relu")
-# The ungated ones: up [D, F] alone, no gate weight.
-UNGATED = ("relu2", "relu")
+ACTS = ("swiglu", "swiglu_clamp", "swiglu_limit", "swiglu_post", "swiglu_softcap", "geglu", "relu2", "relu", "silu")
+# The ungated ones: up [D, F] alone, no gate weight ("silu": the product-key experts', Doge's).
+UNGATED = ("relu2", "relu", "silu")
 # The router's score functions by moe8_score_func value.
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus", "sparsemixer")
 
@@ -99,7 +100,7 @@ class _LayerConfig(C.Structure):
                 ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
                 ("router_jitter", C.c_float), ("zero_experts", _i64), ("latent", _i64), ("latent_norm", C.c_bool),
                 ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float), ("expert_capacity", _i64), ("router_mlp", _i64),
-                ("router_state", C.c_bool), ("skip_experts", _i64)]
+                ("router_state", C.c_bool), ("skip_experts", _i64), ("product_keys", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -478,13 +479,14 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False,
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
                   router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False,
-                  expert_out_norm=False, expert_out_eps=0.0, expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0):
+                  expert_out_norm=False, expert_out_eps=0.0, expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0,
+                  product_keys=False):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
-    num_experts = _int_arg(num_experts, "num_experts", 1, 4096)
-    zero_experts = _int_arg(zero_experts, "zero_experts", 0, 4096 - num_experts)
-    skip_experts = _int_arg(skip_experts, "skip_experts", 0, 4096 - num_experts - zero_experts)
+    num_experts = _int_arg(num_experts, "num_experts", 1, 1 << 20 if product_keys else 4096)  # MOE8_MAX_PK_EXPERTS, MOE8_MAX_EXPERTS
+    zero_experts = _int_arg(zero_experts, "zero_experts", 0, max(0, 4096 - num_experts))
+    skip_experts = _int_arg(skip_experts, "skip_experts", 0, max(0, 4096 - num_experts - zero_experts))
     top_k = _int_arg(top_k, "top_k", 1, num_experts + zero_experts + skip_experts)
     hidden, ffn = _int_arg(hidden, "hidden", 1), _int_arg(ffn, "ffn", 1)
     n_group, topk_group = _int_arg(n_group, "n_group"), _int_arg(topk_group, "topk_group")
@@ -494,7 +496,8 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
         raise Error(1, "group_score must be 'top2_sum' (DeepSeek-V3) or 'max' (DeepSeek-V2), not %r" % (group_score,))
     if act not in ACTS:
         raise Error(1, "act must be 'swiglu', 'swiglu_clamp' (GPT-OSS), 'swiglu_limit' (GLM-5, HY-V4), 'swiglu_post' (Step-3.5/3.7), "
-                    "'swiglu_softcap' (Inkling-2), 'geglu' (Gemma-4), 'relu2' (Nemotron-H, ungated) or 'relu' (ungated), not %r" % (act,))
+                    "'swiglu_softcap' (Inkling-2), 'geglu' (Gemma-4), 'relu2' (Nemotron-H, ungated), 'relu' (ungated) or 'silu' (ungated: "
+                    "the product-key experts'), not %r" % (act,))
     return _LayerConfig(num_experts, top_k, hidden, ffn, SCORES.index(score), norm_topk_prob, routed_scaling_factor,
                         use_selection_bias, capacity_factor, aux_loss_weight, n_group, topk_group, shared_ffn, shared_gate,
                         gscores[group_score], ACTS.index(act), act_alpha, act_limit, router_bias, expert_bias, weight_input,
@@ -504,7 +507,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts,
                         _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps),
                         _int_arg(expert_capacity, "expert_capacity"), _int_arg(router_mlp, "router_mlp"), bool(router_state),
-                        skip_experts)
+                        skip_experts, bool(product_keys))
 
 
 def _f32_any(a, name, shape):
@@ -531,7 +534,7 @@ class Layer:
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
                  router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0,
-                 expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0, rules=None,
+                 expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0, product_keys=False, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -548,7 +551,7 @@ class Layer:
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
                                 group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
                                 router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps, expert_capacity,
-                                router_mlp, router_state, skip_experts)
+                                router_mlp, router_state, skip_experts, product_keys)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -570,6 +573,7 @@ class Layer:
         # Zaya's MLP router: its width (0: a linear router), whether it adds the previous layer's router state
         # (forward()'s router_state), and the skip classes after the experts
         self.router_mlp, self.router_state, self.skip_experts = c.router_mlp, bool(c.router_state), c.skip_experts
+        self.product_keys = bool(c.product_keys)  # Doge's product-key experts: the router [D, 2 floor(sqrt(E))]
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -671,7 +675,7 @@ class Layer:
         if Fs:
             if shared is None:
                 raise Error(1, "inference_from_experts: shared_ffn = %d needs shared=(gate_up, down)" % Fs)
-            gu = _f32_any(shared[0], "shared gate_up", (D, Fs if ungated else 2 * Fs))
+            gu = _f32_any(shared[0], "shared gate_up", (D, Fs if ungated and not cfg.product_keys else 2 * Fs))  # Doge's: a SwiGLU
             dn = _f32_any(shared[1], "shared down", (Fs, D))
             _check(_layer_put_expert(obj._h, 1, 0, _ptr(gu), _ptr(dn)))
             del gu, dn
@@ -694,7 +698,8 @@ class Layer:
         H = self.latent or D  # the routed experts' width
         Er = E + self.zero_experts + self.skip_experts  # the router's classes
         R = self.router_mlp  # Zaya's MLP router's width
-        return {"router": (R or D, Er), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
+        Rw = 2 * math.isqrt(E) if self.product_keys else Er  # a product-key router's 2 x N keys
+        return {"router": (R or D, Rw), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
                 "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,), "gate_up_bias": (E, 2 * F),
                 "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
                 "out_norm": (D,), "latent_in": (D, H), "latent_out": (H, D), "latent_norm": (H,), "expert_out_norm": (H,),

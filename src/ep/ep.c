@@ -117,6 +117,10 @@ moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s has %s (Zaya's): not implemented under expert parallelism (the single process "
                       "runs it)", layer->module_path,
                       layer->cfg.router_mlp > 0 ? "an MLP router (router_mlp) carrying a router state" : "skip experts (skip_experts)");
+  if (layer->cfg.product_keys) /* the layer's own config: every rank refuses alike */
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s has product-key experts (Doge's): a token's routing reads other tokens' "
+                      "router logits (transformers' view over the call's tokens), so a shard cannot route alone: not implemented under "
+                      "expert parallelism", layer->module_path);
   if (layer->cfg.expert_capacity > 0) /* the layer's own config: every rank refuses alike */
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s drops tokens past expert_capacity (SwitchTransformers', counted per sequence): "
                       "not implemented under expert parallelism", layer->module_path);

@@ -170,6 +170,9 @@ typedef struct family {
   /* Zaya (ZayaConfig): the MLP router with its state and skip expert
   ** (parse_zaya) */
   bool        zaya;
+  /* Doge (DogeConfig): product-key single-neuron experts and a dense
+  ** SwiGLU (parse_doge, moe8_layer_config.product_keys) */
+  bool        doge;
 } family;
 
 /* Placement of the MoE layers. */
@@ -590,6 +593,11 @@ static const family k_families[] = {
   ** fused SwiGLU experts; every layer MoE (parse_zaya) */
   {.name = "zaya", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 40, .experts = 16, .top_k = 1, .ffn = 2048, .norm = false, .scaling = 1.0, .norm_key = "", .place = PLACE_ALL, .zaya = true},
+  /* DogeConfig with is_moe (DogeCDMoE): product-key routing over
+  ** num_experts single silu neurons (down_embed, up_embed), plus the dense
+  ** SwiGLU of width intermediate_size; every layer (parse_doge) */
+  {.name = "doge", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "intermediate_size", .hidden = 1024,
+   .layers = 32, .experts = 16384, .top_k = 64, .ffn = 2048, .norm = false, .scaling = 1.0, .place = PLACE_ALL, .doge = true},
   {.name = "flint", .arch = MOE8_ARCH_QWEN2_MOE, .experts_key = "num_experts", .ffn_key = "moe_intermediate_size", .hidden = 2048,
    .layers = 49, .experts = 256, .top_k = 6, .ffn = 512, .shared = 1024, .norm = true, .scaling = 1.0, .first_dense = 2,
    .shared_ungated = true, .sigmoid = true},
@@ -1318,6 +1326,50 @@ static moe8_status parse_zaya(const cJSON *root, const char *file, moe8_hf_confi
   return MOE8_OK;
 }
 
+/* Doge (DogeConfig, DogeCDMoE when is_moe): hidden_size, num_hidden_layers,
+** num_experts (up to MOE8_MAX_PK_EXPERTS), num_experts_per_tok (at most
+** the floor(sqrt(num_experts))² candidates: transformers' topk of them),
+** norm_topk_prob; the experts single neurons of hidden_act (silu only:
+** moe8's product-key experts), the dense SwiGLU (the layer's shared
+** expert) of width intermediate_size, no biases (mlp_bias).  is_moe false
+** is a dense DogeMLP: no MoE layer at all.  output_router_logits and
+** router_aux_loss_coef act in training only. */
+static moe8_status parse_doge(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
+  moe8_status st;
+  moe8_layer_config *L = &c->layer;
+#define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
+  bool on = false, bias = false;
+  TRY(get_bool(root, file, "is_moe", false, &on));
+  if (!on)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"is_moe\" is false (or absent: DogeConfig's default): the model is dense (DogeMLP), its "
+                      "layers have no MoE block", file);
+  TRY(want_str(root, file, "hidden_act", "silu", "moe8's product-key experts and Doge's dense MLP compute silu"));
+  TRY(get_bool(root, file, "mlp_bias", false, &bias));
+  if (bias)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"mlp_bias\" is true: the dense MLP's projections then have biases, which moe8 does not "
+                      "hold", file);
+  const int64_t BIG = (int64_t)1 << 30;
+  TRY(get_int(root, file, "hidden_size", fam->hidden, 1, BIG, &L->hidden));
+  TRY(get_int(root, file, "num_hidden_layers", fam->layers, 1, 1 << 20, &c->num_layers));
+  TRY(get_int(root, file, "num_experts", fam->experts, 1, MOE8_MAX_PK_EXPERTS, &L->num_experts));
+  TRY(get_int(root, file, "num_experts_per_tok", fam->top_k, 1, MOE8_MAX_EXPERTS, &L->top_k));
+  TRY(get_int(root, file, "intermediate_size", fam->ffn, 1, BIG, &L->shared_ffn));
+  TRY(get_bool(root, file, "norm_topk_prob", fam->norm, &L->norm_topk_prob));
+  int64_t n = 1;
+  while ((n + 1) * (n + 1) <= L->num_experts) n++;
+  if (L->top_k > n * n)
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"num_experts_per_tok\" = %lld exceeds the %lld candidates of \"num_experts\" = %lld "
+                      "(floor(sqrt(num_experts))^2 = %lld x %lld product keys)", file, (long long)L->top_k, (long long)(n * n),
+                      (long long)L->num_experts, (long long)n, (long long)n);
+  L->ffn = 1;
+  L->act = MOE8_ACT_SILU;
+  L->product_keys = true;
+  L->score = MOE8_SCORE_SOFTMAX;
+  L->routed_scaling_factor = 1.0f;
+  return MOE8_OK;
+#undef TRY
+}
+
 /* DBRX's keys: d_model and n_layers at the top, the MoE's under
 ** ffn_config (DbrxFFNConfig's defaults when absent). */
 static moe8_status parse_dbrx(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
@@ -1380,7 +1432,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"glm4v_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"unlimited_ocr", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"aria", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"doge", "its experts are single neurons chosen by product keys"},
     {"ernie4_5_vl_moe", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"gemma4", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"diffusion_gemma", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
@@ -1414,6 +1465,7 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"longcat_flash", "it has zero-computation (identity) experts (zero_expert_num)"},
     {"switch_transformers", "its experts drop tokens past expert_capacity, and its layers are an encoder's and a decoder's"},
     {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
+    {"doge", "its experts are single neurons chosen by product keys (two halves of the router's keys)"},
   };
   for (size_t i = 0; mt && override && i < sizeof k_own / sizeof k_own[0]; i++)
     if (!strcmp(mt->valuestring, k_own[i].type) && strcmp(override, k_own[i].type))
@@ -1480,6 +1532,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   }
   if (fam->switch_t) {
     TRY(parse_switch(root, file, fam, c));
+    goto tail;
+  }
+  if (fam->doge) {
+    TRY(parse_doge(root, file, fam, c));
     goto tail;
   }
   if (fam->gemma && fam->moe_flag) { /* a dense Gemma-4 has no MoE layer at all */

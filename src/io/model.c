@@ -318,6 +318,12 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   moe8_model *mm = (moe8_model *)m;
   char p[128], n[256];
   moe8_model_prefix(m, layer, p, sizeof p);
+  if (m->cfg.layer.product_keys) { /* Doge's key and value tables */
+    snprintf(n, sizeof n, "%sdown_embed.weight", p);
+    const moe8_tensor_view *k = moe8_model_find(m, n);
+    snprintf(mm->fmt, sizeof mm->fmt, "%s product-key tables (unquantized)", k ? moe8_file_dtype_name(k->dtype) : "no");
+    return mm->fmt;
+  }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
   const moe8_tensor_view *s = moe8_model_find(m, n), *t;
   if (s) {
@@ -1002,6 +1008,57 @@ static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_ru
   return MOE8_OK;
 }
 
+/* ---- Doge ------------------------------------------------------------------------ */
+/* DogeCDMoE's tensors under P = model.layers.L.mlp.: router_gate.weight
+** [2N, D] (N = floor(sqrt(E)) keys per half), down_embed.weight [E, D]
+** (each expert's key: its input row) and up_embed.weight [E, D] (its
+** value: its output row), the dense SwiGLU gate_proj / up_proj [Fs, D] and
+** down_proj [D, Fs]; floats.  Expert e goes in as up [D, 1] = key row and
+** down [1, D] = value row (the same memory as the rows). */
+static moe8_status load_doge(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *o, moe8_layer **out) {
+  const moe8_hf_config *c = &m->cfg;
+  const int64_t E = c->layer.num_experts, D = c->layer.hidden, Fs = c->layer.shared_ffn, N2 = 2 * moe8__pk_keys(E);
+  char p[128], n[320], mp[160];
+  moe8_model_prefix(m, layer, p, sizeof p);
+  snprintf(mp, sizeof mp, "%sexperts", p);
+  static const char *const tn[6] = {"router_gate.weight", "down_embed.weight", "up_embed.weight", "gate_proj.weight", "up_proj.weight",
+                                    "down_proj.weight"};
+  const int64_t sh[6][2] = {{N2, D}, {E, D}, {E, D}, {Fs, D}, {Fs, D}, {D, Fs}};
+  const moe8_tensor_view *tv[6];
+  moe8_status st;
+  for (int i = 0; i < 6; i++) {
+    snprintf(n, sizeof n, "%s%s", p, tn[i]);
+    if ((st = need_float(m, n, 2, sh[i], &tv[i])) != MOE8_OK) return st;
+  }
+  const int64_t big = (N2 > Fs ? N2 : Fs) * D;
+  float *tmp = malloc(sizeof(float) * (size_t)big + 16), *gu = malloc(sizeof(float) * (size_t)(2 * Fs * D + D)),
+        *dn = malloc(sizeof(float) * (size_t)(Fs * D + D));
+  moe8_layer *L = NULL;
+  double last = now_s();
+  st = tmp && gu && dn ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  if (st == MOE8_OK) st = moe8__layer_create(&c->layer, rules, mp, o->mode == MOE8_LOAD_INFERENCE, &L);
+  if (st == MOE8_OK) st = put_float(tv[0], tv[0]->data, N2, D, L->w[MOE8_W_ROUTER], N2, 0, tmp);
+  if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
+  const size_t ks = moe8_file_dtype_size(tv[1]->dtype) * (size_t)D, vs = moe8_file_dtype_size(tv[2]->dtype) * (size_t)D;
+  for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
+    st = moe8_file_to_f32(gu, (const char *)tv[1]->data + (size_t)e * ks, tv[1]->dtype, (size_t)D);
+    if (st == MOE8_OK) st = moe8_file_to_f32(dn, (const char *)tv[2]->data + (size_t)e * vs, tv[2]->dtype, (size_t)D);
+    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
+    if (o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, E + 1); }
+  }
+  if (st == MOE8_OK && L->inference) { drop_pages(tv[1]); drop_pages(tv[2]); }
+  if (st == MOE8_OK) st = put_float(tv[3], tv[3]->data, Fs, D, gu, 2 * Fs, 0, tmp);
+  if (st == MOE8_OK) st = put_float(tv[4], tv[4]->data, Fs, D, gu, 2 * Fs, Fs, tmp);
+  if (st == MOE8_OK) st = put_float(tv[5], tv[5]->data, D, Fs, dn, D, 0, tmp);
+  if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, gu, dn, NULL, NULL, NULL, NULL);
+  if (st == MOE8_OK) st = moe8__layer_end_load(L);
+  if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E + 1, E + 1);
+  free(tmp); free(gu); free(dn);
+  if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
+  *out = L;
+  return MOE8_OK;
+}
+
 /* A hash table [vocab, top_k] of I64 or I32 expert ids (DeepSeek-V4's
 ** gate.tid2eid) into the layer; an id outside [0, E) refused, naming the
 ** tensor, the element and its byte offset in the file. */
@@ -1044,6 +1101,7 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
   if (st != MOE8_OK) return st;
   if (c->arch == MOE8_ARCH_GPT_OSS) return load_gpt_oss(m, layer, rules, &o, out);
   if (c->arch == MOE8_ARCH_LLAMA4) return load_llama4(m, layer, rules, &o, out);
+  if (c->layer.product_keys) return load_doge(m, layer, rules, &o, out);
   const int64_t E = c->layer.num_experts, D = c->layer.hidden, F = c->layer.ffn, Fs = c->layer.shared_ffn;
   char p[128], n[320], mp[160];
   moe8_model_prefix(m, layer, p, sizeof p);

@@ -605,6 +605,12 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       break;
     }
     const bool mx4 = r && r->weight_mxfp4, codes = r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8);
+    if ((mx4 || codes) && hc->layer.product_keys) {
+      st = moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s: layer %lld has product-key experts (Doge's down_embed / up_embed tables), which "
+                      "moe8's files do not hold: run the float checkpoint under the rules (moe8 run --rules quantizes them at load)", in,
+                      (long long)l);
+      break;
+    }
     if (!mx4 && !codes) {
       say(j, "layer %lld: %s: weights left as they are", (long long)l,
           !r ? "no rule matches" : r->weight_qtype == MOE8_DTYPE_NONE ? "the rule has no weight_qtype"

@@ -84,12 +84,14 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   *out = NULL;
   const int64_t E = cfg->num_experts, K = cfg->top_k, D = cfg->hidden, F = cfg->ffn, Fs = cfg->shared_ffn, Z = cfg->zero_experts;
   const int64_t R = cfg->router_mlp, S = cfg->skip_experts;
-  if (E <= 0 || E > MOE8_MAX_EXPERTS)
-    return moe8__fail(MOE8_ERR_SHAPE, "layer: num_experts = %lld must be in [1, %d]", (long long)E, MOE8_MAX_EXPERTS);
-  if (Z < 0 || Z > MOE8_MAX_EXPERTS - E)
+  const int64_t maxE = cfg->product_keys ? MOE8_MAX_PK_EXPERTS : MOE8_MAX_EXPERTS;
+  if (E <= 0 || E > maxE)
+    return moe8__fail(MOE8_ERR_SHAPE, "layer: num_experts = %lld must be in [1, %lld]%s", (long long)E, (long long)maxE,
+                      cfg->product_keys ? " (product-key experts)" : "");
+  if (Z < 0 || (Z > 0 && Z > MOE8_MAX_EXPERTS - E))
     return moe8__fail(MOE8_ERR_SHAPE, "layer: zero_experts = %lld must be in [0, %lld] (num_experts + zero_experts at most %d)", (long long)Z,
                       (long long)(MOE8_MAX_EXPERTS - E), MOE8_MAX_EXPERTS);
-  if (S < 0 || S > MOE8_MAX_EXPERTS - E - Z)
+  if (S < 0 || (S > 0 && S > MOE8_MAX_EXPERTS - E - Z))
     return moe8__fail(MOE8_ERR_SHAPE, "layer: skip_experts = %lld must be in [0, %lld] (the router's classes at most %d)", (long long)S,
                       (long long)(MOE8_MAX_EXPERTS - E - Z), MOE8_MAX_EXPERTS);
   if (K <= 0 || K > E + Z + S)
@@ -104,6 +106,33 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: %s (Zaya's) with zero_experts, a capacity factor, expert_capacity, an aux loss, "
                       "groups, hash routing, the sparsemixer router, scored_shared, weight_input or router_norm: not implemented",
                       R > 0 ? "the MLP router (router_mlp)" : "skip_experts");
+  if (cfg->act == MOE8_ACT_SILU && !cfg->product_keys)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: act silu (ungated, h = silu(x Wu)) is the product-key experts' (product_keys); other "
+                      "experts take silu gated (swiglu)");
+  if (cfg->product_keys) {
+    /* Doge's block: product-key routing over single-neuron silu experts,
+    ** and nothing else of the routing or expert forms (pkeys.c) */
+    const int64_t N = moe8__pk_keys(E);
+    if (K > N * N || K > MOE8_MAX_EXPERTS)
+      return moe8__fail(MOE8_ERR_SHAPE, "layer: product keys: top_k = %lld must be at most floor(sqrt(num_experts))^2 = %lld (the "
+                        "candidates) and %d", (long long)K, (long long)(N * N), MOE8_MAX_EXPERTS);
+    if (cfg->act != MOE8_ACT_SILU || F != 1)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: product-key experts are single silu neurons: act must be silu (%d, not %d) and ffn 1 "
+                        "(not %lld)", (int)MOE8_ACT_SILU, (int)cfg->act, (long long)F);
+    const char *other = cfg->score != MOE8_SCORE_SOFTMAX ? "a score function (their weights are the softmax of the k candidates)"
+                        : cfg->use_selection_bias ? "a selection bias" : cfg->n_group > 1 ? "groups" : cfg->router_bias ? "a router bias"
+                        : cfg->expert_bias ? "expert biases" : Z > 0 ? "zero_experts" : cfg->hash_routing ? "hash routing"
+                        : cfg->scored_shared ? "scored_shared" : cfg->weight_input ? "weight_input"
+                        : cfg->capacity_factor > 0.0f ? "a capacity factor" : cfg->expert_capacity ? "expert_capacity"
+                        : cfg->aux_loss_weight != 0.0f ? "an aux loss" : cfg->latent || cfg->latent_norm ? "latent experts"
+                        : cfg->expert_out_norm ? "a per-expert output norm"
+                        : cfg->router_norm || cfg->expert_scale || cfg->in_norm || cfg->out_norm ? "Gemma-4's norms and scales"
+                        : cfg->select_logits ? "select_logits" : cfg->norm_p != 0.0f && cfg->norm_p != 1.0f ? "a p-norm"
+                        : cfg->norm_min != 0.0f || cfg->norm_eps != 0.0f ? "norm_min or norm_eps"
+                        : R > 0 || S > 0 ? "Zaya's MLP router or skip experts" : NULL;
+    if (other)
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: product-key experts (Doge's) with %s: not implemented", other);
+  }
   if (Z > 0 && (cfg->capacity_factor > 0.0f || cfg->aux_loss_weight != 0.0f || cfg->n_group > 1 || cfg->weight_input || cfg->hash_routing ||
                 cfg->score == MOE8_SCORE_SPARSEMIXER || cfg->router_norm || cfg->expert_scale || cfg->in_norm || cfg->out_norm ||
                 cfg->scored_shared))
@@ -160,13 +189,13 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: aux_loss_weight, capacity_factor and routed_scaling_factor must be finite");
   if (cfg->act != MOE8_ACT_SWIGLU && cfg->act != MOE8_ACT_SWIGLU_CLAMP && cfg->act != MOE8_ACT_SWIGLU_LIMIT &&
       cfg->act != MOE8_ACT_SWIGLU_POST && cfg->act != MOE8_ACT_SWIGLU_SOFTCAP && cfg->act != MOE8_ACT_GEGLU && cfg->act != MOE8_ACT_RELU2 &&
-      cfg->act != MOE8_ACT_RELU)
+      cfg->act != MOE8_ACT_RELU && cfg->act != MOE8_ACT_SILU)
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: act %d is not an expert activation (swiglu 0, swiglu_clamp 1, swiglu_limit 2, "
-                      "swiglu_post 3, swiglu_softcap 4, geglu 5, relu2 6, relu 7)", (int)cfg->act);
+                      "swiglu_post 3, swiglu_softcap 4, geglu 5, relu2 6, relu 7, silu 8)", (int)cfg->act);
   if (!(cfg->rms_eps >= 0.0f && cfg->rms_eps < 1e30f) || !isfinite(cfg->router_norm_scale))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: rms_eps %g must be in [0, 1e30) and router_norm_scale %g finite", (double)cfg->rms_eps,
                       (double)cfg->router_norm_scale);
-  if (!moe8__act_gated(cfg->act) && (cfg->expert_bias || cfg->shared_plain_act))
+  if (!moe8__act_gated(cfg->act) && (cfg->expert_bias || (cfg->shared_plain_act && !cfg->product_keys)))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the ungated experts (act %s) take no %s", cfg->act == MOE8_ACT_RELU2 ? "relu2" : "relu",
                       cfg->expert_bias ? "expert_bias (its gate|up bias is a gated expert's)" : "shared_plain_act (their shared expert is ungated too)");
   if (cfg->act == MOE8_ACT_SWIGLU_SOFTCAP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e30f && cfg->act_limit > 0.0f &&
@@ -230,7 +259,8 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                           .wd = MOE8_W_DOWN};
   L->xs[1] = (moe8__xset){.E = 1, .F = Fs, .D = D, .N1 = moe8__act_gated(moe8__set_act(L, 1)) ? 2 * Fs : Fs, .wg = MOE8_W_SHARED_GATE,
                           .wu = MOE8_W_SHARED_UP, .wd = MOE8_W_SHARED_DOWN};
-  L->n[MOE8_W_ROUTER] = (size_t)((R > 0 ? R : D) * (E + Z + S));
+  /* [D, E + Z + S] (Zaya's MLP router: [R, E + S]), or a product-key layer's [D, 2N] */
+  L->n[MOE8_W_ROUTER] = (size_t)((R > 0 ? R : D) * moe8__router_width(L));
   L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)(E + Z + S) : 0;
   L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
   L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)(E + Z + S) : 0;
@@ -266,7 +296,9 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
       ok &= (X->wgu_q = malloc((size_t)(XE * XD * N1))) != NULL;
       ok &= (X->wd_q = malloc((size_t)(XE * XF * XD))) != NULL;
       ok &= (X->wgu_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(XD, L->wspec.tile) * N1))) != NULL;
-      ok &= (X->wd_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(XF, L->wspec.tile) * XD))) != NULL;
+      int64_t dk, dn;
+      moe8__down_kn(L, s, &dk, &dn);
+      ok &= (X->wd_s = malloc(sizeof(float) * (size_t)(XE * moe8__nblocks(dk, L->wspec.tile) * dn))) != NULL;
     }
   }
   if (!ok) { moe8_layer_destroy(L); return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for weights"); }
@@ -438,7 +470,11 @@ static int64_t max_tokens(const moe8_layer *L) {
 }
 
 static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
-  const int64_t E = L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = T * K;
+  /* Product-key experts (pkeys.c) move no rows: no dispatch, no expert
+  ** rows; xs holds x (or its dequantized codes) [T, D], read per token. */
+  const bool pk = L->cfg.product_keys;
+  const int64_t E = pk ? 0 : L->cfg.num_experts, K = L->cfg.top_k, D = L->cfg.hidden, F = L->cfg.ffn, A = pk ? 0 : T * K;
+  const int64_t AK = T * K; /* the routing's slots */
   const int64_t DX = moe8__routed_width(L), lat = L->cfg.latent > 0 ? T * DX : 0; /* the routed rows' width */
   const int64_t nbD = L->aq ? moe8__nblocks(D, L->aspec.tile) : 0, nbF = L->aq ? moe8__nblocks(F, L->aspec.tile) : 0;
   const int64_t nbX = L->aq ? moe8__nblocks(DX, L->aspec.tile) : 0;
@@ -447,14 +483,14 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
 #define TAKE(field, type, count) do { o->field = (type *)(base ? base + off : NULL); off += moe8__al64(sizeof(type) * (size_t)(count)); } while (0)
   TAKE(logits, float, T * moe8__router_width(L));
   TAKE(scores, float, T * moe8__router_width(L));
-  TAKE(ids, int32_t, A);
-  TAKE(w, float, A);
+  TAKE(ids, int32_t, AK);
+  TAKE(w, float, AK);
   TAKE(token_of, int32_t, A);
   TAKE(slot_of, int32_t, A);
   TAKE(pos_of, int32_t, A);
   TAKE(gsz, int32_t, E);
   TAKE(offs, int64_t, E + 1);
-  TAKE(xs, float, A * DX);
+  TAKE(xs, float, pk ? T * D : A * DX);
   TAKE(xq, uint8_t, L->aq ? T * D : 0);
   TAKE(sx, float, T * nbD);
   TAKE(xsq, uint8_t, L->aq ? A * DX : 0);
@@ -472,7 +508,7 @@ static void layout(const moe8_layer *L, int64_t T, char *base, ws_layout *o) {
   TAKE(xr, float, L->cfg.router_norm ? T * D : 0);
   TAKE(xe, float, L->cfg.in_norm ? T * D : 0);
   TAKE(yb, float, L->cfg.out_norm ? T * D : 0);
-  TAKE(wn, float, L->cfg.expert_scale ? A : 0);
+  TAKE(wn, float, L->cfg.expert_scale ? AK : 0);
   TAKE(idn, float, L->cfg.zero_experts ? T * D : 0);
   TAKE(rs, float, T * L->cfg.router_mlp);
   TAKE(ra, float, T * L->cfg.router_mlp);
@@ -592,8 +628,10 @@ static moe8_status quantize_set(moe8_layer *L, moe8__xset *X) {
   const int64_t D = X->D, E = X->E, F = X->F;
   gate_up_join(X->wgu_f32, L->w[X->wg], L->w[X->wu], E * D, F);
   if (!L->wq) return MOE8_OK;
+  int64_t dk, dn;
+  moe8__down_kn(L, (int)(X - L->xs), &dk, &dn);
   moe8_status st = moe8_quantize(&L->wspec, X->wgu_f32, E, D, X->N1, X->wgu_q, X->wgu_s, NULL);
-  return st == MOE8_OK ? moe8_quantize(&L->wspec, X->wd_f32, E, F, D, X->wd_q, X->wd_s, NULL) : st;
+  return st == MOE8_OK ? moe8_quantize(&L->wspec, X->wd_f32, E, dk, dn, X->wd_q, X->wd_s, NULL) : st;
 }
 
 static moe8_status quantize_weights(moe8_layer *L) {
@@ -611,6 +649,7 @@ static int64_t gmm_block_len(const moe8_layer *L, int64_t K) {
 bool moe8__layer_packable(const moe8_layer *L, int s) {
   const moe8_dtype wt = L->wspec.qtype;
   if (!L->wq || (wt != MOE8_DTYPE_F8E4M3 && wt != MOE8_DTYPE_F8E5M2 && wt != MOE8_DTYPE_I8)) return false;
+  if (s == 0 && L->cfg.product_keys) return false; /* read row by row as codes (pkeys.c), never by the gmm */
   const int64_t D = L->xs[s].D, F = L->xs[s].F, per = moe8__pk_per(wt);
   const int64_t bg = gmm_block_len(L, D), bd = gmm_block_len(L, F);
   return !((bg < D && bg % per) || (bd < F && bd % per));
@@ -731,7 +770,9 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
       }
     }
     X->wgu_s = malloc(sizeof(float) * (size_t)(E * moe8__nblocks(D, L->wspec.tile) * N1));
-    X->wd_s = malloc(sizeof(float) * (size_t)(E * moe8__nblocks(F, L->wspec.tile) * D));
+    int64_t dk, dn;
+    moe8__down_kn(L, s, &dk, &dn);
+    X->wd_s = malloc(sizeof(float) * (size_t)(E * moe8__nblocks(dk, L->wspec.tile) * dn));
     if (!(X->wgu_q || X->wgu_pk) || !(X->wd_q || X->wd_pk) || !X->wgu_s || !X->wd_s)
       return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory for the expert weights");
   }
@@ -739,7 +780,9 @@ moe8_status moe8__layer_begin_load(moe8_layer *L, moe8_dtype qt, int64_t tile) {
 }
 
 static moe8_status put_codes(moe8_layer *L, moe8__xset *X, bool down, int64_t e, const uint8_t *q, const float *sc) {
-  const int64_t D = X->D, K = down ? X->F : D, N = down ? D : X->N1;
+  int64_t dk, dn;
+  moe8__down_kn(L, (int)(X - L->xs), &dk, &dn);
+  const int64_t D = X->D, K = down ? dk : D, N = down ? dn : X->N1;
   const moe8_dtype wt = L->wspec.qtype;
   const size_t nsc = (size_t)(moe8__nblocks(K, L->wspec.tile) * N);
   uint8_t *pk = down ? X->wd_pk : X->wgu_pk, *qq = down ? X->wd_q : X->wgu_q;
@@ -792,13 +835,15 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
   }
   /* Quantized one expert at a time: the same bytes as the whole tensor
   ** (every scale belongs to one expert). */
-  const int64_t big = D > F ? D : F;
-  uint8_t *q = malloc((size_t)(big * 2 * big) + 64);
-  float *sc = malloc(sizeof(float) * (size_t)(moe8__nblocks(big, L->wspec.tile) * 2 * big) + 64);
+  int64_t dk, dnn;
+  moe8__down_kn(L, s, &dk, &dnn);
+  const int64_t nq = D * N1 > F * D ? D * N1 : F * D, ng = moe8__nblocks(D, L->wspec.tile) * N1, nd = moe8__nblocks(dk, L->wspec.tile) * dnn;
+  uint8_t *q = malloc((size_t)nq + 64);
+  float *sc = malloc(sizeof(float) * (size_t)(ng > nd ? ng : nd) + 64);
   moe8_status st = q && sc ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
   if (st == MOE8_OK) st = moe8_quantize(&L->wspec, gu, 1, D, N1, q, sc, NULL);
   if (st == MOE8_OK) st = put_codes(L, X, false, e, q, sc);
-  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, dn, 1, F, D, q, sc, NULL);
+  if (st == MOE8_OK) st = moe8_quantize(&L->wspec, dn, 1, dk, dnn, q, sc, NULL);
   if (st == MOE8_OK) st = put_codes(L, X, true, e, q, sc);
   free(q); free(sc);
   return st;
@@ -807,7 +852,7 @@ moe8_status moe8__layer_put_expert(moe8_layer *L, int s, int64_t e, const float 
 moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, const float *gs, const uint8_t *dn_pk,
                                    const float *ds) {
   moe8__xset *X = &L->xs[s];
-  const int64_t D = X->D, F = X->F, E = X->E;
+  const int64_t D = X->D, E = X->E;
   if (L->wmx)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: the checkpoint's experts are already quantized (moe8 packed); weight_qtype mxfp4 "
                       "takes float checkpoints", L->module_path);
@@ -818,7 +863,9 @@ moe8_status moe8__layer_put_packed(moe8_layer *L, int s, const uint8_t *gu_pk, c
   X->wd_pk = (uint8_t *)dn_pk;
   X->pk_borrowed = true;
   memcpy(X->wgu_s, gs, sizeof(float) * (size_t)(E * moe8__nblocks(D, L->wspec.tile) * X->N1));
-  memcpy(X->wd_s, ds, sizeof(float) * (size_t)(E * moe8__nblocks(F, L->wspec.tile) * D));
+  int64_t dk, dn;
+  moe8__down_kn(L, s, &dk, &dn);
+  memcpy(X->wd_s, ds, sizeof(float) * (size_t)(E * moe8__nblocks(dk, L->wspec.tile) * dn));
   return MOE8_OK;
 }
 
@@ -827,7 +874,9 @@ static moe8_status check_scales(const moe8_layer *L) {
     const moe8__xset *X = &L->xs[s];
     const int64_t D = X->D;
     if (!L->inference && !X->coded) continue; /* quantized from its masters at the end of the load */
-    const size_t n[2] = {(size_t)(X->E * moe8__nblocks(D, L->wspec.tile) * X->N1), (size_t)(X->E * moe8__nblocks(X->F, L->wspec.tile) * D)};
+    int64_t dk, dn;
+    moe8__down_kn(L, s, &dk, &dn);
+    const size_t n[2] = {(size_t)(X->E * moe8__nblocks(D, L->wspec.tile) * X->N1), (size_t)(X->E * moe8__nblocks(dk, L->wspec.tile) * dn)};
     const float *p[2] = {X->wgu_s, X->wd_s};
     for (int w = 0; w < 2; w++)
       for (size_t i = 0; i < n[w]; i++)
@@ -851,8 +900,10 @@ static moe8_status finish_training(moe8_layer *L) {
       st = quantize_set(L, X);
       continue;
     }
+    int64_t dk, dn;
+    moe8__down_kn(L, s, &dk, &dn);
     st = moe8_dequantize(&L->wspec, X->wgu_q, X->wgu_s, E, D, X->N1, X->wgu_f32);
-    if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, X->wd_q, X->wd_s, E, F, D, X->wd_f32);
+    if (st == MOE8_OK) st = moe8_dequantize(&L->wspec, X->wd_q, X->wd_s, E, dk, dn, X->wd_f32);
     if (st == MOE8_OK) gate_up_split(L->w[X->wg], L->w[X->wu], X->wgu_f32, E * D, F);
   }
   if (st == MOE8_OK) st = pack_weights(L);
@@ -982,7 +1033,9 @@ moe8_status moe8_layer_load_prepared(moe8_layer *L, const moe8_prepared *p) {
   moe8_status st = moe8__layer_begin_load(L, p->dtype, p->tile);
   if (st != MOE8_OK) return st;
   moe8__xset *X = &L->xs[0];
-  const size_t ngu = (size_t)(E * moe8__nblocks(D, p->tile) * X->N1), nd = (size_t)(E * moe8__nblocks(F, p->tile) * D);
+  int64_t dk, dn;
+  moe8__down_kn(L, 0, &dk, &dn);
+  const size_t ngu = (size_t)(E * moe8__nblocks(D, p->tile) * X->N1), nd = (size_t)(E * moe8__nblocks(dk, p->tile) * dn);
   memcpy(X->wgu_q, p->w_gate_up, (size_t)(E * D * X->N1));
   memcpy(X->wd_q, p->w_down, (size_t)(E * F * D));
   memcpy(X->wgu_s, p->s_gate_up, ngu * sizeof(float));
@@ -1091,6 +1144,9 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
         return moe8__fail(MOE8_ERR_NONFINITE, "layer %s experts: topk_weights[%lld, %lld] = %g is not finite", L->module_path,
                           (long long)(a / K), (long long)(a % K), (double)w_in[a]);
     }
+  } else if (L->cfg.product_keys) { /* Doge's: two halves of keys (pkeys.c) */
+    st = moe8__router_logits(L, xr, T, w.logits);
+    if (st == MOE8_OK) st = moe8__pk_route(L, w.logits, T, w.ids, w.w);
   } else {
     st = R > 0 ? moe8__router_mlp(L, xr, T, rs_in, w.rs, w.ra, w.rb, w.logits) : moe8__router_logits(L, xr, T, w.logits);
     const moe8_router_config rc = moe8__router_config(L, tok);
@@ -1104,6 +1160,24 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
         if (w.ids[a] >= 0) w.w[a] = w.w[a] * c[w.ids[a]];
       }
     }
+  }
+  if (L->cfg.product_keys) {
+    /* Doge's experts, per token (pkeys.c), from x's codes when the rule's
+    ** pair has a kernel, else from x (dequantized when quantized), copied
+    ** (out may be x); the dense SwiGLU (the shared expert) added after */
+    const bool pair = L->aq && L->wq && moe8__kernel_pair(L->aspec.qtype, L->wspec.qtype);
+    if (st == MOE8_OK && L->aq && !qfirst) st = moe8_quantize(&L->aspec, x, 1, T, D, w.xq, w.sx, NULL);
+    moe8__shared_buf sb = {0};
+    if (st == MOE8_OK && L->cfg.shared_ffn > 0 && with_shared) {
+      moe8__shared_buf_carve(L, T, w.shared, &sb);
+      st = moe8__shared_forward(L, order, x, w.xq, w.sx, T, &sb, w.scratch, w.scratch_bytes);
+    }
+    if (st == MOE8_OK && L->aq && !pair) st = moe8_dequantize(&L->aspec, w.xq, w.sx, 1, T, D, w.xs);
+    else if (st == MOE8_OK && !pair) memcpy(w.xs, x, sizeof(float) * (size_t)(T * D));
+    if (st == MOE8_OK) st = moe8__pk_experts(L, w.xs, pair ? w.xq : NULL, w.sx, T, w.ids, w.w, out);
+    if (st == MOE8_OK) st = moe8__finish_output(L, T, NULL, NULL, NULL, NULL, &sb, out);
+    if (st == MOE8_OK) ws_mark(ws, L, T, kind);
+    return st;
   }
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};

@@ -88,9 +88,16 @@ struct moe8_layer {
 /* ---- small helpers of layer.c and phases.c ---------------------------------- */
 /* The router's experts: the routed ones, LongCat-Flash's identity
 ** experts after them (moe8_layer_config.zero_experts) and Zaya's skip
-** experts (skip_experts; never both). */
+** experts (skip_experts; never both); a product-key layer's router has
+** 2N columns, its two halves of N keys. */
+static inline int64_t moe8__pk_keys(int64_t E) {
+  int64_t n = (int64_t)sqrt((double)E);
+  while (n * n > E) n--;
+  while ((n + 1) * (n + 1) <= E) n++;
+  return n;
+}
 static inline int64_t moe8__router_width(const moe8_layer *L) {
-  return L->cfg.num_experts + L->cfg.zero_experts + L->cfg.skip_experts;
+  return L->cfg.product_keys ? 2 * moe8__pk_keys(L->cfg.num_experts) : L->cfg.num_experts + L->cfg.zero_experts + L->cfg.skip_experts;
 }
 static inline size_t moe8__al64(size_t n) { return (n + 63) & ~(size_t)63; }
 static inline int64_t moe8__nblocks(int64_t K, int64_t tile) { return tile > 0 ? moe8__cdiv(K, tile) : 1; }
@@ -204,12 +211,23 @@ bool moe8__layer_packable(const moe8_layer *L, int set);
 ** hq/sh (quantized h) and y [rows, D]. */
 /* The activation of expert set `set` (0 routed, 1 shared). */
 static inline moe8_expert_act moe8__set_act(const moe8_layer *L, int set) {
-  return set && L->cfg.shared_plain_act ? MOE8_ACT_SWIGLU : L->cfg.act;
+  return set && (L->cfg.shared_plain_act || L->cfg.product_keys) ? MOE8_ACT_SWIGLU : L->cfg.act; /* Doge's dense MLP: SwiGLU */
 }
 
 /* An activation of gate and up (the SwiGLUs), or of up alone (the
 ** ungated experts: relu2, relu). */
-static inline bool moe8__act_gated(moe8_expert_act a) { return a != MOE8_ACT_RELU2 && a != MOE8_ACT_RELU; }
+static inline bool moe8__act_gated(moe8_expert_act a) { return a != MOE8_ACT_RELU2 && a != MOE8_ACT_RELU && a != MOE8_ACT_SILU; }
+
+/* The down projection's quantization shape, K (its scales' blocks) by N
+** (their columns): [F, D]; a product-key layer's routed value table
+** [E, D] is quantized per expert row as its key table is, [D, 1] (its
+** K = 1 would give every value a scale of its own).  The codes' layout
+** is the same [E, D] either way. */
+static inline void moe8__down_kn(const moe8_layer *L, int set, int64_t *K, int64_t *N) {
+  const bool pk = set == 0 && L->cfg.product_keys;
+  *K = pk ? L->xs[0].D : L->xs[set].F;
+  *N = pk ? 1 : L->xs[set].D;
+}
 
 /* MOE8_ACT_SWIGLU_POST's limit for expert set `set`: the set's own, +inf
 ** where it is 0 (no clamp). */
@@ -317,6 +335,19 @@ void moe8__identity_rows(const moe8_layer *L, const float *x, int64_t T, const i
 ** order. */
 void moe8__identity_backward(const moe8_layer *L, const float *x, int64_t T, const int32_t *ids, const float *w, const float *dout,
                              float *dx, float *dw);
+
+/* Product-key experts (moe8_layer_config.product_keys; pkeys.c).
+** moe8__pk_route: the ids [T, top_k] and weights of the T tokens from
+** their logits [T, 2N] (the flat buffer read as transformers' view(2, T,
+** N)); MOE8_ERR_NONFINITE naming the token when a logit is not finite.
+** moe8__pk_experts: out[t] = Σ_j (w · act(x_t · k_e)) · v_e over the
+** slots in order from zero (ids < 0 skipped; ids must be < E), x as f32
+** or, with xq non-NULL (the rule's activation codes of x, scales sx),
+** its codes met by the key codes (or fake-quantized when the pair has no
+** kernel). */
+moe8_status moe8__pk_route(const moe8_layer *L, const float *logits, int64_t T, int32_t *ids, float *w);
+moe8_status moe8__pk_experts(const moe8_layer *L, const float *x, const uint8_t *xq, const float *sx, int64_t T, const int32_t *ids,
+                             const float *w, float *out);
 
 /* Quantizes the expert weights from the masters (unless prepared). */
 moe8_status moe8__layer_quantize_weights(moe8_layer *L);

@@ -178,6 +178,12 @@ moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
   if (c->expert_capacity > 0)
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s drops tokens past expert_capacity (SwitchTransformers'): its backward is not "
                       "implemented (inference only)", what, L->module_path);
+  /* Doge's product keys: the routing's gradient (through the sorted key
+  ** halves, mixed across tokens as transformers' view mixes them) is not
+  ** written. */
+  if (c->product_keys)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has product-key experts (Doge's): their backward is not implemented (inference "
+                      "only)", what, L->module_path);
   /* The layer's backward (single process and expert parallel) and the
   ** trainer have every form but one: a Llama-4 layer's backward needs its
   ** weights unnormalized (the routing weight is its expert's sigmoid

@@ -558,3 +558,40 @@ def zaya_block(x, g, gu, dn, state=None, eps=1e-5, act_q=None, mutate=None):
         wt = 1.0 if mutate == "renorm" else p[t, e]
         y[t] = wt * mlp(x[t:t + 1], gu[e][:F], gu[e][F:], dn[e], act_q)[0]
     return y, s, idx
+
+
+def doge_block(x, wr, down_embed, up_embed, k, norm, dense, act_q=None, per_token=False):
+    """DogeCDMoE (transformers' modeling_doge.py): router_logits =
+    router_gate(x).view(2, T, N) over the call's T = batch * seq tokens (the
+    [T, 2N] buffer split along the token axis: token t's halves are flat[t N
+    ..] and flat[(T + t) N ..], not its own row, for T > 1), each half's
+    topk(N) (sorted, ties to the lower index), all_scores = sx[:, None] +
+    sy[None, :], all_indices = ix[:, None] * N + iy[None, :], flattened,
+    topk(k) (ties to the lower position), softmax over the k, / their sum
+    with norm_topk_prob; out = sum_j silu(x . down_embed[e_j]) * w_j *
+    up_embed[e_j] + down_proj(silu(gate_proj x) * up_proj x), dense = (wg,
+    wu, wd) HF Linear weights.  act_q: the experts' (and the dense MLP's)
+    activation quantizer; the router reads x as it is.  per_token: each
+    token's own row split in two halves (not transformers' view: the
+    mutation the test must tell apart).  Returns (out, ids)."""
+    T, D = x.shape
+    N = int(np.floor(np.sqrt(down_embed.shape[0])))
+    lg = x @ wr.T  # [T, 2N]
+    flat = lg.reshape(-1)
+    xe = act_q(x) if act_q else x
+    out = np.zeros_like(x)
+    ids_all = np.zeros((T, k), dtype=np.int64)
+    for t in range(T):
+        sx, sy = (lg[t, :N], lg[t, N:]) if per_token else (flat[t * N:(t + 1) * N], flat[(T + t) * N:(T + t + 1) * N])
+        ix, iy = topk_idx(sx, N), topk_idx(sy, N)
+        allsc = (sx[ix][:, None] + sy[iy][None, :]).reshape(-1)
+        alli = (ix[:, None] * N + iy[None, :]).reshape(-1)
+        pos = topk_idx(allsc, k)
+        w = softmax(allsc[pos])
+        if norm:
+            w = w / w.sum()
+        ids = alli[pos]
+        ids_all[t] = ids
+        u = down_embed[ids] @ xe[t]
+        out[t] = (silu(u) * w) @ up_embed[ids]
+    return out + mlp(x, *dense, act_q=act_q), ids_all

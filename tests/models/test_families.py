@@ -1702,6 +1702,82 @@ def test_switch_transformers(tmp, rng):
     check("switch_transformers router_jitter_noise 0.5 (training only)", got, switch_ref(x, *params[1], cap, S)[0], 1e-5)
 
 
+def test_doge(tmp, rng):
+    """Doge (DogeConfig with is_moe, DogeCDMoE): product-key routing over
+    router_gate's 2 x N keys (N = floor(sqrt(E)); E = 40 is not a square:
+    experts 36..39 are never chosen), transformers' view(2, T, N) of the
+    call's logits (several tokens: a token's halves are other tokens';
+    the per-token split must be told apart), the top-k of the N^2 sums,
+    softmax; single silu neurons down_embed / up_embed [E, D] and the
+    dense SwiGLU added; every layer MoE.  f32 and bf16 files, T = 1 and
+    odd T, norm_topk_prob; FP8 rules (the tables quantized per expert row,
+    128-blocks along D; x per token) against the reference with the
+    quantizers emulated; is_moe false, hidden_act, mlp_bias, a top-k past
+    the candidates, a missing table and moe8 quantize refused by name."""
+    E, k, D, Fs, N = 40, 5, 64, 96, 6
+    kept = None  # the f32 file of 9 tokens: its config, tensors and values
+    for dt, norm, T in (("F32", False, 9), ("BF16", True, 7), ("F32", False, 1)):
+        cfg = {"model_type": "doge", "is_moe": True, "hidden_size": D, "intermediate_size": Fs, "num_hidden_layers": 2,
+               "num_experts": E, "num_experts_per_tok": k, "norm_topk_prob": norm, "hidden_act": "silu"}
+        t, params = {}, []
+        for layer in range(2):
+            p = "model.layers.%d.mlp." % layer
+            w = {"router_gate": rnd(rng, 2 * N, D, scale=D ** -0.5), "down_embed": rnd(rng, E, D, scale=D ** -0.5),
+                 "up_embed": rnd(rng, E, D), "gate_proj": rnd(rng, Fs, D, scale=D ** -0.5), "up_proj": rnd(rng, Fs, D, scale=D ** -0.5),
+                 "down_proj": rnd(rng, D, Fs, scale=Fs ** -0.5)}
+            for n, a in w.items():
+                t[p + n + ".weight"] = (dt, a.astype(np.float32))
+            params.append({n: store(a, dt) for n, a in w.items()})
+        d = os.path.join(tmp, "doge_%s_%d" % (dt, T))
+        write_model(d, cfg, t)
+        x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+        for layer, w in enumerate(params):
+            dense = (w["gate_proj"], w["up_proj"], w["down_proj"])
+            ref, ids = R.doge_block(x, w["router_gate"], w["down_embed"], w["up_embed"], k, norm, dense)
+            if ids.max() >= N * N:
+                FAILS.append("doge: the reference chose an expert past N^2")
+            got, _ = run(d, x, ("--layer", str(layer)))
+            check("doge %s layer %d, T %d%s" % (dt.lower(), layer, T, ", norm_topk_prob" if norm else ""), got, ref, 1e-5)
+            alt, _ = R.doge_block(x, w["router_gate"], w["down_embed"], w["up_embed"], k, norm, dense, per_token=True)
+            if T > 1 and rel(got, alt) <= 1e-5:
+                FAILS.append("doge: the per-token split (not transformers' view) not told apart")
+        if dt == "F32" and T == 9:
+            kept = (d, cfg, t, params[1])
+    # FP8 rules on the f32 file of 9 tokens, layer 1
+    d, cfg, t, from_file = kept
+    x = rnd(rng, 9, D).astype(np.float32).astype(np.float64)
+    rp = os.path.join(tmp, "doge_rules.json")
+    with open(rp, "w") as f:
+        json.dump(RULES_FP8, f)
+    q = lambda w: R.quant_cols(w.T, 128).T  # a Linear's [out, in] per output column, 128-blocks along in
+    ref, _ = R.doge_block(x, from_file["router_gate"], R.quant_rows(from_file["down_embed"], 128), R.quant_rows(from_file["up_embed"], 128),
+                          k, False, tuple(q(from_file[n]) for n in ("gate_proj", "up_proj", "down_proj")),
+                          act_q=lambda v: R.quant_rows(v, 128))
+    got, _ = run(d, x, ("--layer", "1", "--rules", rp))
+    check("doge FP8 by rules, layer 1 (quantizers emulated)", got, ref, 1e-4)
+    rc, out = info(d)
+    if rc != 0 or "product keys" not in out or "moe layers: 0-1" not in out:
+        FAILS.append("doge info")
+        print("doge info (%d): %s" % (rc, out))
+    qd = os.path.join(tmp, "doge_q")
+    p = subprocess.run([MOE8, "quantize", d, qd, "--rules", rp], capture_output=True, text=True)
+    if p.returncode == 0 or "product-key" not in p.stdout + p.stderr or os.path.exists(qd):
+        FAILS.append("doge: moe8 quantize not refused by name")
+        print("doge quantize (%d): %s" % (p.returncode, p.stdout + p.stderr))
+    for key, val in (("is_moe", False), ("hidden_act", "gelu"), ("mlp_bias", True), ("num_experts_per_tok", 37)):
+        json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key not in out:
+            FAILS.append("doge %s %r" % (key, val))
+            print("doge with %s %r (%d): %s" % (key, val, rc, out))
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    R.write_safetensors(os.path.join(d, "model.safetensors"), {n: v for n, v in t.items() if "up_embed" not in n})
+    rc, out = run_rc(d, x, ("--layer", "0"))
+    if rc == 0 or "model.layers.0.mlp.up_embed.weight" not in out:
+        FAILS.append("doge: a missing up_embed not named")
+        print("doge without up_embed (%d): %s" % (rc, out))
+
+
 def test_axk1(tmp, rng):
     """A.X-K1 (axk1): DeepSeek-V3's block (sigmoid + bias, groups with the
     -inf mask, renormalized, routed_scaling_factor, one shared expert)
@@ -2332,6 +2408,7 @@ def main():
         test_muse_spark(tmp, rng)
         test_switch_transformers(tmp, rng)
         test_zaya(tmp, rng)
+        test_doge(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

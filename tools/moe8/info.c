@@ -46,7 +46,14 @@ int cmd_info(int argc, char **argv) {
     printf("routing: sparsemixer (PhiMoE), 2 of %lld: the top logit, then the top of the others, each weighted by its softmax over the "
            "experts within 2 x %g (router_jitter_noise) of it, relative to max(|logit|, top)\n", (long long)c->layer.num_experts,
            (double)c->layer.router_jitter);
-  else if (c->encdec)
+  else if (c->layer.product_keys) {
+    long long n = 1;
+    while ((n + 1) * (n + 1) <= (long long)c->layer.num_experts) n++;
+    printf("routing: product keys (Doge): router_gate's 2 x %lld keys, the logits read as transformers' view(2, tokens, %lld) (for "
+           "several tokens a token's two halves are other tokens' logits: its output depends on the tokens of the call; one token "
+           "alone is its own), each half sorted, the top-%lld of the %lld sums (expert a x %lld + b), softmax over them%s\n", n, n,
+           (long long)c->layer.top_k, n * n, n, c->layer.norm_topk_prob ? ", / their sum" : "");
+  } else if (c->encdec)
     printf("routing: top-1 of %lld (softmax over all experts in f32%s), weighted by its probability; expert capacity %lld: in each "
            "sequence (moe8 run --seq-len), a token past the first %lld that chose its expert is dropped (its output 0)\n",
            (long long)c->layer.num_experts, c->layer.router_bias ? ", the router's bias added" : "", (long long)c->layer.expert_capacity,
@@ -111,7 +118,10 @@ int cmd_info(int argc, char **argv) {
       nl += c->act_limits[l] > 0 || c->shared_act_limits[l] > 0;
     printf("experts: SwiGLU clamped after the activation, down(min(silu(gate(x)), L) * clamp(up(x), -L, L)), L per layer "
            "(swiglu_limits, swiglu_limits_shared): %lld layer(s) clamped\n", (long long)nl);
-  } else if (c->layer.act == MOE8_ACT_RELU2 || c->layer.act == MOE8_ACT_RELU)
+  } else if (c->layer.act == MOE8_ACT_SILU)
+    printf("experts: single neurons, silu(x . down_embed[e]) x weight x up_embed[e] (down_embed, up_embed [%lld, %lld])\n",
+           (long long)c->layer.num_experts, (long long)c->layer.hidden);
+  else if (c->layer.act == MOE8_ACT_RELU2 || c->layer.act == MOE8_ACT_RELU)
     printf("experts: ungated, down(%s(up(x))%s) (no gate projection)%s\n", "relu", c->layer.act == MOE8_ACT_RELU2 ? "^2" : "",
            c->layer.shared_ffn > 0 ? "; the shared expert too" : "");
   else if (c->layer.act == MOE8_ACT_SWIGLU_SOFTCAP)
@@ -121,7 +131,9 @@ int cmd_info(int argc, char **argv) {
     printf("experts: GeGLU, down(gelu_tanh(gate(x)) * up(x)) (gelu_pytorch_tanh)\n");
   else
     printf("experts: SwiGLU, down(silu(gate(x)) * up(x))\n");
-  if (c->layer.shared_ffn > 0)
+  if (c->layer.shared_ffn > 0 && c->layer.product_keys)
+    printf("shared expert: the dense SwiGLU of width %lld (gate_proj, up_proj, down_proj), added\n", (long long)c->layer.shared_ffn);
+  else if (c->layer.shared_ffn > 0)
     printf("shared expert: width %lld, %s\n", (long long)c->layer.shared_ffn,
            c->layer.shared_gate ? "scaled by sigmoid(x . shared_expert_gate)" : "added ungated");
   else if (c->layer.scored_shared > 0)

@@ -189,6 +189,28 @@ int cmd_init(int argc, char **argv) {
         printf("init: layer %lld of %lld drawn (%.2f GB so far, %.1f s)\n", (long long)l + 1, (long long)NL, (double)bytes * 1e-9, cli_now() - t0);
       continue;
     }
+    if (hc.layer.product_keys) {
+      /* Doge's DogeCDMoE: router_gate over 2 x N keys, the experts' key and
+      ** value tables (a value's fan-in top_k: the k slots' sum stays near
+      ** unit scale), the dense SwiGLU; out x in */
+      int64_t nk = 1;
+      while ((nk + 1) * (nk + 1) <= E) nk++;
+      const struct { const char *name; int64_t s0, s1, fan_in; } t[6] = {
+        {"router_gate.weight", 2 * nk, D, D}, {"down_embed.weight", E, D, D}, {"up_embed.weight", E, D, hc.layer.top_k},
+        {"gate_proj.weight", Fs, D, D}, {"up_proj.weight", Fs, D, D}, {"down_proj.weight", D, Fs, Fs}};
+      for (int i = 0; i < 6 && rc == EXIT_OK; i++) {
+        snprintf(names[nt], 256, "%s%s", p, t[i].name);
+        bufs[nt] = malloc(es * (size_t)(t[i].s0 * t[i].s1) + 1);
+        if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+        fill_normal(bufs[nt], bf, t[i].s0, t[i].s1, t[i].fan_in, mix((uint64_t)seed * 0x9E3779B97F4A7C15ULL ^ mix((uint64_t)l << 32 ^ (uint64_t)nt)));
+        tv[nt] = (moe8_tensor_view){names[nt], fdt, 2, {t[i].s0, t[i].s1}, bufs[nt], es * (size_t)(t[i].s0 * t[i].s1), 0};
+        bytes += tv[nt].nbytes;
+        nt++;
+      }
+      if (rc == EXIT_OK && !cli_quiet)
+        printf("init: layer %lld of %lld drawn (%.2f GB so far, %.1f s)\n", (long long)l + 1, (long long)NL, (double)bytes * 1e-9, cli_now() - t0);
+      continue;
+    }
     if (hc.layer.scored_shared > 0) {
       /* Inkling's block: the router over the routed and the shared experts,
       ** the routed ones' bias (zeros) and the layer's global_scale (1),

@@ -39,6 +39,8 @@ static void usage(FILE *f) {
              "--repeat N      run the forward N times and report the fastest (timing)\n"
              "--ep-mode M     under mpirun: ring (default) or alltoall (docs/parallelism.md)\n"
              "The layer is loaded for inference: expert weights go from the file to the kernels' layout once, without f32 copies.\n"
+             "The T rows are one call: a product-key layer (Doge's) routes each token with other rows' router logits, as\n"
+             "transformers does over a batch's tokens (a file of one row routes that token alone; docs/layer.md).\n"
              "Under mpirun -n P the layer runs expert-parallel (P must divide the experts); rank 0 writes Y.\n"
              "exit codes: 0 ok, 1 failure (bad file, non-finite input; no output written), 2 usage\n");
 }
