@@ -605,7 +605,8 @@ typedef struct moe8_layer_config {
   /* The expert form (GPT-OSS's when act is MOE8_ACT_SWIGLU_CLAMP and both
   ** biases are on).  router_bias: logits += b [E] (MOE8_W_ROUTER_BIAS),
   ** for selection and weights alike.  expert_bias: the routed experts'
-  ** gate|up pre-activations += b [E, 2F] (gate columns, then up) and their
+  ** gate|up pre-activations += b [E, 2F] (gate columns, then up; ungated
+  ** experts, NLLB-MoE's fc1: their up pre-activations += b [E, F]) and their
   ** outputs += b [E, D], before the routing weight.  Forward, fused and
   ** expert-parallel forward; backward and training are refused for a
   ** layer with any of them (MOE8_ERR_UNSUPPORTED). */
@@ -762,6 +763,20 @@ typedef struct moe8_layer_config {
   ** no zero_experts, capacity (either kind), groups, hash routing,
   ** sparsemixer, scored_shared, weight_input or aux loss with it.  0: none. */
   int64_t         skip_experts;
+  /* NLLB-MoE's capacity (its Top2Router in eval mode): with
+  ** capacity_ranked the capacity C is ceil(capacity_fraction · T) when
+  ** capacity_fraction > 0 (moe_eval_capacity_token_fraction), else
+  ** expert_capacity, over all T rows of the forward (one group: seq_len is
+  ** not read); the slots are queued by rank, every token's slot 0 in token
+  ** order, then every token's slot 1, ..., and a slot whose expert already
+  ** has C slots queued before it (dropped ones counted) gets id -1 and
+  ** weight 0.  After the drop a token's kept weights are divided by
+  ** max(their sum, FLT_EPSILON), then times routed_scaling_factor (NLLB's
+  ** 1 - moe_token_dropout; the router itself does not scale them).  No
+  ** norm_topk_prob with it; otherwise as expert_capacity (forward and
+  ** fused; backward, trainer and expert parallelism refused by name). */
+  double          capacity_fraction;
+  bool            capacity_ranked;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -775,7 +790,7 @@ typedef enum moe8_weight_id {
   MOE8_W_SHARED_DOWN, /* [Fs, D]   */
   MOE8_W_SHARED_GATE_W, /* [D]     the shared expert's sigmoid gate (shared_gate) */
   MOE8_W_ROUTER_BIAS, /* [E]       router_bias (E + zero_experts + skip_experts) */
-  MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
+  MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up (ungated experts: [E, F], up's) */
   MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
   MOE8_W_OUT_BIAS,    /* [D]       out_bias */
   MOE8_W_ROUTER_SCALE, /* [D]      router_norm's s */
