@@ -1198,6 +1198,14 @@ typedef struct moe8_hf_config {
   ** router.classifier.weight (and .bias).  encdec false: not this layout. */
   bool              encdec;
   int64_t           enc_layers, sparse_step[2], sparse_layers[2];
+  /* NLLB-MoE (with encdec; BART's layout): layers 0..enc_layers-1 are the
+  ** encoder's layers i (model.encoder.layers.i.ffn.), the others the
+  ** decoder's i - enc_layers (model.decoder.layers.i.ffn.); a stack's
+  ** layer i is sparse when sparse_step > 0 and (i + 1) % sparse_step == 0
+  ** (sparse_step[0] encoder_sparse_step, [1] decoder_sparse_step).  Its
+  ** experts experts.expert_N.fc1 / fc2 with their biases (ungated, biased:
+  ** expert_bias), its router router.classifier.weight (and .bias). */
+  bool              nllb;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",
