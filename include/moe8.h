@@ -610,7 +610,8 @@ typedef struct moe8_layer_config {
   /* The expert form (GPT-OSS's when act is MOE8_ACT_SWIGLU_CLAMP and both
   ** biases are on).  router_bias: logits += b [E] (MOE8_W_ROUTER_BIAS),
   ** for selection and weights alike.  expert_bias: the routed experts'
-  ** gate|up pre-activations += b [E, 2F] (gate columns, then up) and their
+  ** gate|up pre-activations += b [E, 2F] (gate columns, then up; ungated
+  ** experts, NLLB-MoE's fc1: their up pre-activations += b [E, F]) and their
   ** outputs += b [E, D], before the routing weight.  Forward, fused and
   ** expert-parallel forward; backward and training are refused for a
   ** layer with any of them (MOE8_ERR_UNSUPPORTED). */
@@ -797,6 +798,20 @@ typedef struct moe8_layer_config {
   ** capacity, aux loss, latent experts, Gemma-4's norms or MXFP4 with
   ** it. */
   bool            product_keys;
+  /* NLLB-MoE's capacity (its Top2Router in eval mode): with
+  ** capacity_ranked the capacity C is ceil(capacity_fraction · T) when
+  ** capacity_fraction > 0 (moe_eval_capacity_token_fraction), else
+  ** expert_capacity, over all T rows of the forward (one group: seq_len is
+  ** not read); the slots are queued by rank, every token's slot 0 in token
+  ** order, then every token's slot 1, ..., and a slot whose expert already
+  ** has C slots queued before it (dropped ones counted) gets id -1 and
+  ** weight 0.  After the drop a token's kept weights are divided by
+  ** max(their sum, FLT_EPSILON), then times routed_scaling_factor (NLLB's
+  ** 1 - moe_token_dropout; the router itself does not scale them).  No
+  ** norm_topk_prob with it; otherwise as expert_capacity (forward and
+  ** fused; backward, trainer and expert parallelism refused by name). */
+  double          capacity_fraction;
+  bool            capacity_ranked;
 } moe8_layer_config;
 
 typedef enum moe8_weight_id {
@@ -810,7 +825,7 @@ typedef enum moe8_weight_id {
   MOE8_W_SHARED_DOWN, /* [Fs, D]   */
   MOE8_W_SHARED_GATE_W, /* [D]     the shared expert's sigmoid gate (shared_gate) */
   MOE8_W_ROUTER_BIAS, /* [E]       router_bias (E + zero_experts + skip_experts) */
-  MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up */
+  MOE8_W_GU_BIAS,     /* [E, 2F]   expert_bias: gate columns, then up (ungated experts: [E, F], up's) */
   MOE8_W_DOWN_BIAS,   /* [E, D]    expert_bias */
   MOE8_W_OUT_BIAS,    /* [D]       out_bias */
   MOE8_W_ROUTER_SCALE, /* [D]      router_norm's s */
@@ -1218,6 +1233,14 @@ typedef struct moe8_hf_config {
   ** router.classifier.weight (and .bias).  encdec false: not this layout. */
   bool              encdec;
   int64_t           enc_layers, sparse_step[2], sparse_layers[2];
+  /* NLLB-MoE (with encdec; BART's layout): layers 0..enc_layers-1 are the
+  ** encoder's layers i (model.encoder.layers.i.ffn.), the others the
+  ** decoder's i - enc_layers (model.decoder.layers.i.ffn.); a stack's
+  ** layer i is sparse when sparse_step > 0 and (i + 1) % sparse_step == 0
+  ** (sparse_step[0] encoder_sparse_step, [1] decoder_sparse_step).  Its
+  ** experts experts.expert_N.fc1 / fc2 with their biases (ungated, biased:
+  ** expert_bias), its router router.classifier.weight (and .bias). */
+  bool              nllb;
 } moe8_hf_config;
 
 /* Parses config.json.  Supported model_type values: "qwen2_moe",

@@ -1695,6 +1695,59 @@ static void test_family_rows(void **state) {
     assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
     assert_non_null(strstr(moe8_last_error(), "expert_capacity"));
   }
+  /* NLLB-MoE: top-2 of the f32 softmax, NLLB's capacity (ceil(fraction x T) over all rows, ranked), the pair renormalized after
+  ** the drop, times 1 - moe_token_dropout; ungated biased relu experts; the encoder's layers then the decoder's, sparse where
+  ** (i + 1) % step == 0 */
+  assert_int_equal(PARSE("{\"model_type\":\"nllb-moe\"}"), MOE8_OK);
+  assert_true(c.layer.num_experts == 128 && c.layer.top_k == 2 && c.layer.hidden == 1024 && c.layer.ffn == 4096 && c.num_layers == 24 &&
+              c.encdec && c.nllb && c.enc_layers == 12 && c.layer.capacity_ranked && c.layer.capacity_fraction == 1.0 &&
+              c.layer.expert_capacity == 0 && c.layer.act == MOE8_ACT_RELU && c.layer.expert_bias && !c.layer.router_bias &&
+              c.layer.score == MOE8_SCORE_SOFTMAX && !c.layer.norm_topk_prob && c.layer.routed_scaling_factor == 0.8f && !c.has_bias &&
+              moe8_hf_config_first_moe_layer(&c) == 3);
+  {
+    static const int64_t want[] = {3, 7, 11, 15, 19, 23};
+    int64_t got = 0;
+    for (int64_t l = 0; l < 24; l++)
+      if (moe8_hf_config_check_moe_layer(&c, l) == MOE8_OK) { assert_true(got < 6 && want[got] == l); got++; }
+    assert_int_equal(got, 6);
+  }
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 12), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "model.decoder.layers.0.ffn.fc1.weight"));
+  assert_non_null(strstr(moe8_last_error(), "decoder_sparse_step"));
+  assert_int_equal(moe8_hf_config_check_moe_layer(&c, 24), MOE8_ERR_INVALID_ARG);
+  assert_non_null(strstr(moe8_last_error(), "encoder_layers + decoder_layers"));
+  assert_int_equal(PARSE("{\"model_type\":\"nllb-moe\",\"hidden_size\":64,\"encoder_layers\":3,\"decoder_layers\":2,\"encoder_sparse_step\":1,"
+                         "\"decoder_sparse_step\":0,\"num_experts\":4,\"encoder_ffn_dim\":32,\"decoder_ffn_dim\":32,\"router_bias\":true,"
+                         "\"moe_eval_capacity_token_fraction\":-1.0,\"expert_capacity\":5,\"moe_token_dropout\":0.0,"
+                         "\"activation_function\":\"relu2\"}"), MOE8_OK);
+  assert_true(c.layer.hidden == 64 && c.num_layers == 5 && c.enc_layers == 3 && c.layer.act == MOE8_ACT_RELU2 && c.layer.router_bias &&
+              c.layer.capacity_fraction == 0.0 && c.layer.expert_capacity == 5 && c.layer.routed_scaling_factor == 1.0f && c.layer.ffn == 32);
+  for (int64_t l = 0; l < 5; l++) assert_int_equal(moe8_hf_config_check_moe_layer(&c, l) == MOE8_OK, l < 3);
+  moe8_clear_error();
+  {
+    static const struct { const char *kv, *key; moe8_status st; } nb[] = {
+      {"\"activation_function\":\"gelu\"", "\"activation_function\"", MOE8_ERR_UNSUPPORTED},
+      {"\"router_dtype\":\"bfloat16\"", "\"router_dtype\"", MOE8_ERR_UNSUPPORTED},
+      {"\"second_expert_policy\":\"random\"", "\"second_expert_policy\"", MOE8_ERR_UNSUPPORTED},
+      {"\"normalize_router_prob_before_dropping\":true", "\"normalize_router_prob_before_dropping\"", MOE8_ERR_UNSUPPORTED},
+      {"\"batch_prioritized_routing\":true", "\"batch_prioritized_routing\"", MOE8_ERR_UNSUPPORTED},
+      {"\"decoder_ffn_dim\":8", "\"decoder_ffn_dim\"", MOE8_ERR_UNSUPPORTED},
+      {"\"moe_eval_capacity_token_fraction\":0,\"expert_capacity\":null", "\"expert_capacity\" null", MOE8_ERR_UNSUPPORTED},
+      {"\"moe_eval_capacity_token_fraction\":0,\"expert_capacity\":0", "\"expert_capacity\"", MOE8_ERR_PARSE},
+      {"\"moe_eval_capacity_token_fraction\":\"x\"", "\"moe_eval_capacity_token_fraction\"", MOE8_ERR_PARSE},
+      {"\"moe_token_dropout\":1.0", "\"moe_token_dropout\"", MOE8_ERR_PARSE},
+      {"\"num_experts\":1", "\"num_experts\"", MOE8_ERR_PARSE},
+    };
+    for (size_t i = 0; i < sizeof nb / sizeof nb[0]; i++) {
+      char js[200];
+      snprintf(js, sizeof js, "{\"model_type\":\"nllb-moe\",%s}", nb[i].kv);
+      assert_int_equal(moe8_hf_config_parse(js, strlen(js), "config.json", &c), nb[i].st);
+      if (!strstr(moe8_last_error(), nb[i].key)) TU_FAIL("nllb-moe %s: the error does not name %s: %s", nb[i].kv, nb[i].key, moe8_last_error());
+    }
+    static const char js[] = "{\"model_type\":\"nllb-moe\"}";
+    assert_int_equal(moe8_hf_config_parse_as(js, strlen(js), "config.json", "qwen3_moe", &c), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "nllb-moe"));
+  }
   /* Zaya: the MLP router (router_hidden_size, rms_norm_eps) over num_experts + 1 classes (the skip expert), top-1 only, the
   ** balancing_biases as the selection bias; every layer MoE; the router state is the loader's (layers after the first) */
   assert_int_equal(PARSE("{\"model_type\":\"zaya\"}"), MOE8_OK);

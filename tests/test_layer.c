@@ -17,6 +17,7 @@
 #include "testutil.h"
 #include "moe/layer_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1972,13 +1973,10 @@ static void test_ungated_form(void **state) {
     moe8_layer_destroy(B);
     moe8_rules_destroy(rs);
   }
-  /* the forms it does not take */
-  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU2, .expert_bias = true};
+  /* the forms it does not take (expert_bias it takes: NLLB-MoE's biased
+  ** fc1 / fc2, test_capacity_ranked) */
+  moe8_layer_config bad = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU2, .shared_plain_act = true};
   moe8_layer *B = NULL;
-  assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
-  assert_non_null(strstr(moe8_last_error(), "expert_bias"));
-  bad.expert_bias = false;
-  bad.shared_plain_act = true;
   assert_int_equal(moe8_layer_create(&bad, NULL, "experts", &B), MOE8_ERR_INVALID_ARG);
   assert_non_null(strstr(moe8_last_error(), "shared_plain_act"));
   bad.shared_plain_act = false;
@@ -2284,6 +2282,185 @@ static void test_expert_capacity(void **state) {
     assert_non_null(strstr(moe8_last_error(), "expert_capacity"));
   }
   moe8_comm_destroy(cm);
+  free(ws);
+  moe8_layer_destroy(L);
+}
+
+/* NLLB-MoE's capacity (capacity_ranked) with ungated biased experts: a
+** double reference written from transformers 4.x's NllbMoeTop2Router and
+** NllbMoeSparseMLP in eval mode (5.24's block runs only experts 0 and 1):
+** logits x·Wr + b, softmax; the first expert the argmax of the
+** probabilities, the second the argmax of the logits but the first;
+** locations1 = cumsum(one_hot1) - 1, locations2 = cumsum(one_hot2) - 1 +
+** the first choices' counts (all tokens); capacity ceil(frac·T) (frac 0:
+** expert_capacity), a choice kept where its location < capacity; the kept
+** probabilities over max(p1 + p2, FLT_EPSILON); each expert fc2(relu(fc1 x
+** + b1)) + b2, times 1 - moe_token_dropout (routed_scaling_factor), times
+** its weight.  mutate 1: both choices counted in token order
+** (interleaved), 2: renormalized before the drop: rules that are not
+** NLLB's, which the comparison must tell apart. */
+static int nllb_ref(const float *x, const float *wr, const float *rb, const float *up, const float *ub, const float *dn,
+                    const float *db, int T, int E, int D, int F, double frac, int cap, double scale, int mutate, double *out) {
+  int n1[8] = {0}, n2[8] = {0}, dropped = 0;
+  const int C = frac > 0.0 ? (int)ceil(frac * (double)T) : cap;
+  int *i1 = malloc(sizeof(int) * (size_t)T), *i2 = malloc(sizeof(int) * (size_t)T), *k1 = malloc(sizeof(int) * (size_t)T),
+      *k2 = malloc(sizeof(int) * (size_t)T);
+  double *p1 = malloc(sizeof(double) * (size_t)T), *p2 = malloc(sizeof(double) * (size_t)T), *h = malloc(sizeof(double) * (size_t)F);
+  for (int t = 0; t < T; t++) {
+    double l[8], m = -INFINITY, s = 0.0;
+    for (int e = 0; e < E; e++) {
+      l[e] = rb[e];
+      for (int d = 0; d < D; d++) l[e] += (double)x[t * D + d] * wr[d * E + e];
+      if (l[e] > m) m = l[e];
+    }
+    int a = 0, b = -1;
+    for (int e = 1; e < E; e++) if (l[e] > l[a]) a = e;
+    for (int e = 0; e < E; e++) if (e != a && (b < 0 || l[e] > l[b])) b = e;
+    for (int e = 0; e < E; e++) s += exp(l[e] - m);
+    i1[t] = a; i2[t] = b;
+    p1[t] = exp(l[a] - m) / s; p2[t] = exp(l[b] - m) / s;
+    n2[a]++; /* the first choices' counts, which the second ones queue after */
+  }
+  for (int t = 0; t < T; t++) {
+    if (mutate == 1) { /* interleaved: token order, both choices */
+      k1[t] = ++n1[i1[t]] <= C;
+      k2[t] = ++n1[i2[t]] <= C;
+    } else {
+      k1[t] = ++n1[i1[t]] <= C;
+    }
+  }
+  for (int t = 0; mutate != 1 && t < T; t++) k2[t] = ++n2[i2[t]] <= C;
+  for (int t = 0; t < T; t++) {
+    dropped += !k1[t] + !k2[t];
+    double g1, g2;
+    if (mutate == 2) {
+      const double den = fmax(p1[t] + p2[t], FLT_EPSILON);
+      g1 = k1[t] * p1[t] / den; g2 = k2[t] * p2[t] / den;
+    } else {
+      const double den = fmax(k1[t] * p1[t] + k2[t] * p2[t], FLT_EPSILON);
+      g1 = k1[t] * p1[t] / den; g2 = k2[t] * p2[t] / den;
+    }
+    for (int d = 0; d < D; d++) out[t * D + d] = 0.0;
+    for (int j = 0; j < 2; j++) {
+      const int e = j ? i2[t] : i1[t];
+      const double g = j ? g2 : g1;
+      if (!(j ? k2[t] : k1[t])) continue;
+      for (int f = 0; f < F; f++) {
+        double v = ub[e * F + f];
+        for (int d = 0; d < D; d++) v += (double)x[t * D + d] * up[((size_t)e * D + d) * F + f];
+        h[f] = v > 0.0 ? v : 0.0;
+      }
+      for (int d = 0; d < D; d++) {
+        double v = db[e * D + d];
+        for (int f = 0; f < F; f++) v += h[f] * dn[((size_t)e * F + f) * D + d];
+        out[t * D + d] += g * (v * scale);
+      }
+    }
+  }
+  free(i1); free(i2); free(k1); free(k2); free(p1); free(p2); free(h);
+  return dropped;
+}
+
+static double max_abs_diff(const float *y, const double *r, int n, double *rmax) {
+  double m = 0.0, a = 0.0;
+  for (int i = 0; i < n; i++) {
+    m = fmax(m, fabs((double)y[i] - r[i]));
+    a = fmax(a, fabs(r[i]));
+  }
+  *rmax = a;
+  return m;
+}
+
+static void test_capacity_ranked(void **state) {
+  (void)state;
+  enum { E = 4, K = 2, D = 32, F = 24, T = 24 };
+  static float x[T * D], y0[T * D], y1[T * D], dout[T * D];
+  static double want[T * D], wrong[T * D];
+  const moe8_layer_config bad[4] = {
+    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .capacity_ranked = true, .capacity_fraction = 0.5,
+     .norm_topk_prob = true},
+    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .capacity_ranked = true},
+    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .capacity_ranked = true, .capacity_fraction = NAN},
+    {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .capacity_ranked = true, .capacity_fraction = 0.5,
+     .zero_experts = 1}};
+  moe8_layer *L;
+  for (int i = 0; i < 4; i++) {
+    assert_int_not_equal(moe8_layer_create(&bad[i], NULL, "experts", &L), MOE8_OK);
+    assert_non_null(strstr(moe8_last_error(), i < 3 ? "capacity_ranked" : "capacity"));
+  }
+  tu_rng_reset(93);
+  tu_fill_normal(x, T * D, 1.0f);
+  tu_fill_normal(dout, T * D, 1.0f);
+  /* the fraction (0.3 of 24: 8 a choice's queue), then expert_capacity 3 */
+  for (int v = 0; v < 2; v++) {
+    const moe8_layer_config c = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .router_bias = true,
+                                 .expert_bias = true, .capacity_ranked = true, .capacity_fraction = v ? 0.0 : 0.3,
+                                 .expert_capacity = v ? 3 : 0, .routed_scaling_factor = 0.8f};
+    assert_int_equal(moe8_layer_create(&c, NULL, "experts", &L), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L, 94 + v), MOE8_OK);
+    size_t nb = 0;
+    float *rb = moe8_layer_weight(L, MOE8_W_ROUTER_BIAS, NULL), *ub = moe8_layer_weight(L, MOE8_W_GU_BIAS, &nb),
+          *db = moe8_layer_weight(L, MOE8_W_DOWN_BIAS, NULL);
+    assert_int_equal((int)nb, E * F); /* ungated: up's bias only */
+    tu_fill_normal(rb, E, 0.3f);
+    tu_fill_normal(ub, E * F, 0.3f);
+    tu_fill_normal(db, E * D, 0.3f);
+    moe8_layer_weights_changed(L);
+    const size_t wsz = moe8_layer_workspace_size(L, T);
+    void *ws;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    const float *wr = moe8_layer_weight_read(L, MOE8_W_ROUTER, NULL), *up = moe8_layer_weight_read(L, MOE8_W_UP, NULL),
+                *dn = moe8_layer_weight_read(L, MOE8_W_DOWN, NULL);
+    const int dropped = nllb_ref(x, wr, rb, up, ub, dn, db, T, E, D, F, c.capacity_fraction, 3, 0.8, 0, want);
+    if (dropped < 4 || dropped > 2 * T - 4) TU_FAIL("capacity_ranked: %d of %d choices dropped (want some, not all)", dropped, 2 * T);
+    float aux;
+    assert_int_equal(moe8_layer_forward_seq(L, x, T, NULL, 5, y0, &aux, ws, wsz), MOE8_OK); /* seq_len not read */
+    double rmax;
+    const double err = max_abs_diff(y0, want, T * D, &rmax);
+    if (!(err <= 1e-5 * rmax)) TU_FAIL("capacity_ranked (%s): max |moe8 - want| %g of outputs up to %g", v ? "expert_capacity" : "fraction", err, rmax);
+    for (int m = 1; m <= 2; m++) { /* the mutated rules: told apart */
+      nllb_ref(x, wr, rb, up, ub, dn, db, T, E, D, F, c.capacity_fraction, 3, 0.8, m, wrong);
+      double wmax;
+      if (max_abs_diff(y0, wrong, T * D, &wmax) <= 1e-3 * wmax) TU_FAIL("capacity_ranked: mutation %d not told apart", m);
+    }
+    nllb_ref(x, wr, rb, up, ub, dn, db, T, E, D, F, c.capacity_fraction, 3, 1.0, 0, wrong); /* without the dropout's scaling */
+    double wmax;
+    if (max_abs_diff(y0, wrong, T * D, &wmax) <= 1e-3 * wmax) TU_FAIL("capacity_ranked: the 0.8 scaling not told apart");
+    int zero_rows = 0;
+    for (int t = 0; t < T; t++) {
+      bool z = true;
+      for (int d = 0; d < D; d++) z &= want[t * D + d] == 0.0;
+      zero_rows += z;
+      for (int d = 0; z && d < D; d++)
+        if (moe8__f32_bits(y0[t * D + d]) != 0u) TU_FAIL("capacity_ranked: token %d (both choices dropped) element %d is %a", t, d, (double)y0[t * D + d]);
+    }
+    if (v == 1 && zero_rows == 0) TU_FAIL("capacity_ranked: expert_capacity 3 dropped no token's both choices");
+    assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(L, x, T, y1, ws, wsz), MOE8_OK);
+    assert_memory_equal(y0, y1, sizeof y0);
+    assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &(moe8_layer_grads){.dx = y1}), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "capacity_ranked"));
+    moe8_comm *cm;
+    moe8_ep *ep = NULL;
+    assert_int_equal(moe8_comm_create_single(&cm), MOE8_OK);
+    const moe8_ep_options eo = {sizeof eo, MOE8_EP_RING};
+    assert_int_equal(moe8_ep_create_ex(L, cm, &eo, &ep), MOE8_ERR_UNSUPPORTED);
+    assert_non_null(strstr(moe8_last_error(), "capacity_ranked"));
+    moe8_comm_destroy(cm);
+    free(ws);
+    moe8_layer_destroy(L);
+  }
+  /* ungated experts with biases, no capacity: the backward refused by name */
+  const moe8_layer_config u = {.num_experts = E, .top_k = K, .hidden = D, .ffn = F, .act = MOE8_ACT_RELU, .expert_bias = true};
+  assert_int_equal(moe8_layer_create(&u, NULL, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 97), MOE8_OK);
+  const size_t wsz = moe8_layer_workspace_size(L, T);
+  void *ws;
+  assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+  float aux;
+  assert_int_equal(moe8_layer_forward(L, x, T, y0, &aux, ws, wsz), MOE8_OK);
+  assert_int_equal(moe8_layer_backward(L, x, T, dout, ws, wsz, &(moe8_layer_grads){.dx = y1}), MOE8_ERR_UNSUPPORTED);
+  assert_non_null(strstr(moe8_last_error(), "expert_bias"));
   free(ws);
   moe8_layer_destroy(L);
 }
@@ -3230,6 +3407,7 @@ int main(void) {
     cmocka_unit_test(test_sparsemixer),
     cmocka_unit_test(test_zero_experts),
     cmocka_unit_test(test_expert_capacity),
+    cmocka_unit_test(test_capacity_ranked),
     cmocka_unit_test(test_zaya_router),
     cmocka_unit_test(test_product_keys),
     cmocka_unit_test(test_product_keys_quant),

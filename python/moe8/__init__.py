@@ -100,7 +100,8 @@ class _LayerConfig(C.Structure):
                 ("in_norm", C.c_bool), ("out_norm", C.c_bool), ("router_norm_scale", C.c_float), ("rms_eps", C.c_float),
                 ("router_jitter", C.c_float), ("zero_experts", _i64), ("latent", _i64), ("latent_norm", C.c_bool),
                 ("expert_out_norm", C.c_bool), ("expert_out_eps", C.c_float), ("expert_capacity", _i64), ("router_mlp", _i64),
-                ("router_state", C.c_bool), ("skip_experts", _i64), ("product_keys", C.c_bool)]
+                ("router_state", C.c_bool), ("skip_experts", _i64), ("product_keys", C.c_bool), ("capacity_fraction", C.c_double),
+                ("capacity_ranked", C.c_bool)]
 
 
 class _QuantSpec(C.Structure):
@@ -480,7 +481,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                   group_mask_zero=False, scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False,
                   router_norm_scale=0.0, rms_eps=0.0, router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False,
                   expert_out_norm=False, expert_out_eps=0.0, expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0,
-                  product_keys=False):
+                  product_keys=False, capacity_fraction=0.0, capacity_ranked=False):
     """The moe8_layer_config of Layer()'s keyword arguments, checked."""
     if score not in SCORES:
         raise Error(1, "score must be 'softmax', 'sigmoid', 'sqrtsoftplus' (DeepSeek-V4) or 'sparsemixer' (PhiMoE), not %r" % (score,))
@@ -507,7 +508,7 @@ def _layer_config(num_experts=None, top_k=None, hidden=None, ffn=None, score="so
                         bool(in_norm), bool(out_norm), float(router_norm_scale), float(rms_eps), float(router_jitter), zero_experts,
                         _int_arg(latent, "latent"), bool(latent_norm), bool(expert_out_norm), float(expert_out_eps),
                         _int_arg(expert_capacity, "expert_capacity"), _int_arg(router_mlp, "router_mlp"), bool(router_state),
-                        skip_experts, bool(product_keys))
+                        skip_experts, bool(product_keys), float(capacity_fraction), bool(capacity_ranked))
 
 
 def _f32_any(a, name, shape):
@@ -534,7 +535,8 @@ class Layer:
                  select_logits=False, out_bias=False, norm_p=0.0, shared_scale=0.0, shared_act_limit=0.0, hash_routing=False, group_mask_zero=False,
                  scored_shared=0, router_norm=False, expert_scale=False, in_norm=False, out_norm=False, router_norm_scale=0.0, rms_eps=0.0,
                  router_jitter=0.0, zero_experts=0, latent=0, latent_norm=False, expert_out_norm=False, expert_out_eps=0.0,
-                 expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0, product_keys=False, rules=None,
+                 expert_capacity=0, router_mlp=0, router_state=False, skip_experts=0, product_keys=False, capacity_fraction=0.0,
+                 capacity_ranked=False, rules=None,
                  module_path="experts",
                  _handle=None, _keep=None):
         self._keep = _keep
@@ -551,7 +553,7 @@ class Layer:
                                 norm_eps, select_logits, out_bias, norm_p, shared_scale, shared_act_limit, hash_routing,
                                 group_mask_zero, scored_shared, router_norm, expert_scale, in_norm, out_norm, router_norm_scale, rms_eps,
                                 router_jitter, zero_experts, latent, latent_norm, expert_out_norm, expert_out_eps, expert_capacity,
-                                router_mlp, router_state, skip_experts, product_keys)
+                                router_mlp, router_state, skip_experts, product_keys, capacity_fraction, capacity_ranked)
             self._rules = _as_rules(rules)
             h = _P()
             _check(_layer_create(C.byref(cfg), self._rules._h if self._rules else None, module_path.encode(), C.byref(h)))
@@ -574,6 +576,8 @@ class Layer:
         # (forward()'s router_state), and the skip classes after the experts
         self.router_mlp, self.router_state, self.skip_experts = c.router_mlp, bool(c.router_state), c.skip_experts
         self.product_keys = bool(c.product_keys)  # Doge's product-key experts: the router [D, 2 floor(sqrt(E))]
+        # NLLB-MoE's capacity: by rank over all rows, ceil(capacity_fraction x T) (0: expert_capacity), renormalized after the drop
+        self.capacity_fraction, self.capacity_ranked = c.capacity_fraction, bool(c.capacity_ranked)
 
     @classmethod
     def from_model(cls, model_dir, layer=None, mode="inference", rules=None, arch=None, progress=None):
@@ -700,7 +704,8 @@ class Layer:
         R = self.router_mlp  # Zaya's MLP router's width
         Rw = 2 * math.isqrt(E) if self.product_keys else Er  # a product-key router's 2 x N keys
         return {"router": (R or D, Rw), "gate": (E, H, F), "up": (E, H, F), "down": (E, F, H), "bias": (Er,), "shared_gate": (D, Fs),
-                "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,), "gate_up_bias": (E, 2 * F),
+                "shared_up": (D, Fs), "shared_down": (Fs, D), "shared_gate_w": (D,), "router_bias": (Er,),
+                "gate_up_bias": (E, 2 * F if self.act not in ("relu", "relu2") else F),
                 "down_bias": (E, D), "out_bias": (D,), "router_scale": (D,), "expert_scale": (E,), "in_norm": (D,),
                 "out_norm": (D,), "latent_in": (D, H), "latent_out": (H, D), "latent_norm": (H,), "expert_out_norm": (H,),
                 "router_down": (D, R), "router_down_bias": (R,), "router_state_scale": (R,), "router_mlp_norm": (R,), "router_fc1": (R, R),

@@ -121,6 +121,10 @@ moe8_status moe8_ep_create_ex(moe8_layer *layer, moe8_comm *comm, const moe8_ep_
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s has product-key experts (Doge's): a token's routing reads other tokens' "
                       "router logits (transformers' view over the call's tokens), so a shard cannot route alone: not implemented under "
                       "expert parallelism", layer->module_path);
+  if (layer->cfg.capacity_ranked || (layer->cfg.expert_bias && !moe8__act_gated(layer->cfg.act)))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s %s: not implemented under expert parallelism", layer->module_path,
+                      layer->cfg.capacity_ranked ? "drops slots past its capacity (capacity_ranked, NLLB-MoE's, counted over all rows)"
+                                                 : "has ungated experts with biases (expert_bias)");
   if (layer->cfg.expert_capacity > 0) /* the layer's own config: every rank refuses alike */
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "ep: layer %s drops tokens past expert_capacity (SwitchTransformers', counted per sequence): "
                       "not implemented under expert parallelism", layer->module_path);

@@ -173,6 +173,8 @@ typedef struct family {
   /* Doge (DogeConfig): product-key single-neuron experts and a dense
   ** SwiGLU (parse_doge, moe8_layer_config.product_keys) */
   bool        doge;
+  /* NLLB-MoE (NllbMoeConfig): its keys, capacity and placement (parse_nllb) */
+  bool        nllb;
 } family;
 
 /* Placement of the MoE layers. */
@@ -585,6 +587,12 @@ static const family k_families[] = {
   ** probability, tokens past expert_capacity in their sequence dropped;
   ** ungated experts wo(act(wi(x))); the encoder's and the decoder's
   ** sparse blocks (parse_switch) */
+  /* NllbMoeConfig: top-2 of the f32 softmax, NLLB's capacity in eval
+  ** (capacity_ranked), the kept pair renormalized, times 1 -
+  ** moe_token_dropout; ungated biased experts fc2(act(fc1(x))); the
+  ** encoder's and the decoder's sparse layers (parse_nllb) */
+  {.name = "nllb-moe", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "encoder_ffn_dim", .hidden = 1024,
+   .layers = 12, .experts = 128, .top_k = 2, .ffn = 4096, .norm = false, .scaling = 1.0, .place = PLACE_ALL, .nllb = true},
   {.name = "switch_transformers", .arch = MOE8_ARCH_QWEN3_MOE, .experts_key = "num_experts", .ffn_key = "d_ff", .hidden = 768,
    .layers = 12, .experts = 8, .top_k = 1, .ffn = 2048, .norm = false, .scaling = 1.0, .place = PLACE_ALL, .switch_t = true},
   /* ZayaConfig: an MLP router (router_hidden_size) fed the previous
@@ -1370,6 +1378,90 @@ static moe8_status parse_doge(const cJSON *root, const char *file, const family 
 #undef TRY
 }
 
+/* NLLB-MoE (NllbMoeConfig), as transformers 4.x's NllbMoeTop2Router and
+** NllbMoeSparseMLP compute it in eval mode: d_model (alias hidden_size),
+** encoder_layers + decoder_layers, each stack's sparse layers by its
+** encoder_sparse_step / decoder_sparse_step ((i + 1) % step == 0; step <=
+** 0: none), num_experts, encoder_ffn_dim (decoder_ffn_dim must be equal:
+** one width per model); top-2 of the softmax in f32 (the second the best
+** logit but the first's), the router's bias with router_bias; the
+** capacity ceil(moe_eval_capacity_token_fraction · tokens) over all the
+** tokens of a forward (capacity_ranked; 0 or less: expert_capacity, whose
+** null leaves it to the first call's tokens: refused), the first choices
+** queued before the second ones, the kept pair renormalized by max(Σ,
+** eps) after the drop, times 1 - moe_token_dropout (eval's scaling);
+** experts fc2(act(fc1(x))) with their biases, activation_function relu or
+** relu2.  Refused by name: second_expert_policy other than "all" (random
+** at inference), normalize_router_prob_before_dropping and
+** batch_prioritized_routing true (not implemented), router_dtype other
+** than float32. */
+static moe8_status parse_nllb(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
+  moe8_status st;
+  moe8_layer_config *L = &c->layer;
+  char kk[64];
+#define TRY(x) do { if ((st = (x)) != MOE8_OK) return st; } while (0)
+  TRY(pick_key(root, file, "d_model|hidden_size", "", kk));
+  TRY(get_int(root, file, kk, fam->hidden, 1, (int64_t)1 << 30, &L->hidden));
+  int64_t ne = 0, nd = 0, se = 0, sd = 0, fd = 0;
+  TRY(get_int(root, file, "encoder_layers", fam->layers, 1, 1 << 19, &ne));
+  TRY(get_int(root, file, "decoder_layers", 12, 0, 1 << 19, &nd));
+  TRY(get_int(root, file, "encoder_sparse_step", 4, -(1 << 19), 1 << 19, &se));
+  TRY(get_int(root, file, "decoder_sparse_step", 4, -(1 << 19), 1 << 19, &sd));
+  TRY(get_int(root, file, "num_experts", fam->experts, 2, MOE8_MAX_EXPERTS, &L->num_experts));
+  TRY(get_int(root, file, "encoder_ffn_dim", fam->ffn, 1, (int64_t)1 << 30, &L->ffn));
+  TRY(get_int(root, file, "decoder_ffn_dim", fam->ffn, 1, (int64_t)1 << 30, &fd));
+  if (fd != L->ffn)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"decoder_ffn_dim\" (%lld) differs from \"encoder_ffn_dim\" (%lld): moe8 holds one expert "
+                      "width per model", file, (long long)fd, (long long)L->ffn);
+  TRY(want_str(root, file, "activation_function", "relu|relu2", "moe8's ungated experts compute relu or relu2 (NllbMoeDenseActDense's "
+               "ACT2FN[activation_function])"));
+  TRY(want_str(root, file, "router_dtype", "float32", "moe8's router computes in float32 (float16 and bfloat16 round its input and "
+               "logits)"));
+  TRY(want_str(root, file, "second_expert_policy", "all", "moe8 computes the policy \"all\" (the second expert always queued); "
+               "\"sampling\" and \"random\" draw random numbers at inference too"));
+  bool flag = false;
+  TRY(get_bool(root, file, "normalize_router_prob_before_dropping", false, &flag));
+  if (flag)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"normalize_router_prob_before_dropping\" is true: not implemented (moe8 renormalizes "
+                      "the kept pair after the drop, the default)", file);
+  TRY(get_bool(root, file, "batch_prioritized_routing", false, &flag));
+  if (flag)
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"batch_prioritized_routing\" is true: not implemented (moe8 queues the tokens in their "
+                      "order, the default)", file);
+  const cJSON *fr = item(root, "moe_eval_capacity_token_fraction"), *dr = item(root, "moe_token_dropout");
+  if (fr && (!cJSON_IsNumber(fr) || !(fr->valuedouble > -1e30 && fr->valuedouble < 1e30)))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_eval_capacity_token_fraction\" must be a finite number", file);
+  if (dr && (!cJSON_IsNumber(dr) || !(dr->valuedouble >= 0.0 && dr->valuedouble < 1.0)))
+    return moe8__fail(MOE8_ERR_PARSE, "%s: \"moe_token_dropout\" must be a number in [0, 1)", file);
+  const double frac = fr ? fr->valuedouble : 1.0, drop = dr ? dr->valuedouble : 0.2;
+  if (frac > 0.0) {
+    L->capacity_fraction = frac;
+  } else {
+    const cJSON *ec = item(root, "expert_capacity");
+    if (!ec && cJSON_GetObjectItemCaseSensitive(root, "expert_capacity"))
+      return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: \"moe_eval_capacity_token_fraction\" is %g and \"expert_capacity\" null: the router "
+                        "keeps the capacity of its first call (2 x ceil(tokens / num_experts)) for every later one; not implemented",
+                        file, frac);
+    TRY(get_int(root, file, "expert_capacity", 64, 1, (int64_t)1 << 40, &L->expert_capacity));
+  }
+  const cJSON *act = item(root, "activation_function");
+  L->act = act && !strcmp(act->valuestring, "relu2") ? MOE8_ACT_RELU2 : MOE8_ACT_RELU;
+  TRY(get_bool(root, file, "router_bias", false, &L->router_bias));
+  L->expert_bias = true;
+  L->capacity_ranked = true;
+  L->top_k = 2;
+  L->score = MOE8_SCORE_SOFTMAX;
+  L->norm_topk_prob = false;
+  L->routed_scaling_factor = (float)(1.0 - drop);
+  c->encdec = c->nllb = true;
+  c->enc_layers = ne;
+  c->num_layers = ne + nd;
+  c->sparse_step[0] = se;
+  c->sparse_step[1] = sd;
+  return MOE8_OK;
+#undef TRY
+}
+
 /* DBRX's keys: d_model and n_layers at the top, the MoE's under
 ** ffn_config (DbrxFFNConfig's defaults when absent). */
 static moe8_status parse_dbrx(const cJSON *root, const char *file, const family *fam, moe8_hf_config *c) {
@@ -1447,7 +1539,6 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"nemo_speechlm", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"nemotron_h_omni", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
-    {"nllb-moe", "transformers' block runs only experts 0 and 1 (it passes a one-hot mask as expert indices), so there is no reference"},
   };
   if (mt)
     for (size_t i = 0; i < sizeof k_differs / sizeof k_differs[0]; i++)
@@ -1466,6 +1557,8 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"switch_transformers", "its experts drop tokens past expert_capacity, and its layers are an encoder's and a decoder's"},
     {"zaya", "its router is an MLP fed the previous layer's router state, with a skip expert"},
     {"doge", "its experts are single neurons chosen by product keys (two halves of the router's keys)"},
+    {"nllb-moe", "its top-2 router drops slots past a capacity over all tokens and renormalizes the pair, its experts are biased ReLU "
+                 "MLPs, and its layers are an encoder's and a decoder's"},
   };
   for (size_t i = 0; mt && override && i < sizeof k_own / sizeof k_own[0]; i++)
     if (!strcmp(mt->valuestring, k_own[i].type) && strcmp(override, k_own[i].type))
@@ -1536,6 +1629,10 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
   }
   if (fam->doge) {
     TRY(parse_doge(root, file, fam, c));
+    goto tail;
+  }
+  if (fam->nllb) {
+    TRY(parse_nllb(root, file, fam, c));
     goto tail;
   }
   if (fam->gemma && fam->moe_flag) { /* a dense Gemma-4 has no MoE layer at all */
@@ -1932,8 +2029,18 @@ moe8_status moe8_hf_config_check_moe_layer(const moe8_hf_config *c, int64_t laye
     ** its num_hidden_layers being the sublayers; DBRX: n_layers;
     ** SwitchTransformers: both stacks') */
     const char *key = !strcmp(c->model_type, "longcat_flash") ? "num_layers" : !strcmp(c->model_type, "dbrx") ? "n_layers"
-                      : c->encdec ? "num_layers + num_decoder_layers" : "num_hidden_layers";
+                      : c->nllb ? "encoder_layers + decoder_layers" : c->encdec ? "num_layers + num_decoder_layers" : "num_hidden_layers";
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is outside [0, %s = %lld)", (long long)layer, key, (long long)c->num_layers);
+  }
+  if (c->nllb) { /* NLLB-MoE: the encoder's layers, then the decoder's; sparse where (i + 1) % step == 0 */
+    const int s = layer >= c->enc_layers;
+    const int64_t i = layer - (s ? c->enc_layers : 0), step = c->sparse_step[s];
+    if (!(step > 0 && (i + 1) % step == 0))
+      return moe8__fail(MOE8_ERR_INVALID_ARG, "layer %lld is the %s's layer %lld, a dense MLP (model.%s.layers.%lld.ffn.fc1.weight): %s = %lld, "
+                        "sparse where (layer + 1) %% step == 0%s", (long long)layer, s ? "decoder" : "encoder", (long long)i,
+                        s ? "decoder" : "encoder", (long long)i, s ? "decoder_sparse_step" : "encoder_sparse_step", (long long)step,
+                        step > 0 ? "" : " (none: the step is not positive)");
+    return MOE8_OK;
   }
   if (c->encdec) { /* SwitchTransformers: the encoder's blocks, then the decoder's */
     const int s = layer >= c->enc_layers;
@@ -2014,7 +2121,7 @@ int64_t moe8_hf_config_first_moe_layer(const moe8_hf_config *c) {
     if (c->encdec) {
       const int s = l >= c->enc_layers;
       const int64_t i = l - (s ? c->enc_layers : 0), step = c->sparse_step[s];
-      if (step > 0 && (i % step == 1 || step == 1)) return l;
+      if (c->nllb ? step > 0 && (i + 1) % step == 0 : step > 0 && (i % step == 1 || step == 1)) return l;
       continue;
     }
     if (l < c->first_k_dense_replace || (c->moe_layer_freq > 1 && l % c->moe_layer_freq)) continue;

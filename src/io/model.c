@@ -211,6 +211,11 @@ const moe8_tensor_view *moe8_model_find(const moe8_model *m, const char *name) {
 
 void moe8_model_prefix(const moe8_model *m, int64_t layer, char *buf, size_t cap) {
   const char *root = m ? m->root : "model.layers.";
+  if (m && m->cfg.nllb) { /* NLLB-MoE: the encoder's layers, then the decoder's */
+    const bool dec = layer >= m->cfg.enc_layers;
+    snprintf(buf, cap, "model.%s.layers.%lld.ffn.", dec ? "decoder" : "encoder", (long long)(layer - (dec ? m->cfg.enc_layers : 0)));
+    return;
+  }
   if (m && m->cfg.encdec) { /* SwitchTransformers: the encoder's blocks, then the decoder's (layer.1 its cross-attention) */
     const bool dec = layer >= m->cfg.enc_layers;
     snprintf(buf, cap, "%s.block.%lld.layer.%d.mlp.", dec ? "decoder" : "encoder", (long long)(layer - (dec ? m->cfg.enc_layers : 0)),
@@ -260,6 +265,7 @@ static void fused_name(const moe8_model *m, const char *p, int which, char *buf,
 static const char *proj_name(const moe8_model *m, const char *base, int which) {
   static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const mx[3] = {"w1", "w3", "w2"};
   static const char *const hy[3] = {"linear_gate", "up_proj", "down_proj"};
+  if (m->cfg.nllb) return which == 2 ? "fc2" : "fc1"; /* NLLB-MoE's ungated experts: fc2(act(fc1(x))), biased */
   if (m->cfg.encdec) return which == 2 ? "wo" : "wi"; /* SwitchTransformers' ungated experts: wo(act(wi(x))) */
   const char *const *a = m->cfg.arch == MOE8_ARCH_MIXTRAL ? mx : hf, *const *b = a == mx ? hf : mx;
   char n[400];
@@ -1504,6 +1510,16 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
       if (o.progress && now_s() - last > 1.0) { last = now_s(); o.progress(o.progress_ctx, e + 1, total); }
     }
     xbuf_free(&b);
+    if (st != MOE8_OK) goto fail;
+    /* NLLB-MoE's expert biases: fc1.bias [F] (up's) and fc2.bias [D] */
+    for (int64_t e = 0; c->nllb && e < E && st == MOE8_OK; e++)
+      for (int w = 0; w < 2 && st == MOE8_OK; w++) {
+        const int64_t bs[1] = {w ? D : F};
+        snprintf(n, sizeof n, "%s%s%lld.fc%d.bias", p, xdir(m), (long long)e, w + 1);
+        if ((st = need(m, n, 1, bs, &t)) != MOE8_OK) break;
+        if (!is_float_file(t->dtype)) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype)); break; }
+        st = moe8_file_to_f32(L->w[w ? MOE8_W_DOWN_BIAS : MOE8_W_GU_BIAS] + e * bs[0], t->data, t->dtype, (size_t)bs[0]);
+      }
     if (st != MOE8_OK) goto fail;
   }
   ld.D = D;

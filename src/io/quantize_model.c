@@ -575,6 +575,12 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   if (st != MOE8_OK) { oldset_free(&old); return st; }
   const moe8_hf_config *hc = moe8_model_config(m);
   const bool gptoss = hc->arch == MOE8_ARCH_GPT_OSS;
+  if (hc->nllb) { /* the experts' fc1 / fc2 biases have no place in the quantized layer's files yet */
+    moe8_model_close(m);
+    oldset_free(&old);
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s (nllb-moe): its experts' biases (fc1.bias, fc2.bias) are not carried into "
+                      "quantized files: not implemented (run the float files under --rules instead)", in);
+  }
   /* the routed experts' width: latent experts' (their projections are copied as they are) */
   const int64_t E = hc->layer.num_experts, D = hc->layer.latent > 0 ? hc->layer.latent : hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};

@@ -100,7 +100,7 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (R < 0 || R > ((int64_t)1 << 24) || (cfg->router_state && R == 0))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: router_mlp = %lld must be 0 (a linear router) or the MLP router's width in [1, 2^24]%s",
                       (long long)R, cfg->router_state && R == 0 ? ", and router_state (the previous layer's router state) needs it" : "");
-  if ((R > 0 || S > 0) && (Z > 0 || cfg->capacity_factor > 0.0f || cfg->expert_capacity != 0 || cfg->aux_loss_weight != 0.0f ||
+  if ((R > 0 || S > 0) && (Z > 0 || cfg->capacity_factor > 0.0f || cfg->expert_capacity != 0 || cfg->capacity_ranked || cfg->aux_loss_weight != 0.0f ||
                            cfg->n_group > 1 || cfg->hash_routing || cfg->score == MOE8_SCORE_SPARSEMIXER || cfg->scored_shared ||
                            cfg->weight_input || (R > 0 && cfg->router_norm)))
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: %s (Zaya's) with zero_experts, a capacity factor, expert_capacity, an aux loss, "
@@ -139,7 +139,12 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: zero_experts (identity experts, LongCat-Flash's) with a capacity factor, an aux loss, "
                       "groups, weight_input, hash routing, the sparsemixer router, Gemma-4's norms and scales or scored_shared: not "
                       "implemented");
-  if (cfg->expert_capacity < 0 || (cfg->expert_capacity > 0 && (Z > 0 || cfg->hash_routing || cfg->scored_shared || cfg->weight_input ||
+  if (cfg->capacity_ranked && (!(cfg->capacity_fraction >= 0.0 && cfg->capacity_fraction < 1e30) ||
+                               (cfg->capacity_fraction == 0.0 && cfg->expert_capacity <= 0) || cfg->norm_topk_prob))
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: capacity_ranked (NLLB-MoE's capacity) needs capacity_fraction (%g) in [0, 1e30), a "
+                      "positive expert_capacity (%lld) when it is 0, and no norm_topk_prob (it renormalizes after the drop)",
+                      cfg->capacity_fraction, (long long)cfg->expert_capacity);
+  if (cfg->expert_capacity < 0 || (moe8__capacity_on(cfg) && (Z > 0 || cfg->hash_routing || cfg->scored_shared || cfg->weight_input ||
                                                                   cfg->capacity_factor > 0.0f || cfg->aux_loss_weight != 0.0f ||
                                                                   cfg->latent > 0 || cfg->expert_out_norm)))
     return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer: expert_capacity = %lld must be >= 0, and a capacity (SwitchTransformers') goes with no "
@@ -195,9 +200,9 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   if (!(cfg->rms_eps >= 0.0f && cfg->rms_eps < 1e30f) || !isfinite(cfg->router_norm_scale))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: rms_eps %g must be in [0, 1e30) and router_norm_scale %g finite", (double)cfg->rms_eps,
                       (double)cfg->router_norm_scale);
-  if (!moe8__act_gated(cfg->act) && (cfg->expert_bias || (cfg->shared_plain_act && !cfg->product_keys)))
-    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the ungated experts (act %s) take no %s", cfg->act == MOE8_ACT_RELU2 ? "relu2" : "relu",
-                      cfg->expert_bias ? "expert_bias (its gate|up bias is a gated expert's)" : "shared_plain_act (their shared expert is ungated too)");
+  if (!moe8__act_gated(cfg->act) && cfg->shared_plain_act && !cfg->product_keys)
+    return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the ungated experts (act %s) take no shared_plain_act (their shared expert is ungated "
+                      "too)", cfg->act == MOE8_ACT_RELU2 ? "relu2" : "relu");
   if (cfg->act == MOE8_ACT_SWIGLU_SOFTCAP && !(cfg->act_alpha > 0.0f && cfg->act_alpha < 1e30f && cfg->act_limit > 0.0f &&
                                                cfg->act_limit < 1e30f))
     return moe8__fail(MOE8_ERR_INVALID_ARG, "layer: the softcapped SwiGLU needs its caps act_alpha (gate) and act_limit (up) in "
@@ -264,7 +269,7 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   L->n[MOE8_W_BIAS] = cfg->use_selection_bias ? (size_t)(E + Z + S) : 0;
   L->n[MOE8_W_SHARED_GATE_W] = Fs > 0 && cfg->shared_gate ? (size_t)D : 0;
   L->n[MOE8_W_ROUTER_BIAS] = cfg->router_bias ? (size_t)(E + Z + S) : 0;
-  L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * 2 * F) : 0;
+  L->n[MOE8_W_GU_BIAS] = cfg->expert_bias ? (size_t)(E * L->xs[0].N1) : 0; /* ungated: up's [E, F] */
   L->n[MOE8_W_DOWN_BIAS] = cfg->expert_bias ? (size_t)(E * D) : 0;
   L->n[MOE8_W_OUT_BIAS] = cfg->out_bias ? (size_t)D : 0;
   L->n[MOE8_W_ROUTER_SCALE] = cfg->router_norm ? (size_t)D : 0;
@@ -1077,7 +1082,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     const moe8_status tst = moe8__check_tokens(L, tok, T, "layer forward");
     if (tst != MOE8_OK) return tst;
   }
-  if (L->cfg.expert_capacity > 0 && !ids_in && (seq < 0 || (seq > 0 && T % seq)))
+  if (L->cfg.expert_capacity > 0 && !L->cfg.capacity_ranked && !ids_in && (seq < 0 || (seq > 0 && T % seq)))
     return moe8__fail(MOE8_ERR_SHAPE, "layer %s: seq_len = %lld must be 0 (one sequence) or divide T = %lld (the rows are sequences of "
                       "seq_len tokens; the expert capacity counts per sequence)", L->module_path, (long long)seq, (long long)T);
   ws_layout w;
@@ -1149,9 +1154,10 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
     if (st == MOE8_OK) st = moe8__pk_route(L, w.logits, T, w.ids, w.w);
   } else {
     st = R > 0 ? moe8__router_mlp(L, xr, T, rs_in, w.rs, w.ra, w.rb, w.logits) : moe8__router_logits(L, xr, T, w.logits);
-    const moe8_router_config rc = moe8__router_config(L, tok);
+    moe8_router_config rc = moe8__router_config(L, tok);
+    if (L->cfg.capacity_ranked) rc.routed_scaling_factor = 1.0f; /* NLLB-MoE: scaled after the drop's renormalization */
     if (st == MOE8_OK) st = moe8_route(&rc, w.logits, T, w.scores, w.ids, w.w);
-    if (st == MOE8_OK && L->cfg.expert_capacity > 0) moe8__apply_capacity(L, T, seq, w.ids, w.w);
+    if (st == MOE8_OK && moe8__capacity_on(&L->cfg)) moe8__apply_capacity(L, T, seq, w.ids, w.w);
     if (st == MOE8_OK && L->cfg.skip_experts > 0) moe8__skip_slots(L, T, w.ids, w.w);
     if (st == MOE8_OK && L->cfg.expert_scale) { /* Gemma-4: each weight times its expert's scale (the backward keeps wn) */
       const float *c = L->w[MOE8_W_EXPERT_SCALE];
@@ -1182,7 +1188,7 @@ static moe8_status forward(moe8_layer *L, const float *x, int64_t T, float *out,
   /* 2. dispatch */
   moe8_dispatch d = {w.token_of, w.slot_of, w.gsz, w.offs, w.pos_of, 0};
   if (st == MOE8_OK) st = moe8__dispatch_sort(w.ids, T, K, E, L->cfg.zero_experts, L->cfg.capacity_factor,
-                                             ids_in != NULL || L->cfg.expert_capacity > 0 || L->cfg.skip_experts > 0, &d);
+                                             ids_in != NULL || moe8__capacity_on(&L->cfg) || L->cfg.skip_experts > 0, &d);
   if (st != MOE8_OK) return st;
   /* LongCat-Flash's identity experts, while x is whole (out may be x) */
   if (L->cfg.zero_experts) moe8__identity_rows(L, x, T, w.ids, w.w, w.idn);

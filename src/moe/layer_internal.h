@@ -326,6 +326,11 @@ moe8_status moe8__finish_output(const moe8_layer *L, int64_t T, const float *y, 
 ** expert_capacity tokens of the sequence gets id -1 and weight 0 (no row,
 ** nothing added).  T a multiple of seq (the caller checked). */
 void moe8__apply_capacity(const moe8_layer *L, int64_t T, int64_t seq, int32_t *ids, float *w);
+/* Whether the layer drops slots past a capacity: SwitchTransformers'
+** (expert_capacity, per sequence) or NLLB-MoE's (capacity_ranked: by rank
+** over all T rows, the kept weights renormalized; moe8__apply_capacity
+** applies either). */
+static inline bool moe8__capacity_on(const moe8_layer_config *c) { return c->expert_capacity > 0 || c->capacity_ranked; }
 /* LongCat-Flash's identity experts (zero_experts): idn[t] = Σ_j w[t·K + j]
 ** · x[t] over the slots j whose id is >= num_experts, in slot order from
 ** zero (moe8__finish_output adds idn after the combine, NULL: none). */

@@ -15,6 +15,7 @@
 #include "../kernels/gmm.h"
 #include "layer_internal.h"
 
+#include <float.h>
 #include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -152,7 +153,35 @@ void moe8__skip_slots(const moe8_layer *L, int64_t T, int32_t *ids, float *w) {
     if (ids[a] >= first) { ids[a] = -1; w[a] = 0.0f; }
 }
 
+/* NLLB-MoE's rule (capacity_ranked, its Top2Router in eval): the
+** capacity over all T rows, ceil(capacity_fraction · T) in double as
+** Python's math.ceil takes it (else expert_capacity); rank j's slots of
+** every token queue after all of rank j - 1's (transformers' locations2 +=
+** the first choices' counts, dropped ones included), then each token's
+** kept weights over max(Σ, FLT_EPSILON) (torch.clamp(min=finfo.eps)),
+** times routed_scaling_factor (1 - moe_token_dropout). */
+static void capacity_ranked(const moe8_layer *L, int64_t T, int32_t *ids, float *w) {
+  const int64_t K = L->cfg.top_k, E = L->cfg.num_experts;
+  const double frac = L->cfg.capacity_fraction;
+  const int64_t cap = frac > 0.0 ? (int64_t)ceil(frac * (double)T) : L->cfg.expert_capacity;
+  const float scale = L->cfg.routed_scaling_factor != 0.0f ? L->cfg.routed_scaling_factor : 1.0f;
+  int64_t n[MOE8_MAX_EXPERTS] = {0};
+  for (int64_t j = 0; j < K; j++)
+    for (int64_t t = 0; t < T; t++) {
+      const int32_t e = ids[t * K + j];
+      if (e < 0 || e >= E) continue;
+      if (++n[e] > cap) { ids[t * K + j] = -1; w[t * K + j] = 0.0f; }
+    }
+  for (int64_t t = 0; t < T; t++) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < K; j++) s += w[t * K + j];
+    if (s < FLT_EPSILON) s = FLT_EPSILON;
+    for (int64_t j = 0; j < K; j++) w[t * K + j] = w[t * K + j] / s * scale;
+  }
+}
+
 void moe8__apply_capacity(const moe8_layer *L, int64_t T, int64_t seq, int32_t *ids, float *w) {
+  if (L->cfg.capacity_ranked) { capacity_ranked(L, T, ids, w); return; }
   const int64_t K = L->cfg.top_k, E = L->cfg.num_experts, cap = L->cfg.expert_capacity, S = seq > 0 ? seq : T;
   int64_t n[MOE8_MAX_EXPERTS];
   for (int64_t t = 0; t < T; t++) {
@@ -175,8 +204,13 @@ moe8_status moe8__check_backward_form(const moe8_layer *L, const char *what) {
                       L->module_path, c->router_mlp > 0 ? "an MLP router (router_mlp) carrying a router state" : "skip experts (skip_experts)");
   /* SwitchTransformers' capacity: the dropped slots' backward is not
   ** written (nothing checks it yet). */
-  if (c->expert_capacity > 0)
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s drops tokens past expert_capacity (SwitchTransformers'): its backward is not "
+  if (moe8__capacity_on(c))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s drops tokens past %s: its backward is not implemented (inference only)", what,
+                      L->module_path, c->capacity_ranked ? "its capacity (capacity_ranked, NLLB-MoE's)" : "expert_capacity (SwitchTransformers')");
+  /* Ungated experts with biases (NLLB-MoE's fc1 / fc2): the biases'
+  ** gradients are written for the gated form only. */
+  if (c->expert_bias && !moe8__act_gated(c->act))
+    return moe8__fail(MOE8_ERR_UNSUPPORTED, "%s: layer %s has ungated experts with biases (expert_bias): their backward is not "
                       "implemented (inference only)", what, L->module_path);
   /* Doge's product keys: the routing's gradient (through the sorted key
   ** halves, mixed across tokens as transformers' view mixes them) is not

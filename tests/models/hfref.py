@@ -595,3 +595,61 @@ def doge_block(x, wr, down_embed, up_embed, k, norm, dense, act_q=None, per_toke
         u = down_embed[ids] @ xe[t]
         out[t] = (silu(u) * w) @ up_embed[ids]
     return out + mlp(x, *dense, act_q=act_q), ids_all
+F32_EPS = float(np.finfo(np.float32).eps)
+
+
+def nllb_moe_block(x, wr, br, experts, frac, drop, cap=None, act="relu", mutate=None):
+    """NllbMoeSparseMLP in eval mode, written from transformers 4.x's code
+    (NllbMoeTop2Router.route_tokens and NllbMoeDenseActDense; 5.24's block
+    runs only experts 0 and 1): x [T, D] is all the tokens of the call
+    (batch x seq flattened), no padding.  Logits x Wr^T (+ b), softmax; the
+    first expert the argmax of the probabilities, the second the argmax of
+    the logits with the first masked to -inf; locations1 = cumsum(one_hot1)
+    - 1, locations2 = cumsum(one_hot2) - 1 + the first choices' count per
+    expert (all tokens); capacity ceil(frac * T) (frac <= 0: cap); a choice
+    kept where its location < capacity; then p1, p2 of the kept choices over
+    max(p1 + p2, eps(f32)); experts[e] = (fc1 [F, D], b1 [F], fc2 [D, F],
+    b2 [D]): fc2(act(fc1 x + b1)) + b2, times 1 - drop, times the weight.
+    mutate: "interleaved" counts both choices in token order (not NLLB's
+    queue), "before" renormalizes before the drop (the other flag).
+    Returns (y, number of dropped choices)."""
+    a = (lambda v: np.maximum(v, 0.0) ** 2) if act == "relu2" else (lambda v: np.maximum(v, 0.0))
+    T, E = x.shape[0], wr.shape[0]
+    logits = x @ wr.T + (0.0 if br is None else br)
+    p = softmax(logits)
+    i1 = p.argmax(-1)
+    l2 = logits.copy()
+    l2[np.arange(T), i1] = -np.inf
+    i2 = l2.argmax(-1)
+    C = math.ceil(frac * T) if frac > 0 else cap
+    keep1, keep2 = np.ones(T, bool), np.ones(T, bool)
+    if mutate == "interleaved":
+        n = np.zeros(E, np.int64)
+        for t in range(T):
+            for i, k in ((i1, keep1), (i2, keep2)):
+                n[i[t]] += 1
+                k[t] = n[i[t]] <= C
+    else:
+        n1 = np.zeros(E, np.int64)
+        for t in range(T):
+            n1[i1[t]] += 1
+            keep1[t] = n1[i1[t]] - 1 < C
+        n2 = np.bincount(i1, minlength=E).astype(np.int64)
+        for t in range(T):
+            n2[i2[t]] += 1
+            keep2[t] = n2[i2[t]] - 1 < C
+    p1, p2 = p[np.arange(T), i1], p[np.arange(T), i2]
+    if mutate == "before":
+        den = np.maximum(p1 + p2, F32_EPS)
+        g1, g2 = p1 / den * keep1, p2 / den * keep2
+    else:
+        den = np.maximum(p1 * keep1 + p2 * keep2, F32_EPS)
+        g1, g2 = p1 * keep1 / den, p2 * keep2 / den
+    out = np.zeros_like(x)
+    for t in range(T):
+        for e, g, k in ((i1[t], g1[t], keep1[t]), (i2[t], g2[t], keep2[t])):
+            if not k:
+                continue
+            w1, b1, w2, b2 = experts[e]
+            out[t] += g * ((a(x[t] @ w1.T + b1) @ w2.T + b2) * (1.0 - drop))
+    return out, int((~keep1).sum() + (~keep2).sum())

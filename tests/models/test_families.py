@@ -1778,6 +1778,95 @@ def test_doge(tmp, rng):
         print("doge without up_embed (%d): %s" % (rc, out))
 
 
+def test_nllb_moe(tmp, rng):
+    """NLLB-MoE as transformers 4.x computes it in eval mode (hfref
+    nllb_moe_block; 5.24's block runs only experts 0 and 1): the encoder's
+    and the decoder's sparse layers (model.encoder.layers.i.ffn.,
+    model.decoder.layers.i.ffn.; moe8's layers 0..n-1 then n..n+m-1), layer
+    i sparse when (i + 1) % step == 0; top-2 of the f32 softmax, the
+    capacity ceil(moe_eval_capacity_token_fraction x T) over all T rows,
+    every first choice queued before the second ones, the kept pair
+    renormalized by max(sum, eps), times 1 - moe_token_dropout (0.2 by
+    default); experts.expert_N.fc1 / fc2 with biases.  bf16 files; choices
+    of both ranks dropped; the capacity from expert_capacity when the
+    fraction is 0; the dense layers, a missing bias and the keys moe8 does
+    not compute refused by name."""
+    E, D, F, T = 4, 64, 48, 48
+    cfg = {"model_type": "nllb-moe", "d_model": D, "encoder_layers": 4, "decoder_layers": 4, "encoder_sparse_step": 2,
+           "decoder_sparse_step": 4, "num_experts": E, "encoder_ffn_dim": F, "decoder_ffn_dim": F, "router_bias": True,
+           "moe_eval_capacity_token_fraction": 0.3, "expert_capacity": 64}
+    # encoder: layers 1, 3 (moe8 1, 3); decoder: layer 3 (moe8 7)
+    sparse = {1: "model.encoder.layers.1.ffn.", 3: "model.encoder.layers.3.ffn.", 7: "model.decoder.layers.3.ffn."}
+    t, params = {}, {}
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    for l, p in sparse.items():
+        wr = rnd(rng, E, D, scale=0.3)
+        br = rnd(rng, E, scale=0.3)
+        t[p + "router.classifier.weight"] = ("BF16", wr.astype(np.float32))
+        t[p + "router.classifier.bias"] = ("BF16", br.astype(np.float32))
+        ex = [(rnd(rng, F, D, scale=D ** -0.5), rnd(rng, F, scale=0.2), rnd(rng, D, F, scale=F ** -0.5), rnd(rng, D, scale=0.2))
+              for _ in range(E)]
+        for e, ws in enumerate(ex):
+            for nm, w in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"), ws):
+                t[p + "experts.expert_%d.%s" % (e, nm)] = ("BF16", w.astype(np.float32))
+        params[l] = (store(wr, "BF16"), store(br, "BF16"), [tuple(store(w, "BF16") for w in e) for e in ex])
+    d = os.path.join(tmp, "nllb")
+    write_model(d, cfg, t)
+    for l, (wr, br, ex) in params.items():
+        ref, dropped = R.nllb_moe_block(x, wr, br, ex, 0.3, 0.2)
+        if not 0 < dropped < T:
+            FAILS.append("nllb-moe layer %d: %d of %d choices dropped (want some)" % (l, dropped, 2 * T))
+        got, _ = run(d, x, ("--layer", str(l)))
+        check("nllb-moe bf16 layer %d, %d choices dropped" % (l, dropped), got, ref, 1e-5)
+        for m in ("interleaved", "before"):  # the capacity rule or the normalization mutated: the comparison must see it
+            if rel(got, R.nllb_moe_block(x, wr, br, ex, 0.3, 0.2, mutate=m)[0]) <= 1e-5:
+                FAILS.append("nllb-moe layer %d: the %s rule not told apart" % (l, m))
+        if rel(got, R.nllb_moe_block(x, wr, br, ex, 0.3, 0.0)[0]) <= 1e-5:
+            FAILS.append("nllb-moe layer %d: moe_token_dropout's scaling not told apart" % l)
+    # the capacity from expert_capacity (the fraction 0), relu2, no dropout
+    wr, br, ex = params[7]
+    json.dump(dict(cfg, moe_eval_capacity_token_fraction=0.0, expert_capacity=10, moe_token_dropout=0.0, activation_function="relu2"),
+              open(os.path.join(d, "config.json"), "w"))
+    ref, dropped = R.nllb_moe_block(x, wr, br, ex, 0.0, 0.0, cap=10, act="relu2")
+    got, _ = run(d, x, ("--layer", "7"))
+    check("nllb-moe expert_capacity 10, relu2, %d dropped" % dropped, got, ref, 1e-5)
+    if dropped < T // 2:
+        FAILS.append("nllb-moe expert_capacity 10: %d dropped (want many)" % dropped)
+    zero = np.all(ref == 0.0, axis=1)
+    if not zero.any() or not (np.all(got[zero] == 0.0) and not np.any(np.signbit(got[zero]))):
+        FAILS.append("nllb-moe: a token with both choices dropped is not +0.0 (%d such)" % int(zero.sum()))
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    rc, out = info(d)
+    if rc != 0 or "nllb-moe" not in out or "moe layers: 1 3 7 " not in out:
+        FAILS.append("nllb-moe info")
+        print("nllb-moe info (%d): %s" % (rc, out))
+    for l, key in ((0, "model.encoder.layers.0.ffn.fc1.weight"), (4, "model.decoder.layers.0.ffn.fc1.weight"), (6, "decoder_sparse_step")):
+        rc, out = run_rc(d, x, ("--layer", str(l)))
+        if rc == 0 or key not in out:
+            FAILS.append("nllb-moe dense layer %d" % l)
+            print("nllb-moe dense layer %d (%d): %s" % (l, rc, out))
+    for key, val in (("second_expert_policy", "sampling"), ("normalize_router_prob_before_dropping", True),
+                     ("batch_prioritized_routing", True), ("router_dtype", "bfloat16"), ("activation_function", "gelu"),
+                     ("decoder_ffn_dim", 2 * F), ("moe_token_dropout", 1.0)):
+        json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
+        rc, out = info(d)
+        if rc == 0 or key not in out:
+            FAILS.append("nllb-moe %s %r" % (key, val))
+            print("nllb-moe with %s %r (%d): %s" % (key, val, rc, out))
+    json.dump(dict(cfg, moe_eval_capacity_token_fraction=0.0, expert_capacity=None), open(os.path.join(d, "config.json"), "w"))
+    rc, out = info(d)
+    if rc == 0 or "expert_capacity" not in out:
+        FAILS.append("nllb-moe expert_capacity null with the fraction 0")
+        print("nllb-moe expert_capacity null (%d): %s" % (rc, out))
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    del t["model.encoder.layers.3.ffn.experts.expert_2.fc1.bias"]
+    R.write_safetensors(os.path.join(d, "model.safetensors"), t)
+    rc, out = run_rc(d, x, ("--layer", "3"))
+    if rc == 0 or "model.encoder.layers.3.ffn.experts.expert_2.fc1.bias" not in out:
+        FAILS.append("nllb-moe without an expert's fc1.bias")
+        print("nllb-moe without fc1.bias (%d): %s" % (rc, out))
+
+
 def test_axk1(tmp, rng):
     """A.X-K1 (axk1): DeepSeek-V3's block (sigmoid + bias, groups with the
     -inf mask, renormalized, routed_scaling_factor, one shared expert)
@@ -2409,6 +2498,7 @@ def main():
         test_switch_transformers(tmp, rng)
         test_zaya(tmp, rng)
         test_doge(tmp, rng)
+        test_nllb_moe(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

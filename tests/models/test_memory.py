@@ -13,17 +13,15 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import hfref as R  # noqa: E402
-
-MOE8 = sys.argv[1]
-E, K, D, F, T = 32, 8, 2048, 1024, 16
-
-
-def run_measured(args):
-    # wait4 on our own fork: the rusage of exactly this child
+# The runs are forked from a small launcher started now, before numpy and
+# the test's arrays: a child forked from this process would inherit its
+# resident size at the fork into its ru_maxrss (Linux keeps the high-water
+# mark across exec), so the measure would depend on how much memory the
+# test itself held at the time.
+_LAUNCHER = r"""
+import os, sys
+for line in sys.stdin:
+    args = line.rstrip("\n").split("\0")
     pid = os.fork()
     if pid == 0:
         fd = os.open(os.devnull, os.O_WRONLY)
@@ -33,7 +31,27 @@ def run_measured(args):
         finally:
             os._exit(127)
     _, status, ru = os.wait4(pid, 0)
-    return os.waitstatus_to_exitcode(status), ru.ru_maxrss * 1024
+    sys.stdout.write("%d %d\n" % (os.waitstatus_to_exitcode(status), ru.ru_maxrss * 1024))
+    sys.stdout.flush()
+"""
+_launcher = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hfref as R  # noqa: E402
+
+MOE8 = sys.argv[1]
+E, K, D, F, T = 32, 8, 2048, 1024, 16
+
+
+def run_measured(args):
+    """(exit code, peak RSS in bytes) of args run as a child of the launcher:
+    wait4's rusage of exactly that child."""
+    _launcher.stdin.write("\0".join(args) + "\n")
+    _launcher.stdin.flush()
+    rc, rss = _launcher.stdout.readline().split()
+    return int(rc), int(rss)
 
 
 def write_deepseek(d, rng):

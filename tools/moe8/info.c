@@ -53,6 +53,14 @@ int cmd_info(int argc, char **argv) {
            "several tokens a token's two halves are other tokens' logits: its output depends on the tokens of the call; one token "
            "alone is its own), each half sorted, the top-%lld of the %lld sums (expert a x %lld + b), softmax over them%s\n", n, n,
            (long long)c->layer.top_k, n * n, n, c->layer.norm_topk_prob ? ", / their sum" : "");
+  } else if (c->nllb) {
+    char capb[96];
+    if (c->layer.capacity_fraction > 0.0) snprintf(capb, sizeof capb, "ceil(%g x T) (moe_eval_capacity_token_fraction)", c->layer.capacity_fraction);
+    else snprintf(capb, sizeof capb, "%lld (expert_capacity)", (long long)c->layer.expert_capacity);
+    printf("routing: top-2 of %lld (softmax over all experts in f32%s); expert capacity %s over all T rows of a forward: every "
+           "token's first choice queued in token order, then the second ones, a choice past the capacity dropped; the kept pair "
+           "renormalized (/ max(sum, eps)), times %g (1 - moe_token_dropout)\n", (long long)c->layer.num_experts,
+           c->layer.router_bias ? ", the router's bias added" : "", capb, (double)c->layer.routed_scaling_factor);
   } else if (c->encdec)
     printf("routing: top-1 of %lld (softmax over all experts in f32%s), weighted by its probability; expert capacity %lld: in each "
            "sequence (moe8 run --seq-len), a token past the first %lld that chose its expert is dropped (its output 0)\n",
@@ -155,7 +163,12 @@ int cmd_info(int argc, char **argv) {
            c->layer.expert_out_norm ? "; each expert's output scaled by post_expert_norm's (1 + w), then RMS-normalized" : "");
   if (c->router_logit_scale != 0.0f && c->router_logit_scale != 1.0f)
     printf("router: logits x %g (output_multiplier)\n", (double)c->router_logit_scale);
-  if (c->encdec) /* SwitchTransformers: one numbering over both stacks */
+  if (c->nllb) /* NLLB-MoE: one numbering over both stacks */
+    printf("layers (an encoder-decoder): 0-%lld the encoder's layers 0-%lld (model.encoder.layers.i.ffn.), %lld-%lld the decoder's "
+           "layers 0-%lld (model.decoder.layers.i.ffn.); --layer L numbers them so\n", (long long)c->enc_layers - 1,
+           (long long)c->enc_layers - 1, (long long)c->enc_layers, (long long)c->num_layers - 1,
+           (long long)(c->num_layers - c->enc_layers) - 1);
+  else if (c->encdec) /* SwitchTransformers: one numbering over both stacks */
     printf("layers (an encoder-decoder): 0-%lld the encoder's blocks 0-%lld (encoder.block.i.layer.1.mlp.), %lld-%lld the decoder's "
            "blocks 0-%lld (decoder.block.i.layer.2.mlp.); --layer L numbers them so\n", (long long)c->enc_layers - 1,
            (long long)c->enc_layers - 1, (long long)c->enc_layers, (long long)c->num_layers - 1,

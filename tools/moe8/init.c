@@ -118,6 +118,10 @@ int cmd_init(int argc, char **argv) {
     fprintf(stderr, "moe8 init: --layers %lld: the config's layers_block_type has %lld layers\n", (long long)layers, (long long)hc.num_layers);
     return EXIT_USAGE;
   }
+  if (hc.nllb) { /* its experts' fc1 / fc2 and their biases under model.encoder/decoder.layers.i.ffn.: not written */
+    fprintf(stderr, "moe8 init: nllb-moe: writing its files (BART's layer names, the experts' biases) is not implemented\n");
+    return EXIT_FAIL;
+  }
   if (hc.encdec && layers > 0) { /* SwitchTransformers: two stacks, counted by their own keys */
     fprintf(stderr, "moe8 init: --layers: switch_transformers' layers are its encoder's num_layers and its decoder's num_decoder_layers: "
             "set them in the config\n");
