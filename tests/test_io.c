@@ -1625,6 +1625,20 @@ static void test_family_rows(void **state) {
   assert_non_null(strstr(moe8_last_error(), "\"n_group\""));
   assert_int_equal(PARSE("{\"model_type\":\"deepseek_v3\"}"), MOE8_OK);
   assert_false(c.layer.group_mask_zero);
+  /* transformers' types with experts or a router that are not a language model's MoE block: refused by name with the reason */
+  {
+    static const struct { const char *js, *why; } nm[4] = {
+      {"{\"model_type\":\"openai_privacy_filter\"}", "token-classification encoder"},
+      {"{\"model_type\":\"vitpose_backbone\"}", "vision (pose) backbone"},
+      {"{\"model_type\":\"granite_docling\"}", "no MoE block"},
+      {"{\"model_type\":\"gemma4_assistant\"}", "drafter"},
+    };
+    for (int i = 0; i < 4; i++) {
+      assert_int_equal(PARSE(nm[i].js), MOE8_ERR_UNSUPPORTED);
+      assert_non_null(strstr(moe8_last_error(), "which moe8 does not run: "));
+      assert_non_null(strstr(moe8_last_error(), nm[i].why));
+    }
+  }
   /* PhiMoE: Mixtral's experts routed by sparsemixer, 2 experts whatever num_experts_per_tok says, router_jitter_noise */
   assert_int_equal(PARSE("{\"model_type\":\"phimoe\"}"), MOE8_OK);
   assert_true(c.arch == MOE8_ARCH_MIXTRAL && c.layer.score == MOE8_SCORE_SPARSEMIXER && c.layer.num_experts == 16 && c.layer.top_k == 2 &&

@@ -1539,6 +1539,15 @@ static moe8_status parse_root(const cJSON *root, const char *file, const char *o
     {"nemo_speechlm", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"nemotron_h_omni", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
     {"step3p7", "it is the multimodal model: run it without the override (moe8 reads its text_config)"},
+    /* transformers 5.24 types with experts or a router that are not an MoE
+    ** language model's block */
+    {"openai_privacy_filter", "it is a token-classification encoder (PII tagging), not a language model's MoE block"},
+    {"vitpose_backbone", "it is a vision (pose) backbone whose experts are per-dataset heads, not an MoE block"},
+    {"granite_docling", "it has no MoE block (its router scores image tiles)"},
+    {"gemma4_unified", "it has no MoE block"},
+    {"muse_glimmer", "it has no MoE block"},
+    {"gemma4_assistant", "it is a speculative-decoding drafter with no MoE block of its own"},
+    {"gemma4_unified_assistant", "it is a speculative-decoding drafter with no MoE block of its own"},
   };
   if (mt)
     for (size_t i = 0; i < sizeof k_differs / sizeof k_differs[0]; i++)
