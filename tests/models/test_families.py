@@ -1987,7 +1987,10 @@ def test_nllb_moe_files(tmp, rng):
     """NLLB-MoE's files written by moe8: an f32 checkpoint whose widths are
     multiples of 32 (D 64, F 64) quantized to MXFP4, FP8 and int8 codes and
     to DeepSeek's FP8 format, the experts' biases kept beside the codes
-    (nllb_quantized)."""
+    (nllb_quantized); and moe8 init's directory (f32 and bf16: both stacks'
+    sparse layers, the router's bias under router_bias, the experts' fc1 /
+    fc2 with their biases) read by moe8 info and run, its --layers refused
+    naming the config's keys."""
     E, D, F, T = 4, 64, 64, 40
     cfg = {"model_type": "nllb-moe", "d_model": D, "encoder_layers": 2, "decoder_layers": 2, "encoder_sparse_step": 2,
            "decoder_sparse_step": 1, "num_experts": E, "encoder_ffn_dim": F, "decoder_ffn_dim": F, "router_bias": True,
@@ -2007,6 +2010,42 @@ def test_nllb_moe_files(tmp, rng):
     x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
     nllb_quantized(tmp, d, x, sorted(sparse), ("mxfp4", "fp8", "int8"), "nllb-moe F 64")
     nllb_quantized(tmp, d, x, [3], ("fp8",), "nllb-moe F 64", fmt="deepseek")
+    # moe8 init: the directory the loader reads
+    cp = os.path.join(tmp, "nllb_init.json")
+    json.dump(dict(cfg, num_experts=8, encoder_ffn_dim=32, decoder_ffn_dim=32), open(cp, "w"))
+    for dt in ("f32", "bf16"):
+        out = os.path.join(tmp, "nllb_init_" + dt)
+        p = subprocess.run([MOE8, "init", "--config", cp, "--out", out, "--dtype", dt], capture_output=True, text=True)
+        if p.returncode != 0:
+            FAILS.append("nllb-moe init " + dt)
+            print("nllb-moe init %s (%d): %s" % (dt, p.returncode, p.stderr.strip()))
+            continue
+        rc, txt = info(out)
+        if rc != 0 or "nllb-moe" not in txt or "moe layers: 1-3 " not in txt:
+            FAILS.append("nllb-moe init %s info" % dt)
+            print("nllb-moe init %s info (%d): %s" % (dt, rc, txt))
+        import struct as S
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            names = set(json.loads(f.read(S.unpack("<Q", f.read(8))[0])))
+        want = {p + n for p in sparse.values() for n in ["router.classifier.weight", "router.classifier.bias"] +
+                ["experts.expert_%d.%s" % (e, n2) for e in range(8) for n2 in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")]}
+        if names - {"__metadata__"} != want:
+            FAILS.append("nllb-moe init %s tensors" % dt)
+            print("nllb-moe init %s: tensors not the loader's: extra %s, missing %s" % (dt, sorted(names - want)[:4], sorted(want - names)[:4]))
+        ran = 0
+        for l in sorted(sparse):
+            rc, txt = run_rc(out, x, ("--layer", str(l)))
+            y = np.load(os.path.join(out, "y.npy")) if rc == 0 else None
+            if rc != 0 or y.shape != x.shape or not np.all(np.isfinite(y)) or not np.any(y):
+                FAILS.append("nllb-moe init %s run layer %d" % (dt, l))
+                print("nllb-moe init %s run layer %d (%d): %s" % (dt, l, rc, txt.strip()))
+            else:
+                ran += 1
+        print("%-58s %s" % ("nllb-moe init %s: info, %d of %d sparse layers run" % (dt, ran, len(sparse)), "ok" if ran == len(sparse) else "FAIL"))
+    p = subprocess.run([MOE8, "init", "--config", cp, "--out", os.path.join(tmp, "nllb_init_l"), "--layers", "2"], capture_output=True, text=True)
+    if p.returncode != 2 or "encoder_layers" not in p.stderr or os.path.exists(os.path.join(tmp, "nllb_init_l")):
+        FAILS.append("nllb-moe init --layers not refused naming encoder_layers")
+        print("nllb-moe init --layers (%d): %s" % (p.returncode, p.stderr.strip()))
 
 
 def test_axk1(tmp, rng):
