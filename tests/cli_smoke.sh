@@ -58,6 +58,7 @@ for fam in \
   "axk1:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_group\": 2, \"topk_group\": 1, \"first_k_dense_replace\": 0" \
   "longcat_flash:\"n_routed_experts\": 8, \"zero_expert_num\": 4, \"expert_ffn_hidden_size\": 32" \
   "switch_transformers:\"num_experts\": 8, \"d_ff\": 32, \"num_sparse_encoder_layers\": 1, \"num_sparse_decoder_layers\": 1, \"expert_capacity\": 1" \
+  "nllb-moe:\"num_experts\": 8, \"encoder_ffn_dim\": 32, \"decoder_ffn_dim\": 32, \"encoder_layers\": 1, \"decoder_layers\": 1, \"encoder_sparse_step\": 1, \"decoder_sparse_step\": 1" \
   "doge:\"is_moe\": true, \"num_experts\": 20, \"intermediate_size\": 32" \
   "mistral_large4_text:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, \"first_k_dense_replace\": 0" \
   "nemotron_h:\"n_routed_experts\": 8, \"moe_intermediate_size\": 32, \"moe_shared_expert_intermediate_size\": 48, \"hybrid_override_pattern\": \"MEM*E-\"" \
@@ -101,6 +102,17 @@ done
   >/dev/null 2>"$tmp/err" || fail "zaya layer 1 with --router-state-in: $(cat "$tmp/err")"
 "$moe8" run --model "$tmp/init-zaya2" --layer 1 --input "$x" --output "$tmp/y-zaya.npy" >/dev/null 2>"$tmp/err"
 [ $? -eq 1 ] && grep -q "layer 1 .*--router-state-in" "$tmp/err" || fail "zaya layer 1 without a router state: $(cat "$tmp/err")"
+# NLLB-MoE: info names the family and both stacks' sparse layers (the decoder's is layer 1), which runs;
+# moe8 quantize keeps the experts' biases: its file's run is the bytes of init's model run under the rules
+"$moe8" info "$tmp/init-nllb-moe" >"$tmp/out" 2>"$tmp/err" && grep -q 'model_type "nllb-moe"' "$tmp/out" &&
+  grep -q "moe layers: 0-1 " "$tmp/out" || fail "info on init's nllb-moe model: $(cat "$tmp/err" "$tmp/out")"
+"$moe8" run --model "$tmp/init-nllb-moe" --layer 1 --input "$x" --output "$tmp/y-nllb.npy" --rules "$(dirname "$0")/../examples/rules/fp8.json" \
+  >/dev/null 2>"$tmp/err" || fail "run on init's nllb-moe decoder layer: $(cat "$tmp/err")"
+"$moe8" quantize "$tmp/init-nllb-moe" "$tmp/q-nllb-moe" --rules "$(dirname "$0")/../examples/rules/fp8.json" >/dev/null 2>"$tmp/err" ||
+  fail "quantize init's nllb-moe model: $(cat "$tmp/err")"
+"$moe8" run --model "$tmp/q-nllb-moe" --layer 1 --input "$x" --output "$tmp/yq-nllb.npy" >/dev/null 2>"$tmp/err" ||
+  fail "run on the quantized nllb-moe model: $(cat "$tmp/err")"
+cmp -s "$tmp/y-nllb.npy" "$tmp/yq-nllb.npy" || fail "nllb-moe: the quantized file's run differs from the input's run under the rules"
 echo "init then run: every family ok"
 # examples/: every tiny config through init then run under every rules
 # file; the released-size configs with their widths and expert counts

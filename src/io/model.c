@@ -1511,17 +1511,18 @@ static moe8_status load_layer(const moe8_model *m, int64_t layer, const moe8_rul
     }
     xbuf_free(&b);
     if (st != MOE8_OK) goto fail;
-    /* NLLB-MoE's expert biases: fc1.bias [F] (up's) and fc2.bias [D] */
-    for (int64_t e = 0; c->nllb && e < E && st == MOE8_OK; e++)
-      for (int w = 0; w < 2 && st == MOE8_OK; w++) {
-        const int64_t bs[1] = {w ? D : F};
-        snprintf(n, sizeof n, "%s%s%lld.fc%d.bias", p, xdir(m), (long long)e, w + 1);
-        if ((st = need(m, n, 1, bs, &t)) != MOE8_OK) break;
-        if (!is_float_file(t->dtype)) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype)); break; }
-        st = moe8_file_to_f32(L->w[w ? MOE8_W_DOWN_BIAS : MOE8_W_GU_BIAS] + e * bs[0], t->data, t->dtype, (size_t)bs[0]);
-      }
-    if (st != MOE8_OK) goto fail;
   }
+  /* NLLB-MoE's expert biases: fc1.bias [F] (up's) and fc2.bias [D], floats
+  ** whatever the experts' format (moe8 quantize keeps them beside the codes) */
+  for (int64_t e = 0; c->nllb && e < E && st == MOE8_OK; e++)
+    for (int w = 0; w < 2 && st == MOE8_OK; w++) {
+      const int64_t bs[1] = {w ? D : F};
+      snprintf(n, sizeof n, "%s%s%lld.fc%d.bias", p, xdir(m), (long long)e, w + 1);
+      if ((st = need(m, n, 1, bs, &t)) != MOE8_OK) break;
+      if (!is_float_file(t->dtype)) { st = moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s, want F32, BF16 or F16", n, moe8_file_dtype_name(t->dtype)); break; }
+      st = moe8_file_to_f32(L->w[w ? MOE8_W_DOWN_BIAS : MOE8_W_GU_BIAS] + e * bs[0], t->data, t->dtype, (size_t)bs[0]);
+    }
+  if (st != MOE8_OK) goto fail;
   ld.D = D;
   /* The shared expert fused: beside the block (Granite's shared_mlp), or in
   ** it as shared_experts.gate_up_proj.weight [2Fs, D] (gate rows, then up)

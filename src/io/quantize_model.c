@@ -448,7 +448,7 @@ static moe8_status layer_deepseek(const job *j, outset *o, moe8_layer *L, const 
   const moe8_quant_spec spec = {.qtype = MOE8_DTYPE_F8E4M3, .gran = MOE8_GRAN_BLOCK2D, .tile = 128, .block_n = 128, .clip = 1.0f};
   const bool mx = hc->arch == MOE8_ARCH_MIXTRAL;
   const char *proj[3] = {mx ? "w1" : "gate_proj", mx ? "w3" : "up_proj", mx ? "w2" : "down_proj"};
-  if (hc->encdec) { proj[1] = "wi"; proj[2] = "wo"; } /* SwitchTransformers' experts.expert_N.wi / wo */
+  if (hc->encdec) { proj[1] = hc->nllb ? "fc1" : "wi"; proj[2] = hc->nllb ? "fc2" : "wo"; } /* experts.expert_N.wi / wo, NLLB-MoE's fc1 / fc2 */
   const char *xd = hc->encdec ? "experts.expert_" : "experts.";
   const float *mw[3] = {moe8_layer_weight_read(L, MOE8_W_GATE, NULL), moe8_layer_weight_read(L, MOE8_W_UP, NULL),
                         moe8_layer_weight_read(L, MOE8_W_DOWN, NULL)};
@@ -575,12 +575,6 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
   if (st != MOE8_OK) { oldset_free(&old); return st; }
   const moe8_hf_config *hc = moe8_model_config(m);
   const bool gptoss = hc->arch == MOE8_ARCH_GPT_OSS;
-  if (hc->nllb) { /* the experts' fc1 / fc2 biases have no place in the quantized layer's files yet */
-    moe8_model_close(m);
-    oldset_free(&old);
-    return moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s (nllb-moe): its experts' biases (fc1.bias, fc2.bias) are not carried into "
-                      "quantized files: not implemented (run the float files under --rules instead)", in);
-  }
   /* the routed experts' width: latent experts' (their projections are copied as they are) */
   const int64_t E = hc->layer.num_experts, D = hc->layer.latent > 0 ? hc->layer.latent : hc->layer.hidden, F = hc->layer.ffn;
   outset o = {0};
@@ -672,7 +666,9 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     long long l = -1;
     const char *root = moe8__model_root(m);
     const size_t tl = strlen(t->name);
-    const bool bias = gptoss && tl > 5 && !strcmp(t->name + tl - 5, "_bias"); /* GPT-OSS's expert biases stay */
+    /* GPT-OSS's expert biases stay, and NLLB-MoE's (experts.expert_N.fc1.bias,
+    ** .fc2.bias): floats beside the codes, under the names the loader reads */
+    const bool bias = (gptoss && tl > 5 && !strcmp(t->name + tl - 5, "_bias")) || (hc->nllb && tl > 5 && !strcmp(t->name + tl - 5, ".bias"));
     /* Inkling's shared experts are the layer's last experts: in the codes */
     const bool scored = hc->layer.scored_shared > 0 && strstr(t->name, ".shared_experts.") != NULL;
     /* MuSE-Spark's per-expert output norm is not an expert weight: it stays */
@@ -680,8 +676,8 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     if (!bias && !keep && (scored || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
         l >= 0 && l < hc->num_layers && replace[l])
       continue;
-    bool mine = false; /* SwitchTransformers: a replaced layer's experts under its own prefix (no layer root) */
-    for (int64_t q = 0; hc->encdec && q < hc->num_layers && !mine; q++) {
+    bool mine = false; /* SwitchTransformers, NLLB-MoE: a replaced layer's experts under its own prefix (no layer root) */
+    for (int64_t q = 0; hc->encdec && !bias && q < hc->num_layers && !mine; q++) {
       char pq[160];
       moe8_model_prefix(m, q, pq, sizeof pq);
       mine = replace[q] && !strncmp(t->name, pq, strlen(pq)) && is_expert_tensor(t->name, deepseek);

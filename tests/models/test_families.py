@@ -1789,8 +1789,10 @@ def test_nllb_moe(tmp, rng):
     renormalized by max(sum, eps), times 1 - moe_token_dropout (0.2 by
     default); experts.expert_N.fc1 / fc2 with biases.  bf16 files; choices
     of both ranks dropped; the capacity from expert_capacity when the
-    fraction is 0; the dense layers, a missing bias and the keys moe8 does
-    not compute refused by name."""
+    fraction is 0; moe8 quantize's FP8 and int8 files of it, the experts'
+    biases kept (nllb_quantized; MXFP4 refused naming the shape, F being
+    48); the dense layers, a missing bias and the keys moe8 does not
+    compute refused by name."""
     E, D, F, T = 4, 64, 48, 48
     cfg = {"model_type": "nllb-moe", "d_model": D, "encoder_layers": 4, "decoder_layers": 4, "encoder_sparse_step": 2,
            "decoder_sparse_step": 4, "num_experts": E, "encoder_ffn_dim": F, "decoder_ffn_dim": F, "router_bias": True,
@@ -1823,6 +1825,15 @@ def test_nllb_moe(tmp, rng):
                 FAILS.append("nllb-moe layer %d: the %s rule not told apart" % (l, m))
         if rel(got, R.nllb_moe_block(x, wr, br, ex, 0.3, 0.0)[0]) <= 1e-5:
             FAILS.append("nllb-moe layer %d: moe_token_dropout's scaling not told apart" % l)
+    # moe8 quantize: FP8 and int8 codes with the experts' biases kept as floats beside them; MXFP4 needs
+    # F (48 here) a multiple of 32: refused naming the shape (test_nllb_moe_files runs it on F = 64)
+    nllb_quantized(tmp, d, x, sorted(sparse), ("fp8", "int8"), "nllb-moe")
+    q = d + "_qmxfp4"
+    p = subprocess.run([MOE8, "quantize", d, q, "--rules", _weight_rule(tmp, "mxfp4")], capture_output=True, text=True)
+    ok = p.returncode != 0 and "multiples of 32" in p.stderr and not os.path.exists(q)
+    print("%-58s %s" % ("nllb-moe F = 48, quantize mxfp4: refused naming the shape", "ok" if ok else "FAIL: " + p.stderr.strip()))
+    if not ok:
+        FAILS.append("nllb-moe mxfp4 with F = 48 not refused")
     # the capacity from expert_capacity (the fraction 0), relu2, no dropout
     wr, br, ex = params[7]
     json.dump(dict(cfg, moe_eval_capacity_token_fraction=0.0, expert_capacity=10, moe_token_dropout=0.0, activation_function="relu2"),
@@ -1865,6 +1876,176 @@ def test_nllb_moe(tmp, rng):
     if rc == 0 or "model.encoder.layers.3.ffn.experts.expert_2.fc1.bias" not in out:
         FAILS.append("nllb-moe without an expert's fc1.bias")
         print("nllb-moe without fc1.bias (%d): %s" % (rc, out))
+
+
+NLLB_RULES = {"fp8": dict(weight_qtype="float8_e4m3fn", act_qtype="float8_e4m3fn", tile_size=32),
+              "int8": dict(weight_qtype="int8", act_qtype="int8", tile_size=32), "mxfp4": dict(weight_qtype="mxfp4")}
+
+
+def nllb_quantized(tmp, d, x, layers, kinds, what, fmt="moe8"):
+    """moe8 quantize of an NLLB-MoE checkpoint under each kind's rule: the
+    experts' fc1.bias / fc2.bias kept as the input holds them (no expert
+    weight left as a float); a run of each sparse layer without rules gives
+    the bytes of the input's run under the rule, a training load its values;
+    the other tensors copied; moe8 info names the family and the format."""
+    for kind in kinds:
+        rules = _rule_file(tmp, "nllb_" + kind, **NLLB_RULES[kind])
+        q = "%s_q%s_%s" % (d, kind, fmt)
+        p = subprocess.run([MOE8, "quantize", d, q, "--rules", rules, "--format", fmt], capture_output=True, text=True)
+        if p.returncode != 0:
+            FAILS.append("%s quantize %s (%s format)" % (what, kind, fmt))
+            print("%s: moe8 quantize %s (%s format) failed: %s" % (what, kind, fmt, p.stderr.strip()))
+            continue
+        import struct as S
+        hs = []
+        for dd in (d, q):
+            with open(os.path.join(dd, "model.safetensors"), "rb") as f:
+                hs.append(json.loads(f.read(S.unpack("<Q", f.read(8))[0])))
+        hi, ho = hs
+        biases = [n for n in hi if ".experts." in n and n.endswith(".bias")]
+        kept = all(n in ho and ho[n]["dtype"] == hi[n]["dtype"] and _raw(q, n) == _raw(d, n) for n in biases)
+        floats = [n for n in ho if ".experts." in n and n.endswith(".weight") and ho[n]["dtype"] in ("F32", "BF16")]
+        others = [n for n in hi if ".experts." not in n and n != "__metadata__"]  # routers, a dense layer's: copied
+        copied = all(n in ho and _raw(q, n) == _raw(d, n) for n in others)
+        if not biases or not kept or floats or not copied:
+            FAILS.append("%s %s file's tensors" % (what, kind))
+            print("%s %s file: %d biases in the input, kept as they are: %s; float expert weights left: %s; the rest copied: %s" %
+                  (what, kind, len(biases), kept, floats[:3], copied))
+            continue
+        if fmt == "deepseek":
+            nllb_deepseek(d, q, x, layers, ho, biases, what)
+            continue
+        for l in layers:
+            rc_a, out_a = run_rc(d, x, ("--layer", str(l), "--rules", rules))
+            a = np.load(os.path.join(d, "y.npy")) if rc_a == 0 else None
+            rc_b, out_b = run_rc(q, x, ("--layer", str(l)))
+            b = np.load(os.path.join(q, "y.npy")) if rc_b == 0 else None
+            same = a is not None and b is not None and a.tobytes() == b.tobytes()
+            print("%-58s %s" % ("%s %s file (%s format), layer %d: the input's bytes under the rule" % (what, kind, fmt, l),
+                                "ok" if same else "FAIL: %s %s" % (out_a.strip()[-200:], out_b.strip()[-200:])))
+            if not same:
+                FAILS.append("%s %s file layer %d" % (what, kind, l))
+                continue
+            rc_t, out_t = run_rc(q, x, ("--layer", str(l), "--training-load"))
+            if rc_t != 0:
+                FAILS.append("%s %s file layer %d training load" % (what, kind, l))
+                print("%s %s file, training load (%d): %s" % (what, kind, rc_t, out_t.strip()))
+            else:
+                # the f32 masters of the codes: the same weights; f32 against the kernels' summation order only
+                # (the inference load's activations are the rule's, a training load's too)
+                check("%s %s file, layer %d, training load" % (what, kind, l), np.load(os.path.join(q, "y.npy")).astype(np.float64),
+                      b.astype(np.float64), 1e-5 if kind == "mxfp4" else 1e-3)
+        rc, out = info(q)
+        want = {"fp8": "f8e4m3", "int8": "i8", "mxfp4": "mxfp4"}[kind] if fmt == "moe8" else "deepseek"
+        if rc != 0 or "nllb-moe" not in out or want not in out:
+            FAILS.append("%s %s file info" % (what, kind))
+            print("%s %s file info (%d): %s" % (what, kind, rc, out))
+
+
+def nllb_deepseek(d, q, x, layers, ho, biases, what):
+    """DeepSeek's FP8 format of an NLLB-MoE checkpoint: fc1 / fc2 .weight
+    F8_E4M3 with .weight_scale_inv per 128x128 block, the biases beside
+    them; its run (other weight blocks than a rule's, FP8 activations per
+    128) near the input's run under FP8 rules of tile 128, and far from it
+    with the file's biases zeroed."""
+    names = [n for n in ho if ".experts.expert_" in n and (n.endswith("fc1.weight") or n.endswith("fc2.weight"))]
+    if not names or any(ho[n]["dtype"] != "F8_E4M3" or n + "_scale_inv" not in ho for n in names):
+        FAILS.append(what + " deepseek file's tensors")
+        print("%s deepseek file: fc1 / fc2 weights %s" % (what, [(n, ho[n]["dtype"]) for n in names[:2]]))
+        return
+    import struct as S
+    zq = q + "_nobias"
+    shutil.copytree(q, zq)
+    with open(os.path.join(zq, "model.safetensors"), "r+b") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        for b in biases:
+            f.seek(8 + n + ho[b]["data_offsets"][0])
+            f.write(bytes(ho[b]["data_offsets"][1] - ho[b]["data_offsets"][0]))
+    rules = _rules_file(os.path.dirname(d))
+    for l in layers:
+        want, _ = run(d, x, ("--layer", str(l), "--rules", rules))
+        got, _ = run(q, x, ("--layer", str(l)))
+        # two FP8 roundings of relu experts (each ~5% off f32 here): near; the biases' absence far past it
+        check("%s deepseek FP8 file, layer %d, near the input under the rule" % (what, l), got, want, 1e-1)
+        zero, _ = run(zq, x, ("--layer", str(l)))
+        if rel(zero, want) <= 2e-1:
+            FAILS.append("%s deepseek file layer %d: the biases not told apart" % (what, l))
+            print("%s deepseek file layer %d: with the biases zeroed rel err %.2e only" % (what, l, rel(zero, want)))
+
+
+def _raw(d, name):
+    """A tensor's bytes as the file holds them."""
+    import struct as S
+    with open(os.path.join(d, "model.safetensors"), "rb") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        m = json.loads(f.read(n))[name]
+        f.seek(8 + n + m["data_offsets"][0])
+        return f.read(m["data_offsets"][1] - m["data_offsets"][0])
+
+
+def test_nllb_moe_files(tmp, rng):
+    """NLLB-MoE's files written by moe8: an f32 checkpoint whose widths are
+    multiples of 32 (D 64, F 64) quantized to MXFP4, FP8 and int8 codes and
+    to DeepSeek's FP8 format, the experts' biases kept beside the codes
+    (nllb_quantized); and moe8 init's directory (f32 and bf16: both stacks'
+    sparse layers, the router's bias under router_bias, the experts' fc1 /
+    fc2 with their biases) read by moe8 info and run, its --layers refused
+    naming the config's keys."""
+    E, D, F, T = 4, 64, 64, 40
+    cfg = {"model_type": "nllb-moe", "d_model": D, "encoder_layers": 2, "decoder_layers": 2, "encoder_sparse_step": 2,
+           "decoder_sparse_step": 1, "num_experts": E, "encoder_ffn_dim": F, "decoder_ffn_dim": F, "router_bias": True,
+           "moe_eval_capacity_token_fraction": 0.4}
+    sparse = {1: "model.encoder.layers.1.ffn.", 2: "model.decoder.layers.0.ffn.", 3: "model.decoder.layers.1.ffn."}
+    t = {}
+    for l, p in sparse.items():
+        t[p + "router.classifier.weight"] = ("F32", rnd(rng, E, D, scale=0.3))
+        t[p + "router.classifier.bias"] = ("F32", rnd(rng, E, scale=0.3))
+        for e in range(E):
+            for nm, w in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"),
+                             (rnd(rng, F, D, scale=D ** -0.5), rnd(rng, F, scale=0.2), rnd(rng, D, F, scale=F ** -0.5), rnd(rng, D, scale=0.2))):
+                t[p + "experts.expert_%d.%s" % (e, nm)] = ("F32", w.astype(np.float32))
+    t["model.encoder.layers.0.ffn.fc1.weight"] = ("F32", rnd(rng, F, D))  # a dense layer's: copied as it is
+    d = os.path.join(tmp, "nllb_files")
+    write_model(d, cfg, t)
+    x = rnd(rng, T, D).astype(np.float32).astype(np.float64)
+    nllb_quantized(tmp, d, x, sorted(sparse), ("mxfp4", "fp8", "int8"), "nllb-moe F 64")
+    nllb_quantized(tmp, d, x, [3], ("fp8",), "nllb-moe F 64", fmt="deepseek")
+    # moe8 init: the directory the loader reads
+    cp = os.path.join(tmp, "nllb_init.json")
+    json.dump(dict(cfg, num_experts=8, encoder_ffn_dim=32, decoder_ffn_dim=32), open(cp, "w"))
+    for dt in ("f32", "bf16"):
+        out = os.path.join(tmp, "nllb_init_" + dt)
+        p = subprocess.run([MOE8, "init", "--config", cp, "--out", out, "--dtype", dt], capture_output=True, text=True)
+        if p.returncode != 0:
+            FAILS.append("nllb-moe init " + dt)
+            print("nllb-moe init %s (%d): %s" % (dt, p.returncode, p.stderr.strip()))
+            continue
+        rc, txt = info(out)
+        if rc != 0 or "nllb-moe" not in txt or "moe layers: 1-3 " not in txt:
+            FAILS.append("nllb-moe init %s info" % dt)
+            print("nllb-moe init %s info (%d): %s" % (dt, rc, txt))
+        import struct as S
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            names = set(json.loads(f.read(S.unpack("<Q", f.read(8))[0])))
+        want = {p + n for p in sparse.values() for n in ["router.classifier.weight", "router.classifier.bias"] +
+                ["experts.expert_%d.%s" % (e, n2) for e in range(8) for n2 in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")]}
+        if names - {"__metadata__"} != want:
+            FAILS.append("nllb-moe init %s tensors" % dt)
+            print("nllb-moe init %s: tensors not the loader's: extra %s, missing %s" % (dt, sorted(names - want)[:4], sorted(want - names)[:4]))
+        ran = 0
+        for l in sorted(sparse):
+            rc, txt = run_rc(out, x, ("--layer", str(l)))
+            y = np.load(os.path.join(out, "y.npy")) if rc == 0 else None
+            if rc != 0 or y.shape != x.shape or not np.all(np.isfinite(y)) or not np.any(y):
+                FAILS.append("nllb-moe init %s run layer %d" % (dt, l))
+                print("nllb-moe init %s run layer %d (%d): %s" % (dt, l, rc, txt.strip()))
+            else:
+                ran += 1
+        print("%-58s %s" % ("nllb-moe init %s: info, %d of %d sparse layers run" % (dt, ran, len(sparse)), "ok" if ran == len(sparse) else "FAIL"))
+    p = subprocess.run([MOE8, "init", "--config", cp, "--out", os.path.join(tmp, "nllb_init_l"), "--layers", "2"], capture_output=True, text=True)
+    if p.returncode != 2 or "encoder_layers" not in p.stderr or os.path.exists(os.path.join(tmp, "nllb_init_l")):
+        FAILS.append("nllb-moe init --layers not refused naming encoder_layers")
+        print("nllb-moe init --layers (%d): %s" % (p.returncode, p.stderr.strip()))
 
 
 def test_axk1(tmp, rng):
@@ -2499,6 +2680,7 @@ def main():
         test_zaya(tmp, rng)
         test_doge(tmp, rng)
         test_nllb_moe(tmp, rng)
+        test_nllb_moe_files(tmp, rng)
     if FAILS:
         print("FAILED: " + ", ".join(FAILS))
         sys.exit(1)

@@ -22,6 +22,9 @@
 **   Zaya                            mlp.gate.down_proj.{weight,bias}, gate.router_states_scale (after
 **                                   the first layer), gate.router_mlp.{norm,fc1,fc2,out_proj}.*,
 **                                   gate.balancing_biases, mlp.experts.gate_up_proj / down_proj
+**   NLLB-MoE                        model.{encoder,decoder}.layers.i.ffn.router.classifier.weight (and
+**                                   .bias under router_bias), ...experts.expert_e.fc1 / fc2.{weight,bias}
+**                                   (ungated; the biases zero); the sparse layers of both stacks
 **   MuSE-Spark                      mlp.gate.weight, mlp.experts.e.{gate,up,down}_proj.weight in the
 **                                   latent width, pre_expert_proj / post_expert_proj.weight,
 **                                   pre_expert_norm.weight and experts.post_expert_norm.weight (zeros)
@@ -118,13 +121,10 @@ int cmd_init(int argc, char **argv) {
     fprintf(stderr, "moe8 init: --layers %lld: the config's layers_block_type has %lld layers\n", (long long)layers, (long long)hc.num_layers);
     return EXIT_USAGE;
   }
-  if (hc.nllb) { /* its experts' fc1 / fc2 and their biases under model.encoder/decoder.layers.i.ffn.: not written */
-    fprintf(stderr, "moe8 init: nllb-moe: writing its files (BART's layer names, the experts' biases) is not implemented\n");
-    return EXIT_FAIL;
-  }
-  if (hc.encdec && layers > 0) { /* SwitchTransformers: two stacks, counted by their own keys */
-    fprintf(stderr, "moe8 init: --layers: switch_transformers' layers are its encoder's num_layers and its decoder's num_decoder_layers: "
-            "set them in the config\n");
+  if (hc.encdec && layers > 0) { /* SwitchTransformers, NLLB-MoE: two stacks, counted by their own keys */
+    fprintf(stderr, "moe8 init: --layers: %s layers are its encoder's %s and its decoder's %s: set them in the config\n",
+            hc.nllb ? "nllb-moe's" : "switch_transformers'", hc.nllb ? "encoder_layers" : "num_layers",
+            hc.nllb ? "decoder_layers" : "num_decoder_layers");
     return EXIT_USAGE;
   }
   if (layers > 0) hc.num_layers = layers;
@@ -136,7 +136,8 @@ int cmd_init(int argc, char **argv) {
   const bool bf = !strcmp(dtype, "bf16");
   const moe8_file_dtype fdt = bf ? MOE8_FDT_BF16 : MOE8_FDT_F32;
   const size_t es = bf ? 2 : 4;
-  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)(3 * E) + 13;
+  /* NLLB-MoE's experts: fc1, fc2 and a bias for each (4 tensors an expert) */
+  const size_t per_layer = 1 + (hc.has_bias ? 1 : 0) + (size_t)((hc.nllb ? 4 : 3) * E) + 13;
   const int64_t DX = hc.layer.latent > 0 ? hc.layer.latent : D; /* the routed experts' width (latent experts') */
   moe8_tensor_view *tv = calloc(per_layer * (size_t)NL, sizeof *tv);
   char (*names)[256] = calloc(per_layer * (size_t)NL, sizeof *names);
@@ -163,7 +164,10 @@ int cmd_init(int argc, char **argv) {
              hc.block_in_layer ? ""
              : hc.block_prefix[0] ? hc.block_prefix
              : hc.arch == MOE8_ARCH_MIXTRAL ? "block_sparse_moe." : hc.arch == MOE8_ARCH_LLAMA4 ? "feed_forward." : "mlp.");
-    if (hc.encdec) /* SwitchTransformers: the encoder's blocks, then the decoder's */
+    if (hc.nllb) /* NLLB-MoE: the encoder's layers, then the decoder's, the block as the layer's ffn. */
+      snprintf(p, sizeof p, "model.%s.layers.%lld.ffn.", l < hc.enc_layers ? "encoder" : "decoder",
+               (long long)(l < hc.enc_layers ? l : l - hc.enc_layers));
+    else if (hc.encdec) /* SwitchTransformers: the encoder's blocks, then the decoder's */
       snprintf(p, sizeof p, "%s.block.%lld.layer.%d.mlp.", l < hc.enc_layers ? "encoder" : "decoder",
                (long long)(l < hc.enc_layers ? l : l - hc.enc_layers), l < hc.enc_layers ? 1 : 2);
     if (hc.arch == MOE8_ARCH_GPT_OSS || hc.arch == MOE8_ARCH_LLAMA4) {
@@ -279,7 +283,7 @@ int cmd_init(int argc, char **argv) {
     }
     const char *proj[3] = {hc.arch == MOE8_ARCH_MIXTRAL ? "w1" : "gate_proj", hc.arch == MOE8_ARCH_MIXTRAL ? "w3" : "up_proj",
                            hc.arch == MOE8_ARCH_MIXTRAL ? "w2" : "down_proj"};
-    if (hc.encdec) { proj[1] = "wi"; proj[2] = "wo"; } /* SwitchTransformers' experts.expert_N.wi / wo */
+    if (hc.encdec) { proj[1] = hc.nllb ? "fc1" : "wi"; proj[2] = hc.nllb ? "fc2" : "wo"; } /* experts.expert_N.wi / wo, NLLB-MoE's fc1 / fc2 */
     /* e = -1 the router, e = E the shared expert, e = E + 1 its gate; each
     ** stored [N, K] = out x in. */
     const int w0 = hc.layer.act == MOE8_ACT_RELU2 || hc.layer.act == MOE8_ACT_RELU; /* ungated experts: up and down */
@@ -308,7 +312,19 @@ int cmd_init(int argc, char **argv) {
         bytes += tv[nt].nbytes;
         nt++;
       }
-    if (hc.encdec && hc.layer.router_bias && rc == EXIT_OK) { /* SwitchTransformers' router_bias, zeros */
+    /* NLLB-MoE's expert biases, fc1.bias [F] and fc2.bias [D]: zeros, in the
+    ** file's dtype as its released files hold them */
+    for (int64_t e = 0; hc.nllb && e < E && rc == EXIT_OK; e++)
+      for (int w = 1; w <= 2; w++) {
+        const int64_t n = w == 1 ? F : D;
+        snprintf(names[nt], 256, "%sexperts.expert_%lld.fc%d.bias", p, (long long)e, w);
+        bufs[nt] = calloc(es * (size_t)n + 1, 1);
+        if (!bufs[nt]) { fprintf(stderr, "moe8 init: out of memory for %s\n", names[nt]); rc = EXIT_FAIL; break; }
+        tv[nt] = (moe8_tensor_view){names[nt], fdt, 1, {n}, bufs[nt], es * (size_t)n, 0};
+        bytes += tv[nt].nbytes;
+        nt++;
+      }
+    if (hc.encdec && hc.layer.router_bias && rc == EXIT_OK) { /* SwitchTransformers' and NLLB-MoE's router_bias, zeros */
       snprintf(names[nt], 256, "%srouter.classifier.bias", p);
       bufs[nt] = calloc((size_t)E, 4);
       tv[nt] = (moe8_tensor_view){names[nt], MOE8_FDT_F32, 1, {E}, bufs[nt], 4 * (size_t)E, 0};
