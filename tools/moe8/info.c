@@ -180,14 +180,16 @@ int cmd_info(int argc, char **argv) {
     const int moe = l < c->num_layers && moe8_hf_config_check_moe_layer(c, l) == MOE8_OK;
     if (moe && run0 < 0) run0 = l;
     if (!moe && run0 >= 0) {
-      printf(" %lld%s", (long long)run0, l - 1 > run0 ? "" : "");
+      printf(" %lld", (long long)run0);
       if (l - 1 > run0) printf("-%lld", (long long)(l - 1));
       nmoe += l - run0;
       run0 = -1;
     }
   }
   moe8_clear_error();
-  printf(" (%lld of %lld; the others are dense MLP layers)\n", (long long)nmoe, (long long)c->num_layers);
+  if (nmoe == 0) printf(" none (every layer is a dense MLP layer)\n");
+  else if (nmoe == c->num_layers) printf(" (all %lld layers)\n", (long long)nmoe);
+  else printf(" (%lld of %lld; the others are dense MLP layers)\n", (long long)nmoe, (long long)c->num_layers);
   const int64_t l0 = moe8_hf_config_first_moe_layer(c);
   printf("quantization: layer %lld experts %s%s\n", (long long)(l0 < 0 ? 0 : l0), moe8_model_format(m, l0 < 0 ? 0 : l0),
          c->fp8 ? " (config: quant_method fp8)" : "");
