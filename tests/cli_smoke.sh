@@ -16,6 +16,16 @@ out=$("$moe8" demo) || fail "demo exits non-zero"
 n=$(printf '%s\n' "$out" | grep -cE '^(f8e4m3|f8e5m2|i8) ')
 [ "$n" -eq 18 ] || fail "demo printed $n result rows, want 18"
 printf '%s\n' "$out" | grep -qi nan && fail "demo printed NaN"
+# Beside PyTorch (where Debian's python3-torch is): the same layer's f32
+# output equals moe8's to f32 rounding.
+if /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then
+  e=$(printf '%s\n' "$out" | sed -n 's/.*PyTorch eager, f32 .*rel err \([0-9.e+-]*\).*/\1/p')
+  [ -n "$e" ] || fail "demo printed no PyTorch row: $(printf '%s\n' "$out" | grep -A3 'in PyTorch')"
+  awk -v e="$e" 'BEGIN { exit !(e < 1e-5) }' || fail "demo: PyTorch f32 differs from moe8 by $e"
+  printf '%s\n' "$out" | grep -q "moe8, FP8 checkpoint .*x PyTorch bf16" || fail "demo printed no FP8 row against PyTorch"
+else
+  echo "notice: no python3-torch: the demo's PyTorch rows are not checked"
+fi
 # moe8 train: 200 steps take the loss below 25% (f32) and 35% (FP8) of the first.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
