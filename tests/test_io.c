@@ -307,18 +307,39 @@ static void test_doge_files(void **state) {
   /* a training load runs too (forward; its backward is refused) */
   assert_int_equal(moe8_model_load_layer(m, 0, NULL, &L), MOE8_OK);
   moe8_layer_destroy(L);
-  /* moe8 quantize: the tables are not moe8's files' experts, refused by name before anything is written */
+  /* moe8 quantize: the tables as moe8's codes per expert row; a load of the file without rules (its recorded rules) is
+  ** the input's load under the rule, byte for byte; an MXFP4 rule is refused by name before anything is written */
   {
     static const char rj[] = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\"}]}";
-    moe8_rules *rs;
+    static const char mj[] = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"mxfp4\"}]}";
+    moe8_rules *rs, *mx;
     assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+    assert_int_equal(moe8_rules_parse(mj, strlen(mj), "inline", &mx), MOE8_OK);
     char out[700];
     snprintf(out, sizeof out, "%s-q", dir);
-    assert_int_equal(moe8_model_quantize(dir, out, rs, NULL), MOE8_ERR_UNSUPPORTED);
+    assert_int_equal(moe8_model_quantize(dir, out, rs, NULL), MOE8_OK);
+    moe8_model *q;
+    assert_int_equal(moe8_model_open(out, &q), MOE8_OK);
+    assert_non_null(strstr(moe8_model_format(q, 0), "moe8 f8e4m3 product-key tables"));
+    assert_int_equal(moe8_model_load_layer_ex(m, 0, rs, &o, &L), MOE8_OK);
+    assert_int_equal(moe8_model_load_layer_ex(q, 0, NULL, &o, &M), MOE8_OK);
+    const size_t qsz = moe8_layer_workspace_size(L, T);
+    assert_int_equal(posix_memalign(&ws, 64, qsz), 0);
+    assert_int_equal(moe8_layer_forward_fused(L, x, T, y0, ws, qsz), MOE8_OK);
+    assert_int_equal(moe8_layer_forward_fused(M, x, T, y1, ws, qsz), MOE8_OK);
+    assert_memory_equal(y0, y1, sizeof y0);
+    free(ws);
+    moe8_layer_destroy(M);
+    moe8_layer_destroy(L);
+    moe8_model_close(q);
+    snprintf(out, sizeof out, "%s-qmx", dir);
+    assert_int_equal(moe8_model_quantize(dir, out, mx, NULL), MOE8_ERR_UNSUPPORTED);
     assert_non_null(strstr(moe8_last_error(), "product-key"));
+    assert_non_null(strstr(moe8_last_error(), "mxfp4"));
     struct stat sb;
     assert_int_not_equal(stat(out, &sb), 0);
     moe8_rules_destroy(rs);
+    moe8_rules_destroy(mx);
   }
   moe8_model_close(m);
   /* each tensor missing, or of the wrong shape, is named; so is a table that is not float */

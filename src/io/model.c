@@ -324,10 +324,17 @@ const char *moe8_model_format(const moe8_model *m, int64_t layer) {
   moe8_model *mm = (moe8_model *)m;
   char p[128], n[256];
   moe8_model_prefix(m, layer, p, sizeof p);
-  if (m->cfg.layer.product_keys) { /* Doge's key and value tables */
+  if (m->cfg.layer.product_keys) { /* Doge's key and value tables: floats, or moe8's codes of them */
+    snprintf(n, sizeof n, "%sdown_embed.scale", p);
+    const moe8_tensor_view *ks = moe8_model_find(m, n);
+    snprintf(n, sizeof n, "%sdown_embed.qweight", p);
+    const moe8_tensor_view *kq = moe8_model_find(m, n);
     snprintf(n, sizeof n, "%sdown_embed.weight", p);
     const moe8_tensor_view *k = moe8_model_find(m, n);
-    snprintf(mm->fmt, sizeof mm->fmt, "%s product-key tables (unquantized)", k ? moe8_file_dtype_name(k->dtype) : "no");
+    if (ks || kq)
+      snprintf(mm->fmt, sizeof mm->fmt, "moe8 %s product-key tables [E,%lld,1,1] per row",
+               !kq ? "(no codes)" : kq->dtype == MOE8_FDT_I8 ? "i8" : "f8e4m3", (long long)(ks && ks->ndim == 4 ? ks->shape[1] : 0));
+    else snprintf(mm->fmt, sizeof mm->fmt, "%s product-key tables (unquantized)", k ? moe8_file_dtype_name(k->dtype) : "no");
     return mm->fmt;
   }
   snprintf(n, sizeof n, "%sexperts.gate_up_proj.scale", p);
@@ -514,6 +521,24 @@ static moe8_status xbuf_alloc(xbuf *b, int64_t D, int64_t F, bool codes, int64_t
 
 static void xbuf_free(xbuf *b) { free(b->gu); free(b->dn); free(b->gq); free(b->dq); free(b->gs); free(b->ds); }
 
+/* The tile is in config.json (moe8_quantization.tile_size): a block
+** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128), so moe8
+** quantize also records it beside the scales (the file's __metadata__
+** moe8.tile_size); the two must agree. */
+static moe8_status check_tile_record(const moe8_model *m, const moe8_tensor_view *s) {
+  for (size_t i = 0; i < m->nshards; i++) {
+    if (moe8_st_find(m->shards[i], s->name) != s) continue;
+    const char *rec = moe8__st_meta(m->shards[i], "moe8.tile_size");
+    char *end = NULL;
+    const long long rt = rec ? strtoll(rec, &end, 10) : 0;
+    if (rec && (end == rec || *end || rt != (long long)m->cfg.moe8_tile))
+      return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' was quantized with tile_size %s (%s, __metadata__ moe8.tile_size), but config.json "
+                        "moe8_quantization.tile_size is %lld: its scales would be read as blocks of another size; refused", s->name, rec,
+                        moe8_st_path(m->shards[i]), (long long)m->cfg.moe8_tile);
+  }
+  return MOE8_OK;
+}
+
 /* The moe8 format: [E, D, 2F] / [E, F, D] codes (or packed) and [E, nb, 1, N] scales. */
 static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *borrowed) {
   const moe8_model *m = ld->m;
@@ -526,27 +551,15 @@ static moe8_status load_moe8(loader *ld, moe8_layer *L, moe8_model *mm, bool *bo
   gs = moe8_model_find(m, n);
   if (!gs || gs->ndim != 4 || gs->dtype != MOE8_FDT_F32 || gs->shape[0] != E || gs->shape[1] < 1 || gs->shape[2] != 1 || gs->shape[3] != N1)
     return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' missing or not F32 [%lld, nb, 1, %lld]", n, (long long)E, (long long)N1);
-  /* The tile is in config.json (moe8_quantization.tile_size): a block
-  ** count alone is ambiguous (K = 200 in 2 blocks: tile 100 or 128), so
-  ** moe8 quantize also records it beside the scales (the file's
-  ** __metadata__ moe8.tile_size); the two must agree. */
-  for (size_t i = 0; i < m->nshards; i++) {
-    if (moe8_st_find(m->shards[i], n) != gs) continue;
-    const char *rec = moe8__st_meta(m->shards[i], "moe8.tile_size");
-    char *end = NULL;
-    const long long rt = rec ? strtoll(rec, &end, 10) : 0;
-    if (rec && (end == rec || *end || rt != (long long)c->moe8_tile))
-      return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' was quantized with tile_size %s (%s, __metadata__ moe8.tile_size), but config.json "
-                        "moe8_quantization.tile_size is %lld: its scales would be read as blocks of another size; refused", n, rec,
-                        moe8_st_path(m->shards[i]), (long long)c->moe8_tile);
-  }
+  moe8_status st = check_tile_record(m, gs);
+  if (st != MOE8_OK) return st;
   const int64_t nb = gs->shape[1], tile = nb == 1 && c->moe8_tile >= D ? 0 : c->moe8_tile;
   if (moe8__cdiv(D, tile ? tile : D) != nb)
     return moe8__fail(MOE8_ERR_FORMAT, "model: '%s' has %lld K blocks, but moe8_quantization.tile_size %lld in config.json gives %lld", n,
                       (long long)nb, (long long)c->moe8_tile, (long long)moe8__cdiv(D, tile ? tile : D));
   const int64_t dshape_s[4] = {E, tile ? moe8__cdiv(F, tile) : 1, 1, D};
   snprintf(n, sizeof n, "%sexperts.down_proj.scale", p);
-  moe8_status st = need(m, n, 4, dshape_s, &ds);
+  st = need(m, n, 4, dshape_s, &ds);
   if (st != MOE8_OK) return st;
   if (ds->dtype != MOE8_FDT_F32) return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' must be F32", n);
   if ((st = check_scale_tensor(gs)) != MOE8_OK || (st = check_scale_tensor(ds)) != MOE8_OK) return st;
@@ -1015,12 +1028,61 @@ static moe8_status load_llama4(const moe8_model *m, int64_t layer, const moe8_ru
 }
 
 /* ---- Doge ------------------------------------------------------------------------ */
+/* moe8's codes of Doge's two tables (moe8 quantize, docs/files.md): P
+** down_embed.qweight / up_embed.qweight [E, D] F8_E4M3 or I8, one dtype,
+** with P down_embed.scale / up_embed.scale [E, nb, 1, 1] F32 (nb =
+** ceil(D / tile), the recorded tile; 1 per channel), every scale positive
+** and finite, no NaN code; the tile record beside the scales agrees with
+** config.json.  Checked, all four, before the layer takes any. */
+static moe8_status doge_codes(const moe8_model *m, const char *p, int64_t layer, const moe8_tensor_view *q[2], const moe8_tensor_view *s[2],
+                              moe8_dtype *qt) {
+  const moe8_hf_config *c = &m->cfg;
+  const int64_t E = c->layer.num_experts, D = c->layer.hidden, tile = c->moe8_tile, nb = tile > 0 ? moe8__cdiv(D, tile) : 1;
+  const int64_t qs[2] = {E, D}, ss[4] = {E, nb, 1, 1};
+  static const char *const tn[2] = {"down_embed", "up_embed"};
+  char n[320], w[320];
+  moe8_status st = MOE8_OK;
+  for (int i = 0; i < 2 && st == MOE8_OK; i++) {
+    /* floats and codes of one layer: which to run would be a guess */
+    snprintf(w, sizeof w, "%s%s.weight", p, tn[i]);
+    snprintf(n, sizeof n, "%s%s.qweight", p, tn[i]);
+    if (moe8_model_find(m, w))
+      return moe8__fail(MOE8_ERR_FORMAT, "model: layer %lld holds '%s' (a float table) beside moe8's codes of its product-key tables "
+                        "('%s.qweight' / '.scale'): which to run is ambiguous (a file holds both tables as floats or both as codes)",
+                        (long long)layer, w, tn[i]);
+    if ((st = need(m, n, 2, qs, &q[i])) != MOE8_OK) return st;
+    if (q[i]->dtype != MOE8_FDT_F8_E4M3 && q[i]->dtype != MOE8_FDT_I8)
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' [%lld, %lld] is %s, want F8_E4M3 or I8 (moe8's codes of the table)", n, (long long)E,
+                        (long long)D, moe8_file_dtype_name(q[i]->dtype));
+    if (q[i]->dtype != q[0]->dtype)
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' is %s and '%s' %s: both tables hold one dtype", q[0]->name,
+                        moe8_file_dtype_name(q[0]->dtype), n, moe8_file_dtype_name(q[i]->dtype));
+    if (q[i]->dtype == MOE8_FDT_F8_E4M3 && (st = check_codes(q[i])) != MOE8_OK) return st;
+    snprintf(n, sizeof n, "%s%s.scale", p, tn[i]);
+    if ((st = need(m, n, 4, ss, &s[i])) != MOE8_OK) {
+      char keep[1024];
+      snprintf(keep, sizeof keep, "%s", moe8_last_error());
+      return moe8__fail(st, "%s: moe8's per-row scales of '%s' (config.json moe8_quantization.tile_size %lld: %lld block(s) along %lld)", keep,
+                        q[i]->name, (long long)tile, (long long)nb, (long long)D);
+    }
+    if (s[i]->dtype != MOE8_FDT_F32)
+      return moe8__fail(MOE8_ERR_DTYPE, "model: '%s' [%lld, %lld, 1, 1] is %s, want F32", n, (long long)E, (long long)nb,
+                        moe8_file_dtype_name(s[i]->dtype));
+    if ((st = check_scale_tensor(s[i])) == MOE8_OK) st = check_tile_record(m, s[i]);
+  }
+  if (st == MOE8_OK) *qt = q[0]->dtype == MOE8_FDT_I8 ? MOE8_DTYPE_I8 : MOE8_DTYPE_F8E4M3;
+  return st;
+}
+
 /* DogeCDMoE's tensors under P = model.layers.L.mlp.: router_gate.weight
 ** [2N, D] (N = floor(sqrt(E)) keys per half), down_embed.weight [E, D]
 ** (each expert's key: its input row) and up_embed.weight [E, D] (its
 ** value: its output row), the dense SwiGLU gate_proj / up_proj [Fs, D] and
 ** down_proj [D, Fs]; floats.  Expert e goes in as up [D, 1] = key row and
-** down [1, D] = value row (the same memory as the rows). */
+** down [1, D] = value row (the same memory as the rows).  moe8's file of
+** the tables (doge_codes) goes in as codes, as the layer holds them after
+** quantizing the floats under the rule it was made with; the dense SwiGLU
+** is quantized at load with that rule's spec, as then. */
 static moe8_status load_doge(const moe8_model *m, int64_t layer, const moe8_rules *rules, const moe8_load_options *o, moe8_layer **out) {
   const moe8_hf_config *c = &m->cfg;
   const int64_t E = c->layer.num_experts, D = c->layer.hidden, Fs = c->layer.shared_ffn, N2 = 2 * moe8__pk_keys(E);
@@ -1029,37 +1091,63 @@ static moe8_status load_doge(const moe8_model *m, int64_t layer, const moe8_rule
   snprintf(mp, sizeof mp, "%sexperts", p);
   static const char *const tn[6] = {"router_gate.weight", "down_embed.weight", "up_embed.weight", "gate_proj.weight", "up_proj.weight",
                                     "down_proj.weight"};
+  static const char *const cn[4] = {"down_embed.qweight", "down_embed.scale", "up_embed.qweight", "up_embed.scale"};
   const int64_t sh[6][2] = {{N2, D}, {E, D}, {E, D}, {Fs, D}, {Fs, D}, {D, Fs}};
-  const moe8_tensor_view *tv[6];
-  moe8_status st;
-  for (int i = 0; i < 6; i++) {
-    snprintf(n, sizeof n, "%s%s", p, tn[i]);
-    if ((st = need_float(m, n, 2, sh[i], &tv[i])) != MOE8_OK) return st;
+  const moe8_tensor_view *tv[6] = {0}, *cq[2] = {0}, *cs[2] = {0};
+  moe8_dtype qt = MOE8_DTYPE_NONE;
+  bool codes = false;
+  for (int i = 0; i < 4 && !codes; i++) {
+    snprintf(n, sizeof n, "%s%s", p, cn[i]);
+    codes = moe8_model_find(m, n) != NULL;
   }
-  const int64_t big = (N2 > Fs ? N2 : Fs) * D;
+  moe8_status st = codes ? doge_codes(m, p, layer, cq, cs, &qt) : MOE8_OK;
+  for (int i = 0; i < 6 && st == MOE8_OK; i++) {
+    if (codes && (i == 1 || i == 2)) continue;
+    snprintf(n, sizeof n, "%s%s", p, tn[i]);
+    st = need_float(m, n, 2, sh[i], &tv[i]);
+  }
+  if (st != MOE8_OK) return st;
+  const int64_t big = (N2 > Fs ? N2 : Fs) * D, tile = c->moe8_tile, nb = tile > 0 ? moe8__cdiv(D, tile) : 1;
   float *tmp = malloc(sizeof(float) * (size_t)big + 16), *gu = malloc(sizeof(float) * (size_t)(2 * Fs * D + D)),
         *dn = malloc(sizeof(float) * (size_t)(Fs * D + D));
+  /* the scales may be unaligned inside the mapping: copied */
+  float *ks = codes ? malloc(cs[0]->nbytes + 4) : NULL, *vs = codes ? malloc(cs[1]->nbytes + 4) : NULL;
   moe8_layer *L = NULL;
   double last = now_s();
-  st = tmp && gu && dn ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
+  st = tmp && gu && dn && (!codes || (ks && vs)) ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "model: out of memory");
   if (st == MOE8_OK) st = moe8__layer_create(&c->layer, rules, mp, o->mode == MOE8_LOAD_INFERENCE, &L);
   if (st == MOE8_OK) st = put_float(tv[0], tv[0]->data, N2, D, L->w[MOE8_W_ROUTER], N2, 0, tmp);
-  if (st == MOE8_OK) st = moe8__layer_begin_load(L, MOE8_DTYPE_NONE, 0);
-  const size_t ks = moe8_file_dtype_size(tv[1]->dtype) * (size_t)D, vs = moe8_file_dtype_size(tv[2]->dtype) * (size_t)D;
+  if (st == MOE8_OK) st = moe8__layer_begin_load(L, qt, codes ? tile : 0);
+  if (st == MOE8_OK && codes) {
+    /* What the load quantizes (the dense SwiGLU) takes the rule's
+    ** calibration when the rule asks for the file's type and tile, as a
+    ** load of the float file under that rule does. */
+    moe8_quant_spec rspec;
+    if (L->has_rule && moe8_rule_weight_spec(&L->rule, &rspec) && rspec.qtype == L->wspec.qtype && rspec.tile == L->wspec.tile)
+      L->wspec = rspec;
+    memcpy(ks, cs[0]->data, cs[0]->nbytes);
+    memcpy(vs, cs[1]->data, cs[1]->nbytes);
+  }
+  const size_t ksz = codes ? 0 : moe8_file_dtype_size(tv[1]->dtype) * (size_t)D, vsz = codes ? 0 : moe8_file_dtype_size(tv[2]->dtype) * (size_t)D;
   for (int64_t e = 0; e < E && st == MOE8_OK; e++) {
-    st = moe8_file_to_f32(gu, (const char *)tv[1]->data + (size_t)e * ks, tv[1]->dtype, (size_t)D);
-    if (st == MOE8_OK) st = moe8_file_to_f32(dn, (const char *)tv[2]->data + (size_t)e * vs, tv[2]->dtype, (size_t)D);
-    if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
+    if (codes) {
+      st = moe8__layer_put_expert(L, 0, e, NULL, NULL, (const uint8_t *)cq[0]->data + (size_t)(e * D), ks + e * nb,
+                                  (const uint8_t *)cq[1]->data + (size_t)(e * D), vs + e * nb);
+    } else {
+      st = moe8_file_to_f32(gu, (const char *)tv[1]->data + (size_t)e * ksz, tv[1]->dtype, (size_t)D);
+      if (st == MOE8_OK) st = moe8_file_to_f32(dn, (const char *)tv[2]->data + (size_t)e * vsz, tv[2]->dtype, (size_t)D);
+      if (st == MOE8_OK) st = moe8__layer_put_expert(L, 0, e, gu, dn, NULL, NULL, NULL, NULL);
+    }
     if (o->progress && now_s() - last > 1.0) { last = now_s(); o->progress(o->progress_ctx, e + 1, E + 1); }
   }
-  if (st == MOE8_OK && L->inference) { drop_pages(tv[1]); drop_pages(tv[2]); }
+  if (st == MOE8_OK && L->inference) { drop_pages(codes ? cq[0] : tv[1]); drop_pages(codes ? cq[1] : tv[2]); }
   if (st == MOE8_OK) st = put_float(tv[3], tv[3]->data, Fs, D, gu, 2 * Fs, 0, tmp);
   if (st == MOE8_OK) st = put_float(tv[4], tv[4]->data, Fs, D, gu, 2 * Fs, Fs, tmp);
   if (st == MOE8_OK) st = put_float(tv[5], tv[5]->data, D, Fs, dn, D, 0, tmp);
   if (st == MOE8_OK) st = moe8__layer_put_expert(L, 1, 0, gu, dn, NULL, NULL, NULL, NULL);
   if (st == MOE8_OK) st = moe8__layer_end_load(L);
   if (st == MOE8_OK && o->progress) o->progress(o->progress_ctx, E + 1, E + 1);
-  free(tmp); free(gu); free(dn);
+  free(tmp); free(gu); free(dn); free(ks); free(vs);
   if (st != MOE8_OK) { moe8_layer_destroy(L); return st; }
   *out = L;
   return MOE8_OK;

@@ -8,7 +8,9 @@
 **             K blocks allow: "qweight_packed") with F32 "scale"
 **             [E, nb, 1, N]; the run path installs them as they are.
 **             Under weight_qtype mxfp4: OCP MXFP4 "_blocks" and E8M0
-**             "_scales" of both (docs/files.md).
+**             "_scales" of both (docs/files.md).  Doge's product-key
+**             tables down_embed / up_embed [E, D]: "qweight" codes and
+**             "scale" [E, nb, 1, 1] per expert row (FP8 or int8 rules).
 **   deepseek  every expert weight [N, K] as F8_E4M3 ".weight" plus F32
 **             ".weight_scale_inv" [ceil(N/128), ceil(K/128)], w ≈ q · s per
 **             128×128 block, and quantization_config in config.json.
@@ -388,6 +390,46 @@ static moe8_status layer_moe8(const job *j, outset *o, moe8_layer *L, const char
   return add(o, n, MOE8_FDT_F32, 4, s4, c4, b4, c4);
 }
 
+/* Doge's product-key tables (docs/files.md), each [E, D]: the keys
+** down_embed and the values up_embed as the layer holds them under the
+** rule (an inference load: the codes the runtime quantizer makes at load,
+** per expert row): P down_embed.qweight [E, D] F8_E4M3 or I8 (row e the
+** codes of row e) with P down_embed.scale [E, nb, 1, 1] F32 (nb =
+** ceil(D / tile), 1 per channel: the [E, nb, 1, N] layout, N = 1), the
+** same for up_embed.  Never packed (pkeys.c reads the rows as codes).  The
+** dense SwiGLU, the layer's shared expert, is copied (quantized at load,
+** as under the rule). */
+static moe8_status layer_pk(const job *j, outset *o, moe8_layer *L, const char *p, int64_t E, int64_t D) {
+  moe8_prepared pr;
+  moe8_status st = moe8_layer_prepared(L, &pr);
+  if (st != MOE8_OK) return st;
+  if (pr.dtype != MOE8_DTYPE_F8E4M3 && pr.dtype != MOE8_DTYPE_I8)
+    return moe8__fail(MOE8_ERR_INTERNAL, "quantize: %s: the product-key tables were not quantized by the rule (%s)", p,
+                      moe8_dtype_info(pr.dtype)->name);
+  const int64_t nb = pr.tile ? (D + pr.tile - 1) / pr.tile : 1;
+  const moe8_file_dtype fq = pr.dtype == MOE8_DTYPE_I8 ? MOE8_FDT_I8 : MOE8_FDT_F8_E4M3;
+  /* the layer's keys are its W_UP [E, D, 1], its values W_DOWN [E, 1, D]
+  ** quantized as [E, D, 1]: each expert's D codes in row order either way */
+  const void *q[2] = {pr.w_gate_up, pr.w_down};
+  const float *s[2] = {pr.s_gate_up, pr.s_down};
+  static const char *const tn[2] = {"down_embed", "up_embed"};
+  const int64_t qs[2] = {E, D}, ss[4] = {E, nb, 1, 1};
+  const size_t bq = (size_t)(E * D), bs = (size_t)(E * nb) * 4;
+  char n[256];
+  for (int i = 0; i < 2 && st == MOE8_OK; i++) {
+    void *cq = malloc(bq), *cs = malloc(bs);
+    if (!cq || !cs) { free(cq); free(cs); return moe8__fail(MOE8_ERR_NOMEM, "quantize: out of memory"); }
+    memcpy(cq, q[i], bq);
+    memcpy(cs, s[i], bs);
+    snprintf(n, sizeof n, "%s%s.qweight", p, tn[i]);
+    if ((st = add(o, n, fq, 2, qs, cq, bq, cq)) != MOE8_OK) { free(cs); return st; }
+    say(j, "quantize %s%s.weight [%lld, %lld] -> %s per expert row", p, tn[i], (long long)E, (long long)D, moe8_file_dtype_name(fq));
+    snprintf(n, sizeof n, "%s%s.scale", p, tn[i]);
+    st = add(o, n, MOE8_FDT_F32, 4, ss, cs, bs, cs);
+  }
+  return st;
+}
+
 /* moe8's MXFP4 experts (weight_qtype mxfp4): per expert the OCP MXFP4 of
 ** gate|up [D, 2F] and down [F, D] from the f32 masters, the quantizer the
 ** layer runs at load (so a run of the file gives the bytes of a run of the
@@ -605,10 +647,17 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       break;
     }
     const bool mx4 = r && r->weight_mxfp4, codes = r && (r->weight_qtype == MOE8_DTYPE_F8E4M3 || r->weight_qtype == MOE8_DTYPE_I8);
-    if ((mx4 || codes) && hc->layer.product_keys) {
-      st = moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s: layer %lld has product-key experts (Doge's down_embed / up_embed tables), which "
-                      "moe8's files do not hold: run the float checkpoint under the rules (moe8 run --rules quantizes them at load)", in,
-                      (long long)l);
+    /* Doge's product-key tables: moe8's FP8 or int8 codes per expert row
+    ** (layer_pk).  Not MXFP4: the layer does not run its single-neuron
+    ** experts as MXFP4 (a rule is refused at load too); not DeepSeek's
+    ** format, whose 128 x 128 blocks of per-expert Linear weights are
+    ** not the tables' per-row scales. */
+    if (hc->layer.product_keys && (mx4 || (codes && deepseek))) {
+      st = moe8__fail(MOE8_ERR_UNSUPPORTED, "quantize: %s: layer %lld has product-key experts (Doge's down_embed / up_embed tables): %s", in,
+                      (long long)l, mx4 ? "weight_qtype mxfp4 is not implemented for them (the layer's experts are single neurons, "
+                                          "never MXFP4 blocks; moe8 run --rules refuses it too): use float8_e4m3fn or int8"
+                                        : "the deepseek format holds per-expert Linear weights in 128 x 128 blocks, not the tables' "
+                                          "per-row scales: use --format moe8");
       break;
     }
     if (!mx4 && !codes) {
@@ -634,8 +683,10 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       continue;
     }
     moe8_layer *L = NULL;
-    /* MXFP4 from the f32 masters (the rule quantizes at inference loads only) */
-    if ((st = moe8_model_load_layer(m, l, mx4 ? no_rules : rules, &L)) != MOE8_OK) break;
+    /* MXFP4 from the f32 masters (the rule quantizes at inference loads
+    ** only); product-key tables as an inference load quantizes them */
+    const moe8_load_options lo = {sizeof lo, MOE8_LOAD_INFERENCE, NULL, NULL};
+    if ((st = moe8_model_load_layer_ex(m, l, mx4 ? no_rules : rules, hc->layer.product_keys ? &lo : NULL, &L)) != MOE8_OK) break;
     replace[l] = 1;
     quantized_layers++;
     if (mx4) {
@@ -650,7 +701,7 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
       if (qtype != MOE8_DTYPE_NONE && r->tile_size != qtile)
         st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: the rules ask for tile_size %lld on %s and %lld on an earlier layer: a moe8 file "
                         "holds one tile", (long long)r->tile_size, mp, (long long)qtile);
-      if (st == MOE8_OK) st = layer_moe8(j, &o, L, p, E, D, F, &pk);
+      if (st == MOE8_OK) st = hc->layer.product_keys ? layer_pk(j, &o, L, p, E, D) : layer_moe8(j, &o, L, p, E, D, F, &pk);
       if (st == MOE8_OK && qtype != MOE8_DTYPE_NONE && pk != packed_layout)
         st = moe8__fail(MOE8_ERR_INVALID_ARG, "quantize: %s's codes %s the kernels' packed layout and an earlier layer's %s: a moe8 file "
                         "holds one layout", mp, pk ? "take" : "do not take", pk ? "do not" : "do");
@@ -673,8 +724,11 @@ moe8_status moe8_model_quantize(const char *in, const char *outdir, const moe8_r
     const bool scored = hc->layer.scored_shared > 0 && strstr(t->name, ".shared_experts.") != NULL;
     /* MuSE-Spark's per-expert output norm is not an expert weight: it stays */
     const bool keep = strstr(t->name, ".experts.post_expert_norm.") != NULL;
-    if (!bias && !keep && (scored || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) && sscanf(t->name + strlen(root), "%lld.", &l) == 1 &&
-        l >= 0 && l < hc->num_layers && replace[l])
+    /* Doge's tables, now codes (the dense SwiGLU, its shared expert, stays) */
+    const bool table = hc->layer.product_keys && ((tl > 18 && !strcmp(t->name + tl - 18, ".down_embed.weight")) ||
+                                                  (tl > 16 && !strcmp(t->name + tl - 16, ".up_embed.weight")));
+    if (!bias && !keep && (scored || table || is_expert_tensor(t->name, deepseek)) && !strncmp(t->name, root, strlen(root)) &&
+        sscanf(t->name + strlen(root), "%lld.", &l) == 1 && l >= 0 && l < hc->num_layers && replace[l])
       continue;
     bool mine = false; /* SwitchTransformers, NLLB-MoE: a replaced layer's experts under its own prefix (no layer root) */
     for (int64_t q = 0; hc->encdec && !bias && q < hc->num_layers && !mine; q++) {

@@ -1712,8 +1712,9 @@ def test_doge(tmp, rng):
     dense SwiGLU added; every layer MoE.  f32 and bf16 files, T = 1 and
     odd T, norm_topk_prob; FP8 rules (the tables quantized per expert row,
     128-blocks along D; x per token) against the reference with the
-    quantizers emulated; is_moe false, hidden_act, mlp_bias, a top-k past
-    the candidates, a missing table and moe8 quantize refused by name."""
+    quantizers emulated; moe8 quantize's files of it (doge_quantized);
+    is_moe false, hidden_act, mlp_bias, a top-k past the candidates and a
+    missing table refused by name."""
     E, k, D, Fs, N = 40, 5, 64, 96, 6
     kept = None  # the f32 file of 9 tokens: its config, tensors and values
     for dt, norm, T in (("F32", False, 9), ("BF16", True, 7), ("F32", False, 1)):
@@ -1759,11 +1760,7 @@ def test_doge(tmp, rng):
     if rc != 0 or "product keys" not in out or "moe layers: 0-1" not in out:
         FAILS.append("doge info")
         print("doge info (%d): %s" % (rc, out))
-    qd = os.path.join(tmp, "doge_q")
-    p = subprocess.run([MOE8, "quantize", d, qd, "--rules", rp], capture_output=True, text=True)
-    if p.returncode == 0 or "product-key" not in p.stdout + p.stderr or os.path.exists(qd):
-        FAILS.append("doge: moe8 quantize not refused by name")
-        print("doge quantize (%d): %s" % (p.returncode, p.stdout + p.stderr))
+    doge_quantized(tmp, d, x, E, D)
     for key, val in (("is_moe", False), ("hidden_act", "gelu"), ("mlp_bias", True), ("num_experts_per_tok", 37)):
         json.dump(dict(cfg, **{key: val}), open(os.path.join(d, "config.json"), "w"))
         rc, out = info(d)
@@ -1776,6 +1773,153 @@ def test_doge(tmp, rng):
     if rc == 0 or "model.layers.0.mlp.up_embed.weight" not in out:
         FAILS.append("doge: a missing up_embed not named")
         print("doge without up_embed (%d): %s" % (rc, out))
+
+
+DOGE_RULES = {"fp8": dict(weight_qtype="float8_e4m3fn", act_qtype="float8_e4m3fn", tile_size=128),
+              "int8": dict(weight_qtype="int8", act_qtype="int8", tile_size=32),
+              # a calibration: the dense SwiGLU, quantized at the file's load, must take it as the input's load does
+              "int8 pow2": dict(weight_qtype="int8", act_qtype="int8", tile_size=32, weight_calibration_method="absmax_pow2,0.9")}
+
+
+def _st_read(path):
+    """A safetensors file as (header without __metadata__, __metadata__, name -> bytes)."""
+    import struct as S
+    with open(path, "rb") as f:
+        n = S.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        data = f.read()
+    meta = h.pop("__metadata__", None)
+    return h, meta, {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in h.items()}
+
+
+def _st_write(path, h, meta, raw):
+    """The tensors of raw (name -> bytes) with h's dtypes and shapes (and meta) as a safetensors file."""
+    import struct as S
+    out, blobs, off = {}, [], 0
+    if meta is not None:
+        out["__metadata__"] = meta
+    for k in sorted(raw):
+        out[k] = {"dtype": h[k]["dtype"], "shape": h[k]["shape"], "data_offsets": [off, off + len(raw[k])]}
+        blobs.append(raw[k])
+        off += len(raw[k])
+    hb = json.dumps(out).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(S.pack("<Q", len(hb)) + hb + b"".join(blobs))
+
+
+def doge_quantized(tmp, d, x, E, D):
+    """moe8 quantize of a Doge checkpoint (two layers, E 40, D 64) under
+    FP8 and int8 rules: both tables as codes down_embed / up_embed.qweight
+    [E, D] with .scale [E, nb, 1, 1] per expert row (nb = ceil(D / tile)),
+    no float table left, the router and the dense SwiGLU copied byte for
+    byte; a run of each layer without rules gives the bytes of the input's
+    run under the rule, the training load too; moe8 info names the family
+    and the format.  MXFP4, the deepseek format and a quantized input
+    refused naming the reason; a file whose table or scale tensor is
+    missing, misshapen, of another dtype, or beside a float table refused
+    naming the tensor (and its shape), never a crash."""
+    qf = None
+    for kind in ("fp8", "int8", "int8 pow2"):
+        rule = DOGE_RULES[kind]
+        rules = _rule_file(tmp, "doge_" + kind.replace(" ", "_"), **rule)
+        q = os.path.join(tmp, "doge_q_" + kind.replace(" ", "_"))
+        p = subprocess.run([MOE8, "quantize", d, q, "--rules", rules], capture_output=True, text=True)
+        if p.returncode != 0:
+            FAILS.append("doge quantize " + kind)
+            print("doge: moe8 quantize %s failed (%d): %s" % (kind, p.returncode, p.stderr.strip()))
+            continue
+        hi, _, ri = _st_read(os.path.join(d, "model.safetensors"))
+        ho, meta, ro = _st_read(os.path.join(q, "model.safetensors"))
+        nb, cdt = -(-D // rule["tile_size"]), "F8_E4M3" if kind == "fp8" else "I8"
+        want = {"model.layers.%d.mlp.%s.%s" % (l, t, w): ([E, D], cdt) if w == "qweight" else ([E, nb, 1, 1], "F32")
+                for l in (0, 1) for t in ("down_embed", "up_embed") for w in ("qweight", "scale")}
+        codes = all(n in ho and (ho[n]["shape"], ho[n]["dtype"]) == sw for n, sw in want.items())
+        others = [n for n in hi if "_embed." not in n]  # router_gate, gate_proj, up_proj, down_proj
+        copied = all(n in ho and ro[n] == ri[n] for n in others) and set(ho) == set(want) | set(others)
+        if not codes or not copied:
+            FAILS.append("doge %s file's tensors" % kind)
+            print("doge %s file: codes and scales %s; the rest copied, nothing else: %s; tensors %s" %
+                  (kind, codes, copied, sorted((n, ho[n]["dtype"], ho[n]["shape"]) for n in ho if "_embed." in n)))
+        for l in (0, 1):
+            for extra in ((), ("--training-load",)):
+                rc_a, out_a = run_rc(d, x, ("--layer", str(l), "--rules", rules) + extra)
+                a = np.load(os.path.join(d, "y.npy")) if rc_a == 0 else None
+                rc_b, out_b = run_rc(q, x, ("--layer", str(l)) + extra)
+                b = np.load(os.path.join(q, "y.npy")) if rc_b == 0 else None
+                same = a is not None and b is not None and a.tobytes() == b.tobytes()
+                what = "doge %s file, layer %d%s: the input's bytes under the rule" % (kind, l, ", training load" if extra else "")
+                print("%-58s %s" % (what, "ok" if same else "FAIL: %s %s" % (out_a.strip()[-200:], out_b.strip()[-200:])))
+                if not same:
+                    FAILS.append(what)
+        rc, out = info(q)
+        fmt = "moe8 %s product-key tables [E,%d,1,1]" % ("f8e4m3" if kind == "fp8" else "i8", nb)
+        if rc != 0 or '"doge"' not in out or fmt not in out:
+            FAILS.append("doge %s file info" % kind)
+            print("doge %s file info (%d): %s" % (kind, rc, out))
+        if kind == "fp8":
+            qf = q
+    for name, rule, fmt, why in (("mxfp4", dict(weight_qtype="mxfp4"), "moe8", "mxfp4"),
+                                 ("deepseek", DOGE_RULES["fp8"], "deepseek", "deepseek format")):
+        q = os.path.join(tmp, "doge_q_" + name)
+        p = subprocess.run([MOE8, "quantize", d, q, "--rules", _rule_file(tmp, "doge_" + name, **rule), "--format", fmt],
+                           capture_output=True, text=True)
+        if p.returncode in (0, -6, -11) or "product-key" not in p.stderr or why not in p.stderr or os.path.exists(q):
+            FAILS.append("doge quantize %s not refused naming the reason" % name)
+            print("doge quantize %s (%d): %s" % (name, p.returncode, p.stderr.strip()))
+    if qf is None:
+        return
+    p = subprocess.run([MOE8, "quantize", qf, qf + "_again", "--rules", _rule_file(tmp, "doge_fp8", **DOGE_RULES["fp8"])],
+                       capture_output=True, text=True)
+    if p.returncode == 0 or "already quantized" not in p.stderr:
+        FAILS.append("doge: a quantized file quantized again")
+        print("doge quantize of its moe8 file (%d): %s" % (p.returncode, p.stderr.strip()))
+    # Bad files: each a copy of the FP8 file with one tensor missing, misshapen, of another dtype or doubled
+    h, meta, raw = _st_read(os.path.join(qf, "model.safetensors"))
+    P = "model.layers.1.mlp."
+    bad = []
+
+    def case(name, edit, *words):
+        hh, rr = json.loads(json.dumps(h)), dict(raw)
+        edit(hh, rr)
+        bd = os.path.join(tmp, "doge_bad_" + name)
+        shutil.copytree(qf, bd)
+        _st_write(os.path.join(bd, "model.safetensors"), hh, meta, rr)
+        rc, out = run_rc(bd, x, ("--layer", "1"))
+        if rc <= 0 or not all(w in out for w in words):  # refused (no crash: a signal is a negative code), naming it
+            bad.append(name)
+            print("doge bad file, %s (%d): %s" % (name, rc, out.strip()))
+
+    def drop(n):
+        return lambda hh, rr: rr.pop(n)
+
+    def reshape(n, shape, dt=None, nbytes=None):
+        def f(hh, rr):
+            hh[n]["shape"] = shape
+            hh[n]["dtype"] = dt or hh[n]["dtype"]
+            rr[n] = bytes(nbytes) if nbytes is not None else rr[n]
+        return f
+
+    def add_float(hh, rr):
+        hh[P + "down_embed.weight"] = {"dtype": "F32", "shape": [E, D]}
+        rr[P + "down_embed.weight"] = bytes(4 * E * D)
+
+    def zero_scale(hh, rr):
+        rr[P + "down_embed.scale"] = bytes(4) + rr[P + "down_embed.scale"][4:]
+
+    case("up_embed.scale missing", drop(P + "up_embed.scale"), P + "up_embed.scale", "[%d, 1, 1, 1]" % E)
+    case("up_embed.qweight missing", drop(P + "up_embed.qweight"), P + "up_embed.qweight", "[%d, %d]" % (E, D))
+    case("down_embed.scale [E, 2, 1, 1]", reshape(P + "down_embed.scale", [E, 2, 1, 1], nbytes=8 * E), P + "down_embed.scale",
+         "[%d, 2, 1, 1]" % E, "[%d, 1, 1, 1]" % E)
+    case("down_embed.qweight [E, D/2]", reshape(P + "down_embed.qweight", [E, D // 2], nbytes=E * D // 2), P + "down_embed.qweight",
+         "[%d, %d]" % (E, D // 2), "[%d, %d]" % (E, D))
+    case("up_embed.scale BF16", reshape(P + "up_embed.scale", [E, 1, 1, 1], "BF16", 2 * E), P + "up_embed.scale", "BF16")
+    case("up_embed.qweight I8 beside F8_E4M3", reshape(P + "up_embed.qweight", [E, D], "I8"), P + "up_embed.qweight", "I8")
+    case("down_embed.scale zero", zero_scale, P + "down_embed.scale", "positive")
+    case("a float down_embed beside the codes", add_float, P + "down_embed.weight", "ambiguous")
+    print("%-58s %s" % ("doge quantized files with a bad table or scale: refused by name", "FAIL: " + ", ".join(bad) if bad else "ok"))
+    if bad:
+        FAILS.append("doge bad files: " + ", ".join(bad))
 
 
 def test_nllb_moe(tmp, rng):
