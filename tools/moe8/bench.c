@@ -369,21 +369,13 @@ static int bench_gmm(const peaks *pk) {
 /* The PyTorch eager layer (bench/torch_moe.py under Debian's python3);
 ** milliseconds (min), or a negative number when it is not available. */
 static double torch_ms(int64_t T, int64_t E, int64_t K, int64_t D, int64_t F, const char *dt, int threads, int reps) {
-  char cmd[1024], line[512];
+  char cmd[1024];
   /* Debian's torch runs its BLAS on OpenBLAS threads, which
   ** torch.set_num_threads does not cap: set every pool's size. */
   snprintf(cmd, sizeof cmd,
            "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d MKL_NUM_THREADS=%d /usr/bin/python3 '%s/torch_moe.py' %lld %lld %lld %lld %lld %s %d %d 2>/dev/null",
            threads, threads, threads, MOE8_BENCH_DIR, (long long)T, (long long)E, (long long)K, (long long)D, (long long)F, dt, threads, reps);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  double ms = -1;
-  while (fgets(line, sizeof line, p)) {
-    const char *m = strstr(line, "\"min_ms\": ");
-    if (m) ms = strtod(m + 10, NULL);
-  }
-  if (pclose(p) != 0) return -1;
-  return ms;
+  return cli_torch_min_ms(cmd);
 }
 
 static int bench_layer(FILE *json, const peaks *pk) {

@@ -48,6 +48,10 @@ int cli_report(moe8_status st, const char *what);
 /* Wall-clock seconds from a monotonic clock. */
 double cli_now(void);
 
+/* Runs cmd (bench/torch_moe.py) and returns the "min_ms" of its JSON line,
+** or -1 when it fails or prints none. */
+double cli_torch_min_ms(const char *cmd);
+
 /* True when a and b name the same existing file (device and inode). */
 int cli_same_file(const char *a, const char *b);
 

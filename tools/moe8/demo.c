@@ -134,18 +134,11 @@ static double time_layer(const char *dir, const float *x, int64_t T, float *y, i
 /* bench/torch_moe.py on layer 0 of dir (dtype f32 or bf16, one thread):
 ** the fastest of 5 in ms, its output written to yout; -1 when it fails. */
 static double torch_layer(const char *dir, const char *x, const char *yout, const char *dtype) {
-  char cmd[2200], line[512];
+  char cmd[2200];
   snprintf(cmd, sizeof cmd,
            "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 /usr/bin/python3 '%s/torch_moe.py' --model '%s' --input '%s' "
            "--output '%s' %s 1 5 2>/dev/null", MOE8_BENCH_DIR, dir, x, yout, dtype);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  double ms = -1;
-  while (fgets(line, sizeof line, p)) {
-    const char *m = strstr(line, "\"min_ms\": ");
-    if (m) ms = strtod(m + 10, NULL);
-  }
-  return pclose(p) == 0 ? ms : -1;
+  return cli_torch_min_ms(cmd);
 }
 
 static double rel_rms(const float *y, const float *ref, size_t n) {

@@ -60,6 +60,18 @@ double cli_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double cli_torch_min_ms(const char *cmd) {
+  char line[512];
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  double ms = -1;
+  while (fgets(line, sizeof line, p)) {
+    const char *m = strstr(line, "\"min_ms\": ");
+    if (m) ms = strtod(m + 10, NULL);
+  }
+  return pclose(p) == 0 ? ms : -1;
+}
+
 int cli_parse_i64(const char *s, int64_t *v) {
   char *end;
   errno = 0;
