@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hfref as R  # noqa: E402
+from test_families import fp8_blocks  # noqa: E402  (DeepSeek's FP8 blocks, as the family tests write them)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "..", "data", "golden_families.json")
@@ -65,20 +66,6 @@ def put_fused(t, p, ex):
 def put_mlp(t, p, ws):
     for nm, w in zip(("gate_proj", "up_proj", "down_proj"), ws):
         t[p + "%s.weight" % nm] = ("F32", w)
-
-
-def fp8_blocks(t, name, w):
-    """w [N, K] as DeepSeek's FP8 files hold it (F8_E4M3, 128x128 scale_inv)."""
-    N, K = w.shape
-    q = np.zeros((N, K))
-    s = np.zeros(((N + 127) // 128, (K + 127) // 128), dtype=np.float32)
-    for i in range(s.shape[0]):
-        for j in range(s.shape[1]):
-            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
-            s[i, j] = R.scale_from_absmax(np.max(np.abs(blk)))
-            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = R.e4m3_round((blk / s[i, j]).astype(np.float32))
-    t[name + ".weight"] = ("F8_E4M3", R.e4m3_encode(q))
-    t[name + ".weight_scale_inv"] = ("F32", s)
 
 
 def qwen(s, fam):
