@@ -180,6 +180,15 @@ moe8_status moe8_file_write_atomic(const char *path, const void *const *parts, c
   return st;
 }
 
+void moe8__advise_huge(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = (uintptr_t)2 << 20, a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + n) & ~(huge - 1);
+  if (p && e > a) (void)madvise((void *)a, (size_t)(e - a), MADV_HUGEPAGE); /* refused (a file mapping): no matter */
+#else
+  (void)p, (void)n;
+#endif
+}
+
 void *moe8__alloc_weights(size_t n) {
   const size_t huge = (size_t)2 << 20;
   void *p = NULL;

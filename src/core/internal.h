@@ -292,6 +292,10 @@ const char *moe8__model_root(const moe8_model *m);
 ** aligned, transparent huge pages asked for (fewer TLB misses on a stream
 ** of gigabytes; the kernel may refuse); freed with free(). */
 void *moe8__alloc_weights(size_t n);
+/* Transparent huge pages asked for on the whole 2 MiB pages inside
+** [p, p + n) (a caller's workspace: the matmuls' packed rows and
+** accumulators, read a tile of 16 rows at a time); a refusal is ignored. */
+void moe8__advise_huge(void *p, size_t n);
 
 /* The library's file mappings (maps.c): a SIGBUS inside one ends the
 ** process with a message naming the file. */

@@ -122,9 +122,9 @@ static ws_block *ws_take(size_t need) {
   ws_block *w = atomic_exchange(&g_ws_kept, NULL);
   if (w && w->bytes >= need) return w;
   free(w);
-  void *p = NULL;
-  if (posix_memalign(&p, 64, WS_HDR + (need ? need : 64)) != 0) return NULL;
-  w = p;
+  /* On huge pages where large: a tile of the packed rows spans 16 of
+  ** them 4 KiB pages apart, the accumulator rows 512 bytes apart. */
+  if (!(w = moe8__alloc_weights(WS_HDR + (need ? need : 64)))) return NULL;
   w->bytes = need;
   return w;
 }
