@@ -20,8 +20,9 @@
 ** A task walks K in chunks (amx_task): one stretch of a long scale block,
 ** or several short blocks at once.  Per chunk FP8 and bf16 weights become
 ** strips of 32 columns whose tile rows are consecutive lines (to_strips,
-** or the packed FP8 converter straight into them; packed i8 weights are
-** read in place); then for each 32 rows, for each strip, four C tiles run
+** or the packed FP8 converter straight into them, for tasks of up to 256
+** rows during the last chunk's tile steps; packed i8 weights are read in
+** place); then for each 32 rows, for each strip, four C tiles run
 ** through each block's pieces (two A and two B tile loads, four dot
 ** products a piece) and are stored to the block sums S (a block that goes
 ** on in the next chunk) or to a small buffer that is promoted into the
@@ -240,6 +241,29 @@ PIECES(AMX_NAME(pieces_ssd), T_SSD)
 ** block's sums are stored to one of two small buffers and promoted one
 ** step later, while the tile unit works on the next block's tiles. */
 enum { GB = 8 };
+
+/* A chunk of K: [c0, c1), blocks blk0 .. blk1 - 1 (gb at a time when they
+** are short, else a stretch of at most kcm of one block). */
+typedef struct chunk { int64_t c0, c1, blk0, blk1, kc, npc; bool first, last; } chunk;
+static chunk chunk_at(const moe8__gmm_block *b, int64_t c0, int64_t gb, int64_t kcm, int64_t piece) {
+  const int64_t kb = b->kb, blk0 = c0 / kb, blk1 = blk0 + gb < b->nbk ? blk0 + gb : b->nbk;
+  const int64_t kend = gb > 1 ? (blk1 * kb < b->K ? blk1 * kb : b->K) : (blk0 * kb + kb < b->K ? blk0 * kb + kb : b->K);
+  const int64_t c1 = gb > 1 ? kend : (c0 + kcm < kend ? c0 + kcm : kend);
+  return (chunk){c0, c1, blk0, blk1, c1 - c0, moe8__cdiv(c1 - c0, piece), c0 == blk0 * kb, c1 == kend};
+}
+
+/* Pairs [p0, p1) of chunk ch's packed FP8 weights converted into the
+** strips at dst (rows of 128 bytes, strips 16·npc rows apart). */
+static void conv_pairs(const moe8__gmm_block *b, const chunk *ch, int64_t ntp, uint8_t *dst, int64_t p0, int64_t p1) {
+  if (p1 > p0) pack_b_pk_vbmi(b, ch->c0 + 2 * p0, p1 - p0, ntp, (uint32_t *)dst + p0 * 32, 32, 16 * ch->npc * 32, 0);
+}
+/* The strips' rows past the chunk's pairs, zero. */
+static void conv_zero(const chunk *ch, int64_t ntp, uint8_t *dst) {
+  const int64_t kp = moe8__cdiv(ch->kc, 2), rows = 16 * ch->npc;
+  if (kp < rows)
+    for (int64_t s = 0; s < ntp / 32; s++) memset(dst + (s * rows + kp) * 128, 0, (size_t)((rows - kp) * 128));
+}
+
 static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, ntp = moe8__cdiv(nt, 32) * 32, nct = moe8__cdiv(nt, 16);
   const int64_t piece = i8 ? 64 : 32, kcm = i8 ? KCI : KCB, pmax = kcm / piece, kb = b->kb;
@@ -249,6 +273,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   float *tmp = (float *)(colsum + NT), *T = tmp + 2 * NT, *rsv = T + 2 * 32 * 32, *lsv = rsv + 2 * GB * NT;
   uint8_t *tail = (uint8_t *)(lsv + 2 * GB * MT), *Bs = tail + 16 * 64 * (pmax + 1); /* strips: 16·pmax·NT words */
   float *carry = (float *)(Bs + (size_t)64 * pmax * NT);                           /* 32 rows × 16 */
+  uint8_t *Bs2 = (uint8_t *)(carry + 32 * 16);                                      /* the next chunk's strips */
   const int64_t rowb = i8 ? i8_row_bytes(b) : moe8__canon_row_words(b) * 4;
   const int64_t blkb = i8 ? i8_block_bytes(b) : moe8__canon_block_words(b) * 4;
   const uint8_t *A = (const uint8_t *)b->lhs_packed + (b->m0 - b->pk_row0) * rowb;
@@ -269,12 +294,29 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   ** prefetches the stream ahead, else each tile step a slice of the next
   ** chunk (spread over many steps: 9% faster at 128 rows an expert). */
   const bool conv = !i8 && b->rhs_pk && b->rt != MOE8_DTYPE_I8 && moe8__cpu_has_vbmi(), few = mt < 32;
-  for (int64_t c0 = 0; c0 < b->K;) {
-    /* The chunk [c0, c1): blocks blk0 .. blk1 - 1. */
-    const int64_t blk0 = c0 / kb, blk1 = blk0 + gb < b->nbk ? blk0 + gb : b->nbk;
-    const int64_t kend = gb > 1 ? (blk1 * kb < b->K ? blk1 * kb : b->K) : (blk0 * kb + kb < b->K ? blk0 * kb + kb : b->K);
-    const int64_t c1 = gb > 1 ? kend : (c0 + kcm < kend ? c0 + kcm : kend), kc = c1 - c0, npc = moe8__cdiv(kc, piece);
-    const bool first = c0 == blk0 * kb, last = c1 == kend;
+  /* pipe: the next chunk is converted a slice per tile step, into the
+  ** other strip buffer, so the conversion and the weight stream it reads
+  ** run beside the tile products instead of between them.  For tasks of
+  ** at most 256 rows, where a chunk's conversion is shared by few steps:
+  ** 9-10% faster at 128 rows an expert on one thread, 5% on two; at 512
+  ** rows slower (the second buffer's 32 KiB crowd L1; measured on an AMX
+  ** Xeon, docs/performance.md). */
+  const bool pipe = conv && !few && mt <= 256;
+  uint8_t *bufs[2] = {Bs, Bs2};
+  int cur = 0;
+  if (pipe) {
+    const chunk c = chunk_at(b, 0, gb, kcm, piece);
+    conv_pairs(b, &c, ntp, Bs, 0, moe8__cdiv(c.kc, 2));
+    conv_zero(&c, ntp, Bs);
+  }
+  for (chunk ch = chunk_at(b, 0, gb, kcm, piece); ch.c0 < b->K; ch = chunk_at(b, ch.c1, gb, kcm, piece), cur ^= 1) {
+    const int64_t c0 = ch.c0, c1 = ch.c1, blk0 = ch.blk0, blk1 = ch.blk1, kc = ch.kc, npc = ch.npc;
+    const bool first = ch.first, last = ch.last;
+    uint8_t *Bc = pipe ? bufs[cur] : Bs;
+    const bool nxt = pipe && c1 < b->K;
+    const chunk nx = nxt ? chunk_at(b, c1, gb, kcm, piece) : ch;
+    const int64_t nkp = moe8__cdiv(nx.kc, 2);
+    if (nxt) conv_zero(&nx, ntp, bufs[cur ^ 1]);
     /* The blocks' scales, block blk in slot blk mod 2·GB (a deferred
     ** promotion may still read the last chunk's last block). */
     if (first)
@@ -298,6 +340,8 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     } else if (i8) {
       pack_b_i8(b, c0, kc, ntp, Bp, colsum);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 4), 16 * npc, nct, Bs);
+    } else if (pipe) {
+      /* converted during the last chunk */
     } else if (conv) {
       /* Packed FP8: converted straight into the strips, rows past zero. */
       const int64_t kp = moe8__cdiv(kc, 2), rows = 16 * npc;
@@ -324,19 +368,21 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     ** memory: 3-7% on int8 prefill at 128 rows an expert (measured). */
     const uint8_t *pf = NULL;
     int64_t pf_lines = 0, pf_per = 0;
-    if (b->rhs_pk && c1 < b->K && !(few && conv)) { /* (few && conv: the converter prefetches) */
+    const int64_t pfc = nxt ? nx.c1 : c1; /* pipe: the chunk after the next */
+    if (b->rhs_pk && pfc < b->K && !(few && conv)) { /* (few && conv: the converter prefetches) */
       const int64_t per = moe8__pk_per(b->rt), kall = moe8__cdiv(b->K, per);
-      const int64_t p1 = c1 / per, p2 = moe8__cdiv(c1 + kcm < b->K ? c1 + kcm : b->K, per);
+      const int64_t p1 = pfc / per, p2 = moe8__cdiv(pfc + kcm < b->K ? pfc + kcm : b->K, per);
       pf = pk_at(b, p1);
       pf_lines = (int64_t)(pk_at(b, p2 < kall ? p2 : kall) - pf) / 64;
       pf_per = moe8__cdiv(pf_lines, nci * nri);
     }
-    for (int64_t step = 0; step < nci * nri; step++) {
+    const int64_t nsteps = nci * nri, cper = nxt ? moe8__cdiv(nkp, nsteps) : 0;
+    for (int64_t step = 0; step < nsteps; step++) {
       const int64_t ct = 2 * (step % nci), i = 32 * (step / nci);
       const bool two = ct + 1 < nct;
       for (int64_t j = step * pf_per; j < (step + 1) * pf_per && j < pf_lines; j++) _mm_prefetch((const char *)pf + 64 * j, _MM_HINT_T1);
       /* Piece q's two B tiles: bq and bq + 64, rows bstr apart. */
-      const uint8_t *bsrc = bdir ? bdir + 64 * ct : Bs + ct / 2 * 16 * npc * 128;
+      const uint8_t *bsrc = bdir ? bdir + 64 * ct : Bc + ct / 2 * 16 * npc * 128;
       const int64_t bstr = bdir ? nv * 64 : 128;
       { /* the step's 32 rows */
         const bool down = i + 16 < mt;
@@ -361,7 +407,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
           } else
           for (int64_t q = qa; q < qb; q++) {
             const bool in = q < qfull;
-            const uint8_t *bq = in ? bsrc + 16 * q * bstr : Bs + ct / 2 * 16 * 128;
+            const uint8_t *bq = in ? bsrc + 16 * q * bstr : Bc + ct / 2 * 16 * 128;
             const int64_t bs = in ? bstr : 128;
             T_LOAD(4, a0 + 64 * q, s0);
             T_LOAD(6, bq, bs);
@@ -380,6 +426,10 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
             }
           }
           if (pend.on) promote_tile(b, acc, carry, &pend, i8), pend.on = false;
+          if (nxt && blk == blk0) { /* this step's slice of the next chunk */
+            const int64_t p0 = step * cper < nkp ? step * cper : nkp;
+            conv_pairs(b, &nx, ntp, bufs[cur ^ 1], p0, p0 + cper < nkp ? p0 + cper : nkp);
+          }
           if (!last) {
             T_STORE(0, Sij, NT * 4);
             if (two) T_STORE(1, Sij + 16, NT * 4);
@@ -399,7 +449,6 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
         }
       }
     }
-    c0 = c1;
   }
   if (pend.on) promote_tile(b, acc, carry, &pend, i8);
   if (b->out_stream) _mm_sfence(); /* the streamed rows before the driver's barrier */
