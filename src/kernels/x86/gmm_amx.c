@@ -253,9 +253,10 @@ static chunk chunk_at(const moe8__gmm_block *b, int64_t c0, int64_t gb, int64_t 
 }
 
 /* Pairs [p0, p1) of chunk ch's packed FP8 weights converted into the
-** strips at dst (rows of 128 bytes, strips 16·npc rows apart). */
-static void conv_pairs(const moe8__gmm_block *b, const chunk *ch, int64_t ntp, uint8_t *dst, int64_t p0, int64_t p1) {
-  if (p1 > p0) pack_b_pk_vbmi(b, ch->c0 + 2 * p0, p1 - p0, ntp, (uint32_t *)dst + p0 * 32, 32, 16 * ch->npc * 32, 0);
+** strips at dst (rows of 128 bytes, strips 16·npc rows apart); pf: the
+** converter's prefetch distance (pack_b_pk_vbmi), or 0. */
+static void conv_pairs(const moe8__gmm_block *b, const chunk *ch, int64_t ntp, uint8_t *dst, int64_t p0, int64_t p1, int64_t pf) {
+  if (p1 > p0) pack_b_pk_vbmi(b, ch->c0 + 2 * p0, p1 - p0, ntp, (uint32_t *)dst + p0 * 32, 32, 16 * ch->npc * 32, pf);
 }
 /* The strips' rows past the chunk's pairs, zero. */
 static void conv_zero(const chunk *ch, int64_t ntp, uint8_t *dst) {
@@ -306,7 +307,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   int cur = 0;
   if (pipe) {
     const chunk c = chunk_at(b, 0, gb, kcm, piece);
-    conv_pairs(b, &c, ntp, Bs, 0, moe8__cdiv(c.kc, 2));
+    conv_pairs(b, &c, ntp, Bs, 0, moe8__cdiv(c.kc, 2), 0);
     conv_zero(&c, ntp, Bs);
   }
   for (chunk ch = chunk_at(b, 0, gb, kcm, piece); ch.c0 < b->K; ch = chunk_at(b, ch.c1, gb, kcm, piece), cur ^= 1) {
@@ -344,9 +345,8 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
       /* converted during the last chunk */
     } else if (conv) {
       /* Packed FP8: converted straight into the strips, rows past zero. */
-      const int64_t kp = moe8__cdiv(kc, 2), rows = 16 * npc;
-      pack_b_pk_vbmi(b, c0, kp, ntp, (uint32_t *)Bs, 32, rows * 32, few ? PKPF_FAR : 0);
-      for (int64_t s = 0; s < ntp / 32; s++) memset(Bs + (s * rows + kp) * 128, 0, (size_t)((rows - kp) * 128));
+      conv_pairs(b, &ch, ntp, Bs, 0, moe8__cdiv(kc, 2), few ? PKPF_FAR : 0);
+      conv_zero(&ch, ntp, Bs);
     } else {
       panel_bf16(b, c0, kc, ntp, Bp, tmp);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 2), 16 * npc, nct, Bs);
@@ -428,7 +428,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
           if (pend.on) promote_tile(b, acc, carry, &pend, i8), pend.on = false;
           if (nxt && blk == blk0) { /* this step's slice of the next chunk */
             const int64_t p0 = step * cper < nkp ? step * cper : nkp;
-            conv_pairs(b, &nx, ntp, bufs[cur ^ 1], p0, p0 + cper < nkp ? p0 + cper : nkp);
+            conv_pairs(b, &nx, ntp, bufs[cur ^ 1], p0, p0 + cper < nkp ? p0 + cper : nkp, 0);
           }
           if (!last) {
             T_STORE(0, Sij, NT * 4);
