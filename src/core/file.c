@@ -194,8 +194,6 @@ void *moe8__alloc_weights(size_t n) {
   void *p = NULL;
   const size_t big = (n + huge - 1) / huge * huge;
   if (posix_memalign(&p, n >= huge ? huge : 64, n >= huge ? big : n ? n : 64) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-  if (n >= huge) (void)madvise(p, big, MADV_HUGEPAGE);
-#endif
+  if (n >= huge) moe8__advise_huge(p, big);
   return p;
 }

@@ -305,11 +305,6 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   const bool pipe = conv && !few && mt <= 256;
   uint8_t *bufs[2] = {Bs, Bs2};
   int cur = 0;
-  if (pipe) {
-    const chunk c = chunk_at(b, 0, gb, kcm, piece);
-    conv_pairs(b, &c, ntp, Bs, 0, moe8__cdiv(c.kc, 2), 0);
-    conv_zero(&c, ntp, Bs);
-  }
   for (chunk ch = chunk_at(b, 0, gb, kcm, piece); ch.c0 < b->K; ch = chunk_at(b, ch.c1, gb, kcm, piece), cur ^= 1) {
     const int64_t c0 = ch.c0, c1 = ch.c1, blk0 = ch.blk0, blk1 = ch.blk1, kc = ch.kc, npc = ch.npc;
     const bool first = ch.first, last = ch.last;
@@ -341,12 +336,12 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     } else if (i8) {
       pack_b_i8(b, c0, kc, ntp, Bp, colsum);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 4), 16 * npc, nct, Bs);
-    } else if (pipe) {
+    } else if (pipe && c0 > 0) {
       /* converted during the last chunk */
     } else if (conv) {
       /* Packed FP8: converted straight into the strips, rows past zero. */
-      conv_pairs(b, &ch, ntp, Bs, 0, moe8__cdiv(kc, 2), few ? PKPF_FAR : 0);
-      conv_zero(&ch, ntp, Bs);
+      conv_pairs(b, &ch, ntp, Bc, 0, moe8__cdiv(kc, 2), few ? PKPF_FAR : 0);
+      conv_zero(&ch, ntp, Bc);
     } else {
       panel_bf16(b, c0, kc, ntp, Bp, tmp);
       to_strips((const uint8_t *)Bp, NT * 4, moe8__cdiv(kc, 2), 16 * npc, nct, Bs);
