@@ -170,7 +170,7 @@ ENTRY(avx512_vnni, true, true)
 ENTRY(avx512_vnni_nobf16, false, true)
 
 void moe8__gmm_init_avx512(moe8__ktable *k, moe8_isa isa, bool has_bf16) {
-  k->cvt_f8_bf16 = fp8_rows_to_bf16;
+  k->cvt_f8_bf16 = moe8__cpu_has_vbmi() ? fp8_rows_to_bf16_vbmi : fp8_rows_to_bf16;
   if (isa >= MOE8_ISA_AVX512_VNNI && !has_bf16) {
     k->gmm_block = gmm_block_avx512_vnni_nobf16; k->gmm_pack_size = gmm_pack_size_avx512_vnni_nobf16;
     k->gmm_pack = gmm_pack_avx512_vnni_nobf16;

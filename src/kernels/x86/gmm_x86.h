@@ -86,6 +86,7 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define pack_b_bf16 moe8__x86_pack_b_bf16
 #define pack_b_i8 moe8__x86_pack_b_i8
 #define pack_b_pk_vbmi moe8__x86_pack_b_pk_vbmi
+#define fp8_rows_to_bf16_vbmi moe8__x86_fp8_rows_to_bf16_vbmi
 #define ukr_f32_any moe8__x86_ukr_f32_any
 #define ukr_bf16_any moe8__x86_ukr_bf16_any
 #define ukr_i8_any moe8__x86_ukr_i8_any
@@ -134,6 +135,7 @@ VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b); /* FP8 x packed F
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
 /* Packed FP8 pairs k = c0 .. c0 + 2·kp as bf16 pair words: pair p, strip s
 ** (32 columns) at Bp + p·ps + s·ss words (the panel: ps = NT, ss = 32). */
+VBMI_TARGET void fp8_rows_to_bf16_vbmi(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
 VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss,
                                 int64_t pf);
 

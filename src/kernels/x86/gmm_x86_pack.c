@@ -73,8 +73,9 @@ void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *dst, fl
       memcpy(d, src + 2 * k0, (size_t)len * 2);
       if (len & 1) ((uint16_t *)d)[len] = 0;
     } else if (b->lt == MOE8_DTYPE_F8E4M3 || b->lt == MOE8_DTYPE_F8E5M2) {
-      /* A pair is two consecutive bf16 words: convert the codes in place. */
-      fp8_rows_to_bf16((uint16_t *)d, (const uint8_t *)src + k0, (size_t)len, b->lt);
+      /* A pair is two consecutive bf16 words: convert the codes in place,
+      ** through the table's converter (the family its init chose). */
+      moe8__kernels()->cvt_f8_bf16((uint16_t *)d, (const uint8_t *)src + k0, (size_t)len, b->lt);
       if (len & 1) ((uint16_t *)d)[len] = 0;
     } else {
       row_to_f32(tmp, src + k0, b->lt, len);
