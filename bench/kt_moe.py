@@ -12,9 +12,14 @@ from bf16 weights with the same seed and draw order as torch_moe.py:
         activations are quantized per token at run time, AMX-INT8 tiles)
 
 kt-kernel runs on its own thread pool (CPUInfer, one subpool of THREADS
-threads, as KTMoEWrapper(cpuinfer_threads=THREADS, threadpool_count=1));
-torch (the router) also gets THREADS threads.  One warm-up run, then REPS
-timed runs.  Prints one JSON line: {"min_ms": ..., "median_ms": ...}.
+threads pinned to cores 0..THREADS-1, as KTMoEWrapper(cpuinfer_threads=
+THREADS, threadpool_count=1)); torch (the router) also gets THREADS threads.
+Note: besides those THREADS compute threads, kt-kernel's CPUInfer task thread
+busy-waits for the whole forward (NumaJobDistributor::do_numa_job), and idle
+pool threads spin for 50 ms before sleeping, so a run keeps THREADS + 1 cores
+busy; with THREADS = all cores the threads preempt each other and times come
+in multiples of the scheduler tick.  One warm-up run, then REPS timed runs.
+Prints one JSON line: {"min_ms": ..., "median_ms": ...}.
 Exits 2 with a one-line reason on stderr when kt_kernel cannot be imported
 or this CPU has no AMX (amx_bf16 / amx_int8).
 

@@ -36,6 +36,8 @@ SYSTEMS = {
     "layer f8e4m3": ("moe8 layer, FP8 E4M3", "#1f77b4"),
     "layer i8": ("moe8 layer, INT8", "#d62728"),
     "torch_f32": ("PyTorch eager, f32", "#ff7f0e"),
+    "layer kt_bf16": ("kt-kernel layer, AMX bf16", "#e377c2"),
+    "layer kt_int8": ("kt-kernel layer, AMX INT8", "#bcbd22"),
 }
 BASES = {"openblas_f32": "OpenBLAS f32 (one sgemm per expert)", "torch_bf16": "PyTorch eager bf16"}
 
@@ -44,7 +46,7 @@ def label(impl):
     return SYSTEMS.get(impl, (impl.replace("_", " "), None))[0]
 
 
-def colour(impl, spare=iter(["#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939"])):
+def colour(impl, spare=iter(["#17becf", "#393b79", "#637939", "#8c6d31", "#843c39"])):
     c = SYSTEMS.get(impl, (None, None))[1]
     if c is None:
         c = SYSTEMS.setdefault(impl, (impl.replace("_", " "), next(spare, "#000000")))[1]

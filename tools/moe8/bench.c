@@ -378,6 +378,33 @@ static double torch_ms(int64_t T, int64_t E, int64_t K, int64_t D, int64_t F, co
   return cli_torch_min_ms(cmd);
 }
 
+/* KTransformers' CPU MoE kernels (the optional peer kt-kernel, a PyPI
+** package that pins its own torch, so usually in a virtualenv): the
+** python MOE8_KT_PYTHON names, else python3 on PATH, when it imports
+** kt_kernel; NULL (the peer skipped with a notice) otherwise. */
+static const char *kt_python(void) {
+  static char py[512];
+  static int state = -1;
+  if (state < 0) {
+    const char *e = getenv("MOE8_KT_PYTHON");
+    snprintf(py, sizeof py, "%s", e && *e ? e : "python3");
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import kt_kernel' >/dev/null 2>&1", py);
+    state = strchr(py, '\'') == NULL && system(cmd) == 0;
+  }
+  return state ? py : NULL;
+}
+
+/* kt-kernel's AMX layer (bench/kt_moe.py; dt "bf16" or "int8"), or -1. */
+static double kt_ms(int64_t T, int64_t E, int64_t K, int64_t D, int64_t F, const char *dt, int threads, int reps) {
+  const char *py = kt_python();
+  if (!py) return -1;
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d '%s' '%s/kt_moe.py' %lld %lld %lld %lld %lld %s %d %d 2>/dev/null", threads, py, MOE8_BENCH_DIR,
+           (long long)T, (long long)E, (long long)K, (long long)D, (long long)F, dt, threads, reps);
+  return cli_torch_min_ms(cmd);
+}
+
 static int bench_layer(FILE *json, const peaks *pk) {
   static const struct { const char *name; int64_t T, E, K, D, F; } shapes[] = {
     {"prefill", 2048, 8, 2, 2048, 1408}, {"decode", 8, 64, 8, 2048, 768},
@@ -391,13 +418,17 @@ static int bench_layer(FILE *json, const peaks *pk) {
   const int have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
   printf("moe8 bench layer: the whole MoE layer (route, dispatch, gmm, SwiGLU, gmm, combine), fused path\n");
   if (!have_torch) printf("(PyTorch peer skipped: apt-get install python3-torch; it runs under /usr/bin/python3)\n");
+  if (!kt_python())
+    printf("(kt-kernel peer skipped: no python with kt_kernel; pip install kt-kernel in a virtualenv and set MOE8_KT_PYTHON to its python)\n");
+  else
+    printf("(kt-kernel's runs keep one more core busy than their thread count: its task thread spins through each forward)\n");
   for (size_t si = 0; si < 2; si++) {
     if (!shape_wanted(shapes[si].name)) continue;
     const int64_t T = shapes[si].T, E = shapes[si].E, K = shapes[si].K, D = shapes[si].D, F = shapes[si].F;
     printf("\n%s: T=%lld E=%lld top_k=%lld D=%lld F=%lld\n", shapes[si].name, (long long)T, (long long)E, (long long)K, (long long)D, (long long)F);
     const bool dec = si == 1;
-    printf("%-22s %3s %10s %10s %12s %12s %8s\n", "layer", "thr", "min ms", "median ms", "vs torch f32", "vs torch bf16",
-           dec ? "% bw" : "% peak");
+    printf("%-22s %3s %10s %10s %12s %12s %8s %8s\n", "layer", "thr", "min ms", "median ms", "vs torch f32", "vs torch bf16",
+           dec ? "% bw" : "% peak", "vs kt");
     /* The three matmuls' operations (prefill: against the dtype's dot
     ** peak x threads), or the bytes of the experts the tokens touch
     ** (decode: against the read bandwidth with the same threads). */
@@ -432,6 +463,15 @@ static int bench_layer(FILE *json, const peaks *pk) {
       const double tb = have_torch ? torch_ms(T, E, K, D, F, "bf16", th, reps) : -1;
       if (tf > 0) printf("%-22s %3d %10.2f %10s %12s %12s %8s\n", "torch eager f32", th, tf, "", "1.00x", "", "");
       if (tb > 0) printf("%-22s %3d %10.2f %10s %12s %12s %8s\n", "torch eager bf16", th, tb, "", "", "1.00x", "");
+      /* kt-kernel's AMX bf16 and int8 layers: the peers of moe8's FP8 and
+      ** i8 layers (on a CPU without AMX its own fallback kernels). */
+      const double kb = kt_ms(T, E, K, D, F, "bf16", th, reps), ki = kt_ms(T, E, K, D, F, "int8", th, reps);
+      if (kb > 0) printf("%-22s %3d %10.2f %10s %12s %12s %8s %8s\n", "kt-kernel bf16", th, kb, "", "", "", "", "1.00x");
+      if (ki > 0) printf("%-22s %3d %10.2f %10s %12s %12s %8s %8s\n", "kt-kernel int8", th, ki, "", "", "", "", "1.00x");
+      if (json && kb > 0)
+        fprintf(json, "{\"bench\": \"layer\", \"shape\": \"%s\", \"mode\": \"kt_bf16\", \"threads\": %d, \"min_ms\": %.4f}\n", shapes[si].name, th, kb);
+      if (json && ki > 0)
+        fprintf(json, "{\"bench\": \"layer\", \"shape\": \"%s\", \"mode\": \"kt_int8\", \"threads\": %d, \"min_ms\": %.4f}\n", shapes[si].name, th, ki);
       for (size_t mi = 0; mi < 3; mi++) {
         moe8_rules *rules = NULL;
         moe8_layer *L = NULL;
@@ -454,7 +494,9 @@ static int bench_layer(FILE *json, const peaks *pk) {
         moe8_rules_destroy(rules);
         if (st != MOE8_OK) return cli_report(st, "bench layer");
         qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-        char rf[32] = "-", rb[32] = "-", name[64];
+        char rf[32] = "-", rb[32] = "-", rk[32] = "", name[64];
+        const double kt = mi == 1 ? kb : mi == 2 ? ki : -1;
+        if (kt > 0) snprintf(rk, sizeof rk, "%.2fx", kt / (t[0] * 1e3));
         if (tf > 0) snprintf(rf, sizeof rf, "%.2fx", tf / (t[0] * 1e3));
         if (tb > 0) snprintf(rb, sizeof rb, "%.2fx", tb / (t[0] * 1e3));
         snprintf(name, sizeof name, "moe8 %s", modes[mi].name);
@@ -466,11 +508,11 @@ static int bench_layer(FILE *json, const peaks *pk) {
         char pct[16] = "-";
         if (!dec && unit > 0) snprintf(pct, sizeof pct, "%.0f%%", 100.0 * ops / t[0] / 1e9 / (unit * th));
         if (dec && bw > 0 && touched > 0) snprintf(pct, sizeof pct, "%.0f%%", 100.0 * (double)touched * 3.0 * (double)(D * F) * esz / t[0] / 1e9 / bw);
-        printf("%-22s %3d %10.2f %10.2f %12s %12s %8s\n", name, th, t[0] * 1e3, t[reps / 2] * 1e3, rf, rb, pct);
+        printf("%-22s %3d %10.2f %10.2f %12s %12s %8s %8s\n", name, th, t[0] * 1e3, t[reps / 2] * 1e3, rf, rb, pct, rk);
         if (json)
           fprintf(json, "{\"bench\": \"layer\", \"shape\": \"%s\", \"mode\": \"%s\", \"threads\": %d, \"min_ms\": %.4f, \"median_ms\": %.4f, "
-                        "\"torch_f32_ms\": %.4f, \"torch_bf16_ms\": %.4f}\n",
-                  shapes[si].name, modes[mi].name, th, t[0] * 1e3, t[reps / 2] * 1e3, tf, tb);
+                        "\"torch_f32_ms\": %.4f, \"torch_bf16_ms\": %.4f, \"kt_ms\": %.4f}\n",
+                  shapes[si].name, modes[mi].name, th, t[0] * 1e3, t[reps / 2] * 1e3, tf, tb, kt);
       }
     }
     free(x); free(y);
