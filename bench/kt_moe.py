@@ -28,7 +28,8 @@ usage: python3 kt_moe.py T E K D F bf16|int8 THREADS REPS
 import json
 import os
 import sys
-import time
+
+from peer_timing import time_ms
 
 
 def skip(why):
@@ -146,14 +147,8 @@ def main():
             ids, w = route(h, wr, K)
             return moe(h, ids, w, y)
 
-        forward(x)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            forward(x)
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    line = json.dumps({"min_ms": times[0] * 1e3, "median_ms": times[len(times) // 2] * 1e3,
+        min_ms, median_ms = time_ms(forward, x, reps)
+    line = json.dumps({"min_ms": min_ms, "median_ms": median_ms,
                        "threads": threads, "kt_kernel": version, "torch": torch.__version__})
     os.write(out_fd, (line + "\n").encode())
 

@@ -17,9 +17,10 @@ import json
 import os
 import struct
 import sys
-import time
 
 import torch
+
+from peer_timing import time_ms
 
 
 def read_safetensors(path):
@@ -101,19 +102,12 @@ def main():
         return out
 
     with torch.inference_mode():
-        for _ in range(2):
-            forward(x)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            forward(x)
-            times.append(time.perf_counter() - t0)
+        min_ms, median_ms = time_ms(forward, x, reps, warm=2)
         y = forward(x)
     if "--output" in args:
         import numpy as np
         np.save(args[args.index("--output") + 1], y.float().numpy())
-    times.sort()
-    print(json.dumps({"min_ms": times[0] * 1e3, "median_ms": times[len(times) // 2] * 1e3,
+    print(json.dumps({"min_ms": min_ms, "median_ms": median_ms,
                       "threads": torch.get_num_threads(), "torch": torch.__version__}))
 
 

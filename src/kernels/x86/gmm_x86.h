@@ -133,9 +133,10 @@ VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b);   /* packed FP8, a
 bool gmm_pk_rows_fits(const moe8__gmm_block *b);                /* its converted tile fits the scratch */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b); /* FP8 x packed FP8, canonical order */
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
+/* n FP8 codes as their bf16 words (the AVX-512 table's cvt_f8_bf16 where the CPU has VBMI). */
+VBMI_TARGET void fp8_rows_to_bf16_vbmi(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
 /* Packed FP8 pairs k = c0 .. c0 + 2·kp as bf16 pair words: pair p, strip s
 ** (32 columns) at Bp + p·ps + s·ss words (the panel: ps = NT, ss = 32). */
-VBMI_TARGET void fp8_rows_to_bf16_vbmi(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
 VBMI_TARGET void pack_b_pk_vbmi(const moe8__gmm_block *b, int64_t c0, int64_t kp, int64_t ntp, uint32_t *Bp, int64_t ps, int64_t ss,
                                 int64_t pf);
 
