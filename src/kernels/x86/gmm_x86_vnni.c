@@ -155,115 +155,133 @@ VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
 
 
 /* ---- the many-row kernel on packed i8 weights (prefill) ----------------- */
-/* Rows in eights, and per eight rows the tile's vectors in pairs (32
-** columns): a block's quads are summed in 16 registers straight from the
-** packed tile (its vectors nv·64 bytes apart per quad: 128 bytes of each
+/* Rows in sixes, and per six rows the tile's vectors in fours (64
+** columns): a block's quads are summed in 24 registers straight from the
+** packed tile (its vectors nv·64 bytes apart per quad: 256 bytes of each
 ** 512-byte quad row, which the prefetchers follow), with nothing stored
-** between quads, then promoted once per block.  A pair's whole block
+** between quads, then promoted once per block.  A group's whole block
 ** stays in registers, so a per-channel int8 layer (one block along K)
 ** stores its sums once; the tile (K/4 · 512 bytes) stays in L2 while the
-** row groups pass over it.  The column sums of the +128 compensation and
-** the weight scales of every block are made once per task.  Same sums and
-** promotion as the other i8 paths, so the same bytes.  While a task runs it
-** prefetches the tile of its thread's next task (moe8__gmm_block.pk_next:
-** 10% on E=64 with 128 rows an expert, where each tile's first pass waited
-** on memory), and a large output is written with streaming stores (2–5%). */
+** row groups pass over it.  Six rows by four vectors (24 sums, 4 weight
+** vectors, a broadcast) ran 8-12% faster than eight by two in a bare loop
+** on an AMX Xeon's AVX-512 units, the B lines from L2 (docs/performance.md).
+** The column sums of the +128 compensation and the weight scales of
+** every block are made once per task.  Same sums and promotion as the
+** other i8 paths, so the same bytes.  While a task runs it prefetches the
+** tile of its thread's next task (moe8__gmm_block.pk_next: 10% on E=64
+** with 128 rows an expert, where each tile's first pass waited on
+** memory), and a large output is written with streaming stores (2–5%). */
 #ifndef BPF
 #define BPF 16 /* quads of the tile prefetched ahead on its first pass */
 #endif
-enum { RI = 8 }; /* rows of the many-row kernel (12 spill the row pointers) */
+enum { RI = 6, VG = 4 }; /* rows and vectors of the many-row kernel (RI <= MR) */
 
 VNNI_TARGET INLINE void rows_i8(const int mr, const int nvv, const bool sums, const uint32_t *A, int64_t words, const uint8_t *B,
-                                size_t step, int64_t kq, __m512i c[RI][2], int32_t *cs, const uint8_t *pfb) {
+                                size_t step, int64_t kq, __m512i c[RI][VG], int32_t *cs, const uint8_t *pfb, int pfm) {
   const __m512i ones = _mm512_set1_epi8(1);
-  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+  __m512i s[VG];
+#pragma GCC unroll 4
+  for (int v = 0; v < nvv; v++) s[v] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-  for (int i = 0; i < mr; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
+  for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < nvv; v++) c[i][v] = _mm512_setzero_si512();
   for (int64_t q = 0; q < kq; q++, B += step) {
-    /* One line of the next task's tile every 8 quads (rows_i8_pair). */
-    if (pfb && !(q & 7)) _mm_prefetch((const char *)(pfb + (q >> 3) * 64), _MM_HINT_T0);
-    const __m512i b0 = _mm512_loadu_si512(B), b1 = nvv > 1 ? _mm512_loadu_si512(B + 64) : _mm512_setzero_si512();
+    /* A line of the next task's tile every pfm + 1 quads (rows_i8_group). */
+    if (pfb && !(q & pfm)) _mm_prefetch((const char *)(pfb + (q / (pfm + 1)) * 64), _MM_HINT_T0);
+    __m512i b[VG];
+#pragma GCC unroll 4
+    for (int v = 0; v < nvv; v++) b[v] = _mm512_loadu_si512(B + 64 * v);
     if (sums) {
       /* The first pass over the tile reads it from memory: ask ahead. */
-      _mm_prefetch((const char *)(B + BPF * step), _MM_HINT_T0);
-      if (nvv > 1) _mm_prefetch((const char *)(B + BPF * step + 64), _MM_HINT_T0);
-      s0 = moe8__dpbusd(s0, ones, b0);
-      if (nvv > 1) s1 = moe8__dpbusd(s1, ones, b1);
+#pragma GCC unroll 4
+      for (int v = 0; v < nvv; v++) {
+        _mm_prefetch((const char *)(B + BPF * step + 64 * v), _MM_HINT_T0);
+        s[v] = moe8__dpbusd(s[v], ones, b[v]);
+      }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
       const __m512i a = _mm512_set1_epi32((int)A[i * words + q]);
-      c[i][0] = moe8__dpbusd(c[i][0], a, b0);
-      if (nvv > 1) c[i][1] = moe8__dpbusd(c[i][1], a, b1);
+#pragma GCC unroll 4
+      for (int v = 0; v < nvv; v++) c[i][v] = moe8__dpbusd(c[i][v], a, b[v]);
     }
   }
-  if (sums) {
-    _mm512_storeu_si512(cs, s0);
-    if (nvv > 1) _mm512_storeu_si512(cs + 16, s1);
-  }
+  if (sums)
+#pragma GCC unroll 4
+    for (int v = 0; v < nvv; v++) _mm512_storeu_si512(cs + 16 * v, s[v]);
 }
 
-/* One row group × one pair of vectors over every block: C (or the output
-** rows, on the last block when direct) += S · (ls · rs). */
-VNNI_TARGET INLINE void rows_i8_pair(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                     int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
-                                     int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end, float *carry) {
-  const int64_t nt = b->n1 - b->n0, j = 16 * v0;
+/* One row group × one group of vectors over every block: C (or the
+** output rows, on the last block when direct) += S · (ls · rs), 32
+** columns at a time.  Groups of four vectors keep those 32 columns on
+** the row's 32-column grid, which the shifted writer of a large output
+** needs (groups of three broke it: test_gmm's output tests failed). */
+VNNI_TARGET INLINE void rows_i8_group(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                      int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
+                                      int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end, int pfm, float *carry) {
+  const int64_t nt = b->n1 - b->n0;
   const uint8_t *B = pk_at(b, 0) + (size_t)v0 * 64;
   const size_t step = (size_t)nv * 64;
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
-    __m512i c[RI][2];
+    __m512i c[RI][VG];
     /* Each pass asks for the next 64-byte lines of the next task's tile
-    ** (one per 8 quads), so that tile is in this core's caches when its
-    ** first row group starts: that pass would otherwise wait on memory. */
+    ** (one per pfm + 1 quads), so that tile is in this core's caches when
+    ** its first row group starts: that pass would otherwise wait on memory. */
     const uint8_t *pfb = *pf < pf_end ? *pf : NULL;
-    *pf += (size_t)(kq + 7) / 8 * 64;
+    *pf += (size_t)(kq + pfm) / (size_t)(pfm + 1) * 64;
     /* The first row group sums the weight codes as it goes: the tile's
     ** first read then overlaps the dot products. */
-    if (i == 0) rows_i8(mr, nvv, true, A + block_word(b, PATH_I8, blk), words, B + (size_t)(k0 / 4) * step, step, kq, c, cs + blk * ntp + j, pfb);
-    else rows_i8(mr, nvv, false, A + block_word(b, PATH_I8, blk), words, B + (size_t)(k0 / 4) * step, step, kq, c, NULL, pfb);
-    const __m512i k0v = _mm512_slli_epi32(_mm512_loadu_si512(cs + blk * ntp + j), 7);
-    const __m512i k1v = nvv > 1 ? _mm512_slli_epi32(_mm512_loadu_si512(cs + blk * ntp + j + 16), 7) : _mm512_setzero_si512();
-    __m512 f[MR][2];
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; r++) {
-      f[r][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][0], k0v));
-      f[r][1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][1], k1v));
-    }
+    const int64_t j0 = 16 * v0;
+    if (i == 0) rows_i8(mr, nvv, true, A + block_word(b, PATH_I8, blk), words, B + (size_t)(k0 / 4) * step, step, kq, c, cs + blk * ntp + j0, pfb, pfm);
+    else rows_i8(mr, nvv, false, A + block_word(b, PATH_I8, blk), words, B + (size_t)(k0 / 4) * step, step, kq, c, NULL, pfb, pfm);
     float ls[RI];
     for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
     const bool last = direct && blk == b->nbk - 1;
-    const int64_t w0 = last ? nt - j : 16, w1 = nvv > 1 ? (last ? nt - j - 16 : 16) : 0;
-    const __mmask16 m0 = w0 >= 16 ? 0xFFFF : w0 > 0 ? (__mmask16)((1u << w0) - 1) : 0;
-    const __mmask16 m1 = w1 >= 16 ? 0xFFFF : w1 > 0 ? (__mmask16)((1u << w1) - 1) : 0;
-    float *co = last ? (float *)b->out + (b->m0 + i) * b->N + b->n0 + j : C + i * NT + j;
-    const float *ci = blk ? C + i * NT + j : NULL, *rs = rsv + blk * ntp + j;
-    moe8__shifted sh;
-    const int how = last ? out_how(b, co, b->N, m0, m1, j, mr, carry, &sh) : OUT_PLAIN;
-    if (how != OUT_PLAIN) prom_store_to(mr, f, ci, co, b->N, m0, m1, ls, rs, true, how == OUT_SHIFT ? &sh : NULL, carry);
-    else prom_store(mr, f, ci, co, last ? b->N : NT, m0, m1, ls, rs);
+#pragma GCC unroll 2
+    for (int h = 0; 2 * h < nvv; h++) {
+      const int64_t j = j0 + 32 * h;
+      const bool two = 2 * h + 1 < nvv;
+      const __m512i k0v = _mm512_slli_epi32(_mm512_loadu_si512(cs + blk * ntp + j), 7);
+      const __m512i k1v = two ? _mm512_slli_epi32(_mm512_loadu_si512(cs + blk * ntp + j + 16), 7) : _mm512_setzero_si512();
+      __m512 f[MR][2];
+#pragma GCC unroll 8
+      for (int r = 0; r < mr; r++) {
+        f[r][0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][2 * h], k0v));
+        f[r][1] = two ? _mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][2 * h + 1], k1v)) : _mm512_setzero_ps();
+      }
+      const int64_t w0 = last ? nt - j : 16, w1 = two ? (last ? nt - j - 16 : 16) : 0;
+      const __mmask16 m0 = w0 >= 16 ? 0xFFFF : w0 > 0 ? (__mmask16)((1u << w0) - 1) : 0;
+      const __mmask16 m1 = w1 >= 16 ? 0xFFFF : w1 > 0 ? (__mmask16)((1u << w1) - 1) : 0;
+      float *co = last ? (float *)b->out + (b->m0 + i) * b->N + b->n0 + j : C + i * NT + j;
+      const float *ci = blk ? C + i * NT + j : NULL, *rs = rsv + blk * ntp + j;
+      moe8__shifted sh;
+      const int how = last ? out_how(b, co, b->N, m0, m1, j, mr, carry, &sh) : OUT_PLAIN;
+      if (how != OUT_PLAIN) prom_store_to(mr, f, ci, co, b->N, m0, m1, ls, rs, true, how == OUT_SHIFT ? &sh : NULL, carry);
+      else prom_store(mr, f, ci, co, last ? b->N : NT, m0, m1, ls, rs);
+    }
   }
 }
 
-#define RP_NV(mr, ...)                                            \
+#define RG_NV(mr, ...)                                             \
   do {                                                            \
-    if (nvv > 1) rows_i8_pair(mr, 2, __VA_ARGS__);                \
-    else rows_i8_pair(mr, 1, __VA_ARGS__);                        \
+    if (nvv >= 4) rows_i8_group(mr, 4, __VA_ARGS__);              \
+    else if (nvv == 3) rows_i8_group(mr, 3, __VA_ARGS__);         \
+    else if (nvv == 2) rows_i8_group(mr, 2, __VA_ARGS__);         \
+    else rows_i8_group(mr, 1, __VA_ARGS__);                       \
   } while (0)
 
-VNNI_TARGET static void rows_i8_pair_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                         int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
-                                         int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end, float *carry) {
+VNNI_TARGET static void rows_i8_group_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                          int64_t i, int64_t v0, int64_t nv, float *C, int32_t *cs, const float *rsv,
+                                          int64_t ntp, bool direct, const uint8_t **pf, const uint8_t *pf_end, int pfm, float *carry) {
   switch (mr) {
-    case 8: RP_NV(8, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    case 7: RP_NV(7, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    case 6: RP_NV(6, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    case 5: RP_NV(5, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    case 4: RP_NV(4, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    case 3: RP_NV(3, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    case 2: RP_NV(2, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
-    default: RP_NV(1, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, carry); break;
+    case 6: RG_NV(6, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, pfm, carry); break;
+    case 5: RG_NV(5, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, pfm, carry); break;
+    case 4: RG_NV(4, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, pfm, carry); break;
+    case 3: RG_NV(3, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, pfm, carry); break;
+    case 2: RG_NV(2, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, pfm, carry); break;
+    default: RG_NV(1, b, A, words, i, v0, nv, C, cs, rsv, ntp, direct, pf, pf_end, pfm, carry); break;
   }
 }
 
@@ -282,10 +300,16 @@ VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
   for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
   const bool direct = b->ot == MOE8_DTYPE_F32;
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;
+  /* The next tile's lines spread over the task's passes: one every 8
+  ** quads, or every 4, 2, 1 where the passes are fewer than its lines. */
+  const int64_t passes = moe8__cdiv(mt, RI) * moe8__cdiv(nv, VG), lines = (int64_t)(b->pk_next_bytes / 64);
+  int pfm = 7;
+  while (pfm > 0 && passes * moe8__cdiv(b->K, 4) / (pfm + 1) < lines) pfm >>= 1;
   for (int64_t i = 0; i < mt; i += RI) {
     const int mr = mt - i < RI ? (int)(mt - i) : RI;
-    for (int64_t v0 = 0; v0 < nv; v0 += 2)
-      rows_i8_pair_any(mr, nv - v0 >= 2 ? 2 : 1, b, A + i * words, words, i, v0, nv, C, cs, rsv, ntp, direct, &pf, pf_end, carry);
+    for (int64_t v0 = 0; v0 < nv; v0 += VG)
+      rows_i8_group_any(mr, nv - v0 >= VG ? VG : (int)(nv - v0), b, A + i * words, words, i, v0, nv, C, cs, rsv, ntp, direct, &pf, pf_end,
+                        pfm, carry);
   }
   if (!direct) write_out(b, C, mt);
   if (direct && b->out_stream) _mm_sfence(); /* the streamed rows before the driver's barrier */
