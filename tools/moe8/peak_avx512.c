@@ -42,13 +42,19 @@ T512 static double run_bf16(long iters) {
   return (double)iters * 12 * 64 / t / 1e9;
 }
 
+#define DPBUSD(c, a, b) __extension__({ __m512i c_ = (c); __asm__("vpdpbusd %2, %1, %0" : "+v"(c_) : "v"(a), "v"(b)); c_; })
+
 T512 static double run_i8(long iters) {
   __m512i c[12];
   for (int i = 0; i < 12; i++) c[i] = _mm512_setzero_si512();
   const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
   const double t0 = cli_now();
+  /* vpdpbusd in asm: GCC's intrinsic copies each accumulator into a new
+  ** register every iteration (12 vmovdqa32 a loop), which measured 750
+  ** against 841 GOP/s on an AMX Xeon's AVX-512 units. */
   for (long n = 0; n < iters; n++)
-    for (int i = 0; i < 12; i++) c[i] = _mm512_dpbusd_epi32(c[i], a, b);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) c[i] = DPBUSD(c[i], a, b);
   const double t = cli_now() - t0;
   __m512i s = c[0];
   for (int i = 1; i < 12; i++) s = _mm512_add_epi32(s, c[i]);
