@@ -163,7 +163,7 @@ VNNI_TARGET void gmm_block_i8pk_small(const moe8__gmm_block *b) {
 ** stays in registers, so a per-channel int8 layer (one block along K)
 ** stores its sums once; the tile (K/4 · 512 bytes) stays in L2 while the
 ** row groups pass over it.  Six rows by four vectors (24 sums, 4 weight
-** vectors, a broadcast) ran 8-12% faster than eight by two in a bare loop
+** vectors, a broadcast) ran 7-10% faster than eight by two in a bare loop
 ** on an AMX Xeon's AVX-512 units, the B lines from L2 (docs/performance.md).
 ** The column sums of the +128 compensation and the weight scales of
 ** every block are made once per task.  Same sums and promotion as the
@@ -188,7 +188,7 @@ VNNI_TARGET INLINE void rows_i8(const int mr, const int nvv, const bool sums, co
     for (int v = 0; v < nvv; v++) c[i][v] = _mm512_setzero_si512();
   for (int64_t q = 0; q < kq; q++, B += step) {
     /* A line of the next task's tile every pfm + 1 quads (rows_i8_group). */
-    if (pfb && !(q & pfm)) _mm_prefetch((const char *)(pfb + (q / (pfm + 1)) * 64), _MM_HINT_T0);
+    if (pfb && !(q & pfm)) _mm_prefetch((const char *)pfb, _MM_HINT_T0), pfb += 64;
     __m512i b[VG];
 #pragma GCC unroll 4
     for (int v = 0; v < nvv; v++) b[v] = _mm512_loadu_si512(B + 64 * v);
