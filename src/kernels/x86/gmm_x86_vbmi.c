@@ -369,7 +369,7 @@ VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, c
 /* FP8 x packed FP8 in the canonical order, a task of any rows (four at a
 ** time); the caller checks the operands (moe8__gmm_canon_avx512).  Each
 ** block's activation pairs are split into their even and odd f32 once per
-** row group (ax, in the scratch after rsv, where a block's fit) instead of
+** row group (ax, in the scratch after rsv, where a block of them fits) instead of
 ** once per strip group: two ALU operations a row and pair less for every
 ** strip group after the first. */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
