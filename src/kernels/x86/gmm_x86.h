@@ -100,6 +100,7 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define gmm_block_i8pk_rows moe8__x86_gmm_block_i8pk_rows
 #define gmm_block_pk_rows moe8__x86_gmm_block_pk_rows
 #define gmm_pk_rows_fits moe8__x86_gmm_pk_rows_fits
+#define gmm_pk_canon_fits moe8__x86_gmm_pk_canon_fits
 #define gmm_i8pk_rows_fits moe8__x86_gmm_i8pk_rows_fits
 #define direct_fp8_vbmi_2rows moe8__x86_direct_fp8_vbmi_2rows
 #define bf16_lut moe8__x86_bf16_lut
@@ -132,6 +133,7 @@ bool gmm_i8pk_rows_fits(const moe8__gmm_block *b);              /* its per-task 
 VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b);   /* packed FP8, any rows (prefill) */
 bool gmm_pk_rows_fits(const moe8__gmm_block *b);                /* its converted tile fits the scratch */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b); /* FP8 x packed FP8, canonical order */
+bool gmm_pk_canon_fits(const moe8__gmm_block *b);               /* a block's split pairs fit the scratch */
 VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, float *S);
 /* n FP8 codes as their bf16 words (the AVX-512 table's cvt_f8_bf16 where the CPU has VBMI). */
 VBMI_TARGET void fp8_rows_to_bf16_vbmi(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);

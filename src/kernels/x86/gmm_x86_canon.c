@@ -74,7 +74,10 @@ void moe8__gmm_canon_avx512(const moe8__gmm_block *b) {
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   const int fused = is_fp8(b->lt) && (is_fp8(b->rt) || b->rt == MOE8_DTYPE_I8);
   /* Few rows on packed FP8 weights: the weights streamed once, no panel. */
-  if (mt <= 8 && is_fp8(b->lt) && is_fp8(b->rt) && b->rhs_pk && moe8__cpu_has_vbmi()) { gmm_block_pk_canon(b); return; }
+  if (mt <= 8 && is_fp8(b->lt) && is_fp8(b->rt) && b->rhs_pk && moe8__cpu_has_vbmi() && gmm_pk_canon_fits(b)) {
+    gmm_block_pk_canon(b);
+    return;
+  }
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K;

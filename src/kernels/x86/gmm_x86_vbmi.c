@@ -281,11 +281,9 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
 ** even + odd; no panel is written, so the weights are read once.  The
 ** chains, their order and the promotion are ukr_canon's and promote's, so
 ** the bytes are moe8__gmm_canon_avx512's. */
-VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                 int64_t blk, int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls,
-                                 const float *rsv, const float *ax) {
+VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_block *b, int64_t blk, int64_t s0, int64_t nst,
+                                 const __m512i *tab, float *C, const float *ls, const float *rsv, const float *ax) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
-  const int64_t w0 = moe8__canon_block_words(b) * blk;
   const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
   const size_t step = (size_t)nst * 64;
   const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
@@ -306,15 +304,10 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
     for (int64_t p = p0; p < pe; p++, r += step) {
       __m512 ae[4], ao[4];
 #pragma GCC unroll 4
-      for (int i = 0; i < mr; i++)
-        if (ax) { /* split once for every strip group (gmm_block_pk_canon) */
-          ae[i] = _mm512_set1_ps(ax[2 * (i * kp + p)]);
-          ao[i] = _mm512_set1_ps(ax[2 * (i * kp + p) + 1]);
-        } else {
-          const __m512i a = _mm512_set1_epi32((int)A[i * words + w0 + p]);
-          ae[i] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
-          ao[i] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
-        }
+      for (int i = 0; i < mr; i++) { /* split once for every strip group (gmm_block_pk_canon) */
+        ae[i] = _mm512_set1_ps(ax[2 * (i * kp + p)]);
+        ao[i] = _mm512_set1_ps(ax[2 * (i * kp + p) + 1]);
+      }
 #pragma GCC unroll 4
       for (int t = 0; t < ns; t++) pk_prefetch(r + pfd * step + 64 * t, far);
 #pragma GCC unroll 4
@@ -352,30 +345,33 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
   }
 }
 
-VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
-                                     int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv,
-                                     const float *ax) {
+VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, int64_t blk, int64_t s0, int64_t nst,
+                                     const __m512i *tab, float *C, const float *ls, const float *rsv, const float *ax) {
   /* ns: 4 strips for one row, 2 for two, 1 for three or four (the chains
   ** stay in registers). */
-  if (mr == 1 && ns == 4) pk_canon(1, 4, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 1 && ns == 2) pk_canon(1, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 1) pk_canon(1, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 2 && ns == 2) pk_canon(2, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 2) pk_canon(2, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 3) pk_canon(3, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
-  else pk_canon(4, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, ax);
+  if (mr == 1 && ns == 4) pk_canon(1, 4, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  else if (mr == 1 && ns == 2) pk_canon(1, 2, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  else if (mr == 1) pk_canon(1, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  else if (mr == 2 && ns == 2) pk_canon(2, 2, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  else if (mr == 2) pk_canon(2, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  else if (mr == 3) pk_canon(3, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  else pk_canon(4, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
+}
+
+/* Scratch: C, rsv, and four rows of a block's pairs split into f32 (ax). */
+bool gmm_pk_canon_fits(const moe8__gmm_block *b) {
+  return sizeof(float) * ((size_t)(MOE8__GMM_MT * NT + NT) + 8 * (size_t)moe8__cdiv(b->kb, 2)) <= MOE8__GMM_SCRATCH;
 }
 
 /* FP8 x packed FP8 in the canonical order, a task of any rows (four at a
-** time); the caller checks the operands (moe8__gmm_canon_avx512).  Each
-** block's activation pairs are split into their even and odd f32 once per
-** row group (ax, in the scratch after rsv, where a block of them fits) instead of
-** once per strip group: two ALU operations a row and pair less for every
-** strip group after the first. */
+** time); the caller checks the operands and gmm_pk_canon_fits
+** (moe8__gmm_canon_avx512).  Each block's activation pairs are split into
+** their even and odd f32 once per row group (ax) instead of once per strip
+** group: two ALU operations a row and pair less for every strip group
+** after the first. */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT, *ax = rsv + NT;
-  const bool pre = sizeof(float) * (size_t)(MOE8__GMM_MT * NT + NT) + sizeof(float) * 8 * (size_t)moe8__cdiv(b->kb, 2) <= MOE8__GMM_SCRATCH;
   const int64_t words = moe8__canon_row_words(b);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
@@ -387,19 +383,17 @@ VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
       const int mr = mt - i < 4 ? (int)(mt - i) : 4, nsmax = mr == 1 ? 4 : mr == 2 ? 2 : 1;
       float ls[4];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
-      if (pre) {
-        const int64_t k0 = blk * b->kb, kp = ((k0 + b->kb < b->K ? k0 + b->kb : b->K) - k0 + 1) / 2;
-        const int64_t w0 = moe8__canon_block_words(b) * blk;
-        for (int r = 0; r < mr; r++)
-          for (int64_t p = 0; p < kp; p++) {
-            const uint32_t w = A[(i + r) * words + w0 + p], e = w << 16, o = w & 0xFFFF0000u;
-            memcpy(ax + 2 * (r * kp + p), &e, 4);
-            memcpy(ax + 2 * (r * kp + p) + 1, &o, 4);
-          }
-      }
+      const int64_t k0 = blk * b->kb, kp = ((k0 + b->kb < b->K ? k0 + b->kb : b->K) - k0 + 1) / 2;
+      const int64_t w0 = moe8__canon_block_words(b) * blk;
+      for (int r = 0; r < mr; r++)
+        for (int64_t p = 0; p < kp; p++) {
+          const uint32_t w = A[(i + r) * words + w0 + p], e = w << 16, o = w & 0xFFFF0000u;
+          memcpy(ax + 2 * (r * kp + p), &e, 4);
+          memcpy(ax + 2 * (r * kp + p) + 1, &o, 4);
+        }
       for (int64_t s0 = 0; s0 < nst;) {
         const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 && nsmax >= 2 ? 2 : 1;
-        pk_canon_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv, pre ? ax : NULL);
+        pk_canon_any(mr, ns, b, blk, s0, nst, tab, C + i * NT, ls, rsv, ax);
         s0 += ns;
       }
     }
