@@ -512,18 +512,28 @@ static void test_gmm_determinism(void **state) {
   moe8_isa_set(tu_isa_best());
 }
 
-/* Packed i8 weights with 1 to 9 rows an expert (the small-M kernels' row
-** groups: pairs, threes and their tails) and the extreme codes -128 and
-** 127 on both sides, so the compensation of either operand is exercised
-** at its limits: every table's bytes equal the reference's, on the
-** plain and on the packed weights.  K 260 and 2048 with a single block
-** (per-channel) and with 64-blocks (row-tile x channel-tile); N with a
-** masked last vector. */
-static void test_gmm_i8_few_rows(void **state) {
+/* Packed i8 and e4m3 weights with 3 to 9 rows an expert (the small-M
+** kernels' row groups: pairs, threes, fours and their tails) and extreme
+** codes on both sides (i8: -128 and 127, so the compensation of either
+** operand is exercised at its limits; e4m3: ±448 and subnormals): every
+** table's bytes equal the reference's (FP8: in the canonical order), on
+** the plain and on the packed weights, and FP8's packed weights give the
+** plain weights' bytes in the native order.  K 4, 260 and 2048 with a single block (per-channel) and with
+** 64-blocks (row-tile x channel-tile); N with a masked last vector. */
+static int8_t few_code(moe8_dtype dt, int64_t i) {
+  const uint32_t u = (uint32_t)tu_u64();
+  if (dt == MOE8_DTYPE_I8) return (int8_t)(u % 4 == 0 ? (i & 1 ? -128 : 127) : (int)(u >> 8) % 256 - 128);
+  static const uint8_t edge[4] = {0x7E, 0xFE, 0x01, 0x81}; /* ±448, ±2^-9 */
+  const uint8_t c = u % 4 == 0 ? edge[(u >> 4) & 3] : (uint8_t)(u >> 8);
+  return (int8_t)((c & 0x7F) == 0x7F ? c ^ 1 : c); /* no NaN */
+}
+
+static void test_gmm_few_rows(void **state) {
   (void)state;
   static const int64_t Ks[] = {4, 260, 2048}, Ns[] = {16, 130, 257};
   moe8_isa isas[MOE8_ISA_COUNT];
   const int nisa = tu_isas(isas);
+  for (int di = 0; di < 2; di++)
   for (int tiled = 0; tiled < 2; tiled++)
     for (size_t ki = 0; ki < 3; ki++)
       for (size_t ni = 0; ni < 3; ni++) {
@@ -532,37 +542,49 @@ static void test_gmm_i8_few_rows(void **state) {
         const int32_t gs[6] = {3, 4, 5, 6, 8, 9};
         int64_t M = 0;
         for (int g = 0; g < 6; g++) M += gs[g];
-        tu_rng_reset((uint64_t)(900 + tiled * 16 + ki * 4 + ni));
+        const moe8_dtype dt = di ? MOE8_DTYPE_F8E4M3 : MOE8_DTYPE_I8;
+        tu_rng_reset((uint64_t)(900 + di * 64 + tiled * 16 + ki * 4 + ni));
         int8_t *x = malloc((size_t)(M * K)), *w = malloc((size_t)(6 * K * N));
-        for (int64_t i = 0; i < M * K; i++) x[i] = (int8_t)((uint32_t)tu_u64() % 4 == 0 ? (i & 1 ? -128 : 127) : (int)((uint32_t)tu_u64() % 256) - 128);
-        for (int64_t i = 0; i < 6 * K * N; i++) w[i] = (int8_t)((uint32_t)tu_u64() % 4 == 0 ? (i & 2 ? -128 : 127) : (int)((uint32_t)tu_u64() % 256) - 128);
+        for (int64_t i = 0; i < M * K; i++) x[i] = few_code(dt, i);
+        for (int64_t i = 0; i < 6 * K * N; i++) w[i] = few_code(dt, i >> 1);
         const int64_t nb = tiled ? K / 64 : 1;
         float *xs = malloc(sizeof(float) * (size_t)(M * nb)), *ws = malloc(sizeof(float) * (size_t)(6 * nb * N));
         for (int64_t i = 0; i < M * nb; i++) xs[i] = 0.5f + (float)(i % 7) * 0.125f;
         for (int64_t i = 0; i < 6 * nb * N; i++) ws[i] = 0.001f * (float)(1 + i % 5);
         moe8_gmm_args a = {.M = M, .K = K, .N = N, .num_groups = 6, .group_sizes = gs, .num_local = 6,
-                           .lhs = {MOE8_DTYPE_I8, x, xs, tiled ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, tile},
-                           .rhs = {MOE8_DTYPE_I8, w, ws, tiled ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, tile},
+                           .lhs = {dt, x, xs, tiled ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, tile},
+                           .rhs = {dt, w, ws, tiled ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, tile},
                            .out_dtype = MOE8_DTYPE_F32};
         const size_t ob = sizeof(float) * (size_t)(M * N);
         float *want = malloc(ob), *got = malloc(ob);
-        void *pk = malloc(moe8_gmm_packed_size(MOE8_DTYPE_I8, 6, K, N));
-        assert_int_equal(moe8_gmm_pack_rhs(MOE8_DTYPE_I8, w, 6, K, N, pk), MOE8_OK);
-        assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
-        a.out = want;
-        assert_int_equal(moe8_gmm(&a), MOE8_OK);
-        for (int t = 1; t < nisa; t++)
-          for (int packed = 0; packed < 2; packed++) {
-            assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
-            moe8_gmm_args b = a;
-            if (packed) { b.rhs.data = NULL; b.rhs_packed = pk; }
-            memset(got, 0xFF, ob);
-            b.out = got;
-            assert_int_equal(moe8_gmm(&b), MOE8_OK);
-            if (memcmp(want, got, ob) != 0)
-              TU_FAIL("i8 few rows on %s (%s, K=%lld N=%lld, %s): differs from the reference", moe8_isa_name(isas[t]),
-                      packed ? "packed" : "plain", (long long)K, (long long)N, tiled ? "64-blocks" : "per channel");
-          }
+        void *pk = malloc(moe8_gmm_packed_size(dt, 6, K, N));
+        assert_int_equal(moe8_gmm_pack_rhs(dt, w, 6, K, N, pk), MOE8_OK);
+        /* i8 sums are exact in any order: every table gives the
+        ** reference's bytes.  FP8 does in the canonical order; in the
+        ** native one each table's packed run gives its plain run's bytes. */
+        float *plain = malloc(ob);
+        for (int ord = 0; ord < (di ? 2 : 1); ord++) {
+          a.order = ord ? MOE8_ORDER_NATIVE : di ? MOE8_ORDER_CANONICAL : MOE8_ORDER_DEFAULT;
+          assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
+          a.out = want;
+          assert_int_equal(moe8_gmm(&a), MOE8_OK);
+          for (int t = 1; t < nisa; t++)
+            for (int packed = 0; packed < 2; packed++) {
+              assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
+              moe8_gmm_args b = a;
+              if (packed) { b.rhs.data = NULL; b.rhs_packed = pk; }
+              memset(got, 0xFF, ob);
+              b.out = got;
+              assert_int_equal(moe8_gmm(&b), MOE8_OK);
+              const float *ref = ord ? plain : want;
+              if (ord && !packed) memcpy(plain, got, ob);
+              else if (memcmp(ref, got, ob) != 0)
+                TU_FAIL("%s few rows on %s (%s, %s order, K=%lld N=%lld, %s): differs from %s", di ? "e4m3" : "i8",
+                        moe8_isa_name(isas[t]), packed ? "packed" : "plain", ord ? "native" : "canonical", (long long)K,
+                        (long long)N, tiled ? "64-blocks" : "per channel", ord ? "the plain weights" : "the reference");
+            }
+        }
+        free(plain);
         free(x); free(w); free(xs); free(ws); free(want); free(got); free(pk);
       }
   moe8_isa_set(tu_isa_best());
@@ -685,7 +707,7 @@ int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_gmm_bad_input),
-    cmocka_unit_test(test_gmm_i8_few_rows),
+    cmocka_unit_test(test_gmm_few_rows),
     cmocka_unit_test(test_tgmm),
     cmocka_unit_test(test_gmm_determinism),
     cmocka_unit_test(test_gmm_sweep),
