@@ -103,13 +103,15 @@ VNNI_TARGET INLINE void pk_i8(const int mr, const int nvv, const bool sums, cons
   }
 }
 
-#define PK_NV(mr, sums, ...)                                 \
+/* kern(mr, nvv, ...) with nvv (8, 4, 2 or 1 vectors) known at compile time. */
+#define BY_NV(kern, mr, ...)                               \
   switch (nvv) {                                           \
-    case 8: pk_i8(mr, 8, sums, __VA_ARGS__); break;        \
-    case 4: pk_i8(mr, 4, sums, __VA_ARGS__); break;        \
-    case 2: pk_i8(mr, 2, sums, __VA_ARGS__); break;        \
-    default: pk_i8(mr, 1, sums, __VA_ARGS__); break;       \
+    case 8: kern(mr, 8, __VA_ARGS__); break;               \
+    case 4: kern(mr, 4, __VA_ARGS__); break;               \
+    case 2: kern(mr, 2, __VA_ARGS__); break;               \
+    default: kern(mr, 1, __VA_ARGS__); break;              \
   }
+#define PK_NV(mr, ...) BY_NV(pk_i8, mr, __VA_ARGS__)
 
 VNNI_TARGET static void pk_i8_any(int mr, int nvv, bool sums, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
                                   int64_t w0, uint32_t flip, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls,
@@ -173,13 +175,7 @@ VNNI_TARGET INLINE void pk_i8x(const int mr, const int nvv, const moe8__gmm_bloc
   }
 }
 
-#define PKX_NV(mr, ...)                                \
-  switch (nvv) {                                       \
-    case 8: pk_i8x(mr, 8, __VA_ARGS__); break;         \
-    case 4: pk_i8x(mr, 4, __VA_ARGS__); break;         \
-    case 2: pk_i8x(mr, 2, __VA_ARGS__); break;         \
-    default: pk_i8x(mr, 1, __VA_ARGS__); break;        \
-  }
+#define PKX_NV(mr, ...) BY_NV(pk_i8x, mr, __VA_ARGS__)
 
 VNNI_TARGET static void pk_i8x_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t w0,
                                    uint32_t flip, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls,
