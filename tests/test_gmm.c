@@ -565,9 +565,11 @@ static void test_gmm_few_rows(void **state) {
         float *plain = malloc(ob);
         for (int ord = 0; ord < (di ? 2 : 1); ord++) {
           a.order = ord ? MOE8_ORDER_NATIVE : di ? MOE8_ORDER_CANONICAL : MOE8_ORDER_DEFAULT;
-          assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
-          a.out = want;
-          assert_int_equal(moe8_gmm(&a), MOE8_OK);
+          if (!ord) { /* the native order compares with each table's plain run */
+            assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
+            a.out = want;
+            assert_int_equal(moe8_gmm(&a), MOE8_OK);
+          }
           for (int t = 1; t < nisa; t++)
             for (int packed = 0; packed < 2; packed++) {
               assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
@@ -580,7 +582,7 @@ static void test_gmm_few_rows(void **state) {
               if (ord && !packed) memcpy(plain, got, ob);
               else if (memcmp(ref, got, ob) != 0)
                 TU_FAIL("%s few rows on %s (%s, %s order, K=%lld N=%lld, %s): differs from %s", di ? "e4m3" : "i8",
-                        moe8_isa_name(isas[t]), packed ? "packed" : "plain", ord ? "native" : "canonical", (long long)K,
+                        moe8_isa_name(isas[t]), packed ? "packed" : "plain", ord ? "native" : di ? "canonical" : "default", (long long)K,
                         (long long)N, tiled ? "64-blocks" : "per channel", ord ? "the plain weights" : "the reference");
             }
         }

@@ -136,13 +136,11 @@ VNNI_TARGET static void pk_i8_any(int mr, int nvv, bool sums, const moe8__gmm_bl
 ** A/B; the cause was not found: not the prefetches, which made both
 ** slower). */
 VNNI_TARGET INLINE void pk_i8x(const int mr, const int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                               int64_t w0, uint32_t flip, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls,
-                               const float *rsv, const int32_t *asum) {
-  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kq = (k1 - k0 + 3) / 4;
-  const uint8_t *r = pk_at(b, k0 / 4) + (size_t)v0 * 64;
+                               int64_t w0, uint32_t sflip, int64_t blk, int64_t kq, int64_t v0, int64_t nv, float *C,
+                               const float *ls, const float *rsv, const int32_t *asum) {
+  const uint8_t *r = pk_at(b, blk * b->kb / 4) + (size_t)v0 * 64;
   const size_t step = (size_t)nv * 64;
   const __m512i top = _mm512_set1_epi8((char)0x80);
-  const uint32_t sflip = flip ^ 0x80808080u; /* packed word -> signed bytes a */
   __m512i c[3][8];
 #pragma GCC unroll 8
   for (int v = 0; v < nvv; v++)
@@ -177,12 +175,14 @@ VNNI_TARGET INLINE void pk_i8x(const int mr, const int nvv, const moe8__gmm_bloc
 
 #define PKX_NV(mr, ...) BY_NV(pk_i8x, mr, __VA_ARGS__)
 
+/* sflip: what turns a packed lhs word into the signed bytes of a; kq: the
+** block's quads (both made once per block by i8pk_block_threes). */
 VNNI_TARGET static void pk_i8x_any(int mr, int nvv, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t w0,
-                                   uint32_t flip, int64_t blk, int64_t v0, int64_t nv, float *C, const float *ls,
-                                   const float *rsv, const int32_t *asum) {
-  if (mr == 3) PKX_NV(3, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, asum)
-  else if (mr == 2) PKX_NV(2, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, asum)
-  else PKX_NV(1, b, A, words, w0, flip, blk, v0, nv, C, ls, rsv, asum)
+                                   uint32_t sflip, int64_t blk, int64_t kq, int64_t v0, int64_t nv, float *C,
+                                   const float *ls, const float *rsv, const int32_t *asum) {
+  if (mr == 3) PKX_NV(3, b, A, words, w0, sflip, blk, kq, v0, nv, C, ls, rsv, asum)
+  else if (mr == 2) PKX_NV(2, b, A, words, w0, sflip, blk, kq, v0, nv, C, ls, rsv, asum)
+  else PKX_NV(1, b, A, words, w0, sflip, blk, kq, v0, nv, C, ls, rsv, asum)
 }
 
 /* Σ of the signed bytes of n packed words (bytewise word ^ sflip). */
@@ -200,18 +200,19 @@ VNNI_TARGET static int32_t packed_sum(const uint32_t *w, int64_t n, uint32_t sfl
 VNNI_TARGET static void i8pk_block_threes(const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t bw, uint32_t flip,
                                           int64_t blk, int64_t nv, float *C, const float *rsv) {
   const int64_t mt = b->m1 - b->m0, k0 = blk * b->kb, kq = ((k0 + b->kb < b->K ? k0 + b->kb : b->K) - k0 + 3) / 4;
+  const uint32_t sflip = flip ^ 0x80808080u; /* packed word -> signed bytes a */
   for (int64_t i = 0; i < mt;) {
     const int mr = mt - i < 3 ? (int)(mt - i) : 3; /* 3 + 1 for four rows: 2 + 2 measured 7% slower */
     float ls[3];
     int32_t asum[3];
     for (int r = 0; r < mr; r++) {
       ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
-      asum[r] = packed_sum(A + (i + r) * words + blk * bw, kq, flip ^ 0x80808080u);
+      asum[r] = packed_sum(A + (i + r) * words + blk * bw, kq, sflip);
     }
     for (int64_t v0 = 0; v0 < nv;) {
       const int64_t left = nv - v0;
       const int nvv = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      pk_i8x_any(mr, nvv, b, A + i * words, words, blk * bw, flip, blk, v0, nv, C + i * NT, ls, rsv, asum);
+      pk_i8x_any(mr, nvv, b, A + i * words, words, blk * bw, sflip, blk, kq, v0, nv, C + i * NT, ls, rsv, asum);
       v0 += nvv;
     }
     i += mr;
