@@ -270,10 +270,12 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
 #pragma GCC unroll 8
     for (int c = 0; c < nc; c++) {
       e8m0_8(fs[c], sc + c * nb + g * 8);
-      /* the lines 16 tiles ahead into L2 (Intel) or 4 into L1 (decode
-      ** streams from memory) */
-      mx_prefetch(q + (c + pfc * nc) * rs + g * 128, far);
-      mx_prefetch(q + (c + pfc * nc) * rs + g * 128 + 64, far);
+      /* the lines 16 tiles ahead into L2 (Intel; one before each block
+      ** below) or 4 into L1 (decode streams from memory) */
+      if (!far) {
+        mx_prefetch(q + (c + pfc * nc) * rs + g * 128, far);
+        mx_prefetch(q + (c + pfc * nc) * rs + g * 128 + 64, far);
+      }
     }
     /* The group's codes stay in registers when they fit beside the
     ** accumulators and one block's x; else they are read from L1 at each
@@ -289,6 +291,7 @@ static inline __attribute__((always_inline)) void mx4_tile(const float *x, int64
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
       __asm__ volatile("" ::: "memory");
+      if (far && j < 2 * nc) mx_prefetch(q + (j / 2 + pfc * nc) * rs + g * 128 + 64 * (j % 2), far);
       const float *xb = x + (g * 8 + j) * 32;
       __m512 xa[MX_NR], xh[MX_NR];
 #pragma GCC unroll 4
@@ -390,13 +393,15 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t *qb = q + b * 256;
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; u++) mx_prefetch(qb + pfb + 64 * u, far);
+    for (int u = 0; u < 4; u++)
+      if (!far) mx_prefetch(qb + pfb + 64 * u, far);
     const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + b * 16)));
     const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
                                                                 _mm512_set1_epi32(0x00400000)));
     __m512i lo[4], hi[4];
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
+      if (far) mx_prefetch(qb + pfb + 64 * u, far); /* Intel: each right before its line */
       const __m512i v = _mm512_loadu_si512(qb + 64 * u);
       lo[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
       hi[u] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
