@@ -202,7 +202,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
     __m512i a[4];
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w0 + p]);
-    /* The prefetches: on Intel each right before its strip (pk_lead). */
+    /* The prefetches: on Intel each right before its strip (pk_prefetch). */
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++)
       if (pf && !far) pk_prefetch(r + pfd * step + 64 * s, far);
@@ -327,7 +327,7 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
 #pragma GCC unroll 4
       for (int t = 0; t < ns; t++) {
         __m512i b0, b1;
-        if (far) pk_prefetch(r + pfd * step + 64 * t, far); /* right before its strip (pk_lead) */
+        if (far) pk_prefetch(r + pfd * step + 64 * t, far); /* right before its strip (pk_prefetch) */
         pk_strip(r + 64 * t, tab, &b0, &b1);
         const __m512 be0 = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)), bo0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi));
         const __m512 be1 = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)), bo1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
