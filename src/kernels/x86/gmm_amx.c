@@ -275,6 +275,12 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
   uint8_t *tail = (uint8_t *)(lsv + 2 * GB * MT), *Bs = tail + 16 * 64 * (pmax + 1); /* strips: 16·pmax·NT words */
   float *carry = (float *)(Bs + (size_t)64 * pmax * NT);                           /* 32 rows × 16 */
   uint8_t *Bs2 = (uint8_t *)(carry + 32 * 16);                                      /* the next chunk's strips */
+  /* Every block's column scales, read before the weight stream starts
+  ** (rhs_scales_all), where the scratch has room after the strips; else
+  ** each block's into its slot of rsv. */
+  float *rsall = (float *)(Bs2 + (size_t)64 * pmax * NT);
+  if ((size_t)((uint8_t *)rsall - (uint8_t *)b->scratch) + rhs_scales_bytes(b, ntp) <= MOE8__GMM_SCRATCH) rhs_scales_all(b, ntp, rsall);
+  else rsall = NULL;
   const int64_t rowb = i8 ? i8_row_bytes(b) : moe8__canon_row_words(b) * 4;
   const int64_t blkb = i8 ? i8_block_bytes(b) : moe8__canon_block_words(b) * 4;
   const uint8_t *A = (const uint8_t *)b->lhs_packed + (b->m0 - b->pk_row0) * rowb;
@@ -317,8 +323,8 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     ** promotion may still read the last chunk's last block). */
     if (first)
       for (int64_t blk = blk0; blk < blk1; blk++) {
-        float *rs = rsv + blk % (2 * GB) * NT, *ls = lsv + blk % (2 * GB) * MT;
-        rhs_scales(b, blk, ntp, rs);
+        float *ls = lsv + blk % (2 * GB) * MT;
+        if (!rsall) rhs_scales(b, blk, ntp, rsv + blk % (2 * GB) * NT);
         for (int64_t r = 0; r < mt; r++) ls[r] = moe8__gmm_ls(b, b->m0 + r, blk);
       }
     /* B in strips (to_strips): from the packed i8 weights as they lie
@@ -440,7 +446,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
           if (down && two) T_STORE(3, Tc + 16 * 32 + 16, 128);
           const int64_t sl = blk % (2 * GB);
           pend = (pending){true, blk == 0, blk == b->nbk - 1 && b->ot == MOE8_DTYPE_F32, i, ct, mt - i < 32 ? mt - i : 32,
-                           two ? 32 : 16, lsv + sl * MT, rsv + sl * NT, Tc};
+                           two ? 32 : 16, lsv + sl * MT, rsall ? rsall + blk * ntp : rsv + sl * NT, Tc};
         }
       }
     }

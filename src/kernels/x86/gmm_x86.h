@@ -84,6 +84,8 @@ static inline int64_t block_word(const moe8__gmm_block *b, gmm_path p, int64_t b
 #define fp8_rows_to_bf16 moe8__x86_fp8_rows_to_bf16
 #define pack_row moe8__x86_pack_row
 #define rhs_scales moe8__x86_rhs_scales
+#define rhs_scales_all moe8__x86_rhs_scales_all
+#define rhs_scales_bytes moe8__x86_rhs_scales_bytes
 #define promote moe8__x86_promote
 #define write_out moe8__x86_write_out
 #define pack_b_f32 moe8__x86_pack_b_f32
@@ -114,6 +116,8 @@ const uint16_t *bf16_lut(moe8_dtype t); /* bf16 words of the 128 magnitudes */
 void fp8_rows_to_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
 void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *dst, float *tmp);
 void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv);
+void rhs_scales_all(const moe8__gmm_block *b, int64_t ntp, float *rsall);
+size_t rhs_scales_bytes(const moe8__gmm_block *b, int64_t ntp);
 void promote(const moe8__gmm_block *b, int64_t blk, float *C, const float *S, int64_t mt, int64_t ntp, float *rsv);
 void write_out(const moe8__gmm_block *b, const float *C, int64_t mt);
 void pack_b_f32(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, float *Bp);

@@ -259,14 +259,19 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   ** on an AMD Zen 4: 1.13x at 1 row, 1.08x at 2, same-process A/B;
   ** prefetching only in the later passes cost 10-17% at 3-6 rows. */
   const bool pf = pk_far() || mt > 2;
-  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
+  float *C = b->scratch, *rsall = C + MOE8__GMM_MT * NT;
   const int64_t words = packed_words(b, PATH_BF16);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
   byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  /* Every block's scales before the stream (rhs_scales_all): room for
+  ** 3072 blocks after C. */
+  const bool all = sizeof(float) * (size_t)(MOE8__GMM_MT * NT) + rhs_scales_bytes(b, nst * 32) <= MOE8__GMM_SCRATCH;
+  if (all) rhs_scales_all(b, nst * 32, rsall);
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    rhs_scales(b, blk, nst * 32, rsv);
+    float *rsv = all ? rsall + blk * nst * 32 : rsall;
+    if (!all) rhs_scales(b, blk, nst * 32, rsv);
     /* Rows in pairs over all the tile's strips: each pass reads the tile
     ** front to back (four rows over half the strips read every pair row
     ** in halves: 8% slower at 4 rows per expert, measured), and a row's
@@ -373,9 +378,11 @@ VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, i
   else pk_canon(4, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
 }
 
-/* Scratch: C, rsv, and four rows of a block's pairs split into f32 (ax). */
+/* Scratch: C, four rows of a block's pairs split into f32 (ax), and every
+** block's column scales (rhs_scales_all). */
+static size_t pk_canon_ax_floats(const moe8__gmm_block *b) { return (size_t)moe8__cdiv(8 * moe8__cdiv(b->kb, 2), 16) * 16; }
 bool gmm_pk_canon_fits(const moe8__gmm_block *b) {
-  return sizeof(float) * ((size_t)(MOE8__GMM_MT * NT + NT) + 8 * (size_t)moe8__cdiv(b->kb, 2)) <= MOE8__GMM_SCRATCH;
+  return sizeof(float) * ((size_t)(MOE8__GMM_MT * NT) + pk_canon_ax_floats(b)) + rhs_scales_bytes(b, NT) <= MOE8__GMM_SCRATCH;
 }
 
 /* FP8 x packed FP8 in the canonical order, a task of any rows (four at a
@@ -386,14 +393,15 @@ bool gmm_pk_canon_fits(const moe8__gmm_block *b) {
 ** after the first. */
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
-  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT, *ax = rsv + NT;
+  float *C = b->scratch, *ax = C + MOE8__GMM_MT * NT, *rsall = ax + pk_canon_ax_floats(b);
   const int64_t words = moe8__canon_row_words(b);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
   byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  rhs_scales_all(b, nst * 32, rsall); /* before the stream (rhs_scales_all) */
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    rhs_scales(b, blk, nst * 32, rsv);
+    const float *rsv = rsall + blk * nst * 32;
     for (int64_t i = 0; i < mt; i += 4) {
       const int mr = mt - i < 4 ? (int)(mt - i) : 4, nsmax = mr == 1 ? 4 : mr == 2 ? 2 : 1;
       float ls[4];
@@ -523,7 +531,7 @@ VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
   const int64_t words = packed_words(b, PATH_BF16);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32, 0);
-  for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
+  rhs_scales_all(b, ntp, rsv);
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;
   for (int64_t i = 0; i < mt; i += RF) {
     const int mr = mt - i < RF ? (int)(mt - i) : RF;

@@ -400,7 +400,7 @@ VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
   float *carry = (float *)(cs + b->nbk * ntp); /* RI rows × 16 (out_how) */
   const int64_t words = packed_words(b, PATH_I8);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
-  for (int64_t blk = 0; blk < b->nbk; blk++) rhs_scales(b, blk, ntp, rsv + blk * ntp);
+  rhs_scales_all(b, ntp, rsv);
   const bool direct = b->ot == MOE8_DTYPE_F32;
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;
   /* The next tile's lines spread over the task's passes: one every 8
