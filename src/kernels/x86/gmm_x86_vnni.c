@@ -226,12 +226,18 @@ VNNI_TARGET static void i8pk_block_threes(const moe8__gmm_block *b, const uint32
 ** pad of the VNNI packing), so both give the same bytes. */
 VNNI_TARGET void gmm_block_i8pk_small_rows(const moe8__gmm_block *b, int64_t words, int64_t bw, uint32_t flip) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nv = moe8__cdiv(nt, 16);
-  float *C = b->scratch, *rsv = C + MOE8__GMM_MT * NT;
-  int32_t *cst = (int32_t *)(rsv + NT);
+  float *C = b->scratch;
+  int32_t *cst = (int32_t *)(C + MOE8__GMM_MT * NT);
+  float *rsall = (float *)(cst + NT);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
+  /* Every block's scales before the stream (rhs_scales_all), where they
+  ** fit after C; else a block's at a time. */
+  const bool all = sizeof(float) * (size_t)(MOE8__GMM_MT * NT + NT) + rhs_scales_bytes(b, nv * 16) <= MOE8__GMM_SCRATCH;
+  if (all) rhs_scales_all(b, nv * 16, rsall);
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    rhs_scales(b, blk, nv * 16, rsv);
+    float *rsv = all ? rsall + blk * nv * 16 : rsall;
+    if (!all) rhs_scales(b, blk, nv * 16, rsv);
     if (mt > 2) {
       i8pk_block_threes(b, A, words, bw, flip, blk, nv, C, rsv);
       continue;
