@@ -100,8 +100,6 @@ void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *dst, fl
 /* ---- promotion and output -------------------------------------------- */
 /* rsv[0:ntp] = the rhs scales of block blk for the task's columns, zero past
 ** nt (one copy of a contiguous row; no per-element dispatch). */
-/* Block blk's column scales of the task into rsv[0 .. ntp), zero past
-** the task's columns. */
 static void scales_row(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv) {
   const int64_t nt = b->n1 - b->n0;
   switch (b->rk) {
