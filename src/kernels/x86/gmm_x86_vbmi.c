@@ -298,11 +298,15 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
 ** FMAs as ukr_canon's (FP8 products are exact), then the block sum adds
 ** even + odd; no panel is written, so the weights are read once.  The
 ** chains, their order and the promotion are ukr_canon's and promote's, so
-** the bytes are moe8__gmm_canon_avx512's. */
+** the bytes are moe8__gmm_canon_avx512's.  One call sums the block's pairs
+** [q0, q1) (whole pieces); a block that several calls share keeps its sums
+** in Sm between them (rows NT apart, the strip's columns) and the last one
+** promotes: s + (e + o) per piece in the same order either way. */
 VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_block *b, int64_t blk, int64_t s0, int64_t nst,
-                                 const __m512i *tab, float *C, const float *ls, const float *rsv, const float *ax) {
+                                 const __m512i *tab, float *C, const float *ls, const float *rsv, const float *ax, int64_t q0,
+                                 int64_t q1, float *Sm) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
-  const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
+  const uint8_t *r = pk_at(b, k0 / 2 + q0) + (size_t)s0 * 64;
   const size_t step = (size_t)nst * 64;
   const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
   const bool far = pk_far();
@@ -311,14 +315,18 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
 #pragma GCC unroll 4
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-    for (int t = 0; t < ns; t++) s[i][t][0] = s[i][t][1] = _mm512_setzero_ps();
-  for (int64_t p0 = 0; p0 < kp; p0 += 16) {
+    for (int t = 0; t < ns; t++) {
+      const float *sm = Sm + i * NT + 32 * (s0 + t);
+      s[i][t][0] = q0 > 0 ? _mm512_loadu_ps(sm) : _mm512_setzero_ps();
+      s[i][t][1] = q0 > 0 ? _mm512_loadu_ps(sm + 16) : _mm512_setzero_ps();
+    }
+  for (int64_t p0 = q0; p0 < q1; p0 += 16) {
     __m512 e[4][4][2], o[4][4][2];
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
       for (int t = 0; t < ns; t++) e[i][t][0] = e[i][t][1] = o[i][t][0] = o[i][t][1] = _mm512_setzero_ps();
-    const int64_t pe = p0 + 16 < kp ? p0 + 16 : kp;
+    const int64_t pe = p0 + 16 < q1 ? p0 + 16 : q1;
     for (int64_t p = p0; p < pe; p++, r += step) {
       __m512 ae[4], ao[4];
 #pragma GCC unroll 4
@@ -351,6 +359,16 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
         s[i][t][1] = _mm512_add_ps(s[i][t][1], _mm512_add_ps(e[i][t][1], o[i][t][1]));
       }
   }
+  if (q1 < kp) { /* the block goes on in the next call */
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+      for (int t = 0; t < ns; t++) {
+        _mm512_storeu_ps(Sm + i * NT + 32 * (s0 + t), s[i][t][0]);
+        _mm512_storeu_ps(Sm + i * NT + 32 * (s0 + t) + 16, s[i][t][1]);
+      }
+    return;
+  }
 #pragma GCC unroll 4
   for (int t = 0; t < ns; t++) {
     const int64_t j = 32 * (s0 + t);
@@ -366,23 +384,24 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
 }
 
 VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, int64_t blk, int64_t s0, int64_t nst,
-                                     const __m512i *tab, float *C, const float *ls, const float *rsv, const float *ax) {
+                                     const __m512i *tab, float *C, const float *ls, const float *rsv, const float *ax, int64_t q0,
+                                     int64_t q1, float *Sm) {
   /* ns: 4 strips for one row, 2 for two, 1 for three or four (the chains
   ** stay in registers). */
-  if (mr == 1 && ns == 4) pk_canon(1, 4, b, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 1 && ns == 2) pk_canon(1, 2, b, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 1) pk_canon(1, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 2 && ns == 2) pk_canon(2, 2, b, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 2) pk_canon(2, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
-  else if (mr == 3) pk_canon(3, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
-  else pk_canon(4, 1, b, blk, s0, nst, tab, C, ls, rsv, ax);
+  if (mr == 1 && ns == 4) pk_canon(1, 4, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
+  else if (mr == 1 && ns == 2) pk_canon(1, 2, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
+  else if (mr == 1) pk_canon(1, 1, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
+  else if (mr == 2 && ns == 2) pk_canon(2, 2, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
+  else if (mr == 2) pk_canon(2, 1, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
+  else if (mr == 3) pk_canon(3, 1, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
+  else pk_canon(4, 1, b, blk, s0, nst, tab, C, ls, rsv, ax, q0, q1, Sm);
 }
 
-/* Scratch: C, four rows of a block's pairs split into f32 (ax), and every
-** block's column scales (rhs_scales_all). */
+/* Scratch: C, four rows of a block's pairs split into f32 (ax), every
+** block's column scales (rhs_scales_all), and four rows of block sums (Sm). */
 static size_t pk_canon_ax_floats(const moe8__gmm_block *b) { return (size_t)moe8__cdiv(8 * moe8__cdiv(b->kb, 2), 16) * 16; }
 bool gmm_pk_canon_fits(const moe8__gmm_block *b) {
-  return sizeof(float) * ((size_t)(MOE8__GMM_MT * NT) + pk_canon_ax_floats(b)) + rhs_scales_bytes(b, NT) <= MOE8__GMM_SCRATCH;
+  return sizeof(float) * ((size_t)(MOE8__GMM_MT * NT + 4 * NT) + pk_canon_ax_floats(b)) + rhs_scales_bytes(b, NT) <= MOE8__GMM_SCRATCH;
 }
 
 /* FP8 x packed FP8 in the canonical order, a task of any rows (four at a
@@ -394,6 +413,7 @@ bool gmm_pk_canon_fits(const moe8__gmm_block *b) {
 VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   float *C = b->scratch, *ax = C + MOE8__GMM_MT * NT, *rsall = ax + pk_canon_ax_floats(b);
+  float *Sm = rsall + rhs_scales_bytes(b, nst * 32) / sizeof(float);
   const int64_t words = moe8__canon_row_words(b);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
@@ -414,10 +434,20 @@ VBMI_TARGET void gmm_block_pk_canon(const moe8__gmm_block *b) {
           memcpy(ax + 2 * (r * kp + p), &e, 4);
           memcpy(ax + 2 * (r * kp + p) + 1, &o, 4);
         }
-      for (int64_t s0 = 0; s0 < nst;) {
-        const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 && nsmax >= 2 ? 2 : 1;
-        pk_canon_any(mr, ns, b, blk, s0, nst, tab, C + i * NT, ls, rsv, ax);
-        s0 += ns;
+      /* One pass over the strips: the whole block in one call.  Several
+      ** passes: all of them over a piece of 16 pairs before the next
+      ** piece, so they read the same 16 pair rows close together; the
+      ** block's sums wait in Sm (3 rows an expert 0.92-0.96x the time, 2
+      ** rows the same, same-process A/B on an AMX Xeon,
+      ** docs/performance.md). */
+      const bool one = nsmax >= nst;
+      for (int64_t q0 = 0; q0 < kp; q0 += one ? kp : 16) {
+        const int64_t q1 = one || q0 + 16 > kp ? kp : q0 + 16;
+        for (int64_t s0 = 0; s0 < nst;) {
+          const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 && nsmax >= 2 ? 2 : 1;
+          pk_canon_any(mr, ns, b, blk, s0, nst, tab, C + i * NT, ls, rsv, ax, q0, q1, Sm);
+          s0 += ns;
+        }
       }
     }
   }
