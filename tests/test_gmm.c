@@ -592,6 +592,55 @@ static void test_gmm_few_rows(void **state) {
   moe8_isa_set(tu_isa_best());
 }
 
+/* Thousands of scale blocks: a task's rows of column scales (4096 blocks ×
+** 128 columns, 2 MiB) do not fit the scratch, so every kernel that reads
+** them all before its weight stream (rhs_scales_all) reads them a block at
+** a time instead; the bytes are the reference's all the same.  Rows per
+** expert 1, 3 and 20 (the few-row kernels and, with AMX, the tiles);
+** i8 and FP8 (canonical order), plain and packed weights. */
+static void test_gmm_many_blocks(void **state) {
+  (void)state;
+  const int64_t K = 16384, N = 130, tile = 4, nb = K / tile;
+  const int32_t gs[3] = {1, 3, 20};
+  const int64_t M = 24;
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  for (int di = 0; di < 2; di++) {
+    const moe8_dtype dt = di ? MOE8_DTYPE_F8E4M3 : MOE8_DTYPE_I8;
+    tu_rng_reset((uint64_t)(1700 + di));
+    int8_t *x = malloc((size_t)(M * K)), *w = malloc((size_t)(3 * K * N));
+    float *xs = malloc(sizeof(float) * (size_t)(M * nb)), *ws = malloc(sizeof(float) * (size_t)(3 * nb * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = few_code(dt, i);
+    for (int64_t i = 0; i < 3 * K * N; i++) w[i] = few_code(dt, i >> 1);
+    for (int64_t i = 0; i < M * nb; i++) xs[i] = 0.5f + (float)(i % 7) * 0.125f;
+    for (int64_t i = 0; i < 3 * nb * N; i++) ws[i] = 0.001f * (float)(1 + i % 7); /* a block's row differs from the last's */
+    moe8_gmm_args a = {.M = M, .K = K, .N = N, .num_groups = 3, .group_sizes = gs, .num_local = 3,
+                       .lhs = {dt, x, xs, MOE8_GRAN_ROW_TILE, tile}, .rhs = {dt, w, ws, MOE8_GRAN_CHANNEL_TILE, tile},
+                       .out_dtype = MOE8_DTYPE_F32, .order = di ? MOE8_ORDER_CANONICAL : MOE8_ORDER_DEFAULT};
+    const size_t ob = sizeof(float) * (size_t)(M * N);
+    float *want = malloc(ob), *got = malloc(ob);
+    void *pk = malloc(moe8_gmm_packed_size(dt, 3, K, N));
+    assert_int_equal(moe8_gmm_pack_rhs(dt, w, 3, K, N, pk), MOE8_OK);
+    assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
+    a.out = want;
+    assert_int_equal(moe8_gmm(&a), MOE8_OK);
+    for (int t = 1; t < nisa; t++)
+      for (int packed = 0; packed < 2; packed++) {
+        assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
+        moe8_gmm_args b = a;
+        if (packed) { b.rhs.data = NULL; b.rhs_packed = pk; }
+        memset(got, 0xFF, ob);
+        b.out = got;
+        assert_int_equal(moe8_gmm(&b), MOE8_OK);
+        if (memcmp(want, got, ob) != 0)
+          TU_FAIL("%s with %lld blocks of %lld on %s (%s): differs from the reference", di ? "e4m3" : "i8", (long long)nb,
+                  (long long)tile, moe8_isa_name(isas[t]), packed ? "packed" : "plain");
+      }
+    free(x); free(w); free(xs); free(ws); free(want); free(got); free(pk);
+  }
+  moe8_isa_set(tu_isa_best());
+}
+
 static void test_gmm_bad_input(void **state) {
   (void)state;
   float lhs[8] = {0}, rhs[8] = {0}, out[8];
@@ -710,6 +759,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_gmm_bad_input),
     cmocka_unit_test(test_gmm_few_rows),
+    cmocka_unit_test(test_gmm_many_blocks),
     cmocka_unit_test(test_tgmm),
     cmocka_unit_test(test_gmm_determinism),
     cmocka_unit_test(test_gmm_sweep),

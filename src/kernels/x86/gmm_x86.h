@@ -116,8 +116,15 @@ const uint16_t *bf16_lut(moe8_dtype t); /* bf16 words of the 128 magnitudes */
 void fp8_rows_to_bf16(uint16_t *dst, const uint8_t *src, size_t n, moe8_dtype type);
 void pack_row(const moe8__gmm_block *b, gmm_path p, int64_t m, uint32_t *dst, float *tmp);
 void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv);
-void rhs_scales_all(const moe8__gmm_block *b, int64_t ntp, float *rsall);
+const float *rhs_scales_all(const moe8__gmm_block *b, int64_t ntp, float *dst);
 size_t rhs_scales_bytes(const moe8__gmm_block *b, int64_t ntp);
+/* Block blk's column scales for ntp columns: its row of all (what
+** rhs_scales_all returned), or, where that is NULL, read into rsv now. */
+static inline const float *rhs_scales_at(const moe8__gmm_block *b, const float *all, int64_t blk, int64_t ntp, float *rsv) {
+  if (all) return all + blk * ntp;
+  rhs_scales(b, blk, ntp, rsv);
+  return rsv;
+}
 void promote(const moe8__gmm_block *b, int64_t blk, float *C, const float *S, int64_t mt, int64_t ntp, float *rsv);
 void write_out(const moe8__gmm_block *b, const float *C, int64_t mt);
 void pack_b_f32(const moe8__gmm_block *b, int64_t c0, int64_t kc, int64_t ntp, float *Bp);

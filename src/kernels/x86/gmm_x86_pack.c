@@ -130,15 +130,22 @@ void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv) 
   scales_row(b, blk, ntp, rsv);
 }
 
-/* Every block's column scales of the task at once, block blk at rsall +
-** blk·ntp (rhs_scales_bytes): what the few-row kernels read before their
-** weight stream starts.  A block's row of scales is a stretch of memory N
+/* Every block's column scales of the task at once, block blk at dst +
+** blk·ntp (rhs_scales_bytes bytes), dst in the task's scratch: what the
+** kernels read before their weight stream starts.  Returns dst, or NULL
+** where the rows would run past the scratch's end (thousands of blocks:
+** tiny scale tiles on a long K); the kernel then reads each block's row as
+** it comes to it (rhs_scales_at), the same values.  The many-row kernels
+** count the rows in their scratch plans (gmm_*_fits), so they always get
+** dst.  A block's row of scales is a stretch of memory N
 ** floats from the last one's; read at each block's start, while the
 ** packed weights stream, those few scattered lines held the stream up: a
 ** one-row FP8 task ran 25-30% slower on an AMX Xeon (same-process A/B,
 ** docs/performance.md).  Read in one go, their loads overlap each other. */
-void rhs_scales_all(const moe8__gmm_block *b, int64_t ntp, float *rsall) {
-  for (int64_t blk = 0; blk < b->nbk; blk++) scales_row(b, blk, ntp, rsall + blk * ntp);
+const float *rhs_scales_all(const moe8__gmm_block *b, int64_t ntp, float *dst) {
+  if ((size_t)((const char *)dst - (const char *)b->scratch) + rhs_scales_bytes(b, ntp) > MOE8__GMM_SCRATCH) return NULL;
+  for (int64_t blk = 0; blk < b->nbk; blk++) scales_row(b, blk, ntp, dst + blk * ntp);
+  return dst;
 }
 size_t rhs_scales_bytes(const moe8__gmm_block *b, int64_t ntp) { return sizeof(float) * (size_t)(b->nbk * ntp); }
 

@@ -265,13 +265,10 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   __m512i tab[4];
   byte_tables(b->rt, tab);
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
-  /* Every block's scales before the stream (rhs_scales_all): room for
-  ** 3072 blocks after C. */
-  const bool all = sizeof(float) * (size_t)(MOE8__GMM_MT * NT) + rhs_scales_bytes(b, nst * 32) <= MOE8__GMM_SCRATCH;
-  if (all) rhs_scales_all(b, nst * 32, rsall);
+  /* Every block's scales before the stream (rhs_scales_all), after C. */
+  const float *all = rhs_scales_all(b, nst * 32, rsall);
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    float *rsv = all ? rsall + blk * nst * 32 : rsall;
-    if (!all) rhs_scales(b, blk, nst * 32, rsv);
+    const float *rsv = rhs_scales_at(b, all, blk, nst * 32, rsall);
     /* Rows in pairs over all the tile's strips: each pass reads the tile
     ** front to back (four rows over half the strips read every pair row
     ** in halves: 8% slower at 4 rows per expert, measured), and a row's

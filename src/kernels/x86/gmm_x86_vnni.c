@@ -231,13 +231,10 @@ VNNI_TARGET void gmm_block_i8pk_small_rows(const moe8__gmm_block *b, int64_t wor
   float *rsall = (float *)(cst + NT);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
-  /* Every block's scales before the stream (rhs_scales_all), where they
-  ** fit after C; else a block's at a time. */
-  const bool all = sizeof(float) * (size_t)(MOE8__GMM_MT * NT + NT) + rhs_scales_bytes(b, nv * 16) <= MOE8__GMM_SCRATCH;
-  if (all) rhs_scales_all(b, nv * 16, rsall);
+  /* Every block's scales before the stream (rhs_scales_all), after C. */
+  const float *all = rhs_scales_all(b, nv * 16, rsall);
   for (int64_t blk = 0; blk < b->nbk; blk++) {
-    float *rsv = all ? rsall + blk * nv * 16 : rsall;
-    if (!all) rhs_scales(b, blk, nv * 16, rsv);
+    const float *rsv = rhs_scales_at(b, all, blk, nv * 16, rsall);
     if (mt > 2) {
       i8pk_block_threes(b, A, words, bw, flip, blk, nv, C, rsv);
       continue;
