@@ -528,6 +528,17 @@ static int8_t few_code(moe8_dtype dt, int64_t i) {
   return (int8_t)((c & 0x7F) == 0x7F ? c ^ 1 : c); /* no NaN */
 }
 
+/* a on kernel table isa into got (ob bytes, filled with NaN first), from
+** the plain weights or from their packed copy pk. */
+static void run_on_table(const moe8_gmm_args *a, moe8_isa isa, bool packed, const void *pk, float *got, size_t ob) {
+  assert_int_equal(moe8_isa_set(isa), MOE8_OK);
+  moe8_gmm_args b = *a;
+  if (packed) { b.rhs.data = NULL; b.rhs_packed = pk; }
+  memset(got, 0xFF, ob);
+  b.out = got;
+  assert_int_equal(moe8_gmm(&b), MOE8_OK);
+}
+
 static void test_gmm_few_rows(void **state) {
   (void)state;
   static const int64_t Ks[] = {4, 260, 2048}, Ns[] = {16, 130, 257};
@@ -565,19 +576,10 @@ static void test_gmm_few_rows(void **state) {
         float *plain = malloc(ob);
         for (int ord = 0; ord < (di ? 2 : 1); ord++) {
           a.order = ord ? MOE8_ORDER_NATIVE : di ? MOE8_ORDER_CANONICAL : MOE8_ORDER_DEFAULT;
-          if (!ord) { /* the native order compares with each table's plain run */
-            assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
-            a.out = want;
-            assert_int_equal(moe8_gmm(&a), MOE8_OK);
-          }
+          if (!ord) run_on_table(&a, MOE8_ISA_REF, false, NULL, want, ob); /* native: each table's plain run instead */
           for (int t = 1; t < nisa; t++)
             for (int packed = 0; packed < 2; packed++) {
-              assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
-              moe8_gmm_args b = a;
-              if (packed) { b.rhs.data = NULL; b.rhs_packed = pk; }
-              memset(got, 0xFF, ob);
-              b.out = got;
-              assert_int_equal(moe8_gmm(&b), MOE8_OK);
+              run_on_table(&a, isas[t], packed, pk, got, ob);
               const float *ref = ord ? plain : want;
               if (ord && !packed) memcpy(plain, got, ob);
               else if (memcmp(ref, got, ob) != 0)
@@ -621,17 +623,10 @@ static void test_gmm_many_blocks(void **state) {
     float *want = malloc(ob), *got = malloc(ob);
     void *pk = malloc(moe8_gmm_packed_size(dt, 3, K, N));
     assert_int_equal(moe8_gmm_pack_rhs(dt, w, 3, K, N, pk), MOE8_OK);
-    assert_int_equal(moe8_isa_set(MOE8_ISA_REF), MOE8_OK);
-    a.out = want;
-    assert_int_equal(moe8_gmm(&a), MOE8_OK);
+    run_on_table(&a, MOE8_ISA_REF, false, NULL, want, ob);
     for (int t = 1; t < nisa; t++)
       for (int packed = 0; packed < 2; packed++) {
-        assert_int_equal(moe8_isa_set(isas[t]), MOE8_OK);
-        moe8_gmm_args b = a;
-        if (packed) { b.rhs.data = NULL; b.rhs_packed = pk; }
-        memset(got, 0xFF, ob);
-        b.out = got;
-        assert_int_equal(moe8_gmm(&b), MOE8_OK);
+        run_on_table(&a, isas[t], packed, pk, got, ob);
         if (memcmp(want, got, ob) != 0)
           TU_FAIL("%s with %lld blocks of %lld on %s (%s): differs from the reference", di ? "e4m3" : "i8", (long long)nb,
                   (long long)tile, moe8_isa_name(isas[t]), packed ? "packed" : "plain");
