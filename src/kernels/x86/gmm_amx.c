@@ -242,6 +242,10 @@ PIECES(AMX_NAME(pieces_ssd), T_SSD)
 ** step later, while the tile unit works on the next block's tiles. */
 enum { GB = 8 };
 
+/* Step step's block sums in S: rows 32·(step / nci), columns 32·(step mod
+** nci) (the steps walk the column pairs inside the row pairs). */
+static inline float *step_sums(float *S, int64_t step, int64_t nci) { return S + 32 * (step / nci) * NT + 32 * (step % nci); }
+
 /* A chunk of K: [c0, c1), blocks blk0 .. blk1 - 1 (gb at a time when they
 ** are short, else a stretch of at most kcm of one block). */
 typedef struct chunk { int64_t c0, c1, blk0, blk1, kc, npc; bool first, last; } chunk;
@@ -385,9 +389,9 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
       ** waits on that load at every step: the next step's S rows are asked
       ** into L1 during this one (3-6% on the int8 prefill matmuls). */
       if (!first && step + 1 < nsteps) {
-        const int64_t ni = 32 * ((step + 1) / nci);
-        const char *sn = (const char *)(S + ni * NT + 32 * ((step + 1) % nci));
-        for (int64_t r = 0; r < 32 && ni + r < mt; r++) _mm_prefetch(sn + r * NT * 4, _MM_HINT_T0), _mm_prefetch(sn + r * NT * 4 + 64, _MM_HINT_T0);
+        const char *sn = (const char *)step_sums(S, step + 1, nci);
+        for (int64_t r = 0; r < 32 && 32 * ((step + 1) / nci) + r < mt; r++)
+          _mm_prefetch(sn + r * NT * 4, _MM_HINT_T0), _mm_prefetch(sn + r * NT * 4 + 64, _MM_HINT_T0);
       }
       /* Piece q's two B tiles: bq and bq + 64, rows bstr apart. */
       const uint8_t *bsrc = bdir ? bdir + 64 * ct : Bc + ct / 2 * 16 * npc * 128;
@@ -396,7 +400,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
         const bool down = i + 16 < mt;
         const uint8_t *a0 = i + 16 <= mt ? A + i * rowb + ac : tail, *a1 = i + 32 <= mt ? A + (i + 16) * rowb + ac : tail;
         const int64_t s0 = i + 16 <= mt ? rowb : ts, s1 = i + 32 <= mt ? rowb : ts;
-        float *Sij = S + i * NT + 16 * ct;
+        float *Sij = step_sums(S, step, nci);
         for (int64_t blk = blk0; blk < blk1; blk++) {
           const int64_t qa = gb > 1 ? (blk - blk0) * (kb / piece) : 0;
           const int64_t qb = gb > 1 ? (blk + 1 < blk1 ? qa + kb / piece : npc) : npc;
