@@ -31,10 +31,23 @@ static int put(const char *name, const uint8_t *p, size_t n) {
   return (fclose(f) == 0) & ok;
 }
 
+/* The directory and its two files go when the fuzzer exits (a run of N
+** inputs, or the end of the corpus): nothing is left in $TMPDIR. */
+static void remove_dir(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/config.json", g_dir);
+  (void)unlink(path);
+  snprintf(path, sizeof path, "%s/model.safetensors", g_dir);
+  (void)unlink(path);
+  (void)rmdir(g_dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!g_dir[0]) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/moe8-fuzz-model-XXXXXX");
+    const char *t = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/moe8-fuzz-model-XXXXXX", t && t[0] ? t : "/tmp");
     if (!mkdtemp(g_dir)) abort();
+    atexit(remove_dir);
   }
   if (size < 2) return 0;
   size_t n = (size_t)data[0] | (size_t)data[1] << 8;
