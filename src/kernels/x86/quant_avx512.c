@@ -160,18 +160,30 @@ static size_t cvt_f32_i8(int8_t *dst, const float *src, size_t n) {
   return nan;
 }
 
-/* The quantizer's input stream: each line asked into L1 this far ahead
-** (in floats, 4 KiB).  absmax reads a block first, from memory, and the
-** block's division and conversion come after it, so without it the
-** stream waited on each block's lines in turn: the per-token 1x128 FP8
-** quantizer of 64 MiB took 16.5-17.2 ms on one core of an AMX Xeon and
-** 8.1-8.6 on two, with it 9.9-10.3 and 3.8-4.3 (docs/performance.md).
-** The division and the conversion after it are not the limit: taking
-** x · (1/s) where that provably rounds as x / s did not help.  A prefetch
-** never faults, so reading ahead past the end is harmless (the address
-** is formed as an integer: no pointer past the array). */
-enum { QPF = 1024 };
-static inline void ahead(const float *p) { _mm_prefetch((const char *)((uintptr_t)p + sizeof(float) * QPF), _MM_HINT_T0); }
+/* The quantizers' input streams: each line asked into L2 32 KiB ahead and
+** into L1 2 KiB ahead (QPF1, QPF0 floats), from absmax, absmax_acc and
+** quant_div.  Each block is read by absmax (or absmax_acc) and then by
+** quant_div, with the division and the conversion between, so without
+** them the stream waited on each block's lines in turn; the hardware
+** prefetchers alone, or an L1 prefetch alone (its misses are limited by
+** the line fill buffers), keep fewer lines in flight.  Measured on one
+** core of an AMX Xeon (docs/performance.md), before -> after:
+**   per-token 1x128 FP8, [4096, 4096] f32   16.5-17.2 ->  8.8-9.3 ms
+**   per-token int8, the same                12.3-12.5 ->  7.9-9.0 ms
+**   1x128-block FP8 weights [8, 2048, 2816]    62-65 ->   33-36 ms
+**   per-channel int8 weights, the same          48-54 ->   33-35 ms
+** The division and the conversion are not the limit: taking x · (1/s)
+** where that provably rounds as x / s did not help.  A prefetch never
+** faults, so reading ahead past the end is harmless (the address is
+** formed as an integer: no pointer past the array).  Written in asm: GCC
+** 12's dead-code pass dropped `_mm_prefetch` from quant_div's loop. */
+enum { QPF0 = 512, QPF1 = 8192 };
+static inline void ahead(const float *p) {
+  const uintptr_t a = (uintptr_t)p;
+  __asm__ volatile("prefetcht0 %0\n\tprefetcht1 %1"
+                   :
+                   : "m"(*(const char *)(a + sizeof(float) * QPF0)), "m"(*(const char *)(a + sizeof(float) * QPF1)));
+}
 
 /* |x| as integers: finite iff the bits are <= 0x7F7FFFFF, and for
 ** non-negative floats integer order is float order, so max stays exact.
@@ -225,6 +237,7 @@ static inline __attribute__((always_inline)) void quant_div_t(int8_t *o, const f
   const __m512 s0 = _mm512_set1_ps(s[0]);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    ahead(x + i);
     const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
     /* Masked-off lanes divide 0 by 1, never by an unloaded 0. */
     const __m512 sv = s_step ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, s + i) : s0;
