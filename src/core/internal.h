@@ -112,6 +112,10 @@ typedef struct moe8__ktable {
   /* q[i] = quantize(x[i] / s[i * s_step]), s_step 0 or 1, saturating. */
   void (*quant_div)(void *q, const float *x, const float *s, size_t s_step,
                     size_t n, moe8_dtype qtype);
+  /* y[i] = value(q[i]) · s[i * s_step], s_step 0 or 1: the code's f32
+  ** value (FP8 exactly, NaN codes a quiet NaN with the sign, i8 as an
+  ** integer) times its scale, one f32 multiply. */
+  void (*dequant)(float *y, const void *q, const float *s, size_t s_step, size_t n, moe8_dtype qtype);
   /* h[i] = silu(g[i]) · u[i], silu(g) = g / (1 + moe8__expf(-g)). */
   void (*swiglu)(float *h, const float *g, const float *u, size_t n);
   /* GPT-OSS's clamped SwiGLU: gc = g > limit ? limit : g, uc = u clamped

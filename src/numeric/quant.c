@@ -53,6 +53,15 @@ void moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_step,
   }
 }
 
+void moe8__ref_dequant(float *y, const void *q, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
+  const uint8_t *v = q;
+  for (size_t i = 0; i < n; i++) {
+    const float c = qtype == MOE8_DTYPE_F8E4M3 ? moe8_f8e4m3_to_f32(v[i])
+                  : qtype == MOE8_DTYPE_F8E5M2 ? moe8_f8e5m2_to_f32(v[i]) : (float)(int8_t)v[i];
+    y[i] = c * s[i * s_step];
+  }
+}
+
 /* ---- scales ---------------------------------------------------------- */
 float moe8_scale_from_absmax(float absmax, moe8_dtype qtype, float clip, bool pow2) {
   const moe8_dtype_traits *t = moe8_dtype_info(qtype);
@@ -268,41 +277,41 @@ moe8_status moe8_quantize(const moe8_quant_spec *spec, const float *x, int64_t E
   return moe8__fail(MOE8_ERR_INTERNAL, "quantize: unreachable granularity");
 }
 
-static inline float qval(const void *q, size_t i, moe8_dtype t) {
-  const uint8_t v = ((const uint8_t *)q)[i];
-  switch (t) {
-    case MOE8_DTYPE_F8E4M3: return moe8_f8e4m3_to_f32(v);
-    case MOE8_DTYPE_F8E5M2: return moe8_f8e5m2_to_f32(v);
-    default: return (float)(int8_t)v;
-  }
-}
-
 moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q, const float *scale,
                             int64_t E, int64_t R, int64_t C, float *y) {
   moe8_status st = check_spec(spec, E, R, C);
   if (st != MOE8_OK) return st;
   const size_t n = (size_t)(E * R * C);
   if (n && (!q || !scale || !y)) return moe8__fail(MOE8_ERR_INVALID_ARG, "dequantize: NULL buffer");
+  const moe8__ktable *k = moe8__kernels();
   const moe8_dtype t = spec->qtype;
+  const moe8_granularity g = spec->gran;
+  /* Row by row, each a run of stretches that share a scale (s_step 0) or
+  ** a row of column scales (s_step 1). */
+  const int64_t tile = spec->tile > 0 ? spec->tile : 1, bn = spec->block_n > 0 ? spec->block_n : 1;
+  const int64_t nbc = moe8__cdiv(C, tile);
   #pragma omp parallel for collapse(2) num_threads(moe8__nt(2.0 * (double)E * (double)R * (double)C)) schedule(static)
   for (int64_t e = 0; e < E; e++)
-    for (int64_t r = 0; r < R; r++)
-      for (int64_t c = 0; c < C; c++) {
-        const size_t i = (size_t)((e * R + r) * C + c);
-        size_t si = 0;
-        switch (spec->gran) {
-          case MOE8_GRAN_TENSOR: si = 0; break;
-          case MOE8_GRAN_ROW: si = (size_t)r; break;
-          case MOE8_GRAN_ROW_TILE: si = (size_t)(r * moe8__cdiv(C, spec->tile) + c / spec->tile); break;
-          case MOE8_GRAN_CHANNEL: si = (size_t)(e * C + c); break;
-          case MOE8_GRAN_CHANNEL_TILE: si = (size_t)((e * moe8__cdiv(R, spec->tile) + r / spec->tile) * C + c); break;
-          case MOE8_GRAN_BLOCK2D:
-            si = (size_t)((e * moe8__cdiv(R, spec->block_n) + r / spec->block_n) * moe8__cdiv(C, spec->tile) +
-                          c / spec->tile);
-            break;
+    for (int64_t r = 0; r < R; r++) {
+      const size_t o = (size_t)((e * R + r) * C);
+      const uint8_t *qr = (const uint8_t *)q + o;
+      float *yr = y + o;
+      switch (g) {
+        case MOE8_GRAN_TENSOR: k->dequant(yr, qr, scale, 0, (size_t)C, t); break;
+        case MOE8_GRAN_ROW: k->dequant(yr, qr, scale + r, 0, (size_t)C, t); break;
+        case MOE8_GRAN_CHANNEL: k->dequant(yr, qr, scale + e * C, 1, (size_t)C, t); break;
+        case MOE8_GRAN_CHANNEL_TILE: k->dequant(yr, qr, scale + (e * moe8__cdiv(R, tile) + r / tile) * C, 1, (size_t)C, t); break;
+        case MOE8_GRAN_ROW_TILE:
+        case MOE8_GRAN_BLOCK2D: {
+          const float *sr = g == MOE8_GRAN_ROW_TILE ? scale + r * nbc : scale + (e * moe8__cdiv(R, bn) + r / bn) * nbc;
+          for (int64_t j = 0; j < nbc; j++) {
+            const int64_t c0 = j * tile, len = C - c0 < tile ? C - c0 : tile;
+            k->dequant(yr + c0, qr + c0, sr + j, 0, (size_t)len, t);
+          }
+          break;
         }
-        y[i] = qval(q, i, t) * scale[si];
       }
+    }
   return MOE8_OK;
 }
 

@@ -19,6 +19,7 @@ float  moe8__ref_absmax(const float *x, size_t n, size_t *nonfinite);
 size_t moe8__ref_absmax_acc(float *amax, const float *x, size_t n);
 void   moe8__ref_quant_div(void *q, const float *x, const float *s, size_t s_step, size_t n,
                            moe8_dtype qtype);
+void   moe8__ref_dequant(float *y, const void *q, const float *s, size_t s_step, size_t n, moe8_dtype qtype);
 void   moe8__ref_swiglu(float *h, const float *g, const float *u, size_t n);
 void   moe8__ref_swiglu_clamp(float *h, const float *g, const float *u, size_t n, float alpha, float limit);
 void   moe8__ref_swiglu_limit(float *h, const float *g, const float *u, size_t n, float limit);

@@ -19,6 +19,7 @@ void moe8__kernels_init_ref(moe8__ktable *k) {
   k->absmax       = moe8__ref_absmax;
   k->absmax_acc   = moe8__ref_absmax_acc;
   k->quant_div    = moe8__ref_quant_div;
+  k->dequant      = moe8__ref_dequant;
   k->swiglu       = moe8__ref_swiglu;
   k->swiglu_clamp = moe8__ref_swiglu_clamp;
   k->swiglu_limit = moe8__ref_swiglu_limit;

@@ -257,6 +257,25 @@ static void quant_div(void *q, const float *x, const float *s, size_t s_step, si
   else quant_div_t(q, x, s, s_step, n, MOE8_DTYPE_I8);
 }
 
+/* y = value(q) · s sixteen lanes wide: the FP8 decode of cvt_f8_f32 (or
+** the i8 integers), then one multiply per lane, as the reference. */
+static inline __attribute__((always_inline)) void dequant_t(float *y, const uint8_t *q, const float *s, size_t s_step, size_t n,
+                                                             moe8_dtype qtype) {
+  const __m512 s0 = _mm512_set1_ps(s[0]);
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m128i b = _mm_maskz_loadu_epi8(k, q + i);
+    const __m512 v = qtype == MOE8_DTYPE_I8 ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)) : moe8__fp8_to_f32_16(b, qtype);
+    const __m512 sv = s_step ? _mm512_maskz_loadu_ps(k, s + i) : s0;
+    _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(v, sv));
+  }
+}
+static void dequant(float *y, const void *q, const float *s, size_t s_step, size_t n, moe8_dtype qtype) {
+  if (qtype == MOE8_DTYPE_F8E4M3) dequant_t(y, q, s, s_step, n, MOE8_DTYPE_F8E4M3);
+  else if (qtype == MOE8_DTYPE_F8E5M2) dequant_t(y, q, s, s_step, n, MOE8_DTYPE_F8E5M2);
+  else dequant_t(y, q, s, s_step, n, MOE8_DTYPE_I8);
+}
+
 void moe8__kernels_init_avx512(moe8__ktable *k) {
   k->cvt_f32_f8   = cvt_f32_f8;
   k->cvt_f8_f32   = cvt_f8_f32;
@@ -266,4 +285,5 @@ void moe8__kernels_init_avx512(moe8__ktable *k) {
   k->absmax       = absmax;
   k->absmax_acc   = absmax_acc;
   k->quant_div    = quant_div;
+  k->dequant      = dequant;
 }
