@@ -38,11 +38,22 @@ enum { NT = MOE8__GMM_NT, KC = 256, MR = 8, NR = 32, PF = 8 /* pairs of rows pre
 ** grouped per pair before the pair's strips: a loop of the one-row
 ** kernel's operations streamed 14 GB/s against 11 grouped, and the FP8
 ** kernels ran 4-9% faster (docs/performance.md). */
-enum { PKPF_NEAR = 32, PKPF_FAR = 128 };
+/* With the far prefetch, the line PKPF_L1 pairs ahead also goes into L1
+** right before its strip (pk_prefetch_far): the strip's loads then find
+** it there or on its way, and FP8 decode streamed 8-14% faster at 1-3 rows
+** an expert on an AMX Xeon (docs/performance.md; 0 pairs ahead gave most
+** of it, a no-op instruction in its place none). */
+enum { PKPF_NEAR = 32, PKPF_FAR = 128, PKPF_L1 = 4 };
 static inline bool pk_far(void) { return (moe8__cpu_features() & MOE8__CPU_INTEL) != 0; }
 static inline __attribute__((always_inline)) void pk_prefetch(const void *p, bool far) {
   if (far) _mm_prefetch((const char *)p, _MM_HINT_T1);
   else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+/* Intel's pair for the strip at r of a stream whose pair rows are step
+** bytes apart: PKPF_FAR pairs ahead into L2, PKPF_L1 into L1. */
+static inline __attribute__((always_inline)) void pk_prefetch_far(const uint8_t *r, size_t step) {
+  _mm_prefetch((const char *)(r + PKPF_FAR * step), _MM_HINT_T1);
+  _mm_prefetch((const char *)(r + PKPF_L1 * step), _MM_HINT_T0);
 }
 
 #define INLINE static inline __attribute__((always_inline))

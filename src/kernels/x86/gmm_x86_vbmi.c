@@ -209,7 +209,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 #pragma GCC unroll 4
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
-      if (pf && far) pk_prefetch(r + pfd * step + 64 * s, far);
+      if (pf && far) pk_prefetch_far(r + 64 * s, step);
       pk_strip(r + 64 * s, tab, &b0, &b1);
 #pragma GCC unroll 4
       for (int i = 0; i < mr; i++) {
@@ -337,7 +337,7 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
 #pragma GCC unroll 4
       for (int t = 0; t < ns; t++) {
         __m512i b0, b1;
-        if (far) pk_prefetch(r + pfd * step + 64 * t, far); /* right before its strip (pk_prefetch) */
+        if (far) pk_prefetch_far(r + 64 * t, step); /* right before its strip (pk_prefetch) */
         pk_strip(r + 64 * t, tab, &b0, &b1);
         const __m512 be0 = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)), bo0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi));
         const __m512 be1 = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)), bo1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
