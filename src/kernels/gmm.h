@@ -95,9 +95,11 @@ static inline int64_t moe8__canon_row_words(const moe8__gmm_block *b) {
 static inline bool moe8__canon_packs(const moe8__gmm_block *b) { return b->nbk <= 1 || b->kb >= 16; }
 
 /* Rows per task from which a table with tiles uses them for the canonical
-** order (fewer rows: its AVX-512 kernel, same bytes).  MOE8_AMX_MIN_ROWS
-** overrides; read once. */
+** order (fewer rows: its AVX-512 kernel, same bytes): bf16 and FP8, and
+** packed i8 (fewer rows: the VNNI kernel).  MOE8_AMX_MIN_ROWS sets both;
+** read once. */
 int64_t moe8__amx_min_rows(void);
+int64_t moe8__amx_min_rows_i8(void);
 
 /* The packed FP8 rhs (moe8_gmm_pack_rhs), per group: the columns in tiles
 ** of NT, each tile's columns in strips of 32 (the last tile and strip

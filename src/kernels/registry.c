@@ -51,7 +51,11 @@ static const family g_families[] = {
 static moe8__ktable   g_tables[MOE8_ISA_COUNT];
 static bool           g_supported[MOE8_ISA_COUNT];
 static moe8_isa       g_active;
-static int64_t        g_amx_min_rows = 4;
+/* Rows from which a task runs on the tiles: FP8 and bf16 from 4 (where
+** the AVX-512 canonical kernel and the tiles cross), packed i8 from 6 (the
+** VNNI kernel streams 4 rows 1.10x and 5 rows 1.07x faster than the tiles,
+** 6 the same; docs/performance.md); MOE8_AMX_MIN_ROWS sets both. */
+static int64_t        g_amx_min_rows = 4, g_amx_min_rows_i8 = 6;
 static moe8_order     g_order_env = MOE8_ORDER_DEFAULT, g_order_set = MOE8_ORDER_DEFAULT;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -62,7 +66,7 @@ static void init_tables(void) {
   if (mr && *mr) {
     char *end;
     const long v = strtol(mr, &end, 10);
-    if (*end == '\0' && v >= 1 && v <= 1 << 20) g_amx_min_rows = v;
+    if (*end == '\0' && v >= 1 && v <= 1 << 20) g_amx_min_rows = g_amx_min_rows_i8 = v;
     else fprintf(stderr, "moe8: MOE8_AMX_MIN_ROWS=%s is not a row count in [1, 2^20]; using %lld\n", mr, (long long)g_amx_min_rows);
   }
   const char *ord = getenv("MOE8_ORDER");
@@ -150,6 +154,10 @@ const moe8__ktable *moe8__kernels_for(moe8_isa isa) {
 int64_t moe8__amx_min_rows(void) {
   pthread_once(&g_once, init_tables);
   return g_amx_min_rows;
+}
+int64_t moe8__amx_min_rows_i8(void) {
+  pthread_once(&g_once, init_tables);
+  return g_amx_min_rows_i8;
 }
 
 /* ---- the summation order --------------------------------------------------- */

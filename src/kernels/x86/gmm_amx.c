@@ -14,7 +14,9 @@
 **                   fewer than moe8__amx_min_rows() rows run the AVX-512
 **                   canonical kernel instead: the same bytes.
 **   i8 · i8         tdpbssd on the signed bytes (no +128 offset): exact
-**                   wrapping i32 sums, so the bytes are the VNNI path's.
+**                   wrapping i32 sums, so the bytes are the VNNI path's;
+**                   packed tasks of fewer than moe8__amx_min_rows_i8()
+**                   rows run that VNNI kernel.
 **   anything else   the AVX-512 table this one is built over.
 **
 ** A task walks K in chunks (amx_task): one stretch of a long scale block,
@@ -469,7 +471,7 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
 }
 
 static void AMX_NAME(amx_block)(const moe8__gmm_block *b) {
-  if (is_i8(b) && b->rhs_pk && b->m1 - b->m0 < moe8__amx_min_rows())
+  if (is_i8(b) && b->rhs_pk && b->m1 - b->m0 < moe8__amx_min_rows_i8())
     gmm_block_i8pk_small_rows(b, i8_row_bytes(b) / 4, i8_block_bytes(b) / 4, 0x80808080u); /* the VNNI kernel, same bytes */
   else if (is_i8(b)) AMX_NAME(amx_task)(b, true);
   else if (!b->canon) AMX_NAME(g_base_block)(b);
