@@ -283,6 +283,7 @@ moe8_status moe8_dequantize(const moe8_quant_spec *spec, const void *q, const fl
   if (st != MOE8_OK) return st;
   const size_t n = (size_t)(E * R * C);
   if (n && (!q || !scale || !y)) return moe8__fail(MOE8_ERR_INVALID_ARG, "dequantize: NULL buffer");
+  if (n == 0) return MOE8_OK; /* nothing to read: the buffers may be NULL */
   const moe8__ktable *k = moe8__kernels();
   const moe8_dtype t = spec->qtype;
   const moe8_granularity g = spec->gran;

@@ -234,7 +234,7 @@ static size_t absmax_acc(float *amax, const float *x, size_t n) {
 /* One loop per target type, so the format's constants fold into the code. */
 static inline __attribute__((always_inline)) void quant_div_t(int8_t *o, const float *x, const float *s, size_t s_step,
                                                                size_t n, moe8_dtype qtype) {
-  const __m512 s0 = _mm512_set1_ps(s[0]);
+  const __m512 s0 = n && !s_step ? _mm512_set1_ps(s[0]) : _mm512_set1_ps(1.0f); /* s is read only where q is written */
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
     ahead(x + i);
@@ -261,7 +261,7 @@ static void quant_div(void *q, const float *x, const float *s, size_t s_step, si
 ** the i8 integers), then one multiply per lane, as the reference. */
 static inline __attribute__((always_inline)) void dequant_t(float *y, const uint8_t *q, const float *s, size_t s_step, size_t n,
                                                              moe8_dtype qtype) {
-  const __m512 s0 = _mm512_set1_ps(s[0]);
+  const __m512 s0 = n && !s_step ? _mm512_set1_ps(s[0]) : _mm512_setzero_ps(); /* s is read only where y is written */
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
     const __m128i b = _mm_maskz_loadu_epi8(k, q + i);
