@@ -168,10 +168,10 @@ static size_t cvt_f32_i8(int8_t *dst, const float *src, size_t n) {
 ** prefetchers alone, or an L1 prefetch alone (its misses are limited by
 ** the line fill buffers), keep fewer lines in flight.  Measured on one
 ** core of an AMX Xeon (docs/performance.md), before -> after:
-**   per-token 1x128 FP8, [4096, 4096] f32   16.5-17.2 ->  8.8-9.3 ms
-**   per-token int8, the same                12.3-12.5 ->  7.9-9.0 ms
-**   1x128-block FP8 weights [8, 2048, 2816]    62-65 ->   33-36 ms
-**   per-channel int8 weights, the same          48-54 ->   33-35 ms
+**   per-token 1x128 FP8, [4096, 4096] f32   15.4-16.7 ->  7.8-8.6 ms
+**   per-token int8, the same                11.9-12.7 ->  9.1-9.9 ms
+**   1x128-block FP8 weights [8, 2048, 2816]    59-64 ->   37-38 ms
+**   per-channel int8 weights, the same          47-52 ->   33-34 ms
 ** The division and the conversion are not the limit: taking x · (1/s)
 ** where that provably rounds as x / s did not help.  A prefetch never
 ** faults, so reading ahead past the end is harmless (the address is
