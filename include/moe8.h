@@ -932,7 +932,9 @@ MOE8_API moe8_status moe8_layer_forward(moe8_layer *layer, const float *x, int64
 ** (an ungated layer's dwg and dwsg, which it has no weight for: zeros).
 ** Quantizers are straight-through; with the rule's bwd_qtype, dout-like
 ** operands are quantized per row for the input gradients and per column
-** for the weight gradients. */
+** for the weight gradients.  The layer keeps the backward's large scratch
+** (about 1.7x its expert weights in f32, plus the routed rows) for the
+** next backward, until it is destroyed (docs/layer.md, "Backward"). */
 typedef struct moe8_layer_grads {
   float *dx, *dwr, *dwg, *dwu, *dwd;
   /* The shared expert's (when the layer has one): [D, Fs], [D, Fs],

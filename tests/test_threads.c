@@ -4,7 +4,9 @@
 ** running in parallel locate their own errors (each thread's message has
 ** its own file's byte offset; the JSON library's global error pointer is
 ** not used), and one layer's forwards while another thread sets its
-** summation order give the canonical or the native bytes, never a mix.
+** summation order give the canonical or the native bytes, never a mix,
+** and one training layer's backwards in two threads (sharing the layer's
+** pool of large buffers) give the bytes of each backward alone.
 ** Also built with ThreadSanitizer (docs/testing.md).
 */
 #include "testutil.h"
@@ -269,11 +271,102 @@ static void test_order_set_while_forwards_run(void **state) {
   assert_int_equal(moe8_isa_set(was), MOE8_OK);
 }
 
+/* One training layer (FP8 rule, a shared expert) whose forwards and
+** backwards run in two threads at once, each with its own workspace and
+** its own input size: the backward's large buffers come from the layer's
+** pool (core/pool.c), which the threads share, so each gradient must still
+** be the bytes of the same backward alone, at every repetition (the
+** pool's blocks come back holding another call's values). */
+typedef struct bwd_job {
+  moe8_layer *L;
+  const float *x, *dout, *want; /* want: dx then dwg, dwu, dwd, dwsd */
+  int64_t T;
+  int wrong;
+  moe8_status st;
+} bwd_job;
+
+enum { BWD_E = 8, BWD_D = 64, BWD_F = 48, BWD_FS = 32 };
+
+static size_t bwd_count(int64_t T) { return (size_t)(T * BWD_D + 3 * BWD_E * BWD_D * BWD_F + BWD_FS * BWD_D); }
+
+static moe8_status bwd_once(moe8_layer *L, const float *x, const float *dout, int64_t T, void *ws, size_t wsz, float *g) {
+  float *out = malloc(sizeof(float) * (size_t)(T * BWD_D)), aux;
+  if (!out) return MOE8_ERR_NOMEM;
+  const size_t ew = (size_t)(BWD_E * BWD_D * BWD_F);
+  float *dx = g, *dwg = dx + T * BWD_D, *dwu = dwg + ew, *dwd = dwu + ew, *dwsd = dwd + ew;
+  moe8_layer_grads gr = {.dx = dx, .dwg = dwg, .dwu = dwu, .dwd = dwd, .dwsd = dwsd};
+  moe8_status st = moe8_layer_forward(L, x, T, out, &aux, ws, wsz);
+  if (st == MOE8_OK) st = moe8_layer_backward(L, x, T, dout, ws, wsz, &gr);
+  free(out);
+  return st;
+}
+
+static void *run_bwd(void *p) {
+  bwd_job *j = p;
+  const size_t wsz = moe8_layer_workspace_size(j->L, j->T), n = bwd_count(j->T);
+  void *ws = NULL;
+  float *g = malloc(sizeof(float) * n);
+  if (!g || posix_memalign(&ws, 64, wsz) != 0) { j->st = MOE8_ERR_NOMEM; free(g); return NULL; }
+  for (int rep = 0; rep < 6 && j->st == MOE8_OK; rep++) {
+    j->st = bwd_once(j->L, j->x, j->dout, j->T, ws, wsz, g);
+    if (j->st == MOE8_OK && memcmp(g, j->want, sizeof(float) * n) != 0) j->wrong++;
+  }
+  free(ws);
+  free(g);
+  return NULL;
+}
+
+static void test_backwards_two_threads(void **state) {
+  (void)state;
+  const int64_t Ts[2] = {37, 21};
+  moe8_layer_config c = {.num_experts = BWD_E, .top_k = 2, .hidden = BWD_D, .ffn = BWD_F, .shared_ffn = BWD_FS,
+                         .norm_topk_prob = true};
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  moe8_layer *L;
+  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+  float *x[2], *dout[2], *want[2];
+  bwd_job jobs[2];
+  tu_rng_reset(8);
+  for (int i = 0; i < 2; i++) {
+    const int64_t T = Ts[i];
+    x[i] = malloc(sizeof(float) * (size_t)(T * BWD_D));
+    dout[i] = malloc(sizeof(float) * (size_t)(T * BWD_D));
+    want[i] = malloc(sizeof(float) * bwd_count(T));
+    tu_fill_normal(x[i], (size_t)(T * BWD_D), 1.0f);
+    tu_fill_normal(dout[i], (size_t)(T * BWD_D), 1.0f);
+    /* alone, on a layer of its own (a fresh pool) */
+    moe8_layer *L1;
+    assert_int_equal(moe8_layer_create(&c, rs, "experts", &L1), MOE8_OK);
+    assert_int_equal(moe8_layer_init_random(L1, 5), MOE8_OK);
+    const size_t wsz = moe8_layer_workspace_size(L1, T);
+    void *ws = NULL;
+    assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
+    assert_int_equal(bwd_once(L1, x[i], dout[i], T, ws, wsz, want[i]), MOE8_OK);
+    free(ws);
+    moe8_layer_destroy(L1);
+    jobs[i] = (bwd_job){L, x[i], dout[i], want[i], T, 0, MOE8_OK};
+  }
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, run_bwd, &jobs[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(jobs[i].st, MOE8_OK);
+    if (jobs[i].wrong) TU_FAIL("thread %d (T=%lld): %d of 6 backwards of the shared layer differ from the backward alone", i, (long long)Ts[i], jobs[i].wrong);
+  }
+  moe8_layer_destroy(L);
+  moe8_rules_destroy(rs);
+  for (int i = 0; i < 2; i++) free(x[i]), free(dout[i]), free(want[i]);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_two_layers_two_threads),
     cmocka_unit_test(test_one_layer_two_threads),
+    cmocka_unit_test(test_backwards_two_threads),
     cmocka_unit_test(test_parsers_in_parallel),
     cmocka_unit_test(test_order_set_while_forwards_run),
   };

@@ -15,6 +15,7 @@
 
 #include "moe8.h"
 
+#include <pthread.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -296,6 +297,20 @@ const char *moe8__model_root(const moe8_model *m);
 ** aligned, transparent huge pages asked for (fewer TLB misses on a stream
 ** of gigabytes; the kernel may refuse); freed with free(). */
 void *moe8__alloc_weights(size_t n);
+/* Large scratch buffers kept from one call to the next (pool.c): get
+** returns a block of at least bytes (64-byte aligned; NULL when out of
+** memory), get_zero one cleared, put gives it back (NULL is ignored).
+** Safe from several threads at once; destroy frees what it holds. */
+typedef struct moe8__pool {
+  pthread_mutex_t mu;
+  void           *free;
+  int             n;
+} moe8__pool;
+void  moe8__pool_init(moe8__pool *p);
+void  moe8__pool_destroy(moe8__pool *p);
+void *moe8__pool_get(moe8__pool *p, size_t bytes);
+void *moe8__pool_get_zero(moe8__pool *p, size_t bytes);
+void  moe8__pool_put(moe8__pool *p, void *q);
 /* Transparent huge pages asked for on the whole 2 MiB pages inside
 ** [p, p + n) (a caller's workspace: the matmuls' packed rows and
 ** accumulators, read a tile of 16 rows at a time); a refusal is ignored. */

@@ -228,6 +228,12 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
   moe8_layer *L = calloc(1, sizeof *L);
   if (!L) return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
   if (pthread_rwlock_init(&L->lock, NULL) != 0) { free(L); return moe8__fail(MOE8_ERR_NOMEM, "layer: cannot make its lock"); }
+  if (!(L->pool = malloc(sizeof *L->pool))) {
+    pthread_rwlock_destroy(&L->lock);
+    free(L);
+    return moe8__fail(MOE8_ERR_NOMEM, "layer: out of memory");
+  }
+  moe8__pool_init(L->pool);
   atomic_init(&L->gen, 1);
   L->cfg = *cfg;
   L->inference = inference;
@@ -338,6 +344,7 @@ void moe8_layer_destroy(moe8_layer *L) {
   free(L->given);
   free(L->tid2eid);
   pthread_rwlock_destroy(&L->lock);
+  if (L->pool) moe8__pool_destroy(L->pool), free(L->pool);
   free(L);
 }
 
@@ -1412,7 +1419,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   const bool lat = L->cfg.latent > 0;
   const int64_t H = moe8__routed_width(L);
   float *dc = lat ? malloc(sizeof(float) * (size_t)(T * H + 1)) : NULL, *dzl = lat ? calloc((size_t)(T * H + 1), sizeof(float)) : NULL;
-  float *dy = malloc(sizeof(float) * (size_t)(rows * H + 1)), *dxs = malloc(sizeof(float) * (size_t)(rows * H + 1));
+  float *dy = moe8__pool_get(L->pool, sizeof(float) * (size_t)(rows * H + 1)), *dxs = moe8__pool_get(L->pool, sizeof(float) * (size_t)(rows * H + 1));
   float *dwrow = malloc(sizeof(float) * (size_t)(rows + 1)), *dw = calloc((size_t)A + 1, sizeof(float));
   const int64_t ER = moe8__router_width(L); /* the router's experts: with the identity ones */
   float *dl = malloc(sizeof(float) * (size_t)(T * ER + 1));
@@ -1483,6 +1490,7 @@ static moe8_status backward(moe8_layer *L, const float *x, int64_t T, const floa
   if (st == MOE8_OK && lat) st = moe8__latent_in_backward(L, x, T, dzl, gr->dx, gr); /* z = x · P (then its norm) */
 done:
   free(dc); free(dzl);
-  free(dy); free(dxs); free(dwrow); free(dw); free(dl); free(dz); free(dxe_b); free(dxr_b);
+  moe8__pool_put(L->pool, dy), moe8__pool_put(L->pool, dxs);
+  free(dwrow); free(dw); free(dl); free(dz); free(dxe_b); free(dxr_b);
   return st;
 }

@@ -69,6 +69,9 @@ struct moe8_layer {
   ** may have changed) differs from qgen - 1. */
   pthread_rwlock_t  lock;
   _Atomic uint64_t  gen;
+  /* The backward's large buffers, kept for the next backward (pool.c; a
+  ** pointer, so a backward holding the layer const can use it). */
+  moe8__pool       *pool;
   uint64_t          qgen;
   char              describe[256];
   /* f32 masters (the expert weights' only in training layers) */

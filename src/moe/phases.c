@@ -774,10 +774,14 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
   const int64_t D = L->xs[set].D, F = L->xs[set].F, N1 = L->xs[set].N1;
   const size_t RD = (size_t)(rows * D), RF = (size_t)(rows * F);
   const int64_t nw = G * D * N1, nd = G * F * D;
-  float *dyr = malloc(sizeof(float) * (RD + 1)), *dh = malloc(sizeof(float) * (RF + 1)), *hh = malloc(sizeof(float) * (RF + 1));
-  float *dgu = malloc(sizeof(float) * (2 * RF + 1)), *dgur = malloc(sizeof(float) * (2 * RF + 1)), *xh = malloc(sizeof(float) * (RD + 1));
-  float *wgu = malloc(sizeof(float) * (size_t)(nw + 1)), *wd = malloc(sizeof(float) * (size_t)(nd + 1));
-  float *dwgu = malloc(sizeof(float) * (size_t)(nw + 1));
+  /* From the layer's pool (pool.c): weight-sized and row-sized buffers
+  ** that fresh pages at every call made a third of a training step. */
+  moe8__pool *pl = L->pool;
+  float *dyr = moe8__pool_get(pl, sizeof(float) * (RD + 1)), *dh = moe8__pool_get(pl, sizeof(float) * (RF + 1));
+  float *hh = moe8__pool_get(pl, sizeof(float) * (RF + 1)), *dgu = moe8__pool_get(pl, sizeof(float) * (2 * RF + 1));
+  float *dgur = moe8__pool_get(pl, sizeof(float) * (2 * RF + 1)), *xh = moe8__pool_get(pl, sizeof(float) * (RD + 1));
+  float *wgu = moe8__pool_get(pl, sizeof(float) * (size_t)(nw + 1)), *wd = moe8__pool_get(pl, sizeof(float) * (size_t)(nd + 1));
+  float *dwgu = moe8__pool_get(pl, sizeof(float) * (size_t)(nw + 1));
   moe8_status st = MOE8_OK;
   if (!dyr || !dh || !hh || !dgu || !dgur || !xh || !wgu || !wd || !dwgu) {
     st = moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
@@ -919,7 +923,8 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
     }
   }
 done:
-  free(dyr); free(dh); free(hh); free(dgu); free(dgur); free(xh); free(wgu); free(wd); free(dwgu);
+  float *const bufs[] = {dyr, dh, hh, dgu, dgur, xh, wgu, wd, dwgu};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) moe8__pool_put(pl, bufs[i]);
   return st;
 }
 
@@ -991,7 +996,7 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
   const bool gated = L->cfg.shared_gate;
   const float ss = gated || L->cfg.shared_scale == 0.0f ? 1.0f : L->cfg.shared_scale; /* the forward's o + s * ys */
   if (L->cfg.shared_ffn <= 0 || T == 0) return MOE8_OK;
-  float *dys = malloc(sizeof(float) * (size_t)(T * D) + 4), *dxs = malloc(sizeof(float) * (size_t)(T * D) + 4);
+  float *dys = moe8__pool_get(L->pool, sizeof(float) * (size_t)(T * D) + 4), *dxs = moe8__pool_get(L->pool, sizeof(float) * (size_t)(T * D) + 4);
   float *dgl = malloc(sizeof(float) * (size_t)T + 4);
   moe8_status st = dys && dxs && dgl ? MOE8_OK : moe8__fail(MOE8_ERR_NOMEM, "layer backward: out of memory");
   if (st == MOE8_OK) {
@@ -1024,7 +1029,8 @@ moe8_status moe8__shared_backward(const moe8_layer *L, const float *x, const uin
     for (int64_t d = 0; d < D; d++)
       for (int64_t t = 0; t < T; t++) acc[d] += x[t * D + d] * dgl[t];
   }
-  free(dys); free(dxs); free(dgl);
+  moe8__pool_put(L->pool, dys), moe8__pool_put(L->pool, dxs);
+  free(dgl);
   return st;
 }
 
