@@ -212,11 +212,15 @@ static void promote_tile(const moe8__gmm_block *b, float *acc, float *carry, con
 ** that reads it, between the products (the tiles are not renamed: a load
 ** waits for the products that read the register's last contents; with
 ** the second B and A loads after the first and second products the
-** layers measured 2-5% faster than with the four loads first). */
+** layers measured 2-5% faster than with the four loads first).  Before
+** piece q, lines q·pfd .. (q + 1)·pfd - 1 (below pfn) from pf are asked
+** into L2: the task's share of the next chunk's weights, spread. */
 #define PIECES(name, DP)                                                                                    \
   static __attribute__((noinline)) void name(const uint8_t *a0, int64_t sa0, const uint8_t *a1, int64_t sa1,    \
-                                             const uint8_t *b, int64_t sb, int64_t n) {                    \
+                                             const uint8_t *b, int64_t sb, int64_t n, const char *pf,           \
+                                             int64_t pfn, int64_t pfd) {                                         \
     for (int64_t q = 0; q < n; q++, a0 += 64, a1 += 64, b += 16 * sb) {                                     \
+      for (int64_t j = q * pfd; j < (q + 1) * pfd && j < pfn; j++) _mm_prefetch(pf + 64 * j, _MM_HINT_T1);      \
       T_LOAD(4, a0, sa0);                                                                                   \
       T_LOAD(6, b, sb);                                                                                     \
       DP(0, 4, 6);                                                                                          \
@@ -242,7 +246,7 @@ PIECES(AMX_NAME(pieces_ssd), T_SSD)
 ** first piece to its last (or the chunk's end: then S holds them).  A
 ** block's sums are stored to one of two small buffers and promoted one
 ** step later, while the tile unit works on the next block's tiles. */
-enum { GB = 8 };
+enum { GB = 8, PF_BURST = 8 };
 
 /* Step step's block sums in S: rows 32·(step / nci), columns 32·(step mod
 ** nci) (the steps walk the column pairs inside the row pairs). */
@@ -385,7 +389,20 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
     for (int64_t step = 0; step < nsteps; step++) {
       const int64_t ct = 2 * (step % nci), i = 32 * (step / nci);
       const bool two = ct + 1 < nct;
-      for (int64_t j = step * pf_per; j < (step + 1) * pf_per && j < pf_lines; j++) _mm_prefetch((const char *)pf + 64 * j, _MM_HINT_T1);
+      /* The step's share of them: up front, or, when that is more than
+      ** PF_BURST lines, pfd lines before each piece.  A burst of 32-64
+      ** prefetches held the int8 tile loads (B read in place) behind it:
+      ** spread, int8 ran 0.77-0.84x the time at 64-128 rows an expert,
+      ** 0.93-0.96x at 8-32 and 512, and FP8 0.92-0.97x at 64-128 rows;
+      ** FP8 at 512 rows (4 lines a step) measured no better spread
+      ** (same-process A/B on an AMX Xeon, docs/performance.md). */
+      const int64_t pfj0 = step * pf_per < pf_lines ? step * pf_per : pf_lines;
+      const int64_t pfn = pfj0 + pf_per < pf_lines ? pf_per : pf_lines - pfj0;
+      const bool spread = pfn > PF_BURST;
+      const int64_t pfd = spread ? moe8__cdiv(pfn, npc) : 0;
+      const char *pfs = pf ? (const char *)pf + 64 * pfj0 : NULL;
+      if (!spread)
+        for (int64_t j = 0; j < pfn; j++) _mm_prefetch(pfs + 64 * j, _MM_HINT_T1);
       /* A chunk that goes on a block (long blocks: int8 per channel) loads
       ** its C tiles from S (in L2 at 128 rows or more), and the tile unit
       ** waits on that load at every step: the next step's S rows are asked
@@ -414,29 +431,34 @@ static void AMX_NAME(amx_task)(const moe8__gmm_block *b, bool i8) {
             if (down) T_LOAD(2, Sij + 16 * NT, NT * 4);
             if (down && two) T_LOAD(3, Sij + 16 * NT + 16, NT * 4);
           }
+          /* spread: this block's pieces' share of the step's prefetches */
+          const int64_t bj0 = qa * pfd < pfn ? qa * pfd : pfn, bpfn = spread ? (qb * pfd < pfn ? qb * pfd : pfn) - bj0 : 0;
+          const char *bpf = bpfn ? pfs + 64 * bj0 : NULL;
           if (two && down && qb <= qfull) {
             /* Four whole tiles, B in place: the tight loop. */
-            if (i8) AMX_NAME(pieces_ssd)(a0 + 64 * qa, s0, a1 + 64 * qa, s1, bsrc + 16 * qa * bstr, bstr, qb - qa);
-            else AMX_NAME(pieces_bf16)(a0 + 64 * qa, s0, a1 + 64 * qa, s1, bsrc + 16 * qa * bstr, bstr, qb - qa);
-          } else
-          for (int64_t q = qa; q < qb; q++) {
-            const bool in = q < qfull;
-            const uint8_t *bq = in ? bsrc + 16 * q * bstr : Bc + ct / 2 * 16 * 128;
-            const int64_t bs = in ? bstr : 128;
-            T_LOAD(4, a0 + 64 * q, s0);
-            T_LOAD(6, bq, bs);
-            if (two) T_LOAD(7, bq + 64, bs);
-            if (down) T_LOAD(5, a1 + 64 * q, s1);
-            if (i8) {
-              T_SSD(0, 4, 6);
-              if (two) T_SSD(1, 4, 7);
-              if (down) T_SSD(2, 5, 6);
-              if (down && two) T_SSD(3, 5, 7);
-            } else {
-              T_BF16(0, 4, 6);
-              if (two) T_BF16(1, 4, 7);
-              if (down) T_BF16(2, 5, 6);
-              if (down && two) T_BF16(3, 5, 7);
+            if (i8) AMX_NAME(pieces_ssd)(a0 + 64 * qa, s0, a1 + 64 * qa, s1, bsrc + 16 * qa * bstr, bstr, qb - qa, bpf, bpfn, pfd);
+            else AMX_NAME(pieces_bf16)(a0 + 64 * qa, s0, a1 + 64 * qa, s1, bsrc + 16 * qa * bstr, bstr, qb - qa, bpf, bpfn, pfd);
+          } else {
+            for (int64_t q = qa; q < qb; q++) {
+              for (int64_t j = (q - qa) * pfd; j < (q - qa + 1) * pfd && j < bpfn; j++) _mm_prefetch(bpf + 64 * j, _MM_HINT_T1);
+              const bool in = q < qfull;
+              const uint8_t *bq = in ? bsrc + 16 * q * bstr : Bc + ct / 2 * 16 * 128;
+              const int64_t bs = in ? bstr : 128;
+              T_LOAD(4, a0 + 64 * q, s0);
+              T_LOAD(6, bq, bs);
+              if (two) T_LOAD(7, bq + 64, bs);
+              if (down) T_LOAD(5, a1 + 64 * q, s1);
+              if (i8) {
+                T_SSD(0, 4, 6);
+                if (two) T_SSD(1, 4, 7);
+                if (down) T_SSD(2, 5, 6);
+                if (down && two) T_SSD(3, 5, 7);
+              } else {
+                T_BF16(0, 4, 6);
+                if (two) T_BF16(1, 4, 7);
+                if (down) T_BF16(2, 5, 6);
+                if (down && two) T_BF16(3, 5, 7);
+              }
             }
           }
           if (pend.on) promote_tile(b, acc, carry, &pend, i8), pend.on = false;
