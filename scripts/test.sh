@@ -13,6 +13,7 @@ ctest --test-dir build --output-on-failure
 
 if [ "${MOE8_SKIP_SANITIZE:-0}" != "1" ]; then
   # ThreadSanitizer on the library's thread test (two layers in two threads,
+  # two backwards sharing a layer's buffer pool,
   # parsers in parallel); OpenMP off, since libgomp is not instrumented.
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS=-fsanitize=thread \
     -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DMOE8_OPENMP=OFF -DMOE8_MPI=OFF -DMOE8_BLAS=OFF

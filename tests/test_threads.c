@@ -17,6 +17,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The FP8 rule the tests share (f8e4m3 weights and activations, tile 32). */
+static moe8_rules *fp8_rules(void) {
+  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
+  moe8_rules *rs = NULL;
+  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  return rs;
+}
+
+/* A layer of config c under rs (NULL: f32), its weights drawn from seed. */
+static moe8_layer *new_layer(const moe8_layer_config *c, const moe8_rules *rs, uint64_t seed) {
+  moe8_layer *L = NULL;
+  assert_int_equal(moe8_layer_create(c, rs, "experts", &L), MOE8_OK);
+  assert_int_equal(moe8_layer_init_random(L, seed), MOE8_OK);
+  return L;
+}
+
 typedef struct job {
   moe8_layer *L;
   const float *x;
@@ -47,19 +63,33 @@ typedef struct shared_job {
   moe8_status st;
 } shared_job;
 
-static void *run_shared(void *p) {
-  shared_job *j = p;
-  const size_t wsz = moe8_layer_workspace_size(j->L, j->T), n = (size_t)(j->T * moe8_layer_get_config(j->L)->hidden);
+/* reps calls of call(ctx, L, ws, out) on a workspace of T rows and an
+** output of n floats of the thread's own, each output compared with want:
+** the count that differ in *wrong, the first failure in *st. */
+typedef moe8_status (*rep_call)(const void *ctx, moe8_layer *L, void *ws, size_t wsz, float *out);
+static void repeat_compare(moe8_layer *L, int64_t T, size_t n, int reps, rep_call call, const void *ctx, const float *want, int *wrong,
+                           moe8_status *st) {
+  const size_t wsz = moe8_layer_workspace_size(L, T);
   void *ws = NULL;
-  float *y = malloc(sizeof(float) * n);
-  if (!y || posix_memalign(&ws, 64, wsz) != 0) { j->st = MOE8_ERR_NOMEM; free(y); return NULL; }
-  for (int rep = 0; rep < 25 && j->st == MOE8_OK; rep++) {
-    float aux;
-    j->st = moe8_layer_forward(j->L, j->x, j->T, y, &aux, ws, wsz);
-    if (j->st == MOE8_OK && memcmp(y, j->want, sizeof(float) * n) != 0) j->wrong++;
+  float *out = malloc(sizeof(float) * n);
+  if (!out || posix_memalign(&ws, 64, wsz) != 0) { *st = MOE8_ERR_NOMEM; free(out); return; }
+  for (int rep = 0; rep < reps && *st == MOE8_OK; rep++) {
+    *st = call(ctx, L, ws, wsz, out);
+    if (*st == MOE8_OK && memcmp(out, want, sizeof(float) * n) != 0) (*wrong)++;
   }
   free(ws);
-  free(y);
+  free(out);
+}
+
+static moe8_status shared_call(const void *ctx, moe8_layer *L, void *ws, size_t wsz, float *y) {
+  const shared_job *j = ctx;
+  float aux;
+  return moe8_layer_forward(L, j->x, j->T, y, &aux, ws, wsz);
+}
+
+static void *run_shared(void *p) {
+  shared_job *j = p;
+  repeat_compare(j->L, j->T, (size_t)(j->T * moe8_layer_get_config(j->L)->hidden), 25, shared_call, j, j->want, &j->wrong, &j->st);
   return NULL;
 }
 
@@ -67,12 +97,8 @@ static void test_one_layer_two_threads(void **state) {
   (void)state;
   const int64_t T = 23, D = 64;
   moe8_layer_config c = {.num_experts = 8, .top_k = 2, .hidden = D, .ffn = 48, .norm_topk_prob = true};
-  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
-  moe8_rules *rs = NULL;
-  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
-  moe8_layer *L;
-  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
-  assert_int_equal(moe8_layer_init_random(L, 3), MOE8_OK);
+  moe8_rules *rs = fp8_rules();
+  moe8_layer *L = new_layer(&c, rs, 3);
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *want = malloc(sizeof(float) * (size_t)(T * D));
   tu_rng_reset(6);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
@@ -103,16 +129,13 @@ static void test_two_layers_two_threads(void **state) {
   (void)state;
   const int64_t T = 19, D = 64;
   moe8_layer_config c = {.num_experts = 8, .top_k = 2, .hidden = D, .ffn = 48, .norm_topk_prob = true, .shared_ffn = 32};
-  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
-  moe8_rules *rs = NULL;
-  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
+  moe8_rules *rs = fp8_rules();
   moe8_layer *L[2];
   float *x = malloc(sizeof(float) * (size_t)(T * D)), *alone[2], *both[2];
   tu_rng_reset(5);
   tu_fill_normal(x, (size_t)(T * D), 1.0f);
   for (int i = 0; i < 2; i++) {
-    assert_int_equal(moe8_layer_create(&c, i ? rs : NULL, "experts", &L[i]), MOE8_OK);
-    assert_int_equal(moe8_layer_init_random(L[i], 10 + (uint64_t)i), MOE8_OK);
+    L[i] = new_layer(&c, i ? rs : NULL, 10 + (uint64_t)i);
     assert_int_equal(moe8_layer_prepare(L[i]), MOE8_OK);
     alone[i] = malloc(sizeof(float) * (size_t)(T * D));
     both[i] = malloc(sizeof(float) * (size_t)(T * D));
@@ -223,12 +246,8 @@ static void test_order_set_while_forwards_run(void **state) {
       if (moe8_isa_supported((moe8_isa)i) && moe8_isa_set((moe8_isa)i) == MOE8_OK) break;
   const int64_t T = 21, D = 64;
   moe8_layer_config c = {.num_experts = 8, .top_k = 2, .hidden = D, .ffn = 48, .norm_topk_prob = true, .shared_ffn = 32};
-  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
-  moe8_rules *rs = NULL;
-  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
-  moe8_layer *L;
-  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
-  assert_int_equal(moe8_layer_init_random(L, 21), MOE8_OK);
+  moe8_rules *rs = fp8_rules();
+  moe8_layer *L = new_layer(&c, rs, 21);
   assert_int_equal(moe8_layer_prepare(L), MOE8_OK);
   const size_t n = (size_t)(T * D), wsz = moe8_layer_workspace_size(L, T);
   float *x = malloc(sizeof(float) * n), *want[2] = {malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
@@ -301,18 +320,14 @@ static moe8_status bwd_once(moe8_layer *L, const float *x, const float *dout, in
   return st;
 }
 
+static moe8_status bwd_call(const void *ctx, moe8_layer *L, void *ws, size_t wsz, float *g) {
+  const bwd_job *j = ctx;
+  return bwd_once(L, j->x, j->dout, j->T, ws, wsz, g);
+}
+
 static void *run_bwd(void *p) {
   bwd_job *j = p;
-  const size_t wsz = moe8_layer_workspace_size(j->L, j->T), n = bwd_count(j->T);
-  void *ws = NULL;
-  float *g = malloc(sizeof(float) * n);
-  if (!g || posix_memalign(&ws, 64, wsz) != 0) { j->st = MOE8_ERR_NOMEM; free(g); return NULL; }
-  for (int rep = 0; rep < 6 && j->st == MOE8_OK; rep++) {
-    j->st = bwd_once(j->L, j->x, j->dout, j->T, ws, wsz, g);
-    if (j->st == MOE8_OK && memcmp(g, j->want, sizeof(float) * n) != 0) j->wrong++;
-  }
-  free(ws);
-  free(g);
+  repeat_compare(j->L, j->T, bwd_count(j->T), 6, bwd_call, j, j->want, &j->wrong, &j->st);
   return NULL;
 }
 
@@ -321,12 +336,8 @@ static void test_backwards_two_threads(void **state) {
   const int64_t Ts[2] = {37, 21};
   moe8_layer_config c = {.num_experts = BWD_E, .top_k = 2, .hidden = BWD_D, .ffn = BWD_F, .shared_ffn = BWD_FS,
                          .norm_topk_prob = true};
-  const char *rj = "{\"rules\": [{\"module_path\": \".*\", \"weight_qtype\": \"float8_e4m3fn\", \"act_qtype\": \"float8_e4m3fn\", \"tile_size\": 32}]}";
-  moe8_rules *rs = NULL;
-  assert_int_equal(moe8_rules_parse(rj, strlen(rj), "inline", &rs), MOE8_OK);
-  moe8_layer *L;
-  assert_int_equal(moe8_layer_create(&c, rs, "experts", &L), MOE8_OK);
-  assert_int_equal(moe8_layer_init_random(L, 5), MOE8_OK);
+  moe8_rules *rs = fp8_rules();
+  moe8_layer *L = new_layer(&c, rs, 5);
   float *x[2], *dout[2], *want[2];
   bwd_job jobs[2];
   tu_rng_reset(8);
@@ -338,9 +349,7 @@ static void test_backwards_two_threads(void **state) {
     tu_fill_normal(x[i], (size_t)(T * BWD_D), 1.0f);
     tu_fill_normal(dout[i], (size_t)(T * BWD_D), 1.0f);
     /* alone, on a layer of its own (a fresh pool) */
-    moe8_layer *L1;
-    assert_int_equal(moe8_layer_create(&c, rs, "experts", &L1), MOE8_OK);
-    assert_int_equal(moe8_layer_init_random(L1, 5), MOE8_OK);
+    moe8_layer *L1 = new_layer(&c, rs, 5);
     const size_t wsz = moe8_layer_workspace_size(L1, T);
     void *ws = NULL;
     assert_int_equal(posix_memalign(&ws, 64, wsz), 0);
