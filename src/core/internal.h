@@ -298,8 +298,9 @@ const char *moe8__model_root(const moe8_model *m);
 ** of gigabytes; the kernel may refuse); freed with free(). */
 void *moe8__alloc_weights(size_t n);
 /* Large scratch buffers kept from one call to the next (pool.c): get
-** returns a block of at least bytes (64-byte aligned; NULL when out of
-** memory), get_zero one cleared, put gives it back (NULL is ignored).
+** returns a block of at least bytes (64-byte aligned, its contents
+** whatever the last user left; NULL when out of memory), put gives it
+** back (NULL is ignored).
 ** Safe from several threads at once; destroy frees what it holds. */
 typedef struct moe8__pool {
   pthread_mutex_t mu;
@@ -309,7 +310,6 @@ typedef struct moe8__pool {
 void  moe8__pool_init(moe8__pool *p);
 void  moe8__pool_destroy(moe8__pool *p);
 void *moe8__pool_get(moe8__pool *p, size_t bytes);
-void *moe8__pool_get_zero(moe8__pool *p, size_t bytes);
 void  moe8__pool_put(moe8__pool *p, void *q);
 /* Transparent huge pages asked for on the whole 2 MiB pages inside
 ** [p, p + n) (a caller's workspace: the matmuls' packed rows and

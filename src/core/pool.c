@@ -18,7 +18,6 @@
 #include "internal.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 enum { POOL_KEEP = 24, POOL_HEAD = 64 };
 
@@ -54,12 +53,6 @@ void *moe8__pool_get(moe8__pool *p, size_t bytes) {
     best->size = bytes;
   }
   return (char *)best + POOL_HEAD;
-}
-
-void *moe8__pool_get_zero(moe8__pool *p, size_t bytes) {
-  void *q = moe8__pool_get(p, bytes);
-  if (q) memset(q, 0, bytes);
-  return q;
 }
 
 void moe8__pool_put(moe8__pool *p, void *q) {
