@@ -256,8 +256,7 @@ moe8_status moe8__layer_create(const moe8_layer_config *cfg, const moe8_rules *r
                                                 "the tile a multiple of 32)"
                       : D % 32 || F % 32 || Fs % 32 || cfg->latent % 32 ? "hidden, latent and FFN widths that are multiples of 32" : NULL;
     if (why) {
-      pthread_rwlock_destroy(&L->lock);
-      free(L);
+      moe8_layer_destroy(L); /* nothing else is held yet */
       return moe8__fail(MOE8_ERR_UNSUPPORTED, "layer %s: weight_qtype mxfp4 is for %s", module_path ? module_path : "experts", why);
     }
     L->wmx = true;
