@@ -541,13 +541,13 @@ static void run_on_table(const moe8_gmm_args *a, moe8_isa isa, bool packed, cons
 
 static void test_gmm_few_rows(void **state) {
   (void)state;
-  static const int64_t Ks[] = {4, 260, 2048}, Ns[] = {16, 130, 257};
+  static const int64_t Ks[] = {4, 260, 2048}, Ns[] = {16, 130, 200, 257}; /* column tiles of 1, 2, 3 and 4 strips */
   moe8_isa isas[MOE8_ISA_COUNT];
   const int nisa = tu_isas(isas);
   for (int di = 0; di < 2; di++)
   for (int tiled = 0; tiled < 2; tiled++)
     for (size_t ki = 0; ki < 3; ki++)
-      for (size_t ni = 0; ni < 3; ni++) {
+      for (size_t ni = 0; ni < 4; ni++) {
         const int64_t K = Ks[ki], N = Ns[ni], tile = tiled ? 64 : 0;
         if (tiled && K % 64) continue;
         const int32_t gs[6] = {3, 4, 5, 6, 8, 9};

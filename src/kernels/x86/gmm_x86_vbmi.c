@@ -232,6 +232,115 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
   }
 }
 
+/* Three or four rows over a tile of three or four strips, each strip's
+** codes converted once (the row pairs of pk_vbmi convert them once per
+** pair).  Four rows by four strips are 32 sums, more than the registers
+** hold beside the tables; and a pass over half of each pair row's strips
+** reads the stream in pieces, which on an AMD Zen 4 ran at a third of its
+** speed from memory (its prefetchers follow whole rows).  So per chunk of
+** up to PKH_CH pairs: pass A sums strips 0-1 and asks for the row's other
+** lines into L1; pass B sums strips 2.. from L1 and asks for the next
+** chunk's lines (contiguous: this block's next chunk or the next block)
+** into L2.  The chains, their order and the promotion are pk_vbmi's: the
+** same bytes.  A block longer than a chunk keeps its sums in Sm between
+** chunks.  Same-process A/B on an AMD Zen 4 (docs/performance.md): 1.23x
+** at 3 rows an expert, 1.46x at 4, 1.48x at 8, one thread. */
+enum { PKH_CH = 64 };
+
+/* The sums of mr rows x ns strips: from Sm (a chunk after the first) or zero. */
+VBMI_TARGET INLINE void pkh_start(const int mr, const int ns, __m512 (*c)[2][2], const float *sm, bool load) {
+#pragma GCC unroll 4
+  for (int i = 0; i < mr; i++)
+#pragma GCC unroll 2
+    for (int s = 0; s < ns; s++)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) c[i][s][h] = load ? _mm512_loadu_ps(sm + 32 * (2 * i + s) + 16 * h) : _mm512_setzero_ps();
+}
+
+/* The chunk's sums into Sm (the block goes on) or promoted into C as
+** pk_vbmi's, strips s0.. of the tile. */
+VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[2][2], float *sm, bool last, int64_t s0, float *C,
+                                const float *ls, const float *rsv) {
+  if (!last) {
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 2
+      for (int s = 0; s < ns; s++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) _mm512_storeu_ps(sm + 32 * (2 * i + s) + 16 * h, c[i][s][h]);
+    return;
+  }
+#pragma GCC unroll 2
+  for (int s = 0; s < ns; s++) {
+    const int64_t j = 32 * (s0 + s);
+    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
+      _mm512_storeu_ps(C + i * NT + j + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(c[i][s][1], _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
+/* mr rows of one pair against strips s0 .. s0 + ns - 1 of the pair row at r. */
+VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[2][2], const uint32_t *A, int64_t words, int64_t w,
+                                 const uint8_t *r, const __m512i *tab) {
+  __m512i a[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w]);
+#pragma GCC unroll 2
+  for (int s = 0; s < ns; s++) {
+    __m512i b0, b1;
+    pk_strip(r + 64 * s, tab, &b0, &b1);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      c[i][s][0] = moe8__dpbf16(c[i][s][0], (__m512bh)a[i], (__m512bh)b0);
+      c[i][s][1] = moe8__dpbf16(c[i][s][1], (__m512bh)a[i], (__m512bh)b1);
+    }
+  }
+}
+
+VBMI_TARGET INLINE void pk_vbmi_h(const int mr, const int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                  int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  const size_t step = (size_t)(2 + nb2) * 64;
+  const uint8_t *r0 = pk_at(b, k0 / 2);
+  for (int64_t q0 = 0; q0 < kp; q0 += PKH_CH) {
+    const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
+    __m512 c[4][2][2];
+    pkh_start(mr, 2, c, Sm, q0 > 0);
+    const uint8_t *r = r0 + (size_t)q0 * step;
+    for (int64_t p = q0; p < q1; p++, r += step) {
+#pragma GCC unroll 2
+      for (int s = 0; s < nb2; s++) _mm_prefetch((const char *)(r + 64 * (2 + s)), _MM_HINT_T0);
+      pkh_pair(mr, 2, c, A, words, w0 + p, r, tab);
+    }
+    pkh_end(mr, 2, c, Sm, q1 == kp, 0, C, ls, rsv);
+    pkh_start(mr, nb2, c, Sm + 4 * 64, q0 > 0);
+    const uint8_t *nx = r0 + (size_t)q1 * step; /* two pair rows every other pair */
+    r = r0 + (size_t)q0 * step;
+    for (int64_t p = q0; p < q1; p++, r += step) {
+      if (!((p - q0) & 1)) {
+        for (size_t l = 0; l < 2 * step; l += 64) _mm_prefetch((const char *)(nx + l), _MM_HINT_T1);
+        nx += 2 * step;
+      }
+      pkh_pair(mr, nb2, c, A, words, w0 + p, r + 128, tab);
+    }
+    pkh_end(mr, nb2, c, Sm + 4 * 64, q1 == kp, 2, C, ls, rsv);
+  }
+}
+
+VBMI_TARGET static void pk_vbmi_h_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                      const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
+  if (mr == 4 && nb2 == 2) pk_vbmi_h(4, 2, b, A, words, blk, tab, C, ls, rsv, Sm);
+  else if (mr == 4) pk_vbmi_h(4, 1, b, A, words, blk, tab, C, ls, rsv, Sm);
+  else if (nb2 == 2) pk_vbmi_h(3, 2, b, A, words, blk, tab, C, ls, rsv, Sm);
+  else pk_vbmi_h(3, 1, b, A, words, blk, tab, C, ls, rsv, Sm);
+}
+
 /* ns strips per pass (four, or the tile's last ones), one or two rows:
 ** the accumulators stay in registers. */
 #define PK_NS(mr, pf, ...)                                 \
@@ -244,7 +353,11 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 VBMI_TARGET static void pk_vbmi_any(int mr, int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
                                     int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv,
                                     bool pf) {
-  if (mr == 2 && pf) PK_NS(2, true, b, A, words, blk, s0, nst, tab, C, ls, rsv)
+  if (mr == 4 && ns == 2) pk_vbmi(4, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
+  else if (mr == 4) pk_vbmi(4, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
+  else if (mr == 3 && ns == 2) pk_vbmi(3, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
+  else if (mr == 3) pk_vbmi(3, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
+  else if (mr == 2 && pf) PK_NS(2, true, b, A, words, blk, s0, nst, tab, C, ls, rsv)
   else if (mr == 2) PK_NS(2, false, b, A, words, blk, s0, nst, tab, C, ls, rsv)
   else if (pf) PK_NS(1, true, b, A, words, blk, s0, nst, tab, C, ls, rsv)
   else PK_NS(1, false, b, A, words, blk, s0, nst, tab, C, ls, rsv)
@@ -259,7 +372,12 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   ** on an AMD Zen 4: 1.13x at 1 row, 1.08x at 2, same-process A/B;
   ** prefetching only in the later passes cost 10-17% at 3-6 rows. */
   const bool pf = pk_far() || mt > 2;
+  /* On AMD three or four rows go together (pk_vbmi_h); Intel keeps the
+  ** row pairs it was tuned with (its far prefetch, not measured there
+  ** with pk_vbmi_h). */
+  const bool rows4 = !pk_far();
   float *C = b->scratch, *rsall = C + MOE8__GMM_MT * NT;
+  float *Sm = C + MR * NT; /* pk_vbmi_h's sums between chunks, after the task's rows of C */
   const int64_t words = packed_words(b, PATH_BF16);
   const uint32_t *A = (const uint32_t *)b->lhs_packed + (b->m0 - b->pk_row0) * words;
   __m512i tab[4];
@@ -269,19 +387,26 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   const float *all = rhs_scales_all(b, nst * 32, rsall);
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const float *rsv = rhs_scales_at(b, all, blk, nst * 32, rsall);
-    /* Rows in pairs over all the tile's strips: each pass reads the tile
-    ** front to back (four rows over half the strips read every pair row
-    ** in halves: 8% slower at 4 rows per expert, measured), and a row's
+    /* Rows in pairs over all the tile's strips, each pass reading the tile
+    ** front to back (four rows over half the strips in two passes read
+    ** every pair row in halves: 8% slower at 4 rows per expert, measured);
+    ** on AMD three or four rows at a time (pk_vbmi_h, or one pass where
+    ** the tile has one or two strips), five as three and two.  A row's
     ** sums are the same chains in any group. */
-    for (int64_t i = 0; i < mt; i += 2) {
-      const int mr = mt - i < 2 ? (int)(mt - i) : 2, nsmax = 4;
-      float ls[2];
+    for (int64_t i = 0; i < mt;) {
+      const int64_t left = mt - i;
+      const int mr = !rows4 || left < 3 ? (left < 2 ? (int)left : 2) : left == 5 ? 3 : left >= 4 ? 4 : 3;
+      float ls[4];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
-      for (int64_t s0 = 0; s0 < nst;) {
-        const int ns = nst - s0 >= nsmax ? nsmax : nst - s0 >= 2 ? 2 : 1;
-        pk_vbmi_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv, pf);
-        s0 += ns;
-      }
+      if (mr > 2 && nst > 2) pk_vbmi_h_any(mr, (int)nst - 2, b, A + i * words, words, blk, tab, C + i * NT, ls, rsv, Sm);
+      else if (mr > 2) pk_vbmi_any(mr, (int)nst, b, A + i * words, words, blk, 0, nst, tab, C + i * NT, ls, rsv, pf);
+      else
+        for (int64_t s0 = 0; s0 < nst;) {
+          const int ns = nst - s0 >= 4 ? 4 : nst - s0 >= 2 ? 2 : 1;
+          pk_vbmi_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv, pf);
+          s0 += ns;
+        }
+      i += mr;
     }
   }
   write_out(b, C, mt);
