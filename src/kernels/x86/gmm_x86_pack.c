@@ -145,6 +145,21 @@ void rhs_scales(const moe8__gmm_block *b, int64_t blk, int64_t ntp, float *rsv) 
 const float *rhs_scales_all(const moe8__gmm_block *b, int64_t ntp, float *dst) {
   if ((size_t)((const char *)dst - (const char *)b->scratch) + rhs_scales_bytes(b, ntp) > MOE8__GMM_SCRATCH) return NULL;
   for (int64_t blk = 0; blk < b->nbk; blk++) scales_row(b, blk, ntp, dst + blk * ntp);
+  /* The thread's next task (pk_next: the next column tile of the same
+  ** group) reads the rows beside these: ask for them now (into L2), so that
+  ** its copy finds them in the cache instead of waiting on memory at its
+  ** start.  An FP8 layer's decode at T = 8 spent 7% of its time in these
+  ** copies on an AMD Zen 4; with the prefetch it ran 1.03x faster, at
+  ** T = 32 1.02x (one thread; two 1.01x; same-process A/B, same bytes,
+  ** docs/performance.md). */
+  if (b->pk_next && b->rk == MOE8__SC_TILE && b->n1 < b->N) {
+    const int64_t n1 = b->n1 + MOE8__GMM_NT < b->N ? b->n1 + MOE8__GMM_NT : b->N;
+    for (int64_t blk = 0; blk < b->nbk; blk++) {
+      const float *row = b->rs + blk * b->N;
+      for (int64_t j = b->n1; j < n1; j += 16) _mm_prefetch((const char *)(row + j), _MM_HINT_T1);
+      _mm_prefetch((const char *)(row + n1 - 1), _MM_HINT_T1); /* the last line where the row is not aligned */
+    }
+  }
   return dst;
 }
 size_t rhs_scales_bytes(const moe8__gmm_block *b, int64_t ntp) { return sizeof(float) * (size_t)(b->nbk * ntp); }
