@@ -174,6 +174,24 @@ VBMI_TARGET void direct_fp8_vbmi_2rows(int ng, const moe8__gmm_block *b, const u
 }
 
 /* ---- the small-M kernel on packed FP8 weights (AVX512_VBMI) ----------- */
+/* C[i][32 (s0 + s) ..] += S · (ls · rs) for mr rows and ns strips of
+** block sums S (the promotion of ukr_bf16_prom, in registers). */
+VBMI_TARGET INLINE void pk_promote(const int mr, const int ns, __m512 (*c)[4][2], int64_t s0, float *C, const float *ls,
+                                   const float *rsv) {
+#pragma GCC unroll 4
+  for (int s = 0; s < ns; s++) {
+    const int64_t j = 32 * (s0 + s);
+    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const __m512 l = _mm512_set1_ps(ls[i]);
+      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
+      _mm512_storeu_ps(C + i * NT + j + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(c[i][s][1], _mm512_mul_ps(l, r1))));
+    }
+  }
+}
+
 /* The packed tile is one front-to-back stream: per k pair, nst strips of
 ** 64 codes.  A strip is two vpermi2b byte-table lookups (low and high byte
 ** of each code's bf16 word; the index's bit 7, the sign, is ignored and
@@ -218,18 +236,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
       }
     }
   }
-#pragma GCC unroll 4
-  for (int s = 0; s < ns; s++) {
-    const int64_t j = 32 * (s0 + s);
-    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
-#pragma GCC unroll 4
-    for (int i = 0; i < mr; i++) {
-      const __m512 l = _mm512_set1_ps(ls[i]);
-      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
-      _mm512_storeu_ps(C + i * NT + j + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(c[i][s][1], _mm512_mul_ps(l, r1))));
-    }
-  }
+  pk_promote(mr, ns, c, s0, C, ls, rsv);
 }
 
 /* Three or four rows over a tile of three or four strips, each strip's
@@ -248,7 +255,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 enum { PKH_CH = 64 };
 
 /* The sums of mr rows x ns strips: from Sm (a chunk after the first) or zero. */
-VBMI_TARGET INLINE void pkh_start(const int mr, const int ns, __m512 (*c)[2][2], const float *sm, bool load) {
+VBMI_TARGET INLINE void pkh_start(const int mr, const int ns, __m512 (*c)[4][2], const float *sm, bool load) {
 #pragma GCC unroll 4
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 2
@@ -259,7 +266,7 @@ VBMI_TARGET INLINE void pkh_start(const int mr, const int ns, __m512 (*c)[2][2],
 
 /* The chunk's sums into Sm (the block goes on) or promoted into C as
 ** pk_vbmi's, strips s0.. of the tile. */
-VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[2][2], float *sm, bool last, int64_t s0, float *C,
+VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[4][2], float *sm, bool last, int64_t s0, float *C,
                                 const float *ls, const float *rsv) {
   if (!last) {
 #pragma GCC unroll 4
@@ -270,22 +277,11 @@ VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[2][2], f
         for (int h = 0; h < 2; h++) _mm512_storeu_ps(sm + 32 * (2 * i + s) + 16 * h, c[i][s][h]);
     return;
   }
-#pragma GCC unroll 2
-  for (int s = 0; s < ns; s++) {
-    const int64_t j = 32 * (s0 + s);
-    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
-#pragma GCC unroll 4
-    for (int i = 0; i < mr; i++) {
-      const __m512 l = _mm512_set1_ps(ls[i]);
-      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
-      _mm512_storeu_ps(C + i * NT + j + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(c[i][s][1], _mm512_mul_ps(l, r1))));
-    }
-  }
+  pk_promote(mr, ns, c, s0, C, ls, rsv);
 }
 
 /* mr rows of one pair against strips s0 .. s0 + ns - 1 of the pair row at r. */
-VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[2][2], const uint32_t *A, int64_t words, int64_t w,
+VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[4][2], const uint32_t *A, int64_t words, int64_t w,
                                  const uint8_t *r, const __m512i *tab) {
   __m512i a[4];
 #pragma GCC unroll 4
@@ -310,7 +306,7 @@ VBMI_TARGET INLINE void pk_vbmi_h(const int mr, const int nb2, const moe8__gmm_b
   const uint8_t *r0 = pk_at(b, k0 / 2);
   for (int64_t q0 = 0; q0 < kp; q0 += PKH_CH) {
     const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
-    __m512 c[4][2][2];
+    __m512 c[4][4][2];
     pkh_start(mr, 2, c, Sm, q0 > 0);
     const uint8_t *r = r0 + (size_t)q0 * step;
     for (int64_t p = q0; p < q1; p++, r += step) {
@@ -492,18 +488,7 @@ VBMI_TARGET INLINE void pk_canon(const int mr, const int ns, const moe8__gmm_blo
       }
     return;
   }
-#pragma GCC unroll 4
-  for (int t = 0; t < ns; t++) {
-    const int64_t j = 32 * (s0 + t);
-    const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
-#pragma GCC unroll 4
-    for (int i = 0; i < mr; i++) {
-      const __m512 l = _mm512_set1_ps(ls[i]);
-      _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(s[i][t][0], _mm512_mul_ps(l, r0))));
-      _mm512_storeu_ps(C + i * NT + j + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j + 16), _mm512_mul_ps(s[i][t][1], _mm512_mul_ps(l, r1))));
-    }
-  }
+  pk_promote(mr, ns, s, s0, C, ls, rsv);
 }
 
 VBMI_TARGET static void pk_canon_any(int mr, int ns, const moe8__gmm_block *b, int64_t blk, int64_t s0, int64_t nst,
