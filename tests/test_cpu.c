@@ -40,7 +40,7 @@ static void child(const char *env, char *out, size_t cap) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   assert_true(n > 0);
   self[n] = '\0';
-  snprintf(cmd, sizeof cmd, "env -u MOE8_CPU_FEATURES -u MOE8_NO_VBMI -u MOE8_NO_BF16 -u MOE8_ISA -u MOE8_DEBUG %s '%s' report 2>&1", env,
+  snprintf(cmd, sizeof cmd, "env -u MOE8_CPU_FEATURES -u MOE8_NO_VBMI -u MOE8_NO_BF16 -u MOE8_ISA -u MOE8_DEBUG -u MOE8_CPU_VENDOR %s '%s' report 2>&1", env,
            self);
   FILE *f = popen(cmd, "r");
   assert_non_null(f);
@@ -78,6 +78,17 @@ static void test_feature_variables(void **state) {
   }
   child("MOE8_NO_VBMI=1", got, sizeof got);
   assert_non_null(strstr(got, "; vbmi 0"));
+  /* MOE8_CPU_VENDOR (read with the AVX-512 features): intel and amd are
+  ** taken without a word, anything else is refused and ignored; the
+  ** features are the CPU's either way. */
+  child("MOE8_CPU_VENDOR=intel", got, sizeof got);
+  assert_string_equal(got, base);
+  child("MOE8_CPU_VENDOR=amd", got, sizeof got);
+  assert_string_equal(got, base);
+  child("MOE8_CPU_VENDOR=arm", got, sizeof got);
+  printf("MOE8_CPU_VENDOR=arm: %s", got);
+  assert_non_null(strstr(got, "MOE8_CPU_VENDOR=arm is not intel or amd; ignored"));
+  assert_non_null(strstr(got, base));
   /* Names matched exactly; each of F, BW, VL, DQ keeps the AVX-512 base. */
   static const char *const base_names[] = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bw,avx512f,avx512dq,avx512vl"};
   for (size_t i = 0; i < sizeof base_names / sizeof base_names[0]; i++) {

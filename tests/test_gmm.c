@@ -749,7 +749,10 @@ static void test_tgmm(void **state) {
   free(x); free(dy); free(out);
 }
 
-int main(void) {
+/* An argument runs only the tests it matches (cmocka_set_test_filter:
+** * and ? wildcards), as the vendor runs of CMakeLists.txt do. */
+int main(int argc, char **argv) {
+  if (argc > 1) cmocka_set_test_filter(argv[1]);
   tu_seed();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_gmm_bad_input),
