@@ -120,7 +120,7 @@ static void detect(void) {
   { /* the vendor, a report like the others: "GenuineIntel" in EBX, EDX, ECX */
     unsigned v0, v1, v2, v3;
     if (__get_cpuid(0, &v0, &v1, &v2, &v3) && v1 == 0x756E6547u && v3 == 0x49656E69u && v2 == 0x6C65746Eu) fs |= MOE8__CPU_INTEL;
-    /* MOE8_CPU_VENDOR=intel|amd picks the other vendor's tuning (how far
+    /* MOE8_CPU_VENDOR=intel|amd picks that vendor's tuning (how far
     ** the decode kernels prefetch, the few-row FP8 blocking), so tests run
     ** both on any CPU; any other value is refused, the override ignored. */
     const char *ven = getenv("MOE8_CPU_VENDOR");

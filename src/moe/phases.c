@@ -922,10 +922,10 @@ moe8_status moe8__experts_backward(const moe8_layer *L, int set, int64_t rows, c
         }
     }
   }
-done: {
-  float *const bufs[] = {dyr, dh, hh, dgu, dgur, xh, wgu, wd, dwgu}; /* C11: no declaration right after a label */
+done: { /* a block: C11 allows no declaration right after a label */
+  float *const bufs[] = {dyr, dh, hh, dgu, dgur, xh, wgu, wd, dwgu};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) moe8__pool_put(pl, bufs[i]);
-}
+  }
   return st;
 }
 

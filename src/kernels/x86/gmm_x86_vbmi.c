@@ -250,8 +250,8 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 ** chunk's lines (contiguous: this block's next chunk or the next block)
 ** into L2.  The chains, their order and the promotion are pk_vbmi's: the
 ** same bytes.  A block longer than a chunk keeps its sums in Sm between
-** chunks.  Same-process A/B on an AMD Zen 4 (docs/performance.md): 1.23x
-** at 3 rows an expert, 1.46x at 4, 1.48x at 8, one thread. */
+** chunks.  Same-process A/B on an AMD Zen 4 (docs/performance.md):
+** 1.20-1.23x at 3 rows an expert, 1.46-1.49x at 4, 1.85x at 8, one thread. */
 enum { PKH_CH = 64 };
 
 /* The sums of mr rows x ns strips: from Sm (a chunk after the first) or zero. */
