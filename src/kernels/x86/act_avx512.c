@@ -409,19 +409,19 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
 #pragma GCC unroll 4
     for (int r = 0; r < rr; r++) {
       const uint8_t *x = xp + r * ldxp;
-      int32_t nc0, xw[8];
-      float sh;
-      memcpy(&nc0, x + K + 4 * b, 4);
-      memcpy(&sh, x + K + 4 * nb + 4 * b, 4);
-      memcpy(xw, x + 32 * b, 32);
+      /* the activation words, the correction and the scale broadcast
+      ** straight from memory (a load each; through a general register
+      ** each was a shuffle as well, which bound the loop on an AMD Zen 4) */
+      const uint8_t *xb = x + 32 * b;
       /* two chains of 4 (the low and the high nibbles), then their sum */
-      __m512i acc = _mm512_set1_epi32(nc0), acc2 = _mm512_setzero_si512();
+      __m512i acc = _mm512_broadcastd_epi32(_mm_loadu_si32(x + K + 4 * b)), acc2 = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int u = 0; u < 4; u++) {
-        acc = moe8__dpbusd(acc, lo[u], _mm512_set1_epi32(xw[2 * u]));
-        acc2 = moe8__dpbusd(acc2, hi[u], _mm512_set1_epi32(xw[2 * u + 1]));
+        acc = moe8__dpbusd(acc, lo[u], _mm512_broadcastd_epi32(_mm_loadu_si32(xb + 8 * u)));
+        acc2 = moe8__dpbusd(acc2, hi[u], _mm512_broadcastd_epi32(_mm_loadu_si32(xb + 8 * u + 4)));
       }
-      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, acc2)), _mm512_mul_ps(sw, _mm512_set1_ps(sh)), f[r]);
+      const __m512 sh = _mm512_broadcastss_ps(_mm_castsi128_ps(_mm_loadu_si32(x + K + 4 * nb + 4 * b)));
+      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, acc2)), _mm512_mul_ps(sw, sh), f[r]);
     }
   }
 #pragma GCC unroll 4
