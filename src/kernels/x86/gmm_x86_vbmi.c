@@ -246,12 +246,16 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 ** reads the stream in pieces, which on an AMD Zen 4 ran at a third of its
 ** speed from memory (its prefetchers follow whole rows).  So per chunk of
 ** up to PKH_CH pairs: pass A sums strips 0-1 and asks for the row's other
-** lines into L1; pass B sums strips 2.. from L1 and asks for the next
-** chunk's lines (contiguous: this block's next chunk or the next block)
-** into L2.  The chains, their order and the promotion are pk_vbmi's: the
-** same bytes.  A block longer than a chunk keeps its sums in Sm between
-** chunks.  Same-process A/B on an AMD Zen 4 (docs/performance.md):
-** 1.20-1.23x at 3 rows an expert, 1.46-1.49x at 4, 1.85x at 8, one thread. */
+** lines into L1; pass B sums strips 2.. from L1.  Both passes ask for the
+** next chunk's lines (contiguous: this block's next chunk or the next
+** block) into L2, half a pair row at each pair, so the memory streams the
+** next chunk all the while the passes work on this one (all of it asked
+** for in pass B left pass A waiting).  The chains, their order and the
+** promotion are pk_vbmi's: the same bytes.  A block longer than a chunk
+** keeps its sums in Sm between chunks.  Same-process A/B on an AMD Zen 4
+** (docs/performance.md), one thread: against the row pairs 1.20-1.23x at
+** 3 rows an expert, 1.46-1.49x at 4; the prefetch in both passes against
+** pass B alone 1.38x more at 3 and 4 rows, 1.23x at 5. */
 enum { PKH_CH = 64 };
 
 /* The sums of mr rows x ns strips: from Sm (a chunk after the first) or zero. */
@@ -302,27 +306,25 @@ VBMI_TARGET INLINE void pk_vbmi_h(const int mr, const int nb2, const moe8__gmm_b
                                   int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
   const int64_t w0 = block_word(b, PATH_BF16, blk);
-  const size_t step = (size_t)(2 + nb2) * 64;
+  const size_t step = (size_t)(2 + nb2) * 64, half = step / 2;
   const uint8_t *r0 = pk_at(b, k0 / 2);
   for (int64_t q0 = 0; q0 < kp; q0 += PKH_CH) {
     const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
     __m512 c[4][4][2];
     pkh_start(mr, 2, c, Sm, q0 > 0);
     const uint8_t *r = r0 + (size_t)q0 * step;
-    for (int64_t p = q0; p < q1; p++, r += step) {
+    const uint8_t *nx = r0 + (size_t)q1 * step; /* the next chunk, half a pair row a pair in each pass */
+    for (int64_t p = q0; p < q1; p++, r += step, nx += half) {
 #pragma GCC unroll 2
       for (int s = 0; s < nb2; s++) _mm_prefetch((const char *)(r + 64 * (2 + s)), _MM_HINT_T0);
+      for (size_t l = 0; l < half; l += 64) _mm_prefetch((const char *)(nx + l), _MM_HINT_T1);
       pkh_pair(mr, 2, c, A, words, w0 + p, r, tab);
     }
     pkh_end(mr, 2, c, Sm, q1 == kp, 0, C, ls, rsv);
     pkh_start(mr, nb2, c, Sm + 4 * 64, q0 > 0);
-    const uint8_t *nx = r0 + (size_t)q1 * step; /* two pair rows every other pair */
     r = r0 + (size_t)q0 * step;
-    for (int64_t p = q0; p < q1; p++, r += step) {
-      if (!((p - q0) & 1)) {
-        for (size_t l = 0; l < 2 * step; l += 64) _mm_prefetch((const char *)(nx + l), _MM_HINT_T1);
-        nx += 2 * step;
-      }
+    for (int64_t p = q0; p < q1; p++, r += step, nx += step - half) {
+      for (size_t l = 0; l < step - half; l += 64) _mm_prefetch((const char *)(nx + l), _MM_HINT_T1);
       pkh_pair(mr, nb2, c, A, words, w0 + p, r + 128, tab);
     }
     pkh_end(mr, nb2, c, Sm + 4 * 64, q1 == kp, 2, C, ls, rsv);
