@@ -255,7 +255,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 ** keeps its sums in Sm between chunks.  Same-process A/B on an AMD Zen 4
 ** (docs/performance.md), one thread: against the row pairs 1.20-1.23x at
 ** 3 rows an expert, 1.46-1.49x at 4; the prefetch in both passes against
-** pass B alone 1.38x more at 3 and 4 rows, 1.23x at 5. */
+** pass B alone 1.38-1.40x more at 3 rows, 1.09-1.38x at 4, 1.12-1.23x at 5. */
 enum { PKH_CH = 64 };
 
 /* The sums of mr rows x ns strips: from Sm (a chunk after the first) or zero. */
