@@ -213,8 +213,9 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
   /* The tile's stream from memory: its lines PKPF_NEAR / _FAR pairs
   ** ahead (a task starts cold on a new stream, which the prefetchers pick
-  ** up late; a prefetch past the end does not fault). */
-  const bool far = pk_far();
+  ** up late; a prefetch past the end does not fault).  A row pair takes
+  ** the far prefetch on AMD too (see gmm_block_pk_small). */
+  const bool far = pk_far() || mr == 2;
   const size_t pfd = far ? PKPF_FAR : PKPF_NEAR;
   for (int64_t p = 0; p < kp; p++, r += step) {
     __m512i a[4];
@@ -364,12 +365,17 @@ VBMI_TARGET static void pk_vbmi_any(int mr, int ns, const moe8__gmm_block *b, co
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   /* Software prefetch of the stream: on Intel always (PKPF_FAR into L2);
-  ** on AMD only where a block has a second row pair, whose prefetches
-  ** bring the next block while it sums from L1.  One or two rows (one
-  ** pass, from memory) streamed faster on the hardware prefetchers alone
-  ** on an AMD Zen 4: 1.13x at 1 row, 1.08x at 2, same-process A/B;
-  ** prefetching only in the later passes cost 10-17% at 3-6 rows. */
-  const bool pf = pk_far() || mt > 2;
+  ** on AMD from two rows.  One row (one pass, from memory) streamed faster
+  ** on the hardware prefetchers alone on an AMD Zen 4 (1.13x against
+  ** PKPF_NEAR into L1, about 1.2x against PKPF_FAR).  Two rows, bound by
+  ** the conversion and the dot products in cache, take the far prefetch
+  ** (pk_vbmi: 1.05x / 1.05-1.08x at 2 rows an expert on 1 / 2 threads,
+  ** 1.22x on the down projection's shape, the layer at T=16 1.02x;
+  ** same-process A/B), where the near one had cost 8%.  Three or more go
+  ** through pk_vbmi_h's own prefetch, or in a tile of one or two strips
+  ** pk_vbmi's near one (prefetching only in the later passes cost 10-17%
+  ** at 3-6 rows). */
+  const bool pf = pk_far() || mt >= 2;
   /* On AMD three or four rows go together (pk_vbmi_h); Intel keeps the
   ** row pairs it was tuned with (its far prefetch, not measured there
   ** with pk_vbmi_h). */
