@@ -198,10 +198,12 @@ VBMI_TARGET INLINE void pk_promote(const int mr, const int ns, __m512 (*c)[4][2]
 ** ORed into the high byte), then two in-lane unpacks give the pair vectors
 ** of columns 0-15 and 16-31 in order.  mr rows x ns strips, starting at
 ** strip s0; the block's sums never leave the registers and are promoted
-** into C as ukr_bf16_prom does, so the bytes are the panel path's. */
+** into C as ukr_bf16_prom does, so the bytes are the panel path's.  pf:
+** prefetch the stream, PKPF_FAR pairs ahead (far) or PKPF_NEAR (the
+** caller's choice, gmm_block_pk_small). */
 VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
                                 int64_t blk, int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls,
-                                const float *rsv, const bool pf) {
+                                const float *rsv, const bool pf, bool far) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
   const int64_t w0 = block_word(b, PATH_BF16, blk);
   const uint8_t *r = pk_at(b, k0 / 2) + (size_t)s0 * 64;
@@ -213,9 +215,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
     for (int s = 0; s < ns; s++) c[i][s][0] = c[i][s][1] = _mm512_setzero_ps();
   /* The tile's stream from memory: its lines PKPF_NEAR / _FAR pairs
   ** ahead (a task starts cold on a new stream, which the prefetchers pick
-  ** up late; a prefetch past the end does not fault).  A row pair takes
-  ** the far prefetch on AMD too (see gmm_block_pk_small). */
-  const bool far = pk_far() || mr == 2;
+  ** up late; a prefetch past the end does not fault). */
   const size_t pfd = far ? PKPF_FAR : PKPF_NEAR;
   for (int64_t p = 0; p < kp; p++, r += step) {
     __m512i a[4];
@@ -344,20 +344,19 @@ VBMI_TARGET static void pk_vbmi_h_any(int mr, int nb2, const moe8__gmm_block *b,
 ** the accumulators stay in registers. */
 #define PK_NS(mr, pf, ...)                                 \
   switch (ns) {                                            \
-    case 4: pk_vbmi(mr, 4, __VA_ARGS__, pf); break;        \
-    case 2: pk_vbmi(mr, 2, __VA_ARGS__, pf); break;        \
-    default: pk_vbmi(mr, 1, __VA_ARGS__, pf); break;       \
+    case 4: pk_vbmi(mr, 4, __VA_ARGS__, pf, far); break;   \
+    case 2: pk_vbmi(mr, 2, __VA_ARGS__, pf, far); break;   \
+    default: pk_vbmi(mr, 1, __VA_ARGS__, pf, far); break;  \
   }
 
 VBMI_TARGET static void pk_vbmi_any(int mr, int ns, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
                                     int64_t s0, int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv,
-                                    bool pf) {
-  if (mr == 4 && ns == 2) pk_vbmi(4, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
-  else if (mr == 4) pk_vbmi(4, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
-  else if (mr == 3 && ns == 2) pk_vbmi(3, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
-  else if (mr == 3) pk_vbmi(3, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf);
-  else if (mr == 2 && pf) PK_NS(2, true, b, A, words, blk, s0, nst, tab, C, ls, rsv)
-  else if (mr == 2) PK_NS(2, false, b, A, words, blk, s0, nst, tab, C, ls, rsv)
+                                    bool pf, bool far) {
+  if (mr == 4 && ns == 2) pk_vbmi(4, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf, far);
+  else if (mr == 4) pk_vbmi(4, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf, far);
+  else if (mr == 3 && ns == 2) pk_vbmi(3, 2, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf, far);
+  else if (mr == 3) pk_vbmi(3, 1, b, A, words, blk, s0, nst, tab, C, ls, rsv, pf, far);
+  else if (mr == 2) PK_NS(2, true, b, A, words, blk, s0, nst, tab, C, ls, rsv) /* two rows always prefetch (pf) */
   else if (pf) PK_NS(1, true, b, A, words, blk, s0, nst, tab, C, ls, rsv)
   else PK_NS(1, false, b, A, words, blk, s0, nst, tab, C, ls, rsv)
 }
@@ -375,7 +374,7 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   ** through pk_vbmi_h's own prefetch, or in a tile of one or two strips
   ** pk_vbmi's near one (prefetching only in the later passes cost 10-17%
   ** at 3-6 rows). */
-  const bool pf = pk_far() || mt >= 2;
+  const bool pf = pk_far() || mt >= 2, far = pk_far() || mt == 2;
   /* On AMD three or four rows go together (pk_vbmi_h); Intel keeps the
   ** row pairs it was tuned with (its far prefetch, not measured there
   ** with pk_vbmi_h). */
@@ -404,11 +403,11 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
       float ls[4];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
       if (mr > 2 && nst > 2) pk_vbmi_h_any(mr, (int)nst - 2, b, A + i * words, words, blk, tab, C + i * NT, ls, rsv, Sm);
-      else if (mr > 2) pk_vbmi_any(mr, (int)nst, b, A + i * words, words, blk, 0, nst, tab, C + i * NT, ls, rsv, pf);
+      else if (mr > 2) pk_vbmi_any(mr, (int)nst, b, A + i * words, words, blk, 0, nst, tab, C + i * NT, ls, rsv, pf, far);
       else
         for (int64_t s0 = 0; s0 < nst;) {
           const int ns = nst - s0 >= 4 ? 4 : nst - s0 >= 2 ? 2 : 1;
-          pk_vbmi_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv, pf);
+          pk_vbmi_any(mr, ns, b, A + i * words, words, blk, s0, nst, tab, C + i * NT, ls, rsv, pf, far);
           s0 += ns;
         }
       i += mr;
