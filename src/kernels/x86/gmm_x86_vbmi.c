@@ -678,8 +678,8 @@ VBMI_TARGET void gmm_block_pk_rows(const moe8__gmm_block *b) {
   pack_b_pk_vbmi(b, 0, kp, ntp, Bp, 32, kp * 32, 0);
   rhs_scales_all(b, ntp, rsv);
   const uint8_t *pf = b->pk_next, *pf_end = b->pk_next ? b->pk_next + b->pk_next_bytes : NULL;
-  for (int64_t i = 0; i < mt; i += RF) {
-    const int mr = mt - i < RF ? (int)(mt - i) : RF;
+  for (int64_t i = 0, mr; i < mt; i += mr) {
+    mr = rows_next(mt - i, RF);
     for (int64_t s = 0; s < nst; s++) {
       const uint8_t *pfb = pf < pf_end ? pf : NULL;
       pf += (size_t)(kp + 7) / 8 * 64;
