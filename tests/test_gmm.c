@@ -513,13 +513,15 @@ static void test_gmm_determinism(void **state) {
 }
 
 /* Packed i8 and e4m3 weights with 3 to 9 rows an expert (the small-M
-** kernels' row groups: pairs, threes, fours and their tails) and extreme
+** kernels' row groups: pairs, threes, fours, i8's four or five rows in one
+** stream with the rest in threes, and their tails) and extreme
 ** codes on both sides (i8: -128 and 127, so the compensation of either
 ** operand is exercised at its limits; e4m3: ±448 and subnormals): every
 ** table's bytes equal the reference's (FP8: in the canonical order), on
 ** the plain and on the packed weights, and FP8's packed weights give the
-** plain weights' bytes in the native order.  K 4, 260 and 2048 with a single block (per-channel) and with
-** 64-blocks (row-tile x channel-tile); N with a masked last vector. */
+** plain weights' bytes in the native order.  K 4, 260 and 2048 with a single block (per-channel; 2048: i8's
+** stream of more than one chunk) and with 64-blocks (row-tile x channel-tile); N with a masked last vector and
+** with whole tiles of 128 columns. */
 static int8_t few_code(moe8_dtype dt, int64_t i) {
   const uint32_t u = (uint32_t)tu_u64();
   if (dt == MOE8_DTYPE_I8) return (int8_t)(u % 4 == 0 ? (i & 1 ? -128 : 127) : (int)(u >> 8) % 256 - 128);
@@ -550,26 +552,26 @@ static void test_gmm_few_rows(void **state) {
       for (size_t ni = 0; ni < 4; ni++) {
         const int64_t K = Ks[ki], N = Ns[ni], tile = tiled ? 64 : 0;
         if (tiled && K % 64) continue;
-        const int32_t gs[6] = {3, 4, 5, 6, 8, 9};
+        const int32_t gs[7] = {3, 4, 5, 6, 7, 8, 9};
         int64_t M = 0;
-        for (int g = 0; g < 6; g++) M += gs[g];
+        for (int g = 0; g < 7; g++) M += gs[g];
         const moe8_dtype dt = di ? MOE8_DTYPE_F8E4M3 : MOE8_DTYPE_I8;
         tu_rng_reset((uint64_t)(900 + di * 64 + tiled * 16 + ki * 4 + ni));
-        int8_t *x = malloc((size_t)(M * K)), *w = malloc((size_t)(6 * K * N));
+        int8_t *x = malloc((size_t)(M * K)), *w = malloc((size_t)(7 * K * N));
         for (int64_t i = 0; i < M * K; i++) x[i] = few_code(dt, i);
-        for (int64_t i = 0; i < 6 * K * N; i++) w[i] = few_code(dt, i >> 1);
+        for (int64_t i = 0; i < 7 * K * N; i++) w[i] = few_code(dt, i >> 1);
         const int64_t nb = tiled ? K / 64 : 1;
-        float *xs = malloc(sizeof(float) * (size_t)(M * nb)), *ws = malloc(sizeof(float) * (size_t)(6 * nb * N));
+        float *xs = malloc(sizeof(float) * (size_t)(M * nb)), *ws = malloc(sizeof(float) * (size_t)(7 * nb * N));
         for (int64_t i = 0; i < M * nb; i++) xs[i] = 0.5f + (float)(i % 7) * 0.125f;
-        for (int64_t i = 0; i < 6 * nb * N; i++) ws[i] = 0.001f * (float)(1 + i % 5);
-        moe8_gmm_args a = {.M = M, .K = K, .N = N, .num_groups = 6, .group_sizes = gs, .num_local = 6,
+        for (int64_t i = 0; i < 7 * nb * N; i++) ws[i] = 0.001f * (float)(1 + i % 5);
+        moe8_gmm_args a = {.M = M, .K = K, .N = N, .num_groups = 7, .group_sizes = gs, .num_local = 7,
                            .lhs = {dt, x, xs, tiled ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, tile},
                            .rhs = {dt, w, ws, tiled ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, tile},
                            .out_dtype = MOE8_DTYPE_F32};
         const size_t ob = sizeof(float) * (size_t)(M * N);
         float *want = malloc(ob), *got = malloc(ob);
-        void *pk = malloc(moe8_gmm_packed_size(dt, 6, K, N));
-        assert_int_equal(moe8_gmm_pack_rhs(dt, w, 6, K, N, pk), MOE8_OK);
+        void *pk = malloc(moe8_gmm_packed_size(dt, 7, K, N));
+        assert_int_equal(moe8_gmm_pack_rhs(dt, w, 7, K, N, pk), MOE8_OK);
         /* i8 sums are exact in any order: every table gives the
         ** reference's bytes.  FP8 does in the canonical order; in the
         ** native one each table's packed run gives its plain run's bytes. */

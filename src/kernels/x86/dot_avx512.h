@@ -22,6 +22,14 @@
     __asm__("vpdpbusd %2, %1, %0" : "+v"(c_) : "v"((__m512i)(a)), "vm"((__m512i)(b))); \
     c_; })
 
+/* moe8__dpbusd(c, a, the 32-bit word at p in every lane): the instruction
+** reads the word itself ({1to16}), so a kernel whose accumulators fill
+** the registers needs none for the broadcast. */
+#define moe8__dpbusd_b(c, a, p) __extension__({ \
+    __m512i c_ = (c);                                                   \
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(c_) : "v"((__m512i)(a)), "m"(*(const int32_t *)(const void *)(p))); \
+    c_; })
+
 /* c + a.even · b.even + a.odd · b.odd (bf16 pairs), per f32 lane. */
 #define moe8__dpbf16(c, a, b) __extension__({ \
     __m512 c_ = (c);                                                    \

@@ -185,6 +185,69 @@ VNNI_TARGET static void pk_i8x_any(int mr, int nvv, const moe8__gmm_block *b, co
   else PKX_NV(1, b, A, words, w0, sflip, blk, kq, v0, nv, C, ls, rsv, asum)
 }
 
+/* Four or five rows over a whole tile's eight vectors in one stream from
+** memory.  Rows in threes read the tile once per three rows, the second
+** pass from L2 taking about a third of the first's time (4 rows an expert
+** streamed at 0.75x the speed of 3).  Here one loop sums the mr rows
+** against the vectors in vm (28 or 30 accumulators; the activation words
+** are read by vpdpbusd itself, from signed copies, and the +128 from
+** memory, so no register holds a broadcast), touching every 128-byte pair
+** of each 512-byte quad row, and a second loop then sums the vectors in
+** vs, whose lines came into L2 beside their pair with the first loop's
+** stream (a first loop that skips pairs, the even vectors then the odd
+** ones, ran at 0.5-0.6x: those lines then came from memory one by one).
+** In chunks of WQ quads, the sums kept in scratch between them (integer
+** sums: any order gives the same value), so the second loop finds its
+** lines in L2 whatever K.  Promoted as pk_i8x: the same bytes.  On an AMD
+** Zen 4 (same-process A/B, 16 experts from memory): 4 rows 1.14x, 5 rows
+** 1.06x, 7 as 5 + 2 1.10x, 8 as 5 + 3 1.03x against threes; 6 rows at
+** once (30 accumulators over 5 vectors, then 3) was level with two
+** threes, 4 + 2 and 5 + 1 slower, so six stay in threes
+** (docs/performance.md). */
+enum { WQ = 256 };
+static const int32_t g_top = (int32_t)0x80808080u;
+VNNI_TARGET INLINE void pk_i8w_loop(const int mr, const int nvs, const int *vl, const uint8_t *r, const uint32_t *As, int64_t kw,
+                                    int64_t q0, int64_t q1, int32_t *acc) {
+  __m512i c[5][7];
+#pragma GCC unroll 7
+  for (int v = 0; v < nvs; v++)
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++) c[i][v] = q0 ? _mm512_loadu_si512(acc + i * NT + 16 * vl[v]) : _mm512_setzero_si512();
+  r += (size_t)q0 * 512;
+  for (int64_t q = q0; q < q1; q++, r += 512) {
+#pragma GCC unroll 7
+    for (int v = 0; v < nvs; v++) {
+      __m512i x = _mm512_loadu_si512(r + 64 * vl[v]);
+      __asm__("vpxord %1%{1to16%}, %0, %0" : "+v"(x) : "m"(g_top)); /* b + 128 */
+#pragma GCC unroll 6
+      for (int i = 0; i < mr; i++) c[i][v] = moe8__dpbusd_b(c[i][v], x, As + i * kw + q);
+    }
+  }
+#pragma GCC unroll 7
+  for (int v = 0; v < nvs; v++)
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++) _mm512_storeu_si512(acc + i * NT + 16 * vl[v], c[i][v]);
+}
+
+VNNI_TARGET INLINE void pk_i8w(const int mr, const moe8__gmm_block *b, const uint32_t *As, int64_t kw, int64_t blk, int64_t kq,
+                               int32_t *acc) {
+  static const int vm[2][7] = {{0, 1, 2, 3, 4, 5, 6}, {0, 1, 2, 3, 4, 6}};
+  static const int vs[2][2] = {{7}, {5, 7}};
+  const int nm = mr == 4 ? 7 : 6;
+  const uint8_t *r = pk_at(b, blk * b->kb / 4);
+  for (int64_t q0 = 0; q0 < kq; q0 += WQ) {
+    const int64_t q1 = q0 + WQ < kq ? q0 + WQ : kq;
+    pk_i8w_loop(mr, nm, vm[mr - 4], r, As, kw, q0, q1, acc);
+    pk_i8w_loop(mr, 8 - nm, vs[mr - 4], r, As, kw, q0, q1, acc);
+  }
+}
+
+VNNI_TARGET static void pk_i8w_any(int mr, const moe8__gmm_block *b, const uint32_t *As, int64_t kw, int64_t blk, int64_t kq,
+                                   int32_t *acc) {
+  if (mr == 4) pk_i8w(4, b, As, kw, blk, kq, acc);
+  else pk_i8w(5, b, As, kw, blk, kq, acc);
+}
+
 /* Σ of the signed bytes of n packed words (bytewise word ^ sflip). */
 VNNI_TARGET static int32_t packed_sum(const uint32_t *w, int64_t n, uint32_t sflip) {
   const __m512i ones = _mm512_set1_epi8(1), f = _mm512_set1_epi32((int)sflip);
@@ -196,12 +259,49 @@ VNNI_TARGET static int32_t packed_sum(const uint32_t *w, int64_t n, uint32_t sfl
   return _mm512_reduce_add_epi32(s);
 }
 
-/* One block of three rows or more, in threes. */
+/* The first rows of a whole tile in one stream (pk_i8w): 4 or 5 rows
+** alone, 5 of 7 or 8 (the rest then in threes), where the signed words
+** and the sums fit in the scratch ws of wsb bytes.  Returns the rows done
+** (0: all in threes). */
+VNNI_TARGET static int64_t i8pk_block_wide(const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t bw, uint32_t sflip,
+                                           int64_t blk, int64_t kq, int64_t nv, float *C, const float *rsv, void *ws, size_t wsb) {
+  const int64_t mt = b->m1 - b->m0, w = mt == 4 ? 4 : 5;
+  int32_t *acc = ws, asum[5];
+  uint32_t *As = (uint32_t *)(acc + 5 * NT);
+  if (nv != 8 || mt < 4 || mt == 6 || sizeof(int32_t) * (size_t)(5 * NT + (sflip ? w * kq : 0)) > wsb) return 0;
+  const uint32_t *src = A + blk * bw;
+  int64_t kw = words;
+  if (sflip) { /* the words as signed bytes, each row's block together */
+    const __m512i f = _mm512_set1_epi32((int)sflip);
+    for (int64_t r = 0; r < w; r++)
+      for (int64_t q = 0; q < kq; q += 16) {
+        const __mmask16 m = kq - q >= 16 ? 0xFFFF : (__mmask16)((1u << (kq - q)) - 1);
+        _mm512_mask_storeu_epi32(As + r * kq + q, m, _mm512_xor_si512(_mm512_maskz_loadu_epi32(m, src + r * words + q), f));
+      }
+    src = As;
+    kw = kq;
+  }
+  for (int r = 0; r < w; r++) asum[r] = packed_sum(A + r * words + blk * bw, kq, sflip);
+  pk_i8w_any((int)w, b, src, kw, blk, kq, acc);
+  for (int r = 0; r < w; r++) {
+    const __m512i k = _mm512_set1_epi32((int)((uint32_t)asum[r] << 7));
+    const __m512 l = _mm512_set1_ps(moe8__gmm_ls(b, b->m0 + r, blk));
+    for (int v = 0; v < 8; v++) {
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(acc + r * NT + 16 * v), k));
+      float *c = C + r * NT + 16 * v;
+      _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_mul_ps(s, _mm512_mul_ps(l, _mm512_loadu_ps(rsv + 16 * v)))));
+    }
+  }
+  return w;
+}
+
+/* One block of three rows or more: the first four or five at once where
+** the tile is whole (i8pk_block_wide), the rest in threes. */
 VNNI_TARGET static void i8pk_block_threes(const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t bw, uint32_t flip,
-                                          int64_t blk, int64_t nv, float *C, const float *rsv) {
+                                          int64_t blk, int64_t nv, float *C, const float *rsv, void *ws, size_t wsb) {
   const int64_t mt = b->m1 - b->m0, k0 = blk * b->kb, kq = ((k0 + b->kb < b->K ? k0 + b->kb : b->K) - k0 + 3) / 4;
   const uint32_t sflip = flip ^ 0x80808080u; /* packed word -> signed bytes a */
-  for (int64_t i = 0; i < mt;) {
+  for (int64_t i = i8pk_block_wide(b, A, words, bw, sflip, blk, kq, nv, C, rsv, ws, wsb); i < mt;) {
     const int mr = mt - i < 3 ? (int)(mt - i) : 3; /* 3 + 1 for four rows: 2 + 2 measured 7% slower */
     float ls[3];
     int32_t asum[3];
@@ -233,10 +333,15 @@ VNNI_TARGET void gmm_block_i8pk_small_rows(const moe8__gmm_block *b, int64_t wor
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   /* Every block's scales before the stream (rhs_scales_all), after C. */
   const float *all = rhs_scales_all(b, nv * 16, rsall);
+  /* the wide kernel's scratch: after the scales (or the one row of them) */
+  char *ws = (char *)(rsall + (all ? b->nbk : 1) * nv * 16);
+  ws += (64 - (uintptr_t)ws % 64) % 64;
+  const ptrdiff_t wleft = (char *)b->scratch + MOE8__GMM_SCRATCH - ws;
+  const size_t wsb = wleft > 0 ? (size_t)wleft : 0;
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const float *rsv = rhs_scales_at(b, all, blk, nv * 16, rsall);
     if (mt > 2) {
-      i8pk_block_threes(b, A, words, bw, flip, blk, nv, C, rsv);
+      i8pk_block_threes(b, A, words, bw, flip, blk, nv, C, rsv, ws, wsb);
       continue;
     }
     /* Rows in pairs (each row's sums are the same in any group of rows). */
@@ -411,8 +516,8 @@ VNNI_TARGET void gmm_block_i8pk_rows(const moe8__gmm_block *b) {
   const int64_t passes = moe8__cdiv(mt, RI) * moe8__cdiv(nv, VG), lines = (int64_t)(b->pk_next_bytes / 64);
   int pfm = 7;
   while (pfm > 0 && passes * moe8__cdiv(b->K, 4) / (pfm + 1) < lines) pfm >>= 1;
-  for (int64_t i = 0; i < mt; i += RI) {
-    const int mr = mt - i < RI ? (int)(mt - i) : RI;
+  for (int64_t i = 0, mr; i < mt; i += mr) {
+    mr = rows_next(mt - i, RI);
     for (int64_t v0 = 0; v0 < nv; v0 += VG)
       rows_i8_group_any(mr, nv - v0 >= VG ? VG : (int)(nv - v0), b, A + i * words, words, i, v0, nv, C, cs, rsv, ntp, direct, &pf, pf_end,
                         pfm, carry);
