@@ -204,7 +204,7 @@ VNNI_TARGET static void pk_i8x_any(int mr, int nvv, const moe8__gmm_block *b, co
 ** once (30 accumulators over 5 vectors, then 3) was level with two
 ** threes, 4 + 2 and 5 + 1 slower, so six stay in threes
 ** (docs/performance.md). */
-enum { WQ = 256 };
+enum { WQ = 256, WROW = 8 * 64 /* a whole tile's quad row: 8 vectors */ };
 static const int32_t g_top = (int32_t)0x80808080u;
 VNNI_TARGET INLINE void pk_i8w_loop(const int mr, const int nvs, const int *vl, const uint8_t *r, const uint32_t *As, int64_t kw,
                                     int64_t q0, int64_t q1, int32_t *acc) {
@@ -213,8 +213,8 @@ VNNI_TARGET INLINE void pk_i8w_loop(const int mr, const int nvs, const int *vl, 
   for (int v = 0; v < nvs; v++)
 #pragma GCC unroll 6
     for (int i = 0; i < mr; i++) c[i][v] = q0 ? _mm512_loadu_si512(acc + i * NT + 16 * vl[v]) : _mm512_setzero_si512();
-  r += (size_t)q0 * 512;
-  for (int64_t q = q0; q < q1; q++, r += 512) {
+  r += (size_t)q0 * WROW;
+  for (int64_t q = q0; q < q1; q++, r += WROW) {
 #pragma GCC unroll 7
     for (int v = 0; v < nvs; v++) {
       __m512i x = _mm512_loadu_si512(r + 64 * vl[v]);
@@ -302,7 +302,7 @@ VNNI_TARGET static void i8pk_block_threes(const moe8__gmm_block *b, const uint32
   const int64_t mt = b->m1 - b->m0, k0 = blk * b->kb, kq = ((k0 + b->kb < b->K ? k0 + b->kb : b->K) - k0 + 3) / 4;
   const uint32_t sflip = flip ^ 0x80808080u; /* packed word -> signed bytes a */
   for (int64_t i = i8pk_block_wide(b, A, words, bw, sflip, blk, kq, nv, C, rsv, ws, wsb); i < mt;) {
-    const int mr = mt - i < 3 ? (int)(mt - i) : 3; /* 3 + 1 for four rows: 2 + 2 measured 7% slower */
+    const int mr = mt - i < 3 ? (int)(mt - i) : 3; /* a partial tile's four rows: 3 + 1 (2 + 2 measured 7% slower) */
     float ls[3];
     int32_t asum[3];
     for (int r = 0; r < mr; r++) {
