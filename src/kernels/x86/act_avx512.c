@@ -379,12 +379,17 @@ enum { MXI_NR = 8 }; /* a tile: one column group (16 columns) x up to 8 rows */
 ** ahead into L2 on Intel (84-88% of the read bandwidth at decode became
 ** 86-98% against 4 KiB into L1, measured on an AMX Xeon), 4 KiB into L1 on
 ** AMD Zen: two column groups at a time (two streams) were slower from
-** memory though faster in cache. */
+** memory though faster in cache.  On AMD, tiles of two to four rows also
+** ask for the line 16 KiB ahead into L2: the codes then stream while the
+** rows' dot products keep the core busy (from memory, 2 rows 1.23-1.31x,
+** 3 rows 1.16-1.18x, 4 rows 1.06-1.10x on an AMD Zen 4; one row 0.83-0.91x
+** and eight level, so those keep the one prefetch; docs/performance.md). */
 MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint8_t *xp, int64_t ldxp, int rr, const uint8_t *q,
                                                                      const uint8_t *sc, int64_t K, __m512 res[MXI_NR]) {
   const int64_t nb = K / 32;
   const bool far = mx_far();
   const int64_t pfb = far ? 16384 : 4096;
+  const bool l2 = !far && rr >= 2 && rr <= 4; /* AMD's second, far prefetch */
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 f[MXI_NR];
@@ -393,8 +398,10 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t *qb = q + b * 256;
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < 4; u++) {
       if (!far) mx_prefetch(qb + pfb + 64 * u, far);
+      if (l2) _mm_prefetch((const char *)(qb + 16384 + 64 * u), _MM_HINT_T1);
+    }
     const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + b * 16)));
     const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
                                                                 _mm512_set1_epi32(0x00400000)));
