@@ -388,7 +388,8 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
                                                                      const uint8_t *sc, int64_t K, __m512 res[MXI_NR]) {
   const int64_t nb = K / 32;
   const bool far = mx_far();
-  const int64_t pfb = far ? 16384 : 4096;
+  enum { MX_NEAR = 4096, MX_FAR = 16384 }; /* bytes ahead: into L1, into L2 */
+  const int64_t pfb = far ? MX_FAR : MX_NEAR;
   const bool l2 = !far && rr >= 2 && rr <= 4; /* AMD's second, far prefetch */
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -400,7 +401,7 @@ MX_VNNI static inline __attribute__((always_inline)) void mx4_tile_i8(const uint
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
       if (!far) mx_prefetch(qb + pfb + 64 * u, far);
-      if (l2) _mm_prefetch((const char *)(qb + 16384 + 64 * u), _MM_HINT_T1);
+      if (l2) mx_prefetch(qb + MX_FAR + 64 * u, true);
     }
     const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + b * 16)));
     const __m512 sw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_slli_epi32(e, 23), _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
