@@ -596,6 +596,57 @@ static void test_gmm_few_rows(void **state) {
   moe8_isa_set(tu_isa_best());
 }
 
+/* One row an expert on packed e4m3 weights with long scale blocks (256
+** and 512 columns of K: on AMD one loop over every block, pk_vbmi_row),
+** beside 128-blocks and per channel, whole column tiles and a masked last
+** one: every table's packed run gives its plain run's bytes (native
+** order) and the reference's (canonical order). */
+static void test_gmm_one_row_blocks(void **state) {
+  (void)state;
+  static const int64_t tiles[] = {0, 128, 256, 512}, Ns[] = {256, 300};
+  const int64_t K = 1024, E = 5;
+  const int32_t gs[5] = {1, 2, 1, 0, 1};
+  const int64_t M = 5;
+  moe8_isa isas[MOE8_ISA_COUNT];
+  const int nisa = tu_isas(isas);
+  const moe8_dtype dt = MOE8_DTYPE_F8E4M3;
+  for (size_t ti = 0; ti < 4; ti++)
+    for (size_t ni = 0; ni < 2; ni++) {
+      const int64_t tile = tiles[ti], N = Ns[ni], nb = tile ? K / tile : 1;
+      tu_rng_reset((uint64_t)(1300 + ti * 4 + ni));
+      int8_t *x = malloc((size_t)(M * K)), *w = malloc((size_t)(E * K * N));
+      for (int64_t i = 0; i < M * K; i++) x[i] = few_code(dt, i);
+      for (int64_t i = 0; i < E * K * N; i++) w[i] = few_code(dt, i >> 1);
+      float *xs = malloc(sizeof(float) * (size_t)(M * nb)), *ws = malloc(sizeof(float) * (size_t)(E * nb * N));
+      for (int64_t i = 0; i < M * nb; i++) xs[i] = 0.5f + (float)(i % 7) * 0.125f;
+      for (int64_t i = 0; i < E * nb * N; i++) ws[i] = 0.001f * (float)(1 + i % 5);
+      moe8_gmm_args a = {.M = M, .K = K, .N = N, .num_groups = E, .group_sizes = gs, .num_local = E,
+                         .lhs = {dt, x, xs, tile ? MOE8_GRAN_ROW_TILE : MOE8_GRAN_ROW, tile},
+                         .rhs = {dt, w, ws, tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, tile},
+                         .out_dtype = MOE8_DTYPE_F32};
+      const size_t ob = sizeof(float) * (size_t)(M * N);
+      float *want = malloc(ob), *got = malloc(ob), *plain = malloc(ob);
+      void *pk = malloc(moe8_gmm_packed_size(dt, E, K, N));
+      assert_int_equal(moe8_gmm_pack_rhs(dt, w, E, K, N, pk), MOE8_OK);
+      for (int ord = 0; ord < 2; ord++) {
+        a.order = ord ? MOE8_ORDER_NATIVE : MOE8_ORDER_CANONICAL;
+        if (!ord) run_on_table(&a, MOE8_ISA_REF, false, NULL, want, ob);
+        for (int t = 1; t < nisa; t++)
+          for (int packed = 0; packed < 2; packed++) {
+            run_on_table(&a, isas[t], packed, pk, got, ob);
+            const float *ref = ord ? plain : want;
+            if (ord && !packed) memcpy(plain, got, ob);
+            else if (memcmp(ref, got, ob) != 0)
+              TU_FAIL("e4m3 one row on %s (%s, %s order, N=%lld, blocks of %lld): differs from %s", moe8_isa_name(isas[t]),
+                      packed ? "packed" : "plain", ord ? "native" : "canonical", (long long)N, (long long)(tile ? tile : K),
+                      ord ? "the plain weights" : "the reference");
+          }
+      }
+      free(x); free(w); free(xs); free(ws); free(want); free(got); free(plain); free(pk);
+    }
+  moe8_isa_set(tu_isa_best());
+}
+
 /* Thousands of scale blocks: a task's rows of column scales (4096 blocks ×
 ** 128 columns, 2 MiB) do not fit the scratch, so every kernel that reads
 ** them all before its weight stream (rhs_scales_all) reads them a block at
@@ -759,6 +810,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_gmm_bad_input),
     cmocka_unit_test(test_gmm_few_rows),
+      cmocka_unit_test(test_gmm_one_row_blocks),
     cmocka_unit_test(test_gmm_many_blocks),
     cmocka_unit_test(test_tgmm),
     cmocka_unit_test(test_gmm_determinism),

@@ -361,6 +361,51 @@ VBMI_TARGET static void pk_vbmi_any(int mr, int ns, const moe8__gmm_block *b, co
   else PK_NS(1, false, b, A, words, blk, s0, nst, tab, C, ls, rsv)
 }
 
+/* One row against a whole tile (four strips) on AMD: every block in one
+** loop, the block's sums promoted into the output in registers (c =
+** c + S · (ls · rs) from zero, as pk_promote adds into the zeroed C: the
+** same bytes), stored once at the end.  Per block, pk_vbmi's call and its
+** promotion through C left the one-row stream from memory 13% slower at
+** 128-blocks than with one block, 41% at 256-blocks (AMD Zen 4, 64
+** experts x K 2048 x N 768); this loop: docs/performance.md. */
+VBMI_TARGET static void pk_vbmi_row(const moe8__gmm_block *b, const uint32_t *A, const __m512i *tab, float *C, const float *all,
+                                    float *rsall) {
+  const size_t step = 4 * 64;
+  const uint8_t *r = pk_at(b, 0);
+  __m512 c[4][2];
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; s++) c[s][0] = c[s][1] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < b->nbk; blk++) {
+    const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+    const uint32_t *Ab = A + block_word(b, PATH_BF16, blk);
+    __m512 acc[4][2];
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) acc[s][0] = acc[s][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kp; p++, r += step) {
+      const __m512i a = _mm512_set1_epi32((int)Ab[p]);
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; s++) {
+        __m512i b0, b1;
+        pk_strip(r + 64 * s, tab, &b0, &b1);
+        acc[s][0] = moe8__dpbf16(acc[s][0], (__m512bh)a, (__m512bh)b0);
+        acc[s][1] = moe8__dpbf16(acc[s][1], (__m512bh)a, (__m512bh)b1);
+      }
+    }
+    const float *rsv = rhs_scales_at(b, all, blk, 128, rsall);
+    const __m512 l = _mm512_set1_ps(moe8__gmm_ls(b, b->m0, blk));
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+      c[s][0] = _mm512_add_ps(c[s][0], _mm512_mul_ps(acc[s][0], _mm512_mul_ps(l, _mm512_loadu_ps(rsv + 32 * s))));
+      c[s][1] = _mm512_add_ps(c[s][1], _mm512_mul_ps(acc[s][1], _mm512_mul_ps(l, _mm512_loadu_ps(rsv + 32 * s + 16))));
+    }
+  }
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; s++) {
+    _mm512_storeu_ps(C + 32 * s, c[s][0]);
+    _mm512_storeu_ps(C + 32 * s + 16, c[s][1]);
+  }
+}
+
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   /* Software prefetch of the stream: on Intel always (PKPF_FAR into L2);
@@ -388,6 +433,11 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   /* Every block's scales before the stream (rhs_scales_all), after C. */
   const float *all = rhs_scales_all(b, nst * 32, rsall);
+  if (mt == 1 && nst == 4 && !pf && b->kb >= 256) { /* one row, a whole tile, AMD, long blocks (pk_vbmi_row) */
+    pk_vbmi_row(b, A, tab, C, all, rsall);
+    write_out(b, C, mt);
+    return;
+  }
   for (int64_t blk = 0; blk < b->nbk; blk++) {
     const float *rsv = rhs_scales_at(b, all, blk, nst * 32, rsall);
     /* Rows in pairs over all the tile's strips, each pass reading the tile
