@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <omp.h>
 
@@ -541,6 +542,31 @@ static void run_on_table(const moe8_gmm_args *a, moe8_isa isa, bool packed, cons
   assert_int_equal(moe8_gmm(&b), MOE8_OK);
 }
 
+/* a on every table, plain and packed (pk), in the canonical order (or
+** the default one where !fp8) against the reference and, for FP8, in the
+** native order each packed run against its plain run.  false with the
+** first difference described in why. */
+static bool tables_agree(moe8_gmm_args *a, const moe8_isa *isas, int nisa, const void *pk, size_t ob, bool fp8, char *why, size_t nwhy) {
+  float *want = malloc(ob), *got = malloc(ob), *plain = malloc(ob);
+  bool ok = true;
+  for (int ord = 0; ok && ord < (fp8 ? 2 : 1); ord++) {
+    a->order = ord ? MOE8_ORDER_NATIVE : fp8 ? MOE8_ORDER_CANONICAL : MOE8_ORDER_DEFAULT;
+    if (!ord) run_on_table(a, MOE8_ISA_REF, false, NULL, want, ob); /* native: each table's plain run instead */
+    for (int t = 1; ok && t < nisa; t++)
+      for (int packed = 0; ok && packed < 2; packed++) {
+        run_on_table(a, isas[t], packed, pk, got, ob);
+        if (ord && !packed) memcpy(plain, got, ob);
+        else if (memcmp(ord ? plain : want, got, ob) != 0) {
+          snprintf(why, nwhy, "on %s (%s, %s order): differs from %s", moe8_isa_name(isas[t]), packed ? "packed" : "plain",
+                   ord ? "native" : fp8 ? "canonical" : "default", ord ? "the plain weights" : "the reference");
+          ok = false;
+        }
+      }
+  }
+  free(want); free(got); free(plain);
+  return ok;
+}
+
 static void test_gmm_few_rows(void **state) {
   (void)state;
   static const int64_t Ks[] = {4, 260, 2048}, Ns[] = {16, 130, 200, 257}; /* column tiles of 1, 2, 3 and 4 strips */
@@ -569,29 +595,16 @@ static void test_gmm_few_rows(void **state) {
                            .rhs = {dt, w, ws, tiled ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, tile},
                            .out_dtype = MOE8_DTYPE_F32};
         const size_t ob = sizeof(float) * (size_t)(M * N);
-        float *want = malloc(ob), *got = malloc(ob);
         void *pk = malloc(moe8_gmm_packed_size(dt, 7, K, N));
         assert_int_equal(moe8_gmm_pack_rhs(dt, w, 7, K, N, pk), MOE8_OK);
         /* i8 sums are exact in any order: every table gives the
         ** reference's bytes.  FP8 does in the canonical order; in the
         ** native one each table's packed run gives its plain run's bytes. */
-        float *plain = malloc(ob);
-        for (int ord = 0; ord < (di ? 2 : 1); ord++) {
-          a.order = ord ? MOE8_ORDER_NATIVE : di ? MOE8_ORDER_CANONICAL : MOE8_ORDER_DEFAULT;
-          if (!ord) run_on_table(&a, MOE8_ISA_REF, false, NULL, want, ob); /* native: each table's plain run instead */
-          for (int t = 1; t < nisa; t++)
-            for (int packed = 0; packed < 2; packed++) {
-              run_on_table(&a, isas[t], packed, pk, got, ob);
-              const float *ref = ord ? plain : want;
-              if (ord && !packed) memcpy(plain, got, ob);
-              else if (memcmp(ref, got, ob) != 0)
-                TU_FAIL("%s few rows on %s (%s, %s order, K=%lld N=%lld, %s): differs from %s", di ? "e4m3" : "i8",
-                        moe8_isa_name(isas[t]), packed ? "packed" : "plain", ord ? "native" : di ? "canonical" : "default", (long long)K,
-                        (long long)N, tiled ? "64-blocks" : "per channel", ord ? "the plain weights" : "the reference");
-            }
-        }
-        free(plain);
-        free(x); free(w); free(xs); free(ws); free(want); free(got); free(pk);
+        char why[160];
+        if (!tables_agree(&a, isas, nisa, pk, ob, di != 0, why, sizeof why))
+          TU_FAIL("%s few rows (K=%lld N=%lld, %s) %s", di ? "e4m3" : "i8", (long long)K, (long long)N,
+                  tiled ? "64-blocks" : "per channel", why);
+        free(x); free(w); free(xs); free(ws); free(pk);
       }
   moe8_isa_set(tu_isa_best());
 }
@@ -625,24 +638,12 @@ static void test_gmm_one_row_blocks(void **state) {
                          .rhs = {dt, w, ws, tile ? MOE8_GRAN_CHANNEL_TILE : MOE8_GRAN_CHANNEL, tile},
                          .out_dtype = MOE8_DTYPE_F32};
       const size_t ob = sizeof(float) * (size_t)(M * N);
-      float *want = malloc(ob), *got = malloc(ob), *plain = malloc(ob);
       void *pk = malloc(moe8_gmm_packed_size(dt, E, K, N));
       assert_int_equal(moe8_gmm_pack_rhs(dt, w, E, K, N, pk), MOE8_OK);
-      for (int ord = 0; ord < 2; ord++) {
-        a.order = ord ? MOE8_ORDER_NATIVE : MOE8_ORDER_CANONICAL;
-        if (!ord) run_on_table(&a, MOE8_ISA_REF, false, NULL, want, ob);
-        for (int t = 1; t < nisa; t++)
-          for (int packed = 0; packed < 2; packed++) {
-            run_on_table(&a, isas[t], packed, pk, got, ob);
-            const float *ref = ord ? plain : want;
-            if (ord && !packed) memcpy(plain, got, ob);
-            else if (memcmp(ref, got, ob) != 0)
-              TU_FAIL("e4m3 one row on %s (%s, %s order, N=%lld, blocks of %lld): differs from %s", moe8_isa_name(isas[t]),
-                      packed ? "packed" : "plain", ord ? "native" : "canonical", (long long)N, (long long)(tile ? tile : K),
-                      ord ? "the plain weights" : "the reference");
-          }
-      }
-      free(x); free(w); free(xs); free(ws); free(want); free(got); free(plain); free(pk);
+      char why[160];
+      if (!tables_agree(&a, isas, nisa, pk, ob, true, why, sizeof why))
+        TU_FAIL("e4m3 one row (N=%lld, blocks of %lld) %s", (long long)N, (long long)(tile ? tile : K), why);
+      free(x); free(w); free(xs); free(ws); free(pk);
     }
   moe8_isa_set(tu_isa_best());
 }
