@@ -36,4 +36,12 @@
     __asm__("vdpbf16ps %2, %1, %0" : "+v"(c_) : "v"((__m512bh)(a)), "vm"((__m512bh)(b))); \
     c_; })
 
+/* moe8__dpbf16 with a's pair word broadcast straight from memory at p
+** ({1to16}): no register holds it (the products are the same either way
+** round, so the same bits). */
+#define moe8__dpbf16_b(c, b, p) __extension__({ \
+    __m512 c_ = (c);                                                    \
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(c_) : "v"((__m512bh)(b)), "m"(*(const uint32_t *)(const void *)(p))); \
+    c_; })
+
 #endif /* MOE8_DOT_AVX512_H */

@@ -182,7 +182,7 @@ VBMI_TARGET INLINE void pk_promote(const int mr, const int ns, __m512 (*c)[4][2]
   for (int s = 0; s < ns; s++) {
     const int64_t j = 32 * (s0 + s);
     const __m512 r0 = _mm512_loadu_ps(rsv + j), r1 = _mm512_loadu_ps(rsv + j + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
       const __m512 l = _mm512_set1_ps(ls[i]);
       _mm512_storeu_ps(C + i * NT + j, _mm512_add_ps(_mm512_loadu_ps(C + i * NT + j), _mm512_mul_ps(c[i][s][0], _mm512_mul_ps(l, r0))));
@@ -240,7 +240,7 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
   pk_promote(mr, ns, c, s0, C, ls, rsv);
 }
 
-/* Three or four rows over a tile of three or four strips, each strip's
+/* Three to six rows over a tile of three or four strips, each strip's
 ** codes converted once (the row pairs of pk_vbmi convert them once per
 ** pair).  Four rows by four strips are 32 sums, more than the registers
 ** hold beside the tables; and a pass over half of each pair row's strips
@@ -253,15 +253,21 @@ VBMI_TARGET INLINE void pk_vbmi(const int mr, const int ns, const moe8__gmm_bloc
 ** next chunk all the while the passes work on this one (all of it asked
 ** for in pass B left pass A waiting).  The chains, their order and the
 ** promotion are pk_vbmi's: the same bytes.  A block longer than a chunk
-** keeps its sums in Sm between chunks.  Same-process A/B on an AMD Zen 4
-** (docs/performance.md), one thread: against the row pairs 1.20-1.23x at
-** 3 rows an expert, 1.46-1.49x at 4; the prefetch in both passes against
-** pass B alone 1.38-1.40x more at 3 rows, 1.09-1.38x at 4, 1.12-1.23x at 5. */
-enum { PKH_CH = 64 };
+** keeps its sums in Sm between chunks.  Five or six rows by two strips
+** are 20 or 24 sums: there each row's pair word is read by vdpbf16ps
+** itself from memory ({1to16}, moe8__dpbf16_b) instead of a broadcast
+** register, so the sums, the four tables and the strip's vectors fit the
+** 32 registers.  Same-process A/B on an AMD Zen 4 (docs/performance.md),
+** one thread: against the row pairs 1.20-1.23x at 3 rows an expert,
+** 1.46-1.49x at 4; the prefetch in both passes against pass B alone
+** 1.38-1.40x more at 3 rows, 1.09-1.38x at 4, 1.12-1.23x at 5; five and
+** six rows in one group against four and one, three and three 1.30x and
+** 1.33x. */
+enum { PKH_CH = 64, PKH_R = 6 }; /* pairs a chunk; rows at most */
 
 /* The sums of mr rows x ns strips: from Sm (a chunk after the first) or zero. */
 VBMI_TARGET INLINE void pkh_start(const int mr, const int ns, __m512 (*c)[4][2], const float *sm, bool load) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 2
     for (int s = 0; s < ns; s++)
@@ -274,7 +280,7 @@ VBMI_TARGET INLINE void pkh_start(const int mr, const int ns, __m512 (*c)[4][2],
 VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[4][2], float *sm, bool last, int64_t s0, float *C,
                                 const float *ls, const float *rsv) {
   if (!last) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 2
       for (int s = 0; s < ns; s++)
@@ -288,6 +294,19 @@ VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[4][2], f
 /* mr rows of one pair against strips s0 .. s0 + ns - 1 of the pair row at r. */
 VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[4][2], const uint32_t *A, int64_t words, int64_t w,
                                  const uint8_t *r, const __m512i *tab) {
+  if (mr > 4) { /* 5 or 6 rows: 20-24 sums; each row's pair word read by vdpbf16ps itself */
+#pragma GCC unroll 2
+    for (int s = 0; s < ns; s++) {
+      __m512i b0, b1;
+      pk_strip(r + 64 * s, tab, &b0, &b1);
+#pragma GCC unroll 8
+      for (int i = 0; i < mr; i++) {
+        c[i][s][0] = moe8__dpbf16_b(c[i][s][0], b0, A + i * words + w);
+        c[i][s][1] = moe8__dpbf16_b(c[i][s][1], b1, A + i * words + w);
+      }
+    }
+    return;
+  }
   __m512i a[4];
 #pragma GCC unroll 4
   for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w]);
@@ -304,14 +323,14 @@ VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[4][2], 
 }
 
 VBMI_TARGET INLINE void pk_vbmi_h(const int mr, const int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                  int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
+                                  int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm,
+                                  __m512 (*c)[4][2]) {
   const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
   const int64_t w0 = block_word(b, PATH_BF16, blk);
   const size_t step = (size_t)(2 + nb2) * 64, half = step / 2;
   const uint8_t *r0 = pk_at(b, k0 / 2);
   for (int64_t q0 = 0; q0 < kp; q0 += PKH_CH) {
     const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
-    __m512 c[4][4][2];
     pkh_start(mr, 2, c, Sm, q0 > 0);
     const uint8_t *r = r0 + (size_t)q0 * step;
     const uint8_t *nx = r0 + (size_t)q1 * step; /* the next chunk, half a pair row a pair in each pass */
@@ -322,23 +341,40 @@ VBMI_TARGET INLINE void pk_vbmi_h(const int mr, const int nb2, const moe8__gmm_b
       pkh_pair(mr, 2, c, A, words, w0 + p, r, tab);
     }
     pkh_end(mr, 2, c, Sm, q1 == kp, 0, C, ls, rsv);
-    pkh_start(mr, nb2, c, Sm + 4 * 64, q0 > 0);
+    pkh_start(mr, nb2, c, Sm + PKH_R * 64, q0 > 0);
     r = r0 + (size_t)q0 * step;
     for (int64_t p = q0; p < q1; p++, r += step, nx += step - half) {
       for (size_t l = 0; l < step - half; l += 64) _mm_prefetch((const char *)(nx + l), _MM_HINT_T1);
       pkh_pair(mr, nb2, c, A, words, w0 + p, r + 128, tab);
     }
-    pkh_end(mr, nb2, c, Sm + 4 * 64, q1 == kp, 2, C, ls, rsv);
+    pkh_end(mr, nb2, c, Sm + PKH_R * 64, q1 == kp, 2, C, ls, rsv);
   }
 }
 
+VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_h56_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                                                  int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv,
+                                                                  float *Sm);
 VBMI_TARGET static void pk_vbmi_h_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
                                       const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
-  if (mr == 4 && nb2 == 2) pk_vbmi_h(4, 2, b, A, words, blk, tab, C, ls, rsv, Sm);
-  else if (mr == 4) pk_vbmi_h(4, 1, b, A, words, blk, tab, C, ls, rsv, Sm);
-  else if (nb2 == 2) pk_vbmi_h(3, 2, b, A, words, blk, tab, C, ls, rsv, Sm);
-  else pk_vbmi_h(3, 1, b, A, words, blk, tab, C, ls, rsv, Sm);
+  __m512 c[4][4][2]; /* a chunk's sums, in registers (an array for six rows here made three and four rows 3% slower) */
+  if (mr > 4) pk_vbmi_h56_any(mr, nb2, b, A, words, blk, tab, C, ls, rsv, Sm);
+  else if (mr == 4 && nb2 == 2) pk_vbmi_h(4, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else if (mr == 4) pk_vbmi_h(4, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else if (nb2 == 2) pk_vbmi_h(3, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else pk_vbmi_h(3, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
 }
+
+/* Five or six rows, with their own six-row array of sums. */
+VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_h56_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
+                                                                  int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv,
+                                                                  float *Sm) {
+  __m512 c[PKH_R][4][2]; /* a chunk's sums (registers) */
+  if (mr == 6 && nb2 == 2) pk_vbmi_h(6, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else if (mr == 6) pk_vbmi_h(6, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else if (nb2 == 2) pk_vbmi_h(5, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else pk_vbmi_h(5, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+}
+
 
 /* ns strips per pass (four, or the tile's last ones), one or two rows:
 ** the accumulators stay in registers. */
@@ -420,7 +456,7 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   ** pk_vbmi's near one (prefetching only in the later passes cost 10-17%
   ** at 3-6 rows). */
   const bool pf = pk_far() || mt >= 2, far = pk_far() || mt == 2;
-  /* On AMD three or four rows go together (pk_vbmi_h); Intel keeps the
+  /* On AMD three to six rows go together (pk_vbmi_h); Intel keeps the
   ** row pairs it was tuned with (its far prefetch, not measured there
   ** with pk_vbmi_h). */
   const bool rows4 = !pk_far();
@@ -443,14 +479,21 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
     /* Rows in pairs over all the tile's strips, each pass reading the tile
     ** front to back (four rows over half the strips in two passes read
     ** every pair row in halves: 8% slower at 4 rows per expert, measured);
-    ** on AMD three or four rows at a time (pk_vbmi_h, or one pass where
-    ** the tile has one or two strips): five rows as four and one, six as
-    ** three and three (1.20x and 1.11x against three and two, four and
-    ** two, measured).  A row's sums are the same chains in any group. */
+    ** on AMD three to six rows at a time (pk_vbmi_h, or one pass where
+    ** the tile has one or two strips): five and six rows in one group
+    ** over a tile of three or four strips (1.30x and 1.33x against four
+    ** and one, three and three, measured: each strip converted once);
+    ** seven as four and three, eight as four and four (six and one, five
+    ** and two cost more by the single-row figures).  With one or two
+    ** strips five rows go as four and one, six as three and three
+    ** (1.20x and 1.11x against three and two, four and two, measured).
+    ** A row's sums are the same chains in any group. */
     for (int64_t i = 0; i < mt;) {
       const int64_t left = mt - i;
-      const int mr = !rows4 || left < 3 ? (left < 2 ? (int)left : 2) : left == 3 || left == 6 ? 3 : 4;
-      float ls[4];
+      const int mr = !rows4 || left < 3 ? (left < 2 ? (int)left : 2)
+                     : (left == 5 || left == 6) && nst > 2 ? (int)left
+                     : left == 3 || left == 6 ? 3 : 4;
+      float ls[PKH_R];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
       if (mr > 2 && nst > 2) pk_vbmi_h_any(mr, (int)nst - 2, b, A + i * words, words, blk, tab, C + i * NT, ls, rsv, Sm);
       else if (mr > 2) pk_vbmi_any(mr, (int)nst, b, A + i * words, words, blk, 0, nst, tab, C + i * NT, ls, rsv, pf, far);
