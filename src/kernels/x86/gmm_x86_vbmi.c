@@ -351,6 +351,43 @@ VBMI_TARGET INLINE void pk_vbmi_h(const int mr, const int nb2, const moe8__gmm_b
   }
 }
 
+/* Seven or eight rows over a tile of three or four strips: pk_vbmi_h's
+** order of work with one strip a pass (16 sums; each row's pair word read
+** from memory): per chunk, the first pass reads whole pair rows and asks
+** for the row's other lines into L1, the others read their strip from L1;
+** each pass asks for a quarter of the next chunk into L2. */
+VBMI_TARGET INLINE void pk_vbmi_q(const int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk, int64_t nst,
+                                  const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm, __m512 (*c)[4][2]) {
+  const int64_t k0 = blk * b->kb, k1 = k0 + b->kb < b->K ? k0 + b->kb : b->K, kp = (k1 - k0 + 1) / 2;
+  const int64_t w0 = block_word(b, PATH_BF16, blk);
+  const size_t step = (size_t)nst * 64;
+  const uint8_t *r0 = pk_at(b, k0 / 2);
+  for (int64_t q0 = 0; q0 < kp; q0 += PKH_CH) {
+    const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
+    const uint8_t *nx = r0 + (size_t)q1 * step; /* the next chunk, 64 bytes a pair in each pass */
+    for (int64_t s = 0; s < nst; s++) {
+      float *sm = Sm + s * 8 * 64;
+      pkh_start(mr, 1, c, sm, q0 > 0);
+      const uint8_t *r = r0 + (size_t)q0 * step;
+      for (int64_t p = q0; p < q1; p++, r += step, nx += 64) {
+        if (s == 0)
+          for (int64_t t = 1; t < nst; t++) _mm_prefetch((const char *)(r + 64 * t), _MM_HINT_T0);
+        _mm_prefetch((const char *)nx, _MM_HINT_T1);
+        pkh_pair(mr, 1, c, A, words, w0 + p, r + 64 * s, tab);
+      }
+      pkh_end(mr, 1, c, sm, q1 == kp, s, C, ls, rsv);
+    }
+  }
+}
+
+VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_q_any(int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                                                int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv,
+                                                                float *Sm) {
+  __m512 c[8][4][2]; /* a chunk's sums (registers) */
+  if (mr == 8) pk_vbmi_q(8, b, A, words, blk, nst, tab, C, ls, rsv, Sm, c);
+  else pk_vbmi_q(7, b, A, words, blk, nst, tab, C, ls, rsv, Sm, c);
+}
+
 VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_h56_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
                                                                   int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv,
                                                                   float *Sm);
@@ -442,6 +479,7 @@ VBMI_TARGET static void pk_vbmi_row(const moe8__gmm_block *b, const uint32_t *A,
   }
 }
 
+
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   /* Software prefetch of the stream: on Intel always (PKPF_FAR into L2);
@@ -456,7 +494,7 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   ** pk_vbmi's near one (prefetching only in the later passes cost 10-17%
   ** at 3-6 rows). */
   const bool pf = pk_far() || mt >= 2, far = pk_far() || mt == 2;
-  /* On AMD three to six rows go together (pk_vbmi_h); Intel keeps the
+  /* On AMD three to eight rows go together (pk_vbmi_h, pk_vbmi_q); Intel keeps the
   ** row pairs it was tuned with (its far prefetch, not measured there
   ** with pk_vbmi_h). */
   const bool rows4 = !pk_far();
@@ -479,23 +517,23 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
     /* Rows in pairs over all the tile's strips, each pass reading the tile
     ** front to back (four rows over half the strips in two passes read
     ** every pair row in halves: 8% slower at 4 rows per expert, measured);
-    ** on AMD three to six rows at a time (pk_vbmi_h, or one pass where
-    ** the tile has one or two strips): five and six rows in one group
-    ** over a tile of three or four strips (1.30x and 1.33x against four
-    ** and one, three and three, measured: each strip converted once);
-    ** seven as four and three, eight as four and four (six and one, five
-    ** and two cost more by the single-row figures).  With one or two
-    ** strips five rows go as four and one, six as three and three
-    ** (1.20x and 1.11x against three and two, four and two, measured).
-    ** A row's sums are the same chains in any group. */
+    ** on AMD three to eight rows at a time (pk_vbmi_h, pk_vbmi_q, or one
+    ** pass where the tile has one or two strips): five to eight rows in
+    ** one group over a tile of three or four strips (each strip converted
+    ** once; against four and one, three and three, four and three, four
+    ** and four: 1.30x, 1.33x, 1.17x, 1.05x, measured).  With one or two
+    ** strips five rows go as four and one, six as three and three (1.20x
+    ** and 1.11x against three and two, four and two, measured).  A row's
+    ** sums are the same chains in any group. */
     for (int64_t i = 0; i < mt;) {
       const int64_t left = mt - i;
       const int mr = !rows4 || left < 3 ? (left < 2 ? (int)left : 2)
-                     : (left == 5 || left == 6) && nst > 2 ? (int)left
+                     : left >= 5 && left <= 8 && nst > 2 ? (int)left
                      : left == 3 || left == 6 ? 3 : 4;
-      float ls[PKH_R];
+      float ls[8];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
-      if (mr > 2 && nst > 2) pk_vbmi_h_any(mr, (int)nst - 2, b, A + i * words, words, blk, tab, C + i * NT, ls, rsv, Sm);
+      if (mr > 6) pk_vbmi_q_any(mr, b, A + i * words, words, blk, nst, tab, C + i * NT, ls, rsv, Sm);
+      else if (mr > 2 && nst > 2) pk_vbmi_h_any(mr, (int)nst - 2, b, A + i * words, words, blk, tab, C + i * NT, ls, rsv, Sm);
       else if (mr > 2) pk_vbmi_any(mr, (int)nst, b, A + i * words, words, blk, 0, nst, tab, C + i * NT, ls, rsv, pf, far);
       else
         for (int64_t s0 = 0; s0 < nst;) {
