@@ -294,7 +294,7 @@ VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[4][2], f
 /* mr rows of one pair against strips s0 .. s0 + ns - 1 of the pair row at r. */
 VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[4][2], const uint32_t *A, int64_t words, int64_t w,
                                  const uint8_t *r, const __m512i *tab) {
-  if (mr > 4) { /* 5 or 6 rows: 20-24 sums; each row's pair word read by vdpbf16ps itself */
+  if (mr > 4) { /* five rows or more (16-24 sums): each row's pair word read by vdpbf16ps itself */
 #pragma GCC unroll 2
     for (int s = 0; s < ns; s++) {
       __m512i b0, b1;
@@ -366,7 +366,7 @@ VBMI_TARGET INLINE void pk_vbmi_q(const int mr, const moe8__gmm_block *b, const 
     const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
     const uint8_t *nx = r0 + (size_t)q1 * step; /* the next chunk, 64 bytes a pair in each pass */
     for (int64_t s = 0; s < nst; s++) {
-      float *sm = Sm + s * 8 * 64;
+      float *sm = Sm + s * 8 * 64; /* a pass's sums between chunks: 8 rows x 64 (pkh_end's layout) */
       pkh_start(mr, 1, c, sm, q0 > 0);
       const uint8_t *r = r0 + (size_t)q0 * step;
       for (int64_t p = q0; p < q1; p++, r += step, nx += 64) {
