@@ -294,30 +294,25 @@ VBMI_TARGET INLINE void pkh_end(const int mr, const int ns, __m512 (*c)[4][2], f
 /* mr rows of one pair against strips s0 .. s0 + ns - 1 of the pair row at r. */
 VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[4][2], const uint32_t *A, int64_t words, int64_t w,
                                  const uint8_t *r, const __m512i *tab) {
-  if (mr > 4) { /* five rows or more (16-24 sums): each row's pair word read by vdpbf16ps itself */
-#pragma GCC unroll 2
-    for (int s = 0; s < ns; s++) {
-      __m512i b0, b1;
-      pk_strip(r + 64 * s, tab, &b0, &b1);
-#pragma GCC unroll 8
-      for (int i = 0; i < mr; i++) {
-        c[i][s][0] = moe8__dpbf16_b(c[i][s][0], b0, A + i * words + w);
-        c[i][s][1] = moe8__dpbf16_b(c[i][s][1], b1, A + i * words + w);
-      }
-    }
-    return;
-  }
+  /* Five rows or more (16-24 sums): each row's pair word read by
+  ** vdpbf16ps itself from memory, no broadcast register. */
   __m512i a[4];
+  if (mr <= 4)
 #pragma GCC unroll 4
-  for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w]);
+    for (int i = 0; i < mr; i++) a[i] = _mm512_set1_epi32((int)A[i * words + w]);
 #pragma GCC unroll 2
   for (int s = 0; s < ns; s++) {
     __m512i b0, b1;
     pk_strip(r + 64 * s, tab, &b0, &b1);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
-      c[i][s][0] = moe8__dpbf16(c[i][s][0], (__m512bh)a[i], (__m512bh)b0);
-      c[i][s][1] = moe8__dpbf16(c[i][s][1], (__m512bh)a[i], (__m512bh)b1);
+      if (mr > 4) {
+        c[i][s][0] = moe8__dpbf16_b(c[i][s][0], b0, A + i * words + w);
+        c[i][s][1] = moe8__dpbf16_b(c[i][s][1], b1, A + i * words + w);
+      } else {
+        c[i][s][0] = moe8__dpbf16(c[i][s][0], (__m512bh)a[i & 3], (__m512bh)b0);
+        c[i][s][1] = moe8__dpbf16(c[i][s][1], (__m512bh)a[i & 3], (__m512bh)b1);
+      }
     }
   }
 }
