@@ -310,6 +310,7 @@ VBMI_TARGET INLINE void pkh_pair(const int mr, const int ns, __m512 (*c)[4][2], 
         c[i][s][0] = moe8__dpbf16_b(c[i][s][0], b0, A + i * words + w);
         c[i][s][1] = moe8__dpbf16_b(c[i][s][1], b1, A + i * words + w);
       } else {
+        /* i < 4 here (i & 3 keeps the unused instances' code in bounds) */
         c[i][s][0] = moe8__dpbf16(c[i][s][0], (__m512bh)a[i & 3], (__m512bh)b0);
         c[i][s][1] = moe8__dpbf16(c[i][s][1], (__m512bh)a[i & 3], (__m512bh)b1);
       }
@@ -361,7 +362,7 @@ VBMI_TARGET INLINE void pk_vbmi_q(const int mr, const moe8__gmm_block *b, const 
     const int64_t q1 = q0 + PKH_CH < kp ? q0 + PKH_CH : kp;
     const uint8_t *nx = r0 + (size_t)q1 * step; /* the next chunk, 64 bytes a pair in each pass */
     for (int64_t s = 0; s < nst; s++) {
-      float *sm = Sm + s * 8 * 64; /* a pass's sums between chunks: 8 rows x 64 (pkh_end's layout) */
+      float *sm = Sm + s * MR * 64; /* a pass's sums between chunks: MR rows x 64 (pkh_end's layout) */
       pkh_start(mr, 1, c, sm, q0 > 0);
       const uint8_t *r = r0 + (size_t)q0 * step;
       for (int64_t p = q0; p < q1; p++, r += step, nx += 64) {
@@ -378,22 +379,9 @@ VBMI_TARGET INLINE void pk_vbmi_q(const int mr, const moe8__gmm_block *b, const 
 VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_q_any(int mr, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
                                                                 int64_t nst, const __m512i *tab, float *C, const float *ls, const float *rsv,
                                                                 float *Sm) {
-  __m512 c[8][4][2]; /* a chunk's sums (registers) */
+  __m512 c[MR][4][2]; /* a chunk's sums (registers) */
   if (mr == 8) pk_vbmi_q(8, b, A, words, blk, nst, tab, C, ls, rsv, Sm, c);
   else pk_vbmi_q(7, b, A, words, blk, nst, tab, C, ls, rsv, Sm, c);
-}
-
-VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_h56_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words,
-                                                                  int64_t blk, const __m512i *tab, float *C, const float *ls, const float *rsv,
-                                                                  float *Sm);
-VBMI_TARGET static void pk_vbmi_h_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
-                                      const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
-  __m512 c[4][4][2]; /* a chunk's sums, in registers (an array for six rows here made three and four rows 3% slower) */
-  if (mr > 4) pk_vbmi_h56_any(mr, nb2, b, A, words, blk, tab, C, ls, rsv, Sm);
-  else if (mr == 4 && nb2 == 2) pk_vbmi_h(4, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
-  else if (mr == 4) pk_vbmi_h(4, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
-  else if (nb2 == 2) pk_vbmi_h(3, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
-  else pk_vbmi_h(3, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
 }
 
 /* Five or six rows, with their own six-row array of sums. */
@@ -406,6 +394,17 @@ VBMI_TARGET __attribute__((noinline)) static void pk_vbmi_h56_any(int mr, int nb
   else if (nb2 == 2) pk_vbmi_h(5, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
   else pk_vbmi_h(5, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
 }
+
+VBMI_TARGET static void pk_vbmi_h_any(int mr, int nb2, const moe8__gmm_block *b, const uint32_t *A, int64_t words, int64_t blk,
+                                      const __m512i *tab, float *C, const float *ls, const float *rsv, float *Sm) {
+  __m512 c[4][4][2]; /* a chunk's sums, in registers (an array for six rows here made three and four rows 3% slower) */
+  if (mr > 4) pk_vbmi_h56_any(mr, nb2, b, A, words, blk, tab, C, ls, rsv, Sm);
+  else if (mr == 4 && nb2 == 2) pk_vbmi_h(4, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else if (mr == 4) pk_vbmi_h(4, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else if (nb2 == 2) pk_vbmi_h(3, 2, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+  else pk_vbmi_h(3, 1, b, A, words, blk, tab, C, ls, rsv, Sm, c);
+}
+
 
 
 /* ns strips per pass (four, or the tile's last ones), one or two rows:
@@ -474,7 +473,6 @@ VBMI_TARGET static void pk_vbmi_row(const moe8__gmm_block *b, const uint32_t *A,
   }
 }
 
-
 VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   const int64_t mt = b->m1 - b->m0, nt = b->n1 - b->n0, nst = moe8__cdiv(nt, 32);
   /* Software prefetch of the stream: on Intel always (PKPF_FAR into L2);
@@ -502,7 +500,7 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
   memset(C, 0, sizeof(float) * (size_t)(mt * NT));
   /* Every block's scales before the stream (rhs_scales_all), after C. */
   const float *all = rhs_scales_all(b, nst * 32, rsall);
-  if (mt == 1 && nst == 4 && !pf && b->kb >= 256) { /* one row, a whole tile, AMD, long blocks (pk_vbmi_row) */
+  if (mt == 1 && rows4 && nst == 4 && b->kb >= 256) { /* one row, a whole tile, AMD, long blocks (pk_vbmi_row) */
     pk_vbmi_row(b, A, tab, C, all, rsall);
     write_out(b, C, mt);
     return;
@@ -525,7 +523,7 @@ VBMI_TARGET void gmm_block_pk_small(const moe8__gmm_block *b) {
       const int mr = !rows4 || left < 3 ? (left < 2 ? (int)left : 2)
                      : left >= 5 && left <= 8 && nst > 2 ? (int)left
                      : left == 3 || left == 6 ? 3 : 4;
-      float ls[8];
+      float ls[MR];
       for (int r = 0; r < mr; r++) ls[r] = moe8__gmm_ls(b, b->m0 + i + r, blk);
       if (mr > 6) pk_vbmi_q_any(mr, b, A + i * words, words, blk, nst, tab, C + i * NT, ls, rsv, Sm);
       else if (mr > 2 && nst > 2) pk_vbmi_h_any(mr, (int)nst - 2, b, A + i * words, words, blk, tab, C + i * NT, ls, rsv, Sm);
